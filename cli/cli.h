@@ -1,0 +1,32 @@
+/* cli.h - what the subcommands of the aft command share. */
+#ifndef AFT_CLI_H
+#define AFT_CLI_H
+
+#include "aft.h"
+
+/* exit statuses */
+enum { EXIT_DATA = 1, EXIT_USAGE = 2 };
+
+/* each subcommand: argv[0] is the subcommand name */
+int cmd_info(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_mask(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_compare(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+
+/* "aft CMD: message" on stderr (CMD may be NULL for plain "aft: ") */
+void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* usage error: message plus a hint line, returns EXIT_USAGE */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* strict number parsing: whole string, no sign for unsigned, range checked.
+ * Return 0 on success, -1 otherwise. */
+int cli_parse_size(const char *s, size_t *out);
+int cli_parse_u64(const char *s, uint64_t *out);
+int cli_parse_double(const char *s, double *out);
+
+/* flush and close stdout; reports a failed write and returns EXIT_DATA */
+int cli_finish_stdout(const char *cmd);
+
+#endif

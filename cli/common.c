@@ -1,0 +1,79 @@
+/* common.c - messages, number parsing and stdout checks for every subcommand. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void vmsg(const char *cmd, const char *fmt, va_list ap)
+{
+    if (cmd)
+        fprintf(stderr, "aft %s: ", cmd);
+    else
+        fputs("aft: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+void cli_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vmsg(cmd, fmt, ap);
+    va_end(ap);
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vmsg(cmd, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "Try 'aft %s --help'.\n", cmd ? cmd : "");
+    return EXIT_USAGE;
+}
+
+int cli_parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_size(const char *s, size_t *out)
+{
+    uint64_t v;
+    if (cli_parse_u64(s, &v) != 0 || v > SIZE_MAX) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+int cli_parse_double(const char *s, double *out)
+{
+    if (!s || !*s) return -1;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_finish_stdout(const char *cmd)
+{
+    int bad = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad) { bad = 1; e = errno; }
+    if (bad) {
+        cli_error(cmd, "standard output: write failed: %s", strerror(e));
+        return EXIT_DATA;
+    }
+    return 0;
+}

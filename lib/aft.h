@@ -1,0 +1,259 @@
+/*
+ * aft.h - the one public header of libaft, the Attention Free Transformer core.
+ *
+ * Conventions
+ *  - Every function that can fail returns an aft_status and, when err is not
+ *    NULL, fills err->msg with one line (no trailing newline) saying what is
+ *    wrong. The library never prints and never exits.
+ *  - Sizes are size_t; every size computed from file contents is checked for
+ *    overflow.
+ *  - Tensors handed out by the readers hold their data in native byte order
+ *    (little-endian on every machine we build for) and C order.
+ *  - Matrices are row-major. Shapes are written as comments: (rows, cols).
+ */
+#ifndef AFT_H
+#define AFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AFT_VERSION "0.1.0"
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum {
+    AFT_OK = 0,
+    AFT_ERR_IO,      /* a file could not be opened, read or written */
+    AFT_ERR_FORMAT,  /* the bytes are not a valid file of the expected format */
+    AFT_ERR_NOMEM,   /* an allocation failed or would exceed a limit */
+    AFT_ERR_ARG,     /* the caller's arguments do not fit together (shapes, options) */
+} aft_status;
+
+typedef struct {
+    char msg[512];
+} aft_error;
+
+/* printf-style helper used across the library; also handy for callers. */
+aft_status aft_fail(aft_error *err, aft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef enum {
+    AFT_F64, AFT_F32, AFT_F16, AFT_BF16,
+    AFT_BOOL, AFT_U8, AFT_I8, AFT_I16, AFT_U16, AFT_I32, AFT_U32, AFT_I64, AFT_U64,
+    AFT_DTYPE_COUNT
+} aft_dtype;
+
+/* safetensors spelling ("F32", "BOOL", ...) */
+const char *aft_dtype_name(aft_dtype dt);
+/* parse a safetensors dtype name; returns 0 on success, -1 if unknown */
+int aft_dtype_from_name(const char *name, aft_dtype *out);
+size_t aft_dtype_size(aft_dtype dt);
+int aft_dtype_is_float(aft_dtype dt);
+
+#define AFT_MAX_DIMS 32
+
+typedef struct {
+    aft_dtype dtype;
+    size_t ndim;
+    size_t shape[AFT_MAX_DIMS];
+    size_t nelem;        /* product of shape (1 for a scalar) */
+    size_t nbytes;       /* nelem * aft_dtype_size(dtype) */
+    const void *data;    /* nbytes bytes, native byte order, C order */
+    void *owned;         /* heap block behind data, or NULL if borrowed */
+} aft_tensor;
+
+/* frees t->owned (if any) and zeroes t */
+void aft_tensor_free(aft_tensor *t);
+
+/* Converts any numeric tensor to a newly allocated float32 array of
+ * t->nelem values (bool and integers convert to their value). *out must be
+ * freed with free(). */
+aft_status aft_tensor_to_f32(const aft_tensor *t, float **out, aft_error *err);
+
+/* IEEE half and bfloat16 conversions (round to nearest even on narrowing). */
+float aft_f16_to_f32(uint16_t h);
+uint16_t aft_f32_to_f16(float f);
+float aft_bf16_to_f32(uint16_t h);
+uint16_t aft_f32_to_bf16(float f);
+
+/* ---------------------------------------------------------------- .npy */
+
+typedef struct {
+    int major, minor;        /* header version: 1.0, 2.0 or 3.0 */
+    char byteorder;          /* '<', '>' or '|' as written in descr */
+    int fortran_order;       /* 1 if the file stored Fortran order */
+    char descr[16];          /* descr as written, e.g. "<f4" */
+    size_t header_len;       /* bytes of the header dict, padding included */
+    size_t data_offset;      /* where the array data starts */
+} aft_npy_info;
+
+/* Reads a .npy file ("-" reads standard input) into out, converted to native
+ * byte order and C order. info may be NULL. Accepted dtypes: f2 f4 f8 b1 u1
+ * i1 i2 u2 i4 u4 i8 u8. */
+aft_status aft_npy_read(const char *path, aft_tensor *out, aft_npy_info *info,
+                        aft_error *err);
+/* Same, from a buffer of len bytes (copied; the buffer may be freed after). */
+aft_status aft_npy_read_mem(const void *buf, size_t len, aft_tensor *out,
+                            aft_npy_info *info, aft_error *err);
+
+/* Writes t as a version 1.0 .npy (2.0 if the header needs it), little-endian,
+ * C order, data 64-byte aligned. path "-" writes standard output; any other
+ * path is written atomically (temporary file beside it, renamed on success). */
+aft_status aft_npy_write(const char *path, const aft_tensor *t, aft_error *err);
+aft_status aft_npy_write_fp(FILE *fp, const aft_tensor *t, aft_error *err);
+
+/* ---------------------------------------------------------------- .safetensors */
+
+typedef struct aft_st_file aft_st_file;
+
+/* Opens and validates a .safetensors file; the data is memory-mapped, not
+ * read. Tensors returned below borrow the mapping: valid until aft_st_close. */
+aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err);
+/* Same over a caller's buffer (borrowed: must outlive the handle). */
+aft_status aft_st_open_mem(const void *buf, size_t len, aft_st_file **out,
+                           aft_error *err);
+void aft_st_close(aft_st_file *f);
+
+size_t aft_st_count(const aft_st_file *f);
+/* i-th tensor in file order (ascending data offset); name may be NULL */
+const aft_tensor *aft_st_get(const aft_st_file *f, size_t i, const char **name);
+/* tensor by exact name, or NULL */
+const aft_tensor *aft_st_find(const aft_st_file *f, const char *name);
+size_t aft_st_metadata_count(const aft_st_file *f);
+void aft_st_metadata(const aft_st_file *f, size_t i, const char **key,
+                     const char **value);
+
+/* Writes n tensors (names[i], tensors[i]) and nmeta metadata pairs
+ * (meta[2*i] = key, meta[2*i+1] = value) as .safetensors, atomically as
+ * aft_npy_write does ("-" writes standard output). */
+aft_status aft_st_write(const char *path, const char *const *names,
+                        const aft_tensor *tensors, size_t n,
+                        const char *const *meta, size_t nmeta, aft_error *err);
+
+/* ---------------------------------------------------------------- atomic output */
+
+/* An output file written to a temporary beside the target and renamed into
+ * place by aft_out_commit; aft_out_abort removes the temporary. "-" is
+ * standard output (commit flushes it and checks for errors). */
+typedef struct {
+    FILE *fp;
+    char *path;
+    char *tmp;     /* NULL for standard output */
+} aft_out;
+
+aft_status aft_out_open(aft_out *o, const char *path, aft_error *err);
+aft_status aft_out_commit(aft_out *o, aft_error *err);
+void aft_out_abort(aft_out *o);
+/* removes every temporary still open (for signal handlers; async-signal-safe) */
+void aft_out_abort_all_signal_safe(void);
+
+/* ---------------------------------------------------------------- the AFT operator */
+
+typedef enum { AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV } aft_variant;
+typedef enum { AFT_IMPL_FAST, AFT_IMPL_REFERENCE } aft_impl;
+
+const char *aft_variant_name(aft_variant v);
+int aft_variant_from_name(const char *name, aft_variant *out);
+
+typedef struct {
+    aft_variant variant;
+    size_t window;     /* local, conv: keep w[t,t'] where |t - t'| < window */
+    size_t heads;      /* conv: number of heads (channels split evenly) */
+    int causal;        /* sums run over t' <= t only */
+    int threads;       /* 0 = all cores */
+    aft_impl impl;
+} aft_config;
+
+/* Where the position bias w[t,t'] comes from. */
+typedef enum {
+    AFT_BIAS_NONE,       /* w = 0 (simple; or a zero bias) */
+    AFT_BIAS_DENSE,      /* w[t,t'] = dense[t * ld + t'], ld = Tmax >= T */
+    AFT_BIAS_FACTORED,   /* w[t,t'] = sum_r u[t*rank + r] * v[t'*rank + r] */
+    AFT_BIAS_SEEDED,     /* w[t,t'] generated from (seed, t, t'): see aft_seeded_bias */
+    AFT_BIAS_CONV,       /* w[t,t'] = conv[head][t' - t + window - 1] inside the window */
+} aft_bias_kind;
+
+typedef struct {
+    aft_bias_kind kind;
+    const float *dense;   /* (tmax, tmax) */
+    size_t tmax;          /* dense/factored: the largest T the bias covers */
+    const float *u, *v;   /* factored: (tmax, rank) each */
+    size_t rank;
+    uint64_t seed;        /* seeded */
+    float scale;          /* seeded: entries uniform in [-scale, scale) */
+    const float *conv;    /* conv: (heads, 2*window - 1) */
+    /* optional explicit mask, 1 = visible: (T, T), or (B, T, T) when
+     * mask_batched; combined with causal */
+    const uint8_t *mask;
+    int mask_batched;
+} aft_bias;
+
+/* The seeded bias entry for (t, t2): a pure function, so bands can be made
+ * without a T x T array. */
+float aft_seeded_bias(uint64_t seed, float scale, size_t t, size_t t2);
+
+/* The bare operator.
+ * out: (B, T, C)   q, v: (B, T, C)   k: (B, T, kc) with kc == C, or, for
+ * conv, kc == heads (one key channel shared by each head's channels).
+ * Y[b,t,c] = sigmoid(q) * sum_t' exp(k[t'] + w[t,t']) v[t'] / sum_t' exp(k[t'] + w[t,t'])
+ * with w given by cfg and bias. A row with nothing visible gives 0. */
+aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,
+                          const aft_bias *bias, const aft_config *cfg,
+                          size_t B, size_t T, size_t C, size_t kc, aft_error *err);
+
+/* ---------------------------------------------------------------- the layer */
+
+typedef struct {
+    size_t d_model;   /* D */
+    size_t d_hidden;  /* C */
+    size_t k_out;     /* output channels of the key projection: C, or heads (conv) */
+    const float *wq;  /* (C, D) */
+    const float *bq;  /* (C) or NULL */
+    const float *wk;  /* (k_out, D) */
+    const float *bk;  /* (k_out) or NULL */
+    const float *wv;  /* (C, D) */
+    const float *bv;  /* (C) or NULL */
+    const float *wo;  /* (D, C) */
+    const float *bo;  /* (D) or NULL */
+    aft_bias bias;
+} aft_params;
+
+/* y, x: (B, T, D), row-major, batch-major ("btd").
+ * Q = x Wq^T + bq, K = x Wk^T + bk, V = x Wv^T + bv, y = AFT(Q,K,V) Wo^T + bo. */
+aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
+                             const aft_config *cfg, size_t B, size_t T,
+                             aft_error *err);
+
+/* ---------------------------------------------------------------- BLAS and threads */
+
+typedef struct {
+    char library[64];   /* e.g. "OpenBLAS 0.3.21" */
+    char core[64];      /* the kernel in use, e.g. "SkylakeX" */
+    int threads;
+} aft_blas_info;
+
+void aft_blas_get_info(aft_blas_info *info);
+/* The OPENBLAS_CORETYPE this CPU should use when the running OpenBLAS picked
+ * a weaker kernel than the CPU supports, or NULL when the choice is fine.
+ * OpenBLAS reads the variable only when it loads, so a caller that wants the
+ * fix must set it and start again (the aft command does this itself). */
+const char *aft_blas_better_coretype(void);
+void aft_set_threads(int n);   /* 0 = all cores */
+int aft_get_threads(void);
+
+/* monotonic clock in milliseconds */
+double aft_now_ms(void);
+/* peak resident set size of this process in bytes (0 if unknown) */
+size_t aft_peak_rss(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AFT_H */

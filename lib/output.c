@@ -1,0 +1,116 @@
+/* output.c - atomic output files: write a temporary beside the target, rename
+ * it into place only when everything was written. */
+#include "internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Temporaries still open, so a signal handler can remove them. A fixed table
+ * keeps the handler free of locks and allocation. */
+#define MAX_OPEN 16
+static char *volatile open_tmps[MAX_OPEN];
+
+static void track(char *tmp)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (!open_tmps[i]) { open_tmps[i] = tmp; return; }
+}
+
+static void untrack(const char *tmp)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (open_tmps[i] == tmp) { open_tmps[i] = NULL; return; }
+}
+
+void aft_out_abort_all_signal_safe(void)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (open_tmps[i]) unlink(open_tmps[i]);
+}
+
+aft_status aft_out_open(aft_out *o, const char *path, aft_error *err)
+{
+    memset(o, 0, sizeof *o);
+    if (strcmp(path, "-") == 0) {
+        o->fp = stdout;
+        return AFT_OK;
+    }
+    size_t n = strlen(path);
+    o->path = strdup(path);
+    o->tmp = malloc(n + 16);
+    if (!o->path || !o->tmp) {
+        free(o->path); free(o->tmp);
+        memset(o, 0, sizeof *o);
+        return aft_fail(err, AFT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    /* the temporary sits in the target's directory so rename() is atomic */
+    snprintf(o->tmp, n + 16, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(o->tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(o->path); free(o->tmp);
+        memset(o, 0, sizeof *o);
+        return aft_fail(err, AFT_ERR_IO, "%s: cannot create: %s", path, strerror(e));
+    }
+    track(o->tmp);
+    /* mkstemp makes 0600; give the file the usual mode under the umask */
+    mode_t um = umask(0);
+    umask(um);
+    fchmod(fd, 0666 & ~um);
+    o->fp = fdopen(fd, "wb");
+    if (!o->fp) {
+        int e = errno;
+        close(fd);
+        aft_out_abort(o);
+        return aft_fail(err, AFT_ERR_IO, "%s: %s", path, strerror(e));
+    }
+    return AFT_OK;
+}
+
+aft_status aft_out_commit(aft_out *o, aft_error *err)
+{
+    if (!o->tmp) {  /* standard output: flush and report a full disk or closed pipe */
+        if (fflush(o->fp) != 0 || ferror(o->fp))
+            return aft_fail(err, AFT_ERR_IO, "standard output: write failed: %s", strerror(errno));
+        memset(o, 0, sizeof *o);
+        return AFT_OK;
+    }
+    int bad = ferror(o->fp) != 0;
+    int e = errno;
+    if (fflush(o->fp) != 0) { bad = 1; e = errno; }
+    if (!bad && fsync(fileno(o->fp)) != 0 && errno != EINVAL && errno != EROFS) { bad = 1; e = errno; }
+    if (fclose(o->fp) != 0 && !bad) { bad = 1; e = errno; }
+    o->fp = NULL;
+    if (bad) {
+        aft_status st = aft_fail(err, AFT_ERR_IO, "%s: write failed: %s", o->path, strerror(e));
+        aft_out_abort(o);
+        return st;
+    }
+    if (rename(o->tmp, o->path) != 0) {
+        e = errno;
+        aft_status st = aft_fail(err, AFT_ERR_IO, "%s: cannot rename into place: %s", o->path, strerror(e));
+        aft_out_abort(o);
+        return st;
+    }
+    untrack(o->tmp);
+    free(o->tmp);
+    free(o->path);
+    memset(o, 0, sizeof *o);
+    return AFT_OK;
+}
+
+void aft_out_abort(aft_out *o)
+{
+    if (o->tmp) {
+        if (o->fp) fclose(o->fp);
+        unlink(o->tmp);
+        untrack(o->tmp);
+        free(o->tmp);
+        free(o->path);
+    }
+    memset(o, 0, sizeof *o);
+}

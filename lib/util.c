@@ -1,0 +1,186 @@
+/* util.c - errors, dtypes, half-precision conversions, tensor helpers. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+aft_status aft_fail(aft_error *err, aft_status st, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+void *aft_alloc_array(size_t n, size_t size)
+{
+    size_t bytes;
+    if (!aft_mul_ok(n, size, &bytes)) return NULL;
+    return malloc(bytes ? bytes : 1);
+}
+
+void *aft_calloc_array(size_t n, size_t size)
+{
+    size_t bytes;
+    if (!aft_mul_ok(n, size, &bytes)) return NULL;
+    return calloc(bytes ? bytes : 1, 1);
+}
+
+static const struct { const char *name; size_t size; int is_float; } dtypes[AFT_DTYPE_COUNT] = {
+    [AFT_F64] = {"F64", 8, 1},  [AFT_F32] = {"F32", 4, 1},  [AFT_F16] = {"F16", 2, 1},
+    [AFT_BF16] = {"BF16", 2, 1}, [AFT_BOOL] = {"BOOL", 1, 0}, [AFT_U8] = {"U8", 1, 0},
+    [AFT_I8] = {"I8", 1, 0},    [AFT_I16] = {"I16", 2, 0},  [AFT_U16] = {"U16", 2, 0},
+    [AFT_I32] = {"I32", 4, 0},  [AFT_U32] = {"U32", 4, 0},  [AFT_I64] = {"I64", 8, 0},
+    [AFT_U64] = {"U64", 8, 0},
+};
+
+const char *aft_dtype_name(aft_dtype dt)
+{
+    return (unsigned)dt < AFT_DTYPE_COUNT ? dtypes[dt].name : "?";
+}
+
+int aft_dtype_from_name(const char *name, aft_dtype *out)
+{
+    for (int i = 0; i < AFT_DTYPE_COUNT; i++)
+        if (strcmp(name, dtypes[i].name) == 0) {
+            *out = (aft_dtype)i;
+            return 0;
+        }
+    return -1;
+}
+
+size_t aft_dtype_size(aft_dtype dt)
+{
+    return (unsigned)dt < AFT_DTYPE_COUNT ? dtypes[dt].size : 0;
+}
+
+int aft_dtype_is_float(aft_dtype dt)
+{
+    return (unsigned)dt < AFT_DTYPE_COUNT && dtypes[dt].is_float;
+}
+
+/* IEEE 754 binary16 -> binary32, exact (every half is a float) */
+float aft_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);          /* inf, nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);  /* normal: rebias 15 -> 127 */
+    } else if (man == 0) {
+        bits = sign;                                      /* signed zero */
+    } else {
+        /* subnormal half: value = man * 2^-24, exactly representable */
+        float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* binary32 -> binary16 with round to nearest, ties to even */
+uint16_t aft_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u)                       /* inf or nan (keep nan quiet) */
+        return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 | ((ax >> 13) & 0x3ff) : 0);
+    if (ax >= 0x477ff000u)                       /* rounds to >= 65536: overflow */
+        return sign | 0x7c00;
+    if (ax < 0x38800000u) {                      /* below the smallest normal half */
+        /* scale so the half subnormal unit (2^-24) becomes 1, round in float:
+         * the float addition rounds to nearest even for us */
+        float a;
+        memcpy(&a, &ax, 4);
+        float r = a * 16777216.0f;               /* a / 2^-24, exact */
+        float n = nearbyintf(r);                 /* default rounding: ties to even */
+        return sign | (uint16_t)n;
+    }
+    uint32_t e = (ax >> 23) - 112, m = ax & 0x7fffff;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t rest = m & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;  /* carries into exp fine */
+    return sign | (uint16_t)h;
+}
+
+float aft_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t aft_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);  /* quiet nan */
+    uint32_t lsb = (x >> 16) & 1;
+    x += 0x7fff + lsb;                           /* round to nearest even */
+    return (uint16_t)(x >> 16);
+}
+
+void aft_tensor_free(aft_tensor *t)
+{
+    if (!t) return;
+    free(t->owned);
+    memset(t, 0, sizeof *t);
+}
+
+aft_status aft_tensor_to_f32(const aft_tensor *t, float **out, aft_error *err)
+{
+    *out = NULL;
+    float *y = aft_alloc_array(t->nelem, sizeof(float));
+    if (!y) return aft_fail(err, AFT_ERR_NOMEM, "out of memory converting %zu values to F32", t->nelem);
+    const unsigned char *p = t->data;
+    size_t n = t->nelem;
+    for (size_t i = 0; i < n; i++) {
+        switch (t->dtype) {
+        case AFT_F32: { float v; memcpy(&v, p + 4 * i, 4); y[i] = v; break; }
+        case AFT_F64: { double v; memcpy(&v, p + 8 * i, 8); y[i] = (float)v; break; }
+        case AFT_F16: { uint16_t v; memcpy(&v, p + 2 * i, 2); y[i] = aft_f16_to_f32(v); break; }
+        case AFT_BF16: { uint16_t v; memcpy(&v, p + 2 * i, 2); y[i] = aft_bf16_to_f32(v); break; }
+        case AFT_BOOL: y[i] = p[i] ? 1.0f : 0.0f; break;
+        case AFT_U8: y[i] = p[i]; break;
+        case AFT_I8: y[i] = (int8_t)p[i]; break;
+        case AFT_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); y[i] = v; break; }
+        case AFT_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); y[i] = v; break; }
+        case AFT_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); y[i] = (float)v; break; }
+        case AFT_U32: { uint32_t v; memcpy(&v, p + 4 * i, 4); y[i] = (float)v; break; }
+        case AFT_I64: { int64_t v; memcpy(&v, p + 8 * i, 8); y[i] = (float)v; break; }
+        case AFT_U64: { uint64_t v; memcpy(&v, p + 8 * i, 8); y[i] = (float)v; break; }
+        default:
+            free(y);
+            return aft_fail(err, AFT_ERR_FORMAT, "unsupported dtype %d", (int)t->dtype);
+        }
+    }
+    *out = y;
+    return AFT_OK;
+}
+
+static const char *variant_names[] = {"full", "local", "simple", "conv"};
+
+const char *aft_variant_name(aft_variant v)
+{
+    return (unsigned)v < 4 ? variant_names[v] : "?";
+}
+
+int aft_variant_from_name(const char *name, aft_variant *out)
+{
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, variant_names[i]) == 0) {
+            *out = (aft_variant)i;
+            return 0;
+        }
+    return -1;
+}

@@ -1,0 +1,23 @@
+#!/bin/sh
+# Installs the Debian packages aft builds against, if any is missing:
+#   libcjson-dev     cJSON, the JSON parser/writer (safetensors headers, --json, --timing)
+#   libcmocka-dev    cmocka, the unit-test framework (make test)
+#   libopenblas-dev  OpenBLAS, the CBLAS used for every matrix product
+#   pkg-config       to find the three above
+# Uses apt-get, through sudo when not root. Prints nothing when all are there.
+set -eu
+pkgs="libcjson-dev libcmocka-dev libopenblas-dev pkg-config $*"
+missing=""
+for p in $pkgs; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+echo "third_party/install-deps.sh: installing:$missing" >&2
+if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+# refresh the package lists first; a stale or empty list finds nothing
+$SUDO apt-get update -qq >&2 || echo "third_party/install-deps.sh: apt-get update failed; trying the install anyway" >&2
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >&2
