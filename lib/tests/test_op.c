@@ -1,0 +1,1609 @@
+/*
+ * test_op.c - the AFT operator and layer against the float64 reference in
+ * ref_aft.c, for both cfg.impl = AFT_IMPL_FAST and AFT_IMPL_REFERENCE.
+ *
+ * Pass criterion for a comparison: every output finite and
+ *   max |out - ref| <= 2e-5 * max(1, max |ref|),
+ * and a (b, t, c) with nothing visible is exactly 0.
+ *
+ * The first group of tests checks the reference itself against closed forms
+ * and identities between the variants, so a bug there cannot hide behind an
+ * agreeing library. Every input comes from a seeded PRNG: a failure prints
+ * the case (variant, sizes, options, seed) so it can be rerun.
+ *
+ * The extreme-value inputs (keys up to +-500, biases up to +-250) are put on a
+ * grid of 2^-8 (2^-4 for factored u, v) so that K + w is exact even in float:
+ * a correct float32 kernel then loses nothing before exp, and any failure
+ * there is the algorithm's (overflow, underflow, a wrong maximum), not the
+ * inputs' rounding. The seeded bias cannot be put on the grid; its sums round
+ * to ~3e-5 at |K + w| ~ 750, which the tolerance still covers in practice.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ctype.h>
+
+#include <cmocka.h>
+
+#include "aft.h"
+#include "ref_aft.h"
+
+#define TOL_REL 2e-5       /* the comparison tolerance, relative to max(1, max|ref|) */
+#define THREAD_TOL 1e-6    /* threads = 1 vs 2, relative to max(1, max|out|) */
+#define MAX_REPORTS 12     /* mismatches printed per test before only counting */
+
+/* ---------------------------------------------------------------- PRNG */
+
+/* splitmix64: small, seedable, good enough for test data */
+typedef struct { uint64_t s; } rng;
+
+static uint64_t rng_next(rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [0, 1) with 53 random bits */
+static double rng_unif(rng *r)
+{
+    return (double)(rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+/* uniform in [-1, 1) */
+static double rng_sym(rng *r)
+{
+    return 2.0 * rng_unif(r) - 1.0;
+}
+
+/* standard normal by Box-Muller (one of the pair) */
+static double rng_normal(rng *r)
+{
+    double u1 = rng_unif(r), u2 = rng_unif(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* x rounded to a multiple of step (a power of two), so sums stay exact */
+static float on_grid(double x, double step)
+{
+    return (float)(nearbyint(x / step) * step);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static float *randf(rng *r, size_t n, double scale)
+{
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * rng_sym(r));
+    return x;
+}
+
+/* ---------------------------------------------------------------- test cases */
+
+typedef enum { MASK_NONE, MASK_SHARED, MASK_BATCHED } mask_mode;
+static const char *const mask_names[] = {"none", "TxT", "BxTxT"};
+
+typedef enum {
+    VALS_NORMAL,     /* q, k ~ N(0,1), v, w ~ U[-1,1] */
+    VALS_WIDE,       /* k ~ U[-500,500], w ~ U[-250,250], q ~ U[-100,100] */
+    VALS_ONE_HUGE,   /* k = +500 at t0 = 2T/3, -500 elsewhere; w ~ U[-250,250] */
+    VALS_ADVERSE,    /* per key channel, for one query row t*: k = 375 - w/2, so
+                      * the largest key (~500) sits where w is most negative
+                      * (k + w ~ 250) while k + w peaks (~500) where k is ~250
+                      * below its maximum: exp(k - max k) underflows in float */
+} vals_mode;
+static const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial"};
+static const char *const kind_names[] = {"none", "dense", "factored", "seeded", "conv"};
+
+typedef struct {
+    aft_variant variant;
+    aft_bias_kind kind;      /* full/local: where w comes from; conv: AFT_BIAS_CONV */
+    size_t B, T, C;
+    size_t heads, window;
+    int shared_keys;         /* conv: kc = heads instead of C */
+    int causal;
+    mask_mode mask;
+    vals_mode vals;
+    uint64_t seed;
+} op_case;
+
+/* everything one case needs: inputs, bias storage, config, reference output */
+typedef struct {
+    op_case c;
+    size_t kc;
+    float *q, *k, *v;
+    float *dense, *fu, *fv, *conv;
+    uint8_t *mask;
+    aft_bias bias;
+    aft_config cfg;
+    double *ref;
+} case_data;
+
+static void describe(char *buf, size_t n, const op_case *c, size_t kc)
+{
+    snprintf(buf, n,
+             "variant=%s bias=%s B=%zu T=%zu C=%zu kc=%zu heads=%zu window=%zu "
+             "causal=%d mask=%s values=%s seed=%llu",
+             aft_variant_name(c->variant), kind_names[c->kind], c->B, c->T, c->C, kc,
+             c->heads, c->window, c->causal, mask_names[c->mask], vals_names[c->vals],
+             (unsigned long long)c->seed);
+}
+
+/* The random mask: each entry visible with probability 0.7, and some rows
+ * fully invisible (rows t with (t + b) % 5 == 2; b = 0 for a shared mask). */
+static uint8_t *make_mask(rng *r, size_t nb, size_t T)
+{
+    uint8_t *m = xmalloc(nb * T * T);
+    for (size_t b = 0; b < nb; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t t2 = 0; t2 < T; t2++)
+                m[(b * T + t) * T + t2] =
+                    (t + b) % 5 == 2 ? 0 : (uint8_t)(rng_unif(r) < 0.7);
+    return m;
+}
+
+static void build_case(case_data *d, const op_case *c)
+{
+    memset(d, 0, sizeof *d);
+    d->c = *c;
+    size_t B = c->B, T = c->T, C = c->C;
+    d->kc = c->variant == AFT_CONV && c->shared_keys ? c->heads : C;
+    rng r = {c->seed * 0x2545F4914F6CDD1Dull + T * 131 + C * 7 + B};
+    int extreme = c->vals != VALS_NORMAL;
+    double span = extreme ? 250.0 : 1.0;
+
+    d->cfg.variant = c->variant;
+    d->cfg.window = c->window;
+    d->cfg.heads = c->heads;
+    d->cfg.causal = c->causal;
+    d->cfg.threads = 0;
+    d->cfg.impl = AFT_IMPL_FAST;
+
+    d->bias.kind = c->kind;
+    switch (c->kind) {
+    case AFT_BIAS_DENSE: {
+        /* tmax > T, so a kernel that uses T as the row stride is caught */
+        size_t tmax = T + 3;
+        d->dense = xmalloc(tmax * tmax * sizeof *d->dense);
+        for (size_t i = 0; i < tmax * tmax; i++)
+            d->dense[i] = extreme ? on_grid(span * rng_sym(&r), 0x1p-8) : (float)rng_sym(&r);
+        d->bias.dense = d->dense;
+        d->bias.tmax = tmax;
+        break;
+    }
+    case AFT_BIAS_FACTORED: {
+        /* extreme: rank 2, |u|, |v| <= 11, so |w| <= 242 */
+        size_t tmax = T + 2, rank = extreme ? 2 : 3;
+        double s = extreme ? 11.0 : 0.6;
+        d->fu = xmalloc(tmax * rank * sizeof *d->fu);
+        d->fv = xmalloc(tmax * rank * sizeof *d->fv);
+        for (size_t i = 0; i < tmax * rank; i++) {
+            d->fu[i] = extreme ? on_grid(s * rng_sym(&r), 0x1p-4) : (float)(s * rng_sym(&r));
+            d->fv[i] = extreme ? on_grid(s * rng_sym(&r), 0x1p-4) : (float)(s * rng_sym(&r));
+        }
+        d->bias.u = d->fu;
+        d->bias.v = d->fv;
+        d->bias.rank = rank;
+        d->bias.tmax = tmax;
+        break;
+    }
+    case AFT_BIAS_SEEDED:
+        d->bias.seed = c->seed ^ 0xA5A5A5A5u;
+        d->bias.scale = (float)span;
+        break;
+    case AFT_BIAS_CONV: {
+        size_t n = c->heads * (2 * c->window - 1);
+        d->conv = xmalloc(n * sizeof *d->conv);
+        for (size_t i = 0; i < n; i++)
+            d->conv[i] = extreme ? on_grid(span * rng_sym(&r), 0x1p-8) : (float)rng_sym(&r);
+        d->bias.conv = d->conv;
+        break;
+    }
+    case AFT_BIAS_NONE:
+    default:
+        break;
+    }
+    if (c->mask != MASK_NONE) {
+        d->mask = make_mask(&r, c->mask == MASK_BATCHED ? B : 1, T);
+        d->bias.mask = d->mask;
+        d->bias.mask_batched = c->mask == MASK_BATCHED;
+    }
+
+    size_t nq = B * T * C, nk = B * T * d->kc;
+    d->q = xmalloc(nq * sizeof *d->q);
+    d->v = xmalloc(nq * sizeof *d->v);
+    d->k = xmalloc(nk * sizeof *d->k);
+    for (size_t i = 0; i < nq; i++) {
+        d->q[i] = c->vals == VALS_WIDE ? (float)(100.0 * rng_sym(&r)) : (float)rng_normal(&r);
+        d->v[i] = (float)rng_sym(&r);
+    }
+    size_t H = c->variant == AFT_CONV ? c->heads : 1;
+    for (size_t b = 0; b < B; b++)
+        for (size_t t2 = 0; t2 < T; t2++)
+            for (size_t j = 0; j < d->kc; j++) {
+                float *kk = &d->k[(b * T + t2) * d->kc + j];
+                switch (c->vals) {
+                case VALS_NORMAL:
+                    *kk = (float)rng_normal(&r);
+                    break;
+                case VALS_WIDE:
+                    *kk = on_grid(500.0 * rng_sym(&r), 0x1p-8);
+                    break;
+                case VALS_ONE_HUGE:
+                    *kk = t2 == 2 * T / 3 ? 500.0f : -500.0f;
+                    break;
+                case VALS_ADVERSE: {
+                    /* row t* differs per key channel; w from the same bias the
+                     * operator uses (head of channel j) */
+                    size_t head = d->kc == C ? j / (C / H) : j;
+                    size_t ts = (j * 7 + 3) % T;
+                    double w = ref_aft_bias_entry(&d->bias, &d->cfg, head, ts, t2);
+                    *kk = (float)(375.0 - 0.5 * w);
+                    break;
+                }
+                }
+            }
+
+    d->ref = xmalloc(nq * sizeof *d->ref);
+    int rc = ref_aft_op(d->ref, d->q, d->k, d->v, &d->bias, &d->cfg, B, T, C, d->kc);
+    if (rc != 0) {
+        char buf[512];
+        describe(buf, sizeof buf, c, d->kc);
+        fail_msg("reference refused its own case: %s", buf);
+    }
+}
+
+static void free_case(case_data *d)
+{
+    free(d->q);
+    free(d->k);
+    free(d->v);
+    free(d->dense);
+    free(d->fu);
+    free(d->fv);
+    free(d->conv);
+    free(d->mask);
+    free(d->ref);
+}
+
+/* does (b, t) of the case see any t' at all? */
+static int row_has_visible(const case_data *d, size_t b, size_t t)
+{
+    for (size_t t2 = 0; t2 < d->c.T; t2++)
+        if (ref_aft_visible(&d->bias, &d->cfg, b, d->c.T, t, t2)) return 1;
+    return 0;
+}
+
+static const char *impl_name(aft_impl impl)
+{
+    return impl == AFT_IMPL_FAST ? "fast" : "reference";
+}
+
+/* Runs the library once with the given impl and thread count, checks the
+ * status, that the inputs are untouched, every output finite, invisible rows
+ * exactly 0 and the error within tolerance. Returns 1 on a failure (printed
+ * when *reports < MAX_REPORTS), else 0. */
+static int check_impl(case_data *d, aft_impl impl, int threads, int *reports)
+{
+    const op_case *c = &d->c;
+    size_t B = c->B, T = c->T, C = c->C, n = B * T * C;
+    char what[512];
+    describe(what, sizeof what, c, d->kc);
+
+    float *out = xmalloc(n * sizeof *out);
+    for (size_t i = 0; i < n; i++) out[i] = NAN;   /* an unwritten output shows as NaN */
+    float *q0 = xmalloc(n * sizeof *q0), *k0 = xmalloc(B * T * d->kc * sizeof *k0);
+    memcpy(q0, d->q, n * sizeof *q0);
+    memcpy(k0, d->k, B * T * d->kc * sizeof *k0);
+
+    aft_config cfg = d->cfg;
+    cfg.impl = impl;
+    cfg.threads = threads;
+    aft_error err = {{0}};
+    aft_status st = aft_op_forward(out, d->q, d->k, d->v, &d->bias, &cfg, B, T, C, d->kc, &err);
+    int bad = 0;
+    if (st != AFT_OK) {
+        if ((*reports)++ < MAX_REPORTS)
+            print_message("FAIL [%s threads=%d] status %d (%s): %s\n", impl_name(impl),
+                          threads, (int)st, err.msg, what);
+        bad = 1;
+        goto done;
+    }
+    if (memcmp(q0, d->q, n * sizeof *q0) || memcmp(k0, d->k, B * T * d->kc * sizeof *k0)) {
+        if ((*reports)++ < MAX_REPORTS)
+            print_message("FAIL [%s] inputs modified: %s\n", impl_name(impl), what);
+        bad = 1;
+    }
+
+    double maxref = 0.0, maxerr = 0.0;
+    size_t worst = 0, nonfinite = 0, first_nonfinite = 0, nonzero_empty = 0, first_nz = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(d->ref[i]) > maxref) maxref = fabs(d->ref[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(out[i])) {
+            if (!nonfinite++) first_nonfinite = i;
+            continue;
+        }
+        double e = fabs((double)out[i] - d->ref[i]);
+        if (e > maxerr) {
+            maxerr = e;
+            worst = i;
+        }
+    }
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++) {
+            if (row_has_visible(d, b, t)) continue;
+            for (size_t ch = 0; ch < C; ch++)
+                if (out[(b * T + t) * C + ch] != 0.0f && !nonzero_empty++)
+                    first_nz = (b * T + t) * C + ch;
+        }
+    double tol = TOL_REL * (maxref > 1.0 ? maxref : 1.0);
+    if (nonfinite) {
+        size_t i = first_nonfinite;
+        if ((*reports)++ < MAX_REPORTS)
+            print_message("FAIL [%s threads=%d] %zu non-finite outputs, first at b=%zu t=%zu "
+                          "c=%zu (out %g, ref %.9g): %s\n", impl_name(impl), threads, nonfinite,
+                          i / (T * C), i / C % T, i % C, (double)out[i], d->ref[i], what);
+        bad = 1;
+    }
+    if (nonzero_empty) {
+        size_t i = first_nz;
+        if ((*reports)++ < MAX_REPORTS)
+            print_message("FAIL [%s threads=%d] %zu outputs of rows with nothing visible are "
+                          "not 0, first b=%zu t=%zu c=%zu = %g: %s\n", impl_name(impl), threads,
+                          nonzero_empty, i / (T * C), i / C % T, i % C, (double)out[i], what);
+        bad = 1;
+    }
+    if (maxerr > tol) {
+        size_t i = worst;
+        if ((*reports)++ < MAX_REPORTS)
+            print_message("FAIL [%s threads=%d] max |err| %.3g > tol %.3g at b=%zu t=%zu c=%zu "
+                          "(out %.9g, ref %.9g): %s\n", impl_name(impl), threads, maxerr, tol,
+                          i / (T * C), i / C % T, i % C, (double)out[i], d->ref[i], what);
+        bad = 1;
+    }
+done:
+    free(out);
+    free(q0);
+    free(k0);
+    return bad;
+}
+
+/* one case against both implementations; returns the number of failures */
+static int run_case(const op_case *c, int *reports)
+{
+    case_data d;
+    build_case(&d, c);
+    int fails = check_impl(&d, AFT_IMPL_FAST, 0, reports) +
+                check_impl(&d, AFT_IMPL_REFERENCE, 0, reports);
+    free_case(&d);
+    return fails;
+}
+
+/* the end of every grid test: all cases must have passed */
+static void finish(int fails, int cases)
+{
+    if (fails) fail_msg("%d of %d comparisons failed (see above)", fails, 2 * cases);
+}
+
+/* ---------------------------------------------------------------- reference self-checks */
+
+static double max_abs_diff(const double *a, const double *b, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(a[i] - b[i]);
+        if (!(e <= m)) m = e;   /* NaN propagates as the maximum */
+    }
+    return m;
+}
+
+static double *randd(rng *r, size_t n, double scale)
+{
+    double *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = scale * rng_sym(r);
+    return x;
+}
+
+static aft_config make_cfg(aft_variant v, size_t window, size_t heads, int causal)
+{
+    aft_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.variant = v;
+    cfg.window = window;
+    cfg.heads = heads;
+    cfg.causal = causal;
+    cfg.impl = AFT_IMPL_REFERENCE;
+    return cfg;
+}
+
+/* simple: Y[t,c] = sigmoid(q[t,c]) * sum_t' softmax_t'(k[.,c]) v[t',c], the
+ * softmax written out naively (moderate keys, so no overflow) */
+static void test_ref_simple_closed_form(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 9, C = 4;
+    rng r = {1};
+    double *q = randd(&r, B * T * C, 2), *k = randd(&r, B * T * C, 3),
+           *v = randd(&r, B * T * C, 1), *y = xmalloc(B * T * C * sizeof *y);
+    aft_bias bias;
+    memset(&bias, 0, sizeof bias);
+    for (int causal = 0; causal <= 1; causal++) {
+        aft_config cfg = make_cfg(AFT_SIMPLE, 0, 0, causal);
+        assert_int_equal(ref_aft_op_d(y, q, k, v, &bias, &cfg, B, T, C, C), 0);
+        for (size_t b = 0; b < B; b++)
+            for (size_t t = 0; t < T; t++)
+                for (size_t c = 0; c < C; c++) {
+                    size_t last = causal ? t : T - 1;
+                    double num = 0, den = 0;
+                    for (size_t t2 = 0; t2 <= last; t2++) {
+                        size_t i = (b * T + t2) * C + c;
+                        num += exp(k[i]) * v[i];
+                        den += exp(k[i]);
+                    }
+                    size_t i = (b * T + t) * C + c;
+                    double want = 1.0 / (1.0 + exp(-q[i])) * num / den;
+                    assert_true(fabs(y[i] - want) < 1e-13);
+                }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(y);
+}
+
+/* a mask leaving exactly one t' per row: Y = sigmoid(q) * v[t'] whatever the
+ * keys and the bias, even at +-500 / +-250 */
+static void test_ref_single_visible(void **state)
+{
+    (void)state;
+    const size_t B = 1, T = 11, C = 4, H = 2, s = 4;
+    rng r = {2};
+    double *q = randd(&r, T * C, 5), *k = randd(&r, T * C, 500), *v = randd(&r, T * C, 1);
+    double *y = xmalloc(T * C * sizeof *y);
+    float *dense = randf(&r, T * T, 250), *conv = randf(&r, H * (2 * s - 1), 250);
+    uint8_t mask[11 * 11];
+    size_t pick[11];
+    for (size_t t = 0; t < T; t++) {
+        /* inside the conv window for the conv case: t' = t +- up to 3 */
+        pick[t] = t < 3 ? t + (size_t)(rng_next(&r) % 4) : t - (size_t)(rng_next(&r) % 4);
+        for (size_t t2 = 0; t2 < T; t2++) mask[t * T + t2] = t2 == pick[t];
+    }
+    aft_bias bias;
+    memset(&bias, 0, sizeof bias);
+    bias.mask = mask;
+    for (int variant = 0; variant < 2; variant++) {
+        aft_config cfg;
+        if (variant == 0) {
+            bias.kind = AFT_BIAS_DENSE;
+            bias.dense = dense;
+            bias.tmax = T;
+            cfg = make_cfg(AFT_FULL, 0, 0, 0);
+        } else {
+            bias.kind = AFT_BIAS_CONV;
+            bias.conv = conv;
+            cfg = make_cfg(AFT_CONV, s, H, 0);
+        }
+        assert_int_equal(ref_aft_op_d(y, q, k, v, &bias, &cfg, B, T, C, C), 0);
+        for (size_t t = 0; t < T; t++)
+            for (size_t c = 0; c < C; c++) {
+                double want = ref_sigmoid(q[t * C + c]) * v[pick[t] * C + c];
+                assert_true(fabs(y[t * C + c] - want) <= 1e-15);
+            }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(y);
+    free(dense);
+    free(conv);
+}
+
+/* full with a constant bias equals simple (the constant cancels), causal or
+ * not, with a mask or not */
+static void test_ref_constant_bias_is_simple(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 13, C = 3;
+    rng r = {3};
+    double *q = randd(&r, B * T * C, 2), *k = randd(&r, B * T * C, 4), *v = randd(&r, B * T * C, 1);
+    double *y1 = xmalloc(B * T * C * sizeof *y1), *y2 = xmalloc(B * T * C * sizeof *y2);
+    float dense[13 * 13];
+    for (size_t i = 0; i < T * T; i++) dense[i] = 3.25f;
+    uint8_t *mask = make_mask(&r, B, T);
+    for (int causal = 0; causal <= 1; causal++)
+        for (int masked = 0; masked <= 1; masked++) {
+            aft_bias b1, b2;
+            memset(&b1, 0, sizeof b1);
+            b1.kind = AFT_BIAS_DENSE;
+            b1.dense = dense;
+            b1.tmax = T;
+            b1.mask = masked ? mask : NULL;
+            b1.mask_batched = 1;
+            b2 = b1;
+            b2.kind = AFT_BIAS_NONE;
+            aft_config full = make_cfg(AFT_FULL, 0, 0, causal), simple = make_cfg(AFT_SIMPLE, 0, 0, causal);
+            assert_int_equal(ref_aft_op_d(y1, q, k, v, &b1, &full, B, T, C, C), 0);
+            assert_int_equal(ref_aft_op_d(y2, q, k, v, &b2, &simple, B, T, C, C), 0);
+            assert_true(max_abs_diff(y1, y2, B * T * C) < 1e-14);
+        }
+    free(q);
+    free(k);
+    free(v);
+    free(y1);
+    free(y2);
+    free(mask);
+}
+
+/* local(s) on a dense bias equals full on the same bias with the entries at
+ * |t - t'| >= s set to 0; s >= T is full itself; s = 0 is simple */
+static void test_ref_local_is_banded_full(void **state)
+{
+    (void)state;
+    const size_t B = 1, T = 12, C = 5;
+    rng r = {4};
+    double *q = randd(&r, T * C, 2), *k = randd(&r, T * C, 4), *v = randd(&r, T * C, 1);
+    double *y1 = xmalloc(T * C * sizeof *y1), *y2 = xmalloc(T * C * sizeof *y2);
+    float *dense = randf(&r, T * T, 3), *band = xmalloc(T * T * sizeof *band);
+    const size_t windows[] = {1, 3, 11, 12, 40};
+    for (int causal = 0; causal <= 1; causal++)
+        for (size_t wi = 0; wi < sizeof windows / sizeof *windows; wi++) {
+            size_t s = windows[wi];
+            for (size_t t = 0; t < T; t++)
+                for (size_t t2 = 0; t2 < T; t2++)
+                    band[t * T + t2] = (t > t2 ? t - t2 : t2 - t) < s ? dense[t * T + t2] : 0.0f;
+            aft_bias b1, b2;
+            memset(&b1, 0, sizeof b1);
+            b1.kind = AFT_BIAS_DENSE;
+            b1.dense = dense;
+            b1.tmax = T;
+            b2 = b1;
+            b2.dense = band;
+            aft_config local = make_cfg(AFT_LOCAL, s, 0, causal), full = make_cfg(AFT_FULL, 0, 0, causal);
+            assert_int_equal(ref_aft_op_d(y1, q, k, v, &b1, &local, B, T, C, C), 0);
+            assert_int_equal(ref_aft_op_d(y2, q, k, v, &b2, &full, B, T, C, C), 0);
+            assert_true(max_abs_diff(y1, y2, T * C) < 1e-14);
+            if (s >= T) {
+                assert_int_equal(ref_aft_op_d(y2, q, k, v, &b1, &full, B, T, C, C), 0);
+                assert_true(max_abs_diff(y1, y2, T * C) < 1e-14);
+            }
+        }
+    /* window 0: no band, the simple variant */
+    aft_bias b0;
+    memset(&b0, 0, sizeof b0);
+    b0.kind = AFT_BIAS_DENSE;
+    b0.dense = dense;
+    b0.tmax = T;
+    aft_config local0 = make_cfg(AFT_LOCAL, 0, 0, 0), simple = make_cfg(AFT_SIMPLE, 0, 0, 0);
+    assert_int_equal(ref_aft_op_d(y1, q, k, v, &b0, &local0, B, T, C, C), 0);
+    assert_int_equal(ref_aft_op_d(y2, q, k, v, &b0, &simple, B, T, C, C), 0);
+    assert_true(max_abs_diff(y1, y2, T * C) < 1e-14);
+    free(q);
+    free(k);
+    free(v);
+    free(y1);
+    free(y2);
+    free(dense);
+    free(band);
+}
+
+/* conv with kc == heads equals conv with each head's key copied to all of
+ * its channels */
+static void test_ref_conv_shared_keys(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 10, C = 12, H = 4, s = 3, per = C / H;
+    rng r = {5};
+    double *q = randd(&r, B * T * C, 2), *kh = randd(&r, B * T * H, 4), *v = randd(&r, B * T * C, 1);
+    double *kx = xmalloc(B * T * C * sizeof *kx);
+    for (size_t i = 0; i < B * T; i++)
+        for (size_t c = 0; c < C; c++) kx[i * C + c] = kh[i * H + c / per];
+    double *y1 = xmalloc(B * T * C * sizeof *y1), *y2 = xmalloc(B * T * C * sizeof *y2);
+    float *conv = randf(&r, H * (2 * s - 1), 2);
+    aft_bias bias;
+    memset(&bias, 0, sizeof bias);
+    bias.kind = AFT_BIAS_CONV;
+    bias.conv = conv;
+    for (int causal = 0; causal <= 1; causal++) {
+        aft_config cfg = make_cfg(AFT_CONV, s, H, causal);
+        assert_int_equal(ref_aft_op_d(y1, q, kh, v, &bias, &cfg, B, T, C, H), 0);
+        assert_int_equal(ref_aft_op_d(y2, q, kx, v, &bias, &cfg, B, T, C, C), 0);
+        assert_true(max_abs_diff(y1, y2, B * T * C) < 1e-15);
+    }
+    free(q);
+    free(kh);
+    free(kx);
+    free(v);
+    free(y1);
+    free(y2);
+    free(conv);
+}
+
+/* conv on head h equals full, on that head's channels, with the Toeplitz
+ * dense bias w[t,t'] = conv[h][t' - t + s - 1] inside the window, 0 outside */
+static void test_ref_conv_is_toeplitz_full(void **state)
+{
+    (void)state;
+    const size_t B = 1, T = 9, C = 6, H = 3, per = C / H;
+    rng r = {6};
+    double *q = randd(&r, T * C, 2), *k = randd(&r, T * C, 4), *v = randd(&r, T * C, 1);
+    double *y = xmalloc(T * C * sizeof *y), *yh = xmalloc(T * per * sizeof *yh);
+    double *qh = xmalloc(T * per * sizeof *qh), *kh = xmalloc(T * per * sizeof *kh),
+           *vh = xmalloc(T * per * sizeof *vh);
+    float dense[9 * 9];
+    const size_t windows[] = {1, 2, 5, 9, 14};
+    for (size_t wi = 0; wi < sizeof windows / sizeof *windows; wi++) {
+        size_t s = windows[wi];
+        float *conv = randf(&r, H * (2 * s - 1), 2);
+        aft_bias cb;
+        memset(&cb, 0, sizeof cb);
+        cb.kind = AFT_BIAS_CONV;
+        cb.conv = conv;
+        aft_config cfg = make_cfg(AFT_CONV, s, H, (int)(wi & 1));
+        assert_int_equal(ref_aft_op_d(y, q, k, v, &cb, &cfg, B, T, C, C), 0);
+        for (size_t h = 0; h < H; h++) {
+            for (size_t t = 0; t < T; t++) {
+                for (size_t t2 = 0; t2 < T; t2++) {
+                    long off = (long)t2 - (long)t;
+                    dense[t * T + t2] = labs(off) < (long)s ? conv[h * (2 * s - 1) + (size_t)(off + (long)s - 1)] : 0.0f;
+                }
+                for (size_t j = 0; j < per; j++) {
+                    qh[t * per + j] = q[t * C + h * per + j];
+                    kh[t * per + j] = k[t * C + h * per + j];
+                    vh[t * per + j] = v[t * C + h * per + j];
+                }
+            }
+            aft_bias db;
+            memset(&db, 0, sizeof db);
+            db.kind = AFT_BIAS_DENSE;
+            db.dense = dense;
+            db.tmax = T;
+            aft_config full = make_cfg(AFT_FULL, 0, 0, cfg.causal);
+            assert_int_equal(ref_aft_op_d(yh, qh, kh, vh, &db, &full, B, T, per, per), 0);
+            for (size_t t = 0; t < T; t++)
+                for (size_t j = 0; j < per; j++)
+                    assert_true(fabs(yh[t * per + j] - y[t * C + h * per + j]) < 1e-15);
+        }
+        free(conv);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(y);
+    free(yh);
+    free(qh);
+    free(kh);
+    free(vh);
+}
+
+/* causal equals a lower-triangular mask; a batched mask equals running each
+ * batch alone with its slice as a shared mask */
+static void test_ref_masks(void **state)
+{
+    (void)state;
+    const size_t B = 3, T = 8, C = 2, n = B * T * C;
+    rng r = {7};
+    double *q = randd(&r, n, 2), *k = randd(&r, n, 4), *v = randd(&r, n, 1);
+    double *y1 = xmalloc(n * sizeof *y1), *y2 = xmalloc(n * sizeof *y2);
+    float *dense = randf(&r, T * T, 2);
+    uint8_t tril[8 * 8];
+    for (size_t t = 0; t < T; t++)
+        for (size_t t2 = 0; t2 < T; t2++) tril[t * T + t2] = t2 <= t;
+    aft_bias bias;
+    memset(&bias, 0, sizeof bias);
+    bias.kind = AFT_BIAS_DENSE;
+    bias.dense = dense;
+    bias.tmax = T;
+    aft_config causal = make_cfg(AFT_FULL, 0, 0, 1), plain = make_cfg(AFT_FULL, 0, 0, 0);
+    assert_int_equal(ref_aft_op_d(y1, q, k, v, &bias, &causal, B, T, C, C), 0);
+    bias.mask = tril;
+    assert_int_equal(ref_aft_op_d(y2, q, k, v, &bias, &plain, B, T, C, C), 0);
+    assert_true(max_abs_diff(y1, y2, n) < 1e-15);
+
+    uint8_t *mask = make_mask(&r, B, T);
+    bias.mask = mask;
+    bias.mask_batched = 1;
+    assert_int_equal(ref_aft_op_d(y1, q, k, v, &bias, &causal, B, T, C, C), 0);
+    for (size_t b = 0; b < B; b++) {
+        aft_bias one = bias;
+        one.mask = mask + b * T * T;
+        one.mask_batched = 0;
+        size_t o = b * T * C;
+        assert_int_equal(ref_aft_op_d(y2 + o, q + o, k + o, v + o, &one, &causal, 1, T, C, C), 0);
+    }
+    assert_true(max_abs_diff(y1, y2, n) < 1e-15);
+    /* rows the mask empties ((t + b) % 5 == 2) are exactly zero */
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++)
+            if ((t + b) % 5 == 2)
+                for (size_t c = 0; c < C; c++) assert_true(y1[(b * T + t) * C + c] == 0.0);
+    free(q);
+    free(k);
+    free(v);
+    free(y1);
+    free(y2);
+    free(dense);
+    free(mask);
+}
+
+/* Y does not change when a constant is added to all keys of a channel: with
+ * +700 an unshifted exp would overflow double, so this checks the max
+ * subtraction. Same for the extreme one-huge-key pattern against its closed
+ * form on the causal rows before the huge key. */
+static void test_ref_shift_invariance(void **state)
+{
+    (void)state;
+    const size_t B = 1, T = 15, C = 3, n = T * C;
+    rng r = {8};
+    double *q = randd(&r, n, 2), *k = randd(&r, n, 4), *v = randd(&r, n, 1);
+    double *k2 = xmalloc(n * sizeof *k2), *y1 = xmalloc(n * sizeof *y1), *y2 = xmalloc(n * sizeof *y2);
+    float *dense = randf(&r, T * T, 250);
+    aft_bias bias;
+    memset(&bias, 0, sizeof bias);
+    bias.kind = AFT_BIAS_DENSE;
+    bias.dense = dense;
+    bias.tmax = T;
+    for (int causal = 0; causal <= 1; causal++) {
+        aft_config cfg = make_cfg(AFT_FULL, 0, 0, causal);
+        for (size_t i = 0; i < n; i++) k2[i] = k[i] + (i % C == 1 ? 700.0 : -700.0);
+        assert_int_equal(ref_aft_op_d(y1, q, k, v, &bias, &cfg, B, T, C, C), 0);
+        assert_int_equal(ref_aft_op_d(y2, q, k2, v, &bias, &cfg, B, T, C, C), 0);
+        assert_true(max_abs_diff(y1, y2, n) < 1e-12);
+    }
+    /* one key +500 at t0, the rest -500, zero bias, causal: rows t < t0 are
+     * the plain mean of v over t' <= t, rows t >= t0 are v[t0] (to e^-1000) */
+    const size_t t0 = 10;
+    for (size_t i = 0; i < n; i++) k2[i] = i / C == t0 ? 500.0 : -500.0;
+    bias.kind = AFT_BIAS_NONE;
+    aft_config cfg = make_cfg(AFT_SIMPLE, 0, 0, 1);
+    assert_int_equal(ref_aft_op_d(y1, q, k2, v, &bias, &cfg, B, T, C, C), 0);
+    for (size_t t = 0; t < T; t++)
+        for (size_t c = 0; c < C; c++) {
+            double mean = 0;
+            for (size_t t2 = 0; t2 <= t; t2++) mean += v[t2 * C + c];
+            mean /= (double)(t + 1);
+            double want = ref_sigmoid(q[t * C + c]) * (t < t0 ? mean : v[t0 * C + c]);
+            assert_true(fabs(y1[t * C + c] - want) < 1e-14);
+        }
+    free(q);
+    free(k);
+    free(v);
+    free(k2);
+    free(y1);
+    free(y2);
+    free(dense);
+}
+
+/* factored (u, v on a 2^-4 grid, so U V^T is exact in float) and seeded
+ * biases equal the dense matrices they describe */
+static void test_ref_factored_seeded_are_dense(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 10, C = 3, n = B * T * C, tmax = 12, rank = 3;
+    rng r = {9};
+    double *q = randd(&r, n, 2), *k = randd(&r, n, 4), *v = randd(&r, n, 1);
+    double *y1 = xmalloc(n * sizeof *y1), *y2 = xmalloc(n * sizeof *y2);
+    float u[12 * 3], vv[12 * 3], dense[12 * 12];
+    for (size_t i = 0; i < tmax * rank; i++) {
+        u[i] = on_grid(2 * rng_sym(&r), 0x1p-4);
+        vv[i] = on_grid(2 * rng_sym(&r), 0x1p-4);
+    }
+    for (size_t t = 0; t < tmax; t++)
+        for (size_t t2 = 0; t2 < tmax; t2++) {
+            float s = 0;
+            for (size_t j = 0; j < rank; j++) s += u[t * rank + j] * vv[t2 * rank + j];
+            dense[t * tmax + t2] = s;
+        }
+    aft_bias fb, db, sb;
+    memset(&fb, 0, sizeof fb);
+    db = sb = fb;
+    fb.kind = AFT_BIAS_FACTORED;
+    fb.u = u;
+    fb.v = vv;
+    fb.rank = rank;
+    fb.tmax = tmax;
+    db.kind = AFT_BIAS_DENSE;
+    db.dense = dense;
+    db.tmax = tmax;
+    for (int causal = 0; causal <= 1; causal++) {
+        aft_config cfg = make_cfg(AFT_FULL, 0, 0, causal);
+        assert_int_equal(ref_aft_op_d(y1, q, k, v, &fb, &cfg, B, T, C, C), 0);
+        assert_int_equal(ref_aft_op_d(y2, q, k, v, &db, &cfg, B, T, C, C), 0);
+        assert_true(max_abs_diff(y1, y2, n) < 1e-15);
+    }
+    sb.kind = AFT_BIAS_SEEDED;
+    sb.seed = 12345;
+    sb.scale = 3.0f;
+    for (size_t t = 0; t < tmax; t++)
+        for (size_t t2 = 0; t2 < tmax; t2++)
+            dense[t * tmax + t2] = aft_seeded_bias(sb.seed, sb.scale, t, t2);
+    aft_config cfg = make_cfg(AFT_LOCAL, 4, 0, 1);
+    assert_int_equal(ref_aft_op_d(y1, q, k, v, &sb, &cfg, B, T, C, C), 0);
+    assert_int_equal(ref_aft_op_d(y2, q, k, v, &db, &cfg, B, T, C, C), 0);
+    assert_true(max_abs_diff(y1, y2, n) < 1e-15);
+    free(q);
+    free(k);
+    free(v);
+    free(y1);
+    free(y2);
+}
+
+/* the layer reference with identity projections and no biases is the op on
+ * Q = K = V = x; output biases add to every row */
+static void test_ref_layer_identity(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 7, D = 5, n = B * T * D;
+    rng r = {10};
+    float *x = randf(&r, n, 2), eye[5 * 5], bo[5];
+    for (size_t i = 0; i < D * D; i++) eye[i] = i / D == i % D ? 1.0f : 0.0f;
+    for (size_t i = 0; i < D; i++) bo[i] = (float)(i + 1) * 0.5f;
+    double *y1 = xmalloc(n * sizeof *y1), *y2 = xmalloc(n * sizeof *y2);
+    aft_params p;
+    memset(&p, 0, sizeof p);
+    p.d_model = p.d_hidden = p.k_out = D;
+    p.wq = p.wk = p.wv = p.wo = eye;
+    p.bias.kind = AFT_BIAS_SEEDED;
+    p.bias.seed = 77;
+    p.bias.scale = 1.5f;
+    aft_config cfg = make_cfg(AFT_FULL, 0, 0, 1);
+    assert_int_equal(ref_aft_layer(y1, x, &p, &cfg, B, T), 0);
+    assert_int_equal(ref_aft_op(y2, x, x, x, &p.bias, &cfg, B, T, D, D), 0);
+    assert_true(max_abs_diff(y1, y2, n) < 1e-15);
+    p.bo = bo;
+    assert_int_equal(ref_aft_layer(y1, x, &p, &cfg, B, T), 0);
+    for (size_t i = 0; i < n; i++) assert_true(fabs(y1[i] - y2[i] - bo[i % D]) < 1e-15);
+    free(x);
+    free(y1);
+    free(y2);
+}
+
+/* aft_seeded_bias: a pure function with values in [-scale, scale) that
+ * spread over the range and depend on the seed and both positions */
+static void test_seeded_bias_contract(void **state)
+{
+    (void)state;
+    double lo = 1e9, hi = -1e9, sum = 0;
+    size_t n = 0, same_seed = 0, same_t = 0;
+    for (size_t t = 0; t < 64; t++)
+        for (size_t t2 = 0; t2 < 64; t2++) {
+            float a = aft_seeded_bias(42, 2.0f, t, t2);
+            assert_true(a == aft_seeded_bias(42, 2.0f, t, t2));
+            assert_true(a >= -2.0f && a < 2.0f);
+            same_seed += a == aft_seeded_bias(43, 2.0f, t, t2);
+            same_t += a == aft_seeded_bias(42, 2.0f, t2, t) && t != t2;
+            if (a < lo) lo = a;
+            if (a > hi) hi = a;
+            sum += a;
+            n++;
+        }
+    assert_true(lo < -1.8 && hi > 1.8);
+    assert_true(fabs(sum / (double)n) < 0.1);
+    assert_true(same_seed < 8 && same_t < 8);
+    /* large positions (a band far down a long sequence) still work */
+    float big = aft_seeded_bias(42, 2.0f, (size_t)1 << 40, ((size_t)1 << 40) + 3);
+    assert_true(big >= -2.0f && big < 2.0f);
+}
+
+/* ---------------------------------------------------------------- the operator */
+
+static const size_t small_T[] = {1, 7, 33, 130};
+static const size_t small_C[] = {5, 12};
+#define N_OF(a) (sizeof (a) / sizeof *(a))
+
+/* full (and local) over causal x mask x B x T x C for one bias kind */
+static void grid_full(aft_variant variant, aft_bias_kind kind, const size_t *windows,
+                      size_t nwin, uint64_t seed)
+{
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t wi = 0; wi < nwin; wi++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (int mask = MASK_NONE; mask <= MASK_BATCHED; mask++)
+                for (size_t B = 1; B <= 3; B += 2)
+                    for (size_t ti = 0; ti < N_OF(small_T); ti++)
+                        for (size_t ci = 0; ci < N_OF(small_C); ci++) {
+                            size_t T = small_T[ti];
+                            /* window codes: 999 means T, 1000 means T + 4 */
+                            size_t s = windows[wi] == 1000 ? T + 4 : windows[wi] == 999 ? T : windows[wi];
+                            op_case c = {variant, kind, B, T, small_C[ci], 0, s, 0, causal,
+                                         (mask_mode)mask, VALS_NORMAL, seed + (uint64_t)cases};
+                            fails += run_case(&c, &reports);
+                            cases++;
+                        }
+    finish(fails, cases);
+}
+
+static void test_op_full_dense(void **state)
+{
+    (void)state;
+    const size_t w[] = {0};
+    grid_full(AFT_FULL, AFT_BIAS_DENSE, w, 1, 100);
+}
+
+static void test_op_full_factored(void **state)
+{
+    (void)state;
+    const size_t w[] = {0};
+    grid_full(AFT_FULL, AFT_BIAS_FACTORED, w, 1, 200);
+}
+
+static void test_op_full_seeded(void **state)
+{
+    (void)state;
+    const size_t w[] = {0};
+    grid_full(AFT_FULL, AFT_BIAS_SEEDED, w, 1, 300);
+}
+
+/* full with no bias at all (kind NONE: w = 0) */
+static void test_op_full_no_bias(void **state)
+{
+    (void)state;
+    const size_t w[] = {0};
+    grid_full(AFT_FULL, AFT_BIAS_NONE, w, 1, 350);
+}
+
+/* local windows 0 (= simple), 1, 3, T (999), T + 4 (1000) on each bias kind */
+static void test_op_local(void **state)
+{
+    (void)state;
+    const size_t w[] = {0, 1, 3, 999, 1000};
+    grid_full(AFT_LOCAL, AFT_BIAS_DENSE, w, N_OF(w), 400);
+    grid_full(AFT_LOCAL, AFT_BIAS_FACTORED, w, N_OF(w), 500);
+    grid_full(AFT_LOCAL, AFT_BIAS_SEEDED, w, N_OF(w), 600);
+}
+
+static void test_op_simple(void **state)
+{
+    (void)state;
+    const size_t w[] = {0};
+    grid_full(AFT_SIMPLE, AFT_BIAS_NONE, w, 1, 700);
+}
+
+/* conv: heads 1, 2, 4 on C = 12 (and heads 1, 5 on C = 5), keys per channel
+ * or per head, windows 1, 3, T, T + 4, causal, masks, B 1 and 3 */
+static void test_op_conv(void **state)
+{
+    (void)state;
+    const size_t heads12[] = {1, 2, 4}, heads5[] = {1, 5};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t ci = 0; ci < N_OF(small_C); ci++) {
+        size_t C = small_C[ci];
+        const size_t *hs = C == 12 ? heads12 : heads5;
+        size_t nh = C == 12 ? N_OF(heads12) : N_OF(heads5);
+        for (size_t hi = 0; hi < nh; hi++)
+            for (int shared = 0; shared <= 1; shared++)
+                for (size_t wi = 0; wi < 4; wi++)
+                    for (int causal = 0; causal <= 1; causal++)
+                        for (size_t ti = 0; ti < N_OF(small_T); ti++) {
+                            size_t T = small_T[ti];
+                            size_t s = wi == 0 ? 1 : wi == 1 ? 3 : wi == 2 ? T : T + 4;
+                            /* masks and B = 3 rotate through the cases */
+                            mask_mode mask = (mask_mode)((cases / 2) % 3);
+                            size_t B = cases % 3 == 0 ? 3 : 1;
+                            op_case c = {AFT_CONV, AFT_BIAS_CONV, B, T, C, hs[hi], s, shared,
+                                         causal, mask, VALS_NORMAL, 800 + (uint64_t)cases};
+                            fails += run_case(&c, &reports);
+                            cases++;
+                        }
+    }
+    finish(fails, cases);
+}
+
+/* Large T (1000..2000, C = 16) so blocked or tiled kernels cross many block
+ * edges; T is prime or odd so no block size divides it. */
+static void test_op_large(void **state)
+{
+    (void)state;
+    const op_case cs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 1, 1531, 16, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 901},
+        {AFT_FULL, AFT_BIAS_SEEDED, 1, 1999, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 902},
+        {AFT_FULL, AFT_BIAS_FACTORED, 1, 1009, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 903},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 1, 2000, 16, 0, 37, 0, 0, MASK_NONE, VALS_NORMAL, 904},
+        {AFT_LOCAL, AFT_BIAS_SEEDED, 1, 1201, 16, 0, 129, 0, 1, MASK_NONE, VALS_NORMAL, 905},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 1103, 16, 4, 50, 1, 1, MASK_NONE, VALS_NORMAL, 906},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 1, 1777, 16, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 907},
+    };
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) fails += run_case(&cs[i], &reports);
+    finish(fails, (int)N_OF(cs));
+}
+
+/* every variant once, for the extreme-value tests */
+static void grid_extreme(vals_mode vals, uint64_t seed)
+{
+    struct { aft_variant v; aft_bias_kind k; size_t heads, window; int shared; } vs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 0, 0, 0},    {AFT_FULL, AFT_BIAS_FACTORED, 0, 0, 0},
+        {AFT_FULL, AFT_BIAS_SEEDED, 0, 0, 0},   {AFT_LOCAL, AFT_BIAS_DENSE, 0, 3, 0},
+        {AFT_LOCAL, AFT_BIAS_FACTORED, 0, 9, 0}, {AFT_LOCAL, AFT_BIAS_SEEDED, 0, 20, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0},   {AFT_CONV, AFT_BIAS_CONV, 2, 5, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 4, 40, 1},    {AFT_CONV, AFT_BIAS_CONV, 1, 2, 1},
+    };
+    const size_t Ts[] = {33, 130};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(vs); i++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (size_t ti = 0; ti < N_OF(Ts); ti++) {
+                /* the second size also runs with a batched mask */
+                mask_mode mask = ti == 1 ? MASK_BATCHED : MASK_NONE;
+                op_case c = {vs[i].v, vs[i].k, 2, Ts[ti], 12, vs[i].heads, vs[i].window,
+                             vs[i].shared, causal, mask, vals, seed + (uint64_t)cases};
+                fails += run_case(&c, &reports);
+                cases++;
+            }
+    finish(fails, cases);
+}
+
+static void test_op_extreme_wide(void **state)
+{
+    (void)state;
+    grid_extreme(VALS_WIDE, 1000);
+}
+
+static void test_op_extreme_one_huge_key(void **state)
+{
+    (void)state;
+    grid_extreme(VALS_ONE_HUGE, 1100);
+}
+
+static void test_op_extreme_adversarial(void **state)
+{
+    (void)state;
+    grid_extreme(VALS_ADVERSE, 1200);
+}
+
+/* The outputs with cfg.threads = 1, 2 and 0 agree to 1e-6 relative. */
+static void test_op_threads(void **state)
+{
+    (void)state;
+    const op_case cs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 2, 613, 16, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 1301},
+        {AFT_FULL, AFT_BIAS_FACTORED, 3, 257, 12, 0, 0, 0, 0, MASK_BATCHED, VALS_NORMAL, 1302},
+        {AFT_LOCAL, AFT_BIAS_SEEDED, 2, 701, 16, 0, 45, 0, 0, MASK_NONE, VALS_NORMAL, 1303},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 2, 509, 16, 0, 0, 0, 1, MASK_SHARED, VALS_NORMAL, 1304},
+        {AFT_CONV, AFT_BIAS_CONV, 2, 401, 16, 4, 33, 1, 0, MASK_NONE, VALS_NORMAL, 1305},
+    };
+    const aft_impl impls[] = {AFT_IMPL_FAST, AFT_IMPL_REFERENCE};
+    int fails = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) {
+        case_data d;
+        build_case(&d, &cs[i]);
+        size_t n = cs[i].B * cs[i].T * cs[i].C;
+        float *o1 = xmalloc(n * sizeof *o1), *o2 = xmalloc(n * sizeof *o2);
+        for (size_t ii = 0; ii < N_OF(impls); ii++) {
+            const int threads[] = {2, 0};
+            aft_config cfg = d.cfg;
+            cfg.impl = impls[ii];
+            cfg.threads = 1;
+            aft_error err = {{0}};
+            assert_int_equal(aft_op_forward(o1, d.q, d.k, d.v, &d.bias, &cfg, cs[i].B, cs[i].T,
+                                            cs[i].C, d.kc, &err), AFT_OK);
+            double m = 1.0;
+            for (size_t j = 0; j < n; j++)
+                if (fabs(o1[j]) > m) m = fabs(o1[j]);
+            for (size_t th = 0; th < N_OF(threads); th++) {
+                cfg.threads = threads[th];
+                assert_int_equal(aft_op_forward(o2, d.q, d.k, d.v, &d.bias, &cfg, cs[i].B,
+                                                cs[i].T, cs[i].C, d.kc, &err), AFT_OK);
+                double e = 0;
+                for (size_t j = 0; j < n; j++) {
+                    double dj = fabs((double)o1[j] - (double)o2[j]);
+                    if (!(dj <= e)) e = dj;
+                }
+                if (!(e <= THREAD_TOL * m)) {
+                    char what[512];
+                    describe(what, sizeof what, &cs[i], d.kc);
+                    print_message("FAIL [%s] threads=1 vs threads=%d differ by %.3g (max|out| %.3g): %s\n",
+                                  impl_name(impls[ii]), threads[th], e, m, what);
+                    fails++;
+                }
+            }
+        }
+        free(o1);
+        free(o2);
+        free_case(&d);
+    }
+    if (fails) fail_msg("%d thread comparisons failed", fails);
+}
+
+/* ---------------------------------------------------------------- the layer */
+
+typedef struct {
+    aft_variant variant;
+    aft_bias_kind kind;
+    size_t heads, window;
+    int shared_keys;
+} layer_variant;
+
+/* weights ~ U[-1,1] / sqrt(fan in), so activations stay O(1) */
+static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D, size_t C,
+                          int with_biases, int causal, mask_mode mask, uint64_t seed,
+                          int *reports)
+{
+    rng r = {seed};
+    size_t kc = lv->shared_keys ? lv->heads : C;
+    float *x = randf(&r, B * T * D, 1.5);
+    float *wq = randf(&r, C * D, 1 / sqrt((double)D)), *wk = randf(&r, kc * D, 2 / sqrt((double)D)),
+          *wv = randf(&r, C * D, 1 / sqrt((double)D)), *wo = randf(&r, D * C, 1 / sqrt((double)C));
+    float *bq = randf(&r, C, 0.5), *bk = randf(&r, kc, 0.5), *bv = randf(&r, C, 0.5),
+          *bo = randf(&r, D, 0.5);
+    /* bias storage: big enough for every kind used below */
+    size_t tmax = T + 1;
+    float *dense = randf(&r, tmax * tmax, 1), *fu = randf(&r, tmax * 2, 0.8),
+          *fv = randf(&r, tmax * 2, 0.8);
+    float *conv = lv->variant == AFT_CONV ? randf(&r, lv->heads * (2 * lv->window - 1), 1) : NULL;
+    uint8_t *m = mask == MASK_NONE ? NULL : make_mask(&r, mask == MASK_BATCHED ? B : 1, T);
+
+    aft_params p;
+    memset(&p, 0, sizeof p);
+    p.d_model = D;
+    p.d_hidden = C;
+    p.k_out = kc;
+    p.wq = wq;
+    p.wk = wk;
+    p.wv = wv;
+    p.wo = wo;
+    if (with_biases) {
+        p.bq = bq;
+        p.bk = bk;
+        p.bv = bv;
+        p.bo = bo;
+    }
+    p.bias.kind = lv->kind;
+    p.bias.dense = dense;
+    p.bias.tmax = tmax;
+    p.bias.u = fu;
+    p.bias.v = fv;
+    p.bias.rank = 2;
+    p.bias.seed = seed;
+    p.bias.scale = 1.0f;
+    p.bias.conv = conv;
+    p.bias.mask = m;
+    p.bias.mask_batched = mask == MASK_BATCHED;
+    aft_config cfg = make_cfg(lv->variant, lv->window, lv->heads, causal);
+
+    size_t n = B * T * D;
+    double *ref = xmalloc(n * sizeof *ref);
+    float *y = xmalloc(n * sizeof *y);
+    char what[512];
+    snprintf(what, sizeof what,
+             "layer variant=%s bias=%s B=%zu T=%zu D=%zu C=%zu k_out=%zu heads=%zu window=%zu "
+             "causal=%d mask=%s biases=%s seed=%llu",
+             aft_variant_name(lv->variant), kind_names[lv->kind], B, T, D, C, kc, lv->heads,
+             lv->window, causal, mask_names[mask], with_biases ? "yes" : "NULL",
+             (unsigned long long)seed);
+    if (ref_aft_layer(ref, x, &p, &cfg, B, T) != 0) fail_msg("reference refused: %s", what);
+    double maxref = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    double tol = TOL_REL * (maxref > 1 ? maxref : 1);
+
+    int fails = 0;
+    const aft_impl impls[] = {AFT_IMPL_FAST, AFT_IMPL_REFERENCE};
+    for (size_t ii = 0; ii < N_OF(impls); ii++) {
+        cfg.impl = impls[ii];
+        for (size_t i = 0; i < n; i++) y[i] = NAN;
+        aft_error err = {{0}};
+        aft_status st = aft_layer_forward(y, x, &p, &cfg, B, T, &err);
+        if (st != AFT_OK) {
+            if ((*reports)++ < MAX_REPORTS)
+                print_message("FAIL [%s] status %d (%s): %s\n", impl_name(impls[ii]), (int)st,
+                              err.msg, what);
+            fails++;
+            continue;
+        }
+        double e = 0;
+        size_t worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            double di = fabs((double)y[i] - ref[i]);
+            if (!(di <= e)) {   /* NaN counts as the worst */
+                e = di;
+                worst = i;
+                if (isnan(di)) break;
+            }
+        }
+        if (!(e <= tol)) {
+            if ((*reports)++ < MAX_REPORTS)
+                print_message("FAIL [%s] max |err| %.3g > tol %.3g at b=%zu t=%zu d=%zu (y %.9g, "
+                              "ref %.9g): %s\n", impl_name(impls[ii]), e, tol, worst / (T * D),
+                              worst / D % T, worst % D, (double)y[worst], ref[worst], what);
+            fails++;
+        }
+    }
+    free(x);
+    free(wq);
+    free(wk);
+    free(wv);
+    free(wo);
+    free(bq);
+    free(bk);
+    free(bv);
+    free(bo);
+    free(dense);
+    free(fu);
+    free(fv);
+    free(conv);
+    free(m);
+    free(ref);
+    free(y);
+    return fails;
+}
+
+/* d_hidden != d_model both ways, projection biases present or NULL */
+static void test_layer(void **state)
+{
+    (void)state;
+    const layer_variant lvs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 0, 0, 0},   {AFT_FULL, AFT_BIAS_FACTORED, 0, 0, 0},
+        {AFT_FULL, AFT_BIAS_SEEDED, 0, 0, 0},  {AFT_LOCAL, AFT_BIAS_SEEDED, 0, 3, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 0, 1, 0},  {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 4, 5, 0},    {AFT_CONV, AFT_BIAS_CONV, 4, 5, 1},
+        {AFT_CONV, AFT_BIAS_CONV, 2, 40, 1},
+    };
+    const size_t dims[][2] = {{10, 12}, {16, 8}};   /* (D, C) */
+    const size_t Ts[] = {7, 33};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(lvs); i++)
+        for (size_t di = 0; di < N_OF(dims); di++)
+            for (int with_biases = 0; with_biases <= 1; with_biases++)
+                for (int causal = 0; causal <= 1; causal++) {
+                    size_t B = (cases & 1) ? 3 : 1, T = Ts[(cases >> 1) & 1];
+                    mask_mode mask = (mask_mode)(cases % 3);
+                    fails += run_layer_case(&lvs[i], B, T, dims[di][0], dims[di][1], with_biases,
+                                            causal, mask, 2000 + (uint64_t)cases, &reports);
+                    cases++;
+                }
+    finish(fails, cases);
+}
+
+/* ---------------------------------------------------------------- argument errors */
+
+/* case-insensitive substring */
+static int contains_ci(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (; *hay; hay++) {
+        size_t i = 0;
+        while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i])) i++;
+        if (i == n) return 1;
+    }
+    return 0;
+}
+
+/* does msg contain the number as a whole token (not part of a longer number)? */
+static int contains_number(const char *msg, size_t num)
+{
+    char s[32];
+    snprintf(s, sizeof s, "%zu", num);
+    size_t n = strlen(s);
+    for (const char *p = msg; (p = strstr(p, s)) != NULL; p++) {
+        int before = p > msg && isdigit((unsigned char)p[-1]);
+        int after = isdigit((unsigned char)p[n]);
+        if (!before && !after) return 1;
+    }
+    return 0;
+}
+
+/* The call must fail with a one-line message that names the problem: one of
+ * the words (';'-separated), or else all the numbers (terminated by 0). */
+static int check_error(const char *what, aft_status st, const aft_error *err, const char *words,
+                       const size_t *numbers)
+{
+    int ok = 1;
+    if (st == AFT_OK) {
+        print_message("FAIL %s: accepted (status OK)\n", what);
+        return 0;
+    }
+    if (!err->msg[0]) {
+        print_message("FAIL %s: status %d but empty message\n", what, (int)st);
+        return 0;
+    }
+    if (strchr(err->msg, '\n')) {
+        print_message("FAIL %s: message has a newline: \"%s\"\n", what, err->msg);
+        ok = 0;
+    }
+    int named = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", words);
+    for (char *save = NULL, *w = strtok_r(buf, ";", &save); w; w = strtok_r(NULL, ";", &save))
+        if (contains_ci(err->msg, w)) named = 1;
+    if (!named && numbers && numbers[0]) {
+        named = 1;
+        for (const size_t *n = numbers; *n; n++)
+            if (!contains_number(err->msg, *n)) named = 0;
+    }
+    if (!named) {
+        print_message("FAIL %s: message does not name the problem (wanted one of \"%s\"): \"%s\"\n",
+                      what, words, err->msg);
+        ok = 0;
+    }
+    return ok;
+}
+
+/* a small valid problem to break one field at a time */
+typedef struct {
+    float q[3 * 9 * 14], k[3 * 9 * 14], v[3 * 9 * 14], out[3 * 9 * 14];
+    float dense[9 * 9], u[9 * 2], fv[9 * 2], conv[4 * 5];
+} err_bufs;
+
+static void test_op_errors(void **state)
+{
+    (void)state;
+    static err_bufs eb;
+    rng r = {3000};
+    for (size_t i = 0; i < N_OF(eb.q); i++) {
+        eb.q[i] = (float)rng_sym(&r);
+        eb.k[i] = (float)rng_sym(&r);
+        eb.v[i] = (float)rng_sym(&r);
+    }
+    for (size_t i = 0; i < N_OF(eb.dense); i++) eb.dense[i] = (float)rng_sym(&r);
+    for (size_t i = 0; i < N_OF(eb.u); i++) eb.u[i] = eb.fv[i] = (float)rng_sym(&r);
+    for (size_t i = 0; i < N_OF(eb.conv); i++) eb.conv[i] = (float)rng_sym(&r);
+    int bad = 0;
+    aft_error err;
+    aft_status st;
+    aft_bias bias;
+    aft_config cfg;
+
+#define RESET(var, kind_)                                \
+    do {                                                 \
+        memset(&bias, 0, sizeof bias);                   \
+        bias.kind = (kind_);                             \
+        cfg = make_cfg((var), 0, 0, 0);                  \
+        cfg.impl = impl;                                 \
+        memset(&err, 0, sizeof err);                     \
+    } while (0)
+
+    const aft_impl impls[] = {AFT_IMPL_FAST, AFT_IMPL_REFERENCE};
+    for (size_t ii = 0; ii < N_OF(impls); ii++) {
+        aft_impl impl = impls[ii];
+        char what[128];
+#define WHAT(s) (snprintf(what, sizeof what, "[%s] %s", impl_name(impl), (s)), what)
+
+        /* sanity: the unbroken problems are accepted */
+        RESET(AFT_CONV, AFT_BIAS_CONV);
+        bias.conv = eb.conv;
+        cfg.heads = 4;
+        cfg.window = 3;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 3, 9, 12, 4, &err);
+        if (st != AFT_OK) {
+            print_message("FAIL [%s] valid conv problem refused: %s\n", impl_name(impl), err.msg);
+            bad++;
+        }
+        RESET(AFT_FULL, AFT_BIAS_DENSE);
+        bias.dense = eb.dense;
+        bias.tmax = 9;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 3, 9, 14, 14, &err);
+        if (st != AFT_OK) {
+            print_message("FAIL [%s] valid dense problem refused: %s\n", impl_name(impl), err.msg);
+            bad++;
+        }
+
+        /* conv: C = 14 does not split into 4 heads */
+        RESET(AFT_CONV, AFT_BIAS_CONV);
+        bias.conv = eb.conv;
+        cfg.heads = 4;
+        cfg.window = 3;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 14, 14, &err);
+        bad += !check_error(WHAT("conv C=14 heads=4"), st, &err, "head;divis",
+                            (const size_t[]){14, 4, 0});
+        /* conv: heads = 0 */
+        RESET(AFT_CONV, AFT_BIAS_CONV);
+        bias.conv = eb.conv;
+        cfg.window = 3;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("conv heads=0"), st, &err, "head", NULL);
+        /* conv: kc = 5 is neither C = 12 nor heads = 4 */
+        RESET(AFT_CONV, AFT_BIAS_CONV);
+        bias.conv = eb.conv;
+        cfg.heads = 4;
+        cfg.window = 3;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 5, &err);
+        bad += !check_error(WHAT("conv kc=5 C=12 heads=4"), st, &err, "kc;key",
+                            (const size_t[]){5, 0});
+        /* full: kc = 3 != C = 12 (only conv shares keys) */
+        RESET(AFT_FULL, AFT_BIAS_DENSE);
+        bias.dense = eb.dense;
+        bias.tmax = 9;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 3, &err);
+        bad += !check_error(WHAT("full kc=3 C=12"), st, &err, "kc;key", (const size_t[]){3, 0});
+        /* dense bias covering T = 7 < 9 */
+        RESET(AFT_FULL, AFT_BIAS_DENSE);
+        bias.dense = eb.dense;
+        bias.tmax = 7;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("dense tmax=7 T=9"), st, &err, "tmax", (const size_t[]){7, 9, 0});
+        /* the same through local */
+        RESET(AFT_LOCAL, AFT_BIAS_DENSE);
+        bias.dense = eb.dense;
+        bias.tmax = 7;
+        cfg.window = 2;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("local dense tmax=7 T=9"), st, &err, "tmax", (const size_t[]){7, 9, 0});
+        /* factored bias covering T = 8 < 9 */
+        RESET(AFT_FULL, AFT_BIAS_FACTORED);
+        bias.u = eb.u;
+        bias.v = eb.fv;
+        bias.rank = 2;
+        bias.tmax = 8;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("factored tmax=8 T=9"), st, &err, "tmax", (const size_t[]){8, 9, 0});
+        /* dense kind without the dense array */
+        RESET(AFT_FULL, AFT_BIAS_DENSE);
+        bias.tmax = 9;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("dense bias NULL"), st, &err, "dense;null;missing", NULL);
+        /* factored kind without u */
+        RESET(AFT_FULL, AFT_BIAS_FACTORED);
+        bias.v = eb.fv;
+        bias.rank = 2;
+        bias.tmax = 9;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("factored u NULL"), st, &err, "factor;null;missing", NULL);
+        /* conv without a conv bias: kind none, and kind conv with NULL */
+        RESET(AFT_CONV, AFT_BIAS_NONE);
+        cfg.heads = 4;
+        cfg.window = 3;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("conv with bias kind none"), st, &err, "conv", NULL);
+        RESET(AFT_CONV, AFT_BIAS_CONV);
+        cfg.heads = 4;
+        cfg.window = 3;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("conv bias NULL"), st, &err, "conv;null;missing", NULL);
+        /* conv window 0: the bias would have 2*0 - 1 columns */
+        RESET(AFT_CONV, AFT_BIAS_CONV);
+        bias.conv = eb.conv;
+        cfg.heads = 4;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("conv window=0"), st, &err, "window", NULL);
+        /* a variant that does not exist */
+        RESET((aft_variant)17, AFT_BIAS_NONE);
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("variant 17"), st, &err, "variant", (const size_t[]){17, 0});
+        /* missing tensors */
+        RESET(AFT_SIMPLE, AFT_BIAS_NONE);
+        st = aft_op_forward(eb.out, NULL, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("q NULL"), st, &err, "null;missing;q", NULL);
+        RESET(AFT_SIMPLE, AFT_BIAS_NONE);
+        st = aft_op_forward(NULL, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("out NULL"), st, &err, "null;missing;out", NULL);
+        /* B * T * C overflows size_t: must be refused before any access */
+        RESET(AFT_SIMPLE, AFT_BIAS_NONE);
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, SIZE_MAX / 4, 9, 12, 12, &err);
+        bad += !check_error(WHAT("B*T*C overflow"), st, &err, "overflow;too large;large;size", NULL);
+        /* err may be NULL: still a non-OK status, no crash */
+        RESET(AFT_CONV, AFT_BIAS_CONV);
+        bias.conv = eb.conv;
+        cfg.heads = 5;
+        cfg.window = 3;
+        if (aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, NULL) == AFT_OK) {
+            print_message("FAIL [%s] conv heads=5 C=12 accepted with err = NULL\n", impl_name(impl));
+            bad++;
+        }
+#undef WHAT
+    }
+#undef RESET
+    if (bad) fail_msg("%d argument-error checks failed", bad);
+}
+
+static void test_layer_errors(void **state)
+{
+    (void)state;
+    static float x[2 * 5 * 8], y[2 * 5 * 8], w[64 * 8], b[64], conv[4 * 5];
+    rng r = {3100};
+    for (size_t i = 0; i < N_OF(x); i++) x[i] = (float)rng_sym(&r);
+    for (size_t i = 0; i < N_OF(w); i++) w[i] = (float)rng_sym(&r) * 0.3f;
+    for (size_t i = 0; i < N_OF(b); i++) b[i] = (float)rng_sym(&r);
+    for (size_t i = 0; i < N_OF(conv); i++) conv[i] = (float)rng_sym(&r);
+    int bad = 0;
+    const aft_impl impls[] = {AFT_IMPL_FAST, AFT_IMPL_REFERENCE};
+    for (size_t ii = 0; ii < N_OF(impls); ii++) {
+        char what[128];
+        aft_params p;
+        memset(&p, 0, sizeof p);
+        p.d_model = 8;
+        p.d_hidden = 12;
+        p.k_out = 4;
+        p.wq = p.wk = p.wv = p.wo = w;
+        p.bq = p.bk = p.bv = p.bo = b;
+        p.bias.kind = AFT_BIAS_CONV;
+        p.bias.conv = conv;
+        aft_config cfg = make_cfg(AFT_CONV, 3, 4, 1);
+        cfg.impl = impls[ii];
+        aft_error err = {{0}};
+        aft_status st = aft_layer_forward(y, x, &p, &cfg, 2, 5, &err);
+        if (st != AFT_OK) {
+            print_message("FAIL [%s] valid layer refused: %s\n", impl_name(impls[ii]), err.msg);
+            bad++;
+        }
+        /* k_out = 5: neither d_hidden = 12 nor heads = 4 */
+        aft_params p2 = p;
+        p2.k_out = 5;
+        memset(&err, 0, sizeof err);
+        st = aft_layer_forward(y, x, &p2, &cfg, 2, 5, &err);
+        snprintf(what, sizeof what, "[%s] layer k_out=5 C=12 heads=4", impl_name(impls[ii]));
+        bad += !check_error(what, st, &err, "k_out;kc;key", (const size_t[]){5, 0});
+        /* d_hidden = 14 does not split into 4 heads */
+        p2 = p;
+        p2.d_hidden = 14;
+        memset(&err, 0, sizeof err);
+        st = aft_layer_forward(y, x, &p2, &cfg, 2, 5, &err);
+        snprintf(what, sizeof what, "[%s] layer d_hidden=14 heads=4", impl_name(impls[ii]));
+        bad += !check_error(what, st, &err, "head;divis", (const size_t[]){14, 4, 0});
+        /* a missing weight matrix */
+        p2 = p;
+        p2.wv = NULL;
+        memset(&err, 0, sizeof err);
+        st = aft_layer_forward(y, x, &p2, &cfg, 2, 5, &err);
+        snprintf(what, sizeof what, "[%s] layer wv NULL", impl_name(impls[ii]));
+        bad += !check_error(what, st, &err, "wv;null;missing;weight", NULL);
+        /* dense bias too short for T through the layer */
+        static float dense[4 * 4];
+        p2 = p;
+        p2.k_out = 12;
+        p2.bias.kind = AFT_BIAS_DENSE;
+        p2.bias.dense = dense;
+        p2.bias.tmax = 4;
+        aft_config full = make_cfg(AFT_FULL, 0, 0, 0);
+        full.impl = impls[ii];
+        memset(&err, 0, sizeof err);
+        st = aft_layer_forward(y, x, &p2, &full, 2, 5, &err);
+        snprintf(what, sizeof what, "[%s] layer dense tmax=4 T=5", impl_name(impls[ii]));
+        bad += !check_error(what, st, &err, "tmax", (const size_t[]){4, 5, 0});
+        /* full needs k_out == d_hidden */
+        p2.bias.tmax = 5;
+        p2.k_out = 4;
+        memset(&err, 0, sizeof err);
+        st = aft_layer_forward(y, x, &p2, &full, 2, 5, &err);
+        snprintf(what, sizeof what, "[%s] layer full k_out=4 C=12", impl_name(impls[ii]));
+        bad += !check_error(what, st, &err, "k_out;kc;key", (const size_t[]){4, 0});
+    }
+    if (bad) fail_msg("%d layer argument-error checks failed", bad);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        /* the reference against closed forms and identities */
+        cmocka_unit_test(test_ref_simple_closed_form),
+        cmocka_unit_test(test_ref_single_visible),
+        cmocka_unit_test(test_ref_constant_bias_is_simple),
+        cmocka_unit_test(test_ref_local_is_banded_full),
+        cmocka_unit_test(test_ref_conv_shared_keys),
+        cmocka_unit_test(test_ref_conv_is_toeplitz_full),
+        cmocka_unit_test(test_ref_masks),
+        cmocka_unit_test(test_ref_shift_invariance),
+        cmocka_unit_test(test_ref_factored_seeded_are_dense),
+        cmocka_unit_test(test_ref_layer_identity),
+        cmocka_unit_test(test_seeded_bias_contract),
+        /* the library against the reference */
+        cmocka_unit_test(test_op_full_dense),
+        cmocka_unit_test(test_op_full_factored),
+        cmocka_unit_test(test_op_full_seeded),
+        cmocka_unit_test(test_op_full_no_bias),
+        cmocka_unit_test(test_op_local),
+        cmocka_unit_test(test_op_simple),
+        cmocka_unit_test(test_op_conv),
+        cmocka_unit_test(test_op_large),
+        cmocka_unit_test(test_op_extreme_wide),
+        cmocka_unit_test(test_op_extreme_one_huge_key),
+        cmocka_unit_test(test_op_extreme_adversarial),
+        cmocka_unit_test(test_op_threads),
+        cmocka_unit_test(test_layer),
+        cmocka_unit_test(test_op_errors),
+        cmocka_unit_test(test_layer_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
