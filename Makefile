@@ -6,7 +6,7 @@
 
 CC      ?= cc
 ARCH    ?= -march=native
-OPT     ?= -O2
+OPT     ?= -O3
 CFLAGS  ?= $(OPT) $(ARCH) -g
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter
 PKGS    := libcjson openblas

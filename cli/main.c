@@ -17,6 +17,7 @@ static const struct cmd commands[] = {
     {"info", cmd_info, "print the tensors in .npy and .safetensors files"},
     {"run", cmd_run, "run an AFT layer or the bare AFT operator"},
     {"mask", cmd_mask, "print a local (and causal) attention mask"},
+    {"compare", cmd_compare, "compare two tensors with numpy's allclose rule"},
 };
 
 static void usage(FILE *fp)

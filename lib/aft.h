@@ -231,6 +231,34 @@ aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
                              const aft_config *cfg, size_t B, size_t T,
                              aft_error *err);
 
+/* ---------------------------------------------------------------- weights from a file */
+
+/* A layer's parameters found in a .safetensors file, converted to float32.
+ * Names (after the prefix): query|to_q, key|to_k, value|to_v, output|project,
+ * each ".weight" (out, in) with optional ".bias"; position bias "pos_bias" or
+ * "wbias" ((Tmax, Tmax) for full and local; (H, 2S-1) or (2S-1) for conv), or
+ * "pos_bias_u" and "pos_bias_v" ((Tmax, r) each, w = u v^T). Other tensors are
+ * ignored; two candidates for one role is an error. */
+typedef struct {
+    aft_params p;          /* ready for aft_layer_forward (bias.mask unset) */
+    size_t conv_window;    /* conv: S read from the bias shape, else 0 */
+    size_t conv_heads;     /* conv: rows of the bias (1 if it was 1-D) */
+    char names[6][160];    /* the tensor names used: q, k, v, o, bias, bias_v */
+    float *owned[12];
+    size_t nowned;
+} aft_weights;
+
+/* variant decides how the position bias is read; heads (conv) is used to
+ * widen a 1-D conv bias to one row per head. */
+aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_variant variant,
+                            size_t heads, aft_weights *w, aft_error *err);
+void aft_weights_free(aft_weights *w);
+/* Only the position bias (into w->p.bias, conv_window, conv_heads), for the
+ * bare operator; on failure w keeps what it owned: free it with
+ * aft_weights_free. */
+aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
+                         size_t heads, aft_weights *w, aft_error *err);
+
 /* ---------------------------------------------------------------- BLAS and threads */
 
 typedef struct {

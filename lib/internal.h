@@ -28,3 +28,78 @@ void *aft_alloc_array(size_t n, size_t size);
 void *aft_calloc_array(size_t n, size_t size);
 
 #endif
+
+/* ------------------------------------------------------------ numerics */
+
+#include <math.h>
+#include <string.h>
+
+/* exp(x) for float, written so a loop of it vectorizes without -ffast-math:
+ * n = round(x / ln 2), r = x - n ln 2 (|r| <= ln2 / 2, two-part ln 2 so the
+ * reduction is exact), exp(r) by its Taylor series to r^7 (relative error
+ * below 1e-8 on that range), then scaled by 2^n in two steps so no
+ * intermediate leaves the float range. Results below FLT_MIN flush to 0
+ * (callers only ever drop such terms); NaN stays NaN, +inf gives +inf. */
+static inline float aft_expf(float x)
+{
+    const float hi = 88.72283f, lo = -87.33654f;
+    float xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    /* round to nearest by the 1.5 * 2^23 trick (exact for |v| < 2^22) */
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = fmaf(n, -0.693145751953125f, xc);
+    r = fmaf(n, -1.428606765330187e-06f, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t ni = (int32_t)n;
+    int32_t n1 = ni / 2, n2 = ni - n1;
+    union { uint32_t u; float f; } s1 = {(uint32_t)(n1 + 127) << 23}, s2 = {(uint32_t)(n2 + 127) << 23};
+    float y = p * s1.f * s2.f;
+    y = x < lo ? 0.0f : y;
+    y = x > hi ? INFINITY : y;
+    return x != x ? x : y;
+}
+
+/* 1 / (1 + exp(-x)): exp(-x) overflowing to inf gives exactly 0 */
+static inline float aft_sigmoidf(float x)
+{
+    return 1.0f / (1.0f + aft_expf(-x));
+}
+
+/* a den below this (in units of the row's stabiliser) means the fast path's
+ * factorised exponentials may have lost the terms that matter: such entries
+ * are recomputed exactly. Each lost term is below FLT_MIN (1.2e-38), so with
+ * den >= 1e-20 what is lost is below T * 1e-18 relative. */
+#define AFT_DEN_EXACT_BELOW 1e-20f
+
+/* ------------------------------------------------------------ the operator */
+
+/* What one batch's kernels need to know about w, for rows of the effective
+ * bias of the variant (band entries and zeros outside for local and conv). */
+typedef struct {
+    const aft_bias *bias;
+    aft_variant variant;
+    size_t T, C, heads, window;
+    int causal;
+} aft_wspec;
+
+/* raw bias entry b(t, t2) of a full/local bias (dense, factored, seeded, none) */
+float aft_bias_at(const aft_bias *b, size_t t, size_t t2);
+/* w_eff[t, j] for j in [j0, j1) for head h (conv) into out[0 .. j1-j0) */
+void aft_w_row(const aft_wspec *ws, size_t h, size_t t, size_t j0, size_t j1, float *out);
+
+/* kernels: q, k, v, out: (T, C) of one batch; mask (T, T) or NULL */
+aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v,
+                            const uint8_t *mask, const aft_wspec *ws, aft_error *err);
+aft_status aft_op_dense(float *out, const float *q, const float *k, const float *v,
+                        const uint8_t *mask, const aft_wspec *ws, aft_error *err);
+/* band kernel: local, conv, simple without mask; all batches at once
+ * (B, T, C) so threads can split batches and channel blocks */
+aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
+                       size_t B, const aft_wspec *ws, aft_error *err);

@@ -1,0 +1,179 @@
+/* op_dense.c - AFT with an explicit T x T weight pattern: the full variant,
+ * and any variant under an explicit mask. O(T^2 C) time through CBLAS, O(T C)
+ * extra memory: exp(w) is held for one block of rows at a time.
+ *
+ * For a block of query rows and a chunk of key columns,
+ *   num = exp(w - r) @ (exp(k - mk) * v),   den = exp(w - r) @ exp(k - mk)
+ * is one matrix product with the two right-hand sides side by side. r is
+ * each row's maximum of w over visible columns, mk each channel's key maximum
+ * over the chunk, so every factor is <= 1. Without causality one chunk spans
+ * the whole sequence; with it, chunks are a block wide so a large key late in
+ * the sequence cannot push the stabiliser of earlier rows out of reach, and
+ * chunk results are brought to the block's common maximum before summing.
+ * Entries whose den still underflowed (w and k pulling opposite ways by more
+ * than ~45 nats) are recomputed exactly in double, O(T) each.
+ */
+#include "internal.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+
+enum { DENSE_ROWS = 128, CAUSAL_CHUNK = 256 };
+
+static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, size_t j)
+{
+    return !(causal && j > t) && !(mask && !mask[t * T + j]);
+}
+
+// out, q, k, v: (T, C) of one batch   mask: (T, T) or NULL
+aft_status aft_op_dense(float *out, const float *q, const float *k, const float *v,
+                        const uint8_t *mask, const aft_wspec *ws, aft_error *err)
+{
+    const size_t T = ws->T, C = ws->C;
+    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    const int causal = ws->causal;
+    if (T == 0 || C == 0) return AFT_OK;
+    const size_t chunk = causal ? CAUSAL_CHUNK : T;
+    const size_t nchunk = (T + chunk - 1) / chunk;
+    const size_t C2 = 2 * C;
+    const int factored = ws->variant == AFT_FULL && ws->bias->kind == AFT_BIAS_FACTORED;
+
+    /* rhs: (T, 2C), per head [exp(k - mk) v | exp(k - mk)] so a head's two
+     * right-hand sides are adjacent columns; mk: (nchunk, C) */
+    float *rhs = aft_alloc_array(T, C2 * sizeof(float));
+    float *mk = aft_alloc_array(nchunk, C * sizeof(float));
+    float *wblk = aft_alloc_array(DENSE_ROWS, T * sizeof(float));
+    float *acc = aft_alloc_array(DENSE_ROWS, C2 * sizeof(float));
+    float *tmp = aft_alloc_array(DENSE_ROWS, C2 * sizeof(float));
+    float *rmax = aft_alloc_array(DENSE_ROWS, sizeof(float));
+    float *mrow = aft_alloc_array(C, sizeof(float));
+    float *wrow = aft_alloc_array(T, sizeof(float));
+    if (!rhs || !mk || !wblk || !acc || !tmp || !rmax || !mrow || !wrow) {
+        free(rhs); free(mk); free(wblk); free(acc); free(tmp); free(rmax); free(mrow); free(wrow);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full-variant buffers (T = %zu, C = %zu)", T, C);
+    }
+
+    for (size_t jc = 0; jc < nchunk; jc++) {
+        size_t j0 = jc * chunk, j1 = j0 + chunk < T ? j0 + chunk : T;
+        float *m = mk + jc * C;
+        for (size_t c = 0; c < C; c++) m[c] = -INFINITY;
+        for (size_t j = j0; j < j1; j++)
+            for (size_t c = 0; c < C; c++) m[c] = k[j * C + c] > m[c] ? k[j * C + c] : m[c];
+        for (size_t c = 0; c < C; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
+        #pragma omp parallel for schedule(static)
+        for (size_t j = j0; j < j1; j++)
+            for (size_t h = 0; h < H; h++) {
+                float *dst = rhs + j * C2 + h * 2 * ch;
+                const float *kr = k + j * C + h * ch, *vr = v + j * C + h * ch, *mr = m + h * ch;
+                for (size_t c = 0; c < ch; c++) {
+                    float e = aft_expf(kr[c] - mr[c]);
+                    dst[c] = e * vr[c];
+                    dst[ch + c] = e;
+                }
+            }
+    }
+
+    for (size_t h = 0; h < H; h++) {
+        for (size_t i0 = 0; i0 < T; i0 += DENSE_ROWS) {
+            size_t i1 = i0 + DENSE_ROWS < T ? i0 + DENSE_ROWS : T, bi = i1 - i0;
+            size_t tv = causal ? i1 : T;   /* columns any row of the block sees */
+
+            /* w for the block, then exp(w - r) with invisible entries 0 */
+            if (factored)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)tv, (int)ws->bias->rank,
+                            1.0f, ws->bias->u + i0 * ws->bias->rank, (int)ws->bias->rank,
+                            ws->bias->v, (int)ws->bias->rank, 0.0f, wblk, (int)tv);
+            #pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < bi; i++) {
+                size_t t = i0 + i;
+                float *wr = wblk + i * tv;
+                if (!factored) aft_w_row(ws, h, t, 0, tv, wr);
+                float r = -INFINITY;
+                for (size_t j = 0; j < tv; j++)
+                    if (visible(mask, causal, T, t, j) && wr[j] > r) r = wr[j];
+                rmax[i] = r;
+                if (r == -INFINITY) r = 0.0f;   /* nothing visible: the row stays 0 */
+                for (size_t j = 0; j < tv; j++)
+                    wr[j] = visible(mask, causal, T, t, j) ? aft_expf(wr[j] - r) : 0.0f;
+            }
+
+            /* the block's common key maximum over the chunks its rows see */
+            size_t nc = (tv + chunk - 1) / chunk;
+            for (size_t c = 0; c < ch; c++) {
+                float M = -INFINITY;
+                for (size_t jc = 0; jc < nc; jc++) M = mk[jc * C + h * ch + c] > M ? mk[jc * C + h * ch + c] : M;
+                mrow[c] = M;
+            }
+            for (size_t jc = 0; jc < nc; jc++) {
+                size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
+                float *dst = nc == 1 ? acc : tmp;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, (int)(2 * ch), (int)(j1 - j0),
+                            1.0f, wblk + j0, (int)tv, rhs + j0 * C2 + h * 2 * ch, (int)C2,
+                            0.0f, dst, (int)(2 * ch));
+                if (nc == 1) break;
+                /* rescale this chunk from its own key maximum to the block's */
+                const float *m = mk + jc * C + h * ch;
+                #pragma omp parallel for schedule(static)
+                for (size_t i = 0; i < bi; i++) {
+                    float *a = acc + i * 2 * ch, *tp = tmp + i * 2 * ch;
+                    for (size_t c = 0; c < ch; c++) {
+                        float f = aft_expf(m[c] - mrow[c]);
+                        float pn = jc ? a[c] : 0.0f, pd = jc ? a[ch + c] : 0.0f;
+                        a[c] = pn + tp[c] * f;
+                        a[ch + c] = pd + tp[ch + c] * f;
+                    }
+                }
+            }
+
+            int any_redo = 0;
+            #pragma omp parallel for schedule(static) reduction(|:any_redo)
+            for (size_t i = 0; i < bi; i++) {
+                size_t t = i0 + i;
+                const float *a = acc + i * 2 * ch, *qr = q + t * C + h * ch;
+                float *yr = out + t * C + h * ch;
+                for (size_t c = 0; c < ch; c++) {
+                    float den = a[ch + c];
+                    float y = aft_sigmoidf(qr[c]) * (a[c] / den);
+                    int bad = !(den >= AFT_DEN_EXACT_BELOW);
+                    yr[c] = bad ? NAN : y;
+                    any_redo |= bad;
+                }
+            }
+            if (!any_redo) continue;
+
+            /* exact recomputation in double of entries whose den underflowed
+             * (marked NaN above); rows with nothing visible come out 0 here */
+            for (size_t i = 0; i < bi; i++) {
+                size_t t = i0 + i;
+                float *yr = out + t * C + h * ch;
+                int row_bad = 0;
+                for (size_t c = 0; c < ch; c++) row_bad |= isnan(yr[c]);
+                if (!row_bad) continue;
+                aft_w_row(ws, h, t, 0, tv, wrow);
+                #pragma omp parallel for schedule(dynamic, 8)
+                for (size_t c = 0; c < ch; c++) {
+                    if (!isnan(yr[c])) continue;
+                    size_t cc = h * ch + c;
+                    double M = -INFINITY;
+                    for (size_t j = 0; j < tv; j++)
+                        if (visible(mask, causal, T, t, j)) {
+                            double e = (double)k[j * C + cc] + (double)wrow[j];
+                            M = e > M ? e : M;
+                        }
+                    double num = 0.0, den = 0.0;
+                    if (M > -INFINITY)
+                        for (size_t j = 0; j < tv; j++)
+                            if (visible(mask, causal, T, t, j)) {
+                                double e = exp((double)k[j * C + cc] + (double)wrow[j] - M);
+                                den += e;
+                                num += e * (double)v[j * C + cc];
+                            }
+                    double sq = 1.0 / (1.0 + exp(-(double)q[t * C + cc]));
+                    yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
+                }
+            }
+        }
+    }
+    free(rhs); free(mk); free(wblk); free(acc); free(tmp); free(rmax); free(mrow); free(wrow);
+    return AFT_OK;
+}

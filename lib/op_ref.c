@@ -1,0 +1,49 @@
+/* op_ref.c - the plain float64 AFT operator: the obvious loops, O(T^2 C).
+ * Every fast kernel is checked against this one (tests, aft bench --impl both). */
+#include "internal.h"
+
+#include <stdlib.h>
+
+// out, q, k, v: (T, C) of one batch   mask: (T, T), 1 = visible, or NULL
+// For each (t, c): M = max over visible t' of k[t',c] + w[t,t']; subtracting it
+// makes every exponent <= 0, so nothing overflows and the largest term is 1,
+// so the denominator cannot underflow to 0.
+aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v,
+                            const uint8_t *mask, const aft_wspec *ws, aft_error *err)
+{
+    size_t T = ws->T, C = ws->C, H = ws->heads ? ws->heads : 1, ch = C / H;
+    float *wrow = aft_alloc_array(T, sizeof(float));
+    double *wd = aft_alloc_array(T, sizeof(double));
+    if (!wrow || !wd) {
+        free(wrow); free(wd);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for a reference row of %zu entries", T);
+    }
+    for (size_t t = 0; t < T; t++) {
+        for (size_t h = 0; h < H; h++) {
+            aft_w_row(ws, h, t, 0, T, wrow);
+            for (size_t j = 0; j < T; j++) wd[j] = wrow[j];
+            for (size_t c = h * ch; c < (h + 1) * ch; c++) {
+                double M = -INFINITY;
+                for (size_t j = 0; j < T; j++) {
+                    if ((ws->causal && j > t) || (mask && !mask[t * T + j])) continue;
+                    double e = (double)k[j * C + c] + wd[j];
+                    if (e > M) M = e;
+                }
+                double num = 0.0, den = 0.0;
+                if (M > -INFINITY) {
+                    for (size_t j = 0; j < T; j++) {
+                        if ((ws->causal && j > t) || (mask && !mask[t * T + j])) continue;
+                        double e = exp((double)k[j * C + c] + wd[j] - M);
+                        num += e * (double)v[j * C + c];
+                        den += e;
+                    }
+                }
+                double sq = 1.0 / (1.0 + exp(-(double)q[t * C + c]));
+                out[t * C + c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
+            }
+        }
+    }
+    free(wrow);
+    free(wd);
+    return AFT_OK;
+}

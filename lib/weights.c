@@ -1,0 +1,211 @@
+/* weights.c - find an AFT layer's tensors in a .safetensors file by name. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+enum { R_Q, R_K, R_V, R_O, R_BIAS, R_BIAS_V };
+
+/* Looks up prefix+stem+suffix for each candidate stem; exactly one may exist. */
+static aft_status find_one(const aft_st_file *f, const char *prefix, const char *const *stems,
+                           const char *suffix, const char *role, int required,
+                           const aft_tensor **out, char name[160], aft_error *err)
+{
+    *out = NULL;
+    name[0] = 0;
+    char cand[160];
+    for (size_t i = 0; stems[i]; i++) {
+        int n = snprintf(cand, sizeof cand, "%s%s%s", prefix, stems[i], suffix);
+        if (n < 0 || (size_t)n >= sizeof cand)
+            return aft_fail(err, AFT_ERR_ARG, "prefix '%s' is too long", prefix);
+        const aft_tensor *t = aft_st_find(f, cand);
+        if (!t) continue;
+        if (*out)
+            return aft_fail(err, AFT_ERR_FORMAT, "two candidates for the %s: '%s' and '%s'", role, name, cand);
+        *out = t;
+        snprintf(name, 160, "%s", cand);
+    }
+    if (!*out && required) {
+        char list[400] = "";
+        size_t used = 0;
+        for (size_t i = 0; stems[i] && used < sizeof list; i++) {
+            int n = snprintf(list + used, sizeof list - used, "%s'%s%s%s'", i ? " or " : "", prefix, stems[i], suffix);
+            if (n < 0) break;
+            used += (size_t)n;
+        }
+        return aft_fail(err, AFT_ERR_FORMAT, "no %s: expected a tensor named %s", role, list);
+    }
+    return AFT_OK;
+}
+
+static aft_status to_f32(aft_weights *w, const aft_tensor *t, const char *name, float **out, aft_error *err)
+{
+    if (!aft_dtype_is_float(t->dtype))
+        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has dtype %s; weights must be F64, F32, F16 or BF16",
+                        name, aft_dtype_name(t->dtype));
+    aft_status st = aft_tensor_to_f32(t, out, err);
+    if (st) return st;
+    w->owned[w->nowned++] = *out;
+    return AFT_OK;
+}
+
+static int is_matrix(const aft_tensor *t) { return t->ndim == 2; }
+
+void aft_weights_free(aft_weights *w)
+{
+    for (size_t i = 0; i < w->nowned; i++) free(w->owned[i]);
+    memset(w, 0, sizeof *w);
+}
+
+aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_variant variant,
+                            size_t heads, aft_weights *w, aft_error *err)
+{
+    static const char *const q_stems[] = {"query", "to_q", NULL};
+    static const char *const k_stems[] = {"key", "to_k", NULL};
+    static const char *const v_stems[] = {"value", "to_v", NULL};
+    static const char *const o_stems[] = {"output", "project", NULL};
+    static const char *const *const stems[4] = {q_stems, k_stems, v_stems, o_stems};
+    static const char *const roles[4] = {"query weight", "key weight", "value weight", "output weight"};
+    static const char *const broles[4] = {"query bias", "key bias", "value bias", "output bias"};
+
+    memset(w, 0, sizeof *w);
+    if (!prefix) prefix = "";
+    const aft_tensor *wt[4], *bt[4];
+    char bnames[4][160];
+    aft_status st;
+    for (int r = 0; r < 4; r++) {
+        if ((st = find_one(f, prefix, stems[r], ".weight", roles[r], 1, &wt[r], w->names[r], err))) goto fail;
+        if ((st = find_one(f, prefix, stems[r], ".bias", broles[r], 0, &bt[r], bnames[r], err))) goto fail;
+        if (!is_matrix(wt[r])) {
+            st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be a matrix (out, in); it has %zu dimensions",
+                          w->names[r], wt[r]->ndim);
+            goto fail;
+        }
+    }
+    size_t C = wt[R_Q]->shape[0], D = wt[R_Q]->shape[1], KC = wt[R_K]->shape[0];
+    if (wt[R_V]->shape[0] != C || wt[R_V]->shape[1] != D) {
+        st = aft_fail(err, AFT_ERR_FORMAT, "'%s' is [%zu, %zu] but '%s' is [%zu, %zu]; they must match",
+                      w->names[R_V], wt[R_V]->shape[0], wt[R_V]->shape[1], w->names[R_Q], C, D);
+        goto fail;
+    }
+    if (wt[R_K]->shape[1] != D) {
+        st = aft_fail(err, AFT_ERR_FORMAT, "'%s' takes inputs of size %zu but '%s' takes %zu",
+                      w->names[R_K], wt[R_K]->shape[1], w->names[R_Q], D);
+        goto fail;
+    }
+    if (wt[R_O]->shape[0] != D || wt[R_O]->shape[1] != C) {
+        st = aft_fail(err, AFT_ERR_FORMAT,
+                      "'%s' is [%zu, %zu] but must be [%zu, %zu] (model size, hidden size)",
+                      w->names[R_O], wt[R_O]->shape[0], wt[R_O]->shape[1], D, C);
+        goto fail;
+    }
+    size_t outs[4] = {C, KC, C, D};
+    for (int r = 0; r < 4; r++)
+        if (bt[r] && (bt[r]->ndim != 1 || bt[r]->shape[0] != outs[r])) {
+            st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must have shape [%zu] to match '%s'", bnames[r], outs[r],
+                          w->names[r]);
+            goto fail;
+        }
+    float *mats[4], *vecs[4] = {NULL, NULL, NULL, NULL};
+    for (int r = 0; r < 4; r++) {
+        if ((st = to_f32(w, wt[r], w->names[r], &mats[r], err))) goto fail;
+        if (bt[r] && (st = to_f32(w, bt[r], bnames[r], &vecs[r], err))) goto fail;
+    }
+    aft_params *p = &w->p;
+    p->d_model = D; p->d_hidden = C; p->k_out = KC;
+    p->wq = mats[R_Q]; p->wk = mats[R_K]; p->wv = mats[R_V]; p->wo = mats[R_O];
+    p->bq = vecs[R_Q]; p->bk = vecs[R_K]; p->bv = vecs[R_V]; p->bo = vecs[R_O];
+    st = aft_bias_load(f, prefix, variant, heads, w, err);
+    if (st) goto fail;
+    return AFT_OK;
+
+fail:
+    aft_weights_free(w);
+    return st;
+}
+
+aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
+                         size_t heads, aft_weights *w, aft_error *err)
+{
+    aft_params *p = &w->p;
+    aft_status st;
+    if (!prefix) prefix = "";
+    p->bias.kind = AFT_BIAS_NONE;
+    if (variant == AFT_SIMPLE) return AFT_OK;   /* simple has no position bias */
+
+    static const char *const pb_stems[] = {"pos_bias", "wbias", NULL};
+    static const char *const u_stems[] = {"pos_bias_u", NULL};
+    static const char *const v2_stems[] = {"pos_bias_v", NULL};
+    const aft_tensor *pb, *pu, *pv;
+    char pbname[160], puname[160];
+    if ((st = find_one(f, prefix, pb_stems, "", "position bias", 0, &pb, pbname, err))) goto fail;
+    if ((st = find_one(f, prefix, u_stems, "", "factored position bias u", 0, &pu, puname, err))) goto fail;
+    if (pu && pb) {
+        st = aft_fail(err, AFT_ERR_FORMAT, "two candidates for the position bias: '%s' and '%s'", pbname, puname);
+        goto fail;
+    }
+    snprintf(w->names[R_BIAS], sizeof w->names[R_BIAS], "%s", pu ? puname : pbname);
+    if ((st = find_one(f, prefix, v2_stems, "", "factored position bias v", pu != NULL, &pv, w->names[R_BIAS_V], err)))
+        goto fail;
+    if (!pb && !pu) {
+        st = aft_fail(err, AFT_ERR_FORMAT, "no position bias for --variant %s: expected '%spos_bias', '%swbias' "
+                      "or '%spos_bias_u' with '%spos_bias_v'", aft_variant_name(variant), prefix, prefix, prefix, prefix);
+        goto fail;
+    }
+    if (variant == AFT_CONV) {
+        if (pu) {
+            st = aft_fail(err, AFT_ERR_FORMAT, "--variant conv needs a per-head bias (heads, 2*window-1), not a factored one");
+            goto fail;
+        }
+        size_t H = pb->ndim == 2 ? pb->shape[0] : 1, n = pb->ndim == 2 ? pb->shape[1] : (pb->ndim == 1 ? pb->shape[0] : 0);
+        if ((pb->ndim != 1 && pb->ndim != 2) || n % 2 == 0) {
+            st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be (heads, 2*window-1) or (2*window-1) with an odd last "
+                          "dimension for --variant conv", w->names[R_BIAS]);
+            goto fail;
+        }
+        float *cb;
+        if ((st = to_f32(w, pb, w->names[R_BIAS], &cb, err))) goto fail;
+        if (pb->ndim == 1 && heads > 1) {   /* one row shared by every head */
+            float *wide = aft_alloc_array(heads, n * sizeof(float));
+            if (!wide) { st = aft_fail(err, AFT_ERR_NOMEM, "out of memory"); goto fail; }
+            w->owned[w->nowned++] = wide;
+            for (size_t h = 0; h < heads; h++) memcpy(wide + h * n, cb, n * sizeof(float));
+            cb = wide;
+            H = heads;
+        }
+        w->conv_heads = H;
+        w->conv_window = (n + 1) / 2;
+        p->bias.kind = AFT_BIAS_CONV;
+        p->bias.conv = cb;
+        return AFT_OK;
+    }
+    if (pu) {
+        if (pu->ndim != 2 || pv->ndim != 2 || pu->shape[0] != pv->shape[0] || pu->shape[1] != pv->shape[1] ||
+            pu->shape[1] == 0) {
+            st = aft_fail(err, AFT_ERR_FORMAT, "'%s' and '%s' must both be (Tmax, rank) with the same shape",
+                          w->names[R_BIAS], w->names[R_BIAS_V]);
+            goto fail;
+        }
+        float *u, *v;
+        if ((st = to_f32(w, pu, w->names[R_BIAS], &u, err)) || (st = to_f32(w, pv, w->names[R_BIAS_V], &v, err)))
+            goto fail;
+        p->bias.kind = AFT_BIAS_FACTORED;
+        p->bias.u = u; p->bias.v = v;
+        p->bias.tmax = pu->shape[0];
+        p->bias.rank = pu->shape[1];
+        return AFT_OK;
+    }
+    if (pb->ndim != 2 || pb->shape[0] != pb->shape[1]) {
+        st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be a square (Tmax, Tmax) matrix for --variant %s",
+                      w->names[R_BIAS], aft_variant_name(variant));
+        goto fail;
+    }
+    float *dense;
+    if ((st = to_f32(w, pb, w->names[R_BIAS], &dense, err))) goto fail;
+    p->bias.kind = AFT_BIAS_DENSE;
+    p->bias.dense = dense;
+    p->bias.tmax = pb->shape[0];
+    return AFT_OK;
+
+fail:
+    return st;
+}
