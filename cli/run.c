@@ -457,7 +457,18 @@ int cmd_run(int argc, char **argv)
         p->bias.mask_batched = batched;
     }
 
-    /* ---- compute */
+    /* ---- compute; conv with window 0 has no band: it is simple */
+    aft_config run_cfg = o.cfg;
+    if (run_cfg.variant == AFT_CONV && run_cfg.window == 0) {
+        if (KC != C) {
+            cli_error("run", "--variant conv --window 0 is simple, which needs as many key channels as "
+                      "value channels (keys have %zu, values %zu)", KC, C);
+            goto out;
+        }
+        run_cfg.variant = AFT_SIMPLE;
+        p->bias.kind = AFT_BIAS_NONE;
+    }
+
     size_t N = B * T, outw = bare ? C : D;
     y = malloc(N * outw * sizeof(float) + 1);
     double *times = malloc(o.repeat * sizeof(double));
@@ -469,8 +480,8 @@ int cmd_run(int argc, char **argv)
     double t_loaded = aft_now_ms();
     for (size_t r = 0; r < o.repeat; r++) {
         double t0 = aft_now_ms();
-        aft_status st = bare ? aft_op_forward(y, q, k, v, &p->bias, &o.cfg, B, T, C, KC, &err)
-                             : aft_layer_forward(y, x, p, &o.cfg, B, T, &err);
+        aft_status st = bare ? aft_op_forward(y, q, k, v, &p->bias, &run_cfg, B, T, C, KC, &err)
+                             : aft_layer_forward(y, x, p, &run_cfg, B, T, &err);
         times[r] = aft_now_ms() - t0;
         if (st != AFT_OK) {
             free(times);
@@ -502,7 +513,7 @@ int cmd_run(int argc, char **argv)
     }
     const char *dest = o.out_path ? o.out_path : "-";
     if (aft_npy_write(dest, &yt, &err) != AFT_OK) {
-        cli_error(NULL, "%s: %s", o.out_path ? o.out_path : "standard output", err.msg);
+        cli_error(NULL, "%s", err.msg);   /* the writer's messages name the file */
         goto out;
     }
     tm.load = t_loaded - t_start;

@@ -44,6 +44,7 @@ aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
     if (!aft_mul_ok(B, T, &N) || N > INT_MAX)
         return aft_fail(err, AFT_ERR_ARG, "B * T = %zu * %zu exceeds the supported range", B, T);
     if (N == 0) return AFT_OK;
+    if (!x || !y) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !x ? "input x" : "output y");
     if (cfg->threads != aft_get_threads() || cfg->threads == 0) aft_set_threads(cfg->threads);
 
     float *q = aft_alloc_array(N, C * sizeof(float));

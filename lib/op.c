@@ -6,12 +6,15 @@
 #include "internal.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T,
                              size_t C, size_t kc, aft_error *err)
 {
     size_t H = cfg->heads ? cfg->heads : 1;
+    if (!bias || !cfg)
+        return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
     if (cfg->variant > AFT_CONV)
         return aft_fail(err, AFT_ERR_ARG, "unknown variant %d", (int)cfg->variant);
     if (T > INT_MAX || C > INT_MAX / 2 || B > INT_MAX)
@@ -20,15 +23,17 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
     if (!aft_mul3_ok(B, T, C, &n) || !aft_mul_ok(n, 2 * sizeof(float), &n))
         return aft_fail(err, AFT_ERR_ARG, "sizes B = %zu, T = %zu, C = %zu overflow", B, T, C);
     if (cfg->variant == AFT_CONV) {
+        if (cfg->heads == 0)
+            return aft_fail(err, AFT_ERR_ARG, "conv: the number of heads must be at least 1");
         if (C % H != 0)
             return aft_fail(err, AFT_ERR_ARG, "conv: %zu heads do not divide the %zu hidden channels", H, C);
         if (kc != C && kc != H)
             return aft_fail(err, AFT_ERR_ARG,
                             "conv: keys have %zu channels; expected %zu (one per value channel) or %zu (one per head)",
                             kc, C, H);
-        if (bias->kind != AFT_BIAS_CONV && bias->kind != AFT_BIAS_NONE)
-            return aft_fail(err, AFT_ERR_ARG, "conv: the position bias must be per head, shape (heads, 2*window-1)");
-        if (bias->kind == AFT_BIAS_CONV && (!bias->conv || cfg->window == 0))
+        if (bias->kind != AFT_BIAS_CONV || !bias->conv)
+            return aft_fail(err, AFT_ERR_ARG, "conv: needs a per-head position bias of shape (heads, 2*window-1)");
+        if (cfg->window == 0)
             return aft_fail(err, AFT_ERR_ARG, "conv: a per-head bias needs a window of at least 1");
     } else {
         if (kc != C)
@@ -70,6 +75,10 @@ aft_status aft_op_forward(float *out, const float *q, const float *k, const floa
     aft_status st = check_args(bias, cfg, B, T, C, kc, err);
     if (st) return st;
     if (B == 0 || T == 0 || C == 0) return AFT_OK;
+    if (!out || !q || !k || !v)
+        return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !out ? "out" : !q ? "q" : !k ? "k" : "v");
+    if (bias->mask && T > SIZE_MAX / T / B)
+        return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     if (cfg->threads != aft_get_threads() || cfg->threads == 0) aft_set_threads(cfg->threads);
 
     aft_wspec ws = {bias, cfg->variant, T, C, cfg->variant == AFT_CONV ? (cfg->heads ? cfg->heads : 1) : 1,
