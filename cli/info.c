@@ -1,0 +1,392 @@
+/* info.c - `aft info`: list the tensors (and metadata) of .npy and .safetensors files. */
+#include "cli.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage_text[] =
+    "usage: aft info [--json] FILE...\n"
+    "\n"
+    "Print each tensor's name, dtype, shape and size in bytes, for .npy and\n"
+    ".safetensors files; .safetensors metadata is printed as key = value.\n"
+    "For .npy also the header version, the byte order and the memory order.\n"
+    "The format comes from the extension (.npy, .safetensors); other files\n"
+    "are recognised by their first bytes. '-' reads a .npy from standard input.\n"
+    "A .npy holds one tensor, named after the file without '.npy' ('(array)'\n"
+    "for standard input).\n"
+    "\n"
+    "options:\n"
+    "  --json      one JSON object per file, one per line:\n"
+    "              {\"file\", \"format\": \"npy\"|\"safetensors\",\n"
+    "               \"tensors\": [{\"name\", \"dtype\", \"shape\", \"bytes\"}],\n"
+    "               \"metadata\": {...}, and for .npy \"npy\": {\"version\",\n"
+    "               \"byte_order\": \"little\"|\"big\"|\"none\", \"fortran_order\"}}\n"
+    "  -h, --help  print this help and exit\n"
+    "\n"
+    "Files are read in order; the first one that cannot be read stops the\n"
+    "command with a message on stderr.\n"
+    "exit status: 0 all files read, 1 a file could not be read, 2 usage error\n";
+
+/* one row of the human table */
+typedef struct {
+    char *name;    /* escaped for the terminal */
+    const char *dtype;
+    char *shape;
+    size_t bytes;
+} row;
+
+/* the file as text reports and messages name it: "-" is "standard input"
+ * (JSON reports keep the operand as given) */
+static const char *display_name(const char *path)
+{
+    return strcmp(path, "-") == 0 ? "standard input" : path;
+}
+
+/* "aft: FILE: msg". The readers may already start msg with the path; do
+ * not say it twice. */
+static void report(const char *path, const char *msg)
+{
+    const char *shown = display_name(path);
+    const char *names[] = {path, shown};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(names[i]);
+        if (strncmp(msg, names[i], n) == 0 && msg[n] == ':') {
+            cli_error(NULL, "%s", msg);
+            return;
+        }
+    }
+    cli_error(NULL, "%s: %s", shown, msg);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+typedef enum { FMT_NPY, FMT_ST } file_format;
+
+/* By extension; otherwise by magic: "\x93NUMPY" is a .npy and anything else
+ * is handed to the safetensors reader, whose message then says what is
+ * wrong. Returns -1 (after reporting) if the file cannot be opened. */
+static int detect_format(const char *path, file_format *fmt)
+{
+    if (strcmp(path, "-") == 0 || ends_with(path, ".npy")) {
+        *fmt = FMT_NPY;
+        return 0;
+    }
+    if (ends_with(path, ".safetensors")) {
+        *fmt = FMT_ST;
+        return 0;
+    }
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "cannot open: %s", strerror(errno));
+        report(path, msg);
+        return -1;
+    }
+    unsigned char magic[6];
+    size_t n = fread(magic, 1, sizeof magic, fp);
+    fclose(fp);
+    *fmt = n == sizeof magic && memcmp(magic, "\x93NUMPY", 6) == 0 ? FMT_NPY : FMT_ST;
+    return 0;
+}
+
+/* "[64, 32]", "[]" for a scalar; malloc'd (NULL when out of memory) */
+static char *shape_string(const aft_tensor *t)
+{
+    /* 20 digits + ", " per dimension, brackets, NUL */
+    size_t cap = t->ndim * 22 + 3, len = 0;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    s[len++] = '[';
+    for (size_t i = 0; i < t->ndim; i++)
+        len += (size_t)snprintf(s + len, cap - len, "%s%zu", i ? ", " : "", t->shape[i]);
+    s[len++] = ']';
+    s[len] = '\0';
+    return s;
+}
+
+/* Tensor names and metadata come from the file: escape control characters
+ * and backslashes so one entry stays on one line. malloc'd. */
+static char *escape(const char *s)
+{
+    size_t n = strlen(s);
+    char *e = malloc(n * 4 + 1), *p = e;
+    if (!e) return NULL;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '\\') { *p++ = '\\'; *p++ = '\\'; }
+        else if (c == '\n') { *p++ = '\\'; *p++ = 'n'; }
+        else if (c == '\t') { *p++ = '\\'; *p++ = 't'; }
+        else if (c < 0x20 || c == 0x7f) p += sprintf(p, "\\x%02x", c);
+        else *p++ = (char)c;
+    }
+    *p = '\0';
+    return e;
+}
+
+/* the .npy name: the file's base name without ".npy" */
+static char *npy_tensor_name(const char *path)
+{
+    if (strcmp(path, "-") == 0) return strdup("(array)");
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (ends_with(base, ".npy")) n -= 4;
+    if (n == 0) return strdup("(array)");
+    return strndup(base, n);
+}
+
+static const char *byte_order_name(char bo)
+{
+    switch (bo) {
+    case '<': return "little";
+    case '>': return "big";
+    case '=': return "little";   /* "native": every machine we build for */
+    default: return "none";      /* '|': single bytes, order does not apply */
+    }
+}
+
+/* the same for the human report */
+static const char *byte_order_text(char bo)
+{
+    switch (bo) {
+    case '<': case '=': return "little-endian";
+    case '>': return "big-endian";
+    default: return "byte order n/a";
+    }
+}
+
+/* Prints the table: header, then the rows with columns padded to the
+ * widest entry; bytes right-aligned. */
+static void print_rows(const row *rows, size_t n)
+{
+    int wn = 4, wd = 5, ws = 5, wb = 5;
+    for (size_t i = 0; i < n; i++) {
+        char num[32];
+        int l;
+        if ((l = (int)strlen(rows[i].name)) > wn) wn = l;
+        if ((l = (int)strlen(rows[i].dtype)) > wd) wd = l;
+        if ((l = (int)strlen(rows[i].shape)) > ws) ws = l;
+        if ((l = snprintf(num, sizeof num, "%zu", rows[i].bytes)) > wb) wb = l;
+    }
+    printf("  %-*s  %-*s  %-*s  %*s\n", wn, "name", wd, "dtype", ws, "shape", wb, "bytes");
+    for (size_t i = 0; i < n; i++)
+        printf("  %-*s  %-*s  %-*s  %*zu\n", wn, rows[i].name, wd, rows[i].dtype, ws,
+               rows[i].shape, wb, rows[i].bytes);
+}
+
+static void free_rows(row *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(rows[i].name);
+        free(rows[i].shape);
+    }
+    free(rows);
+}
+
+/* {"name", "dtype", "shape", "bytes"}; NULL when out of memory */
+static cJSON *tensor_json(const char *name, const aft_tensor *t)
+{
+    cJSON *o = cJSON_CreateObject(), *shape = cJSON_CreateArray();
+    int ok = o && shape;
+    for (size_t i = 0; i < t->ndim && ok; i++) {
+        /* a double holds every size up to 2^53, far beyond any real file */
+        cJSON *d = cJSON_CreateNumber((double)t->shape[i]);
+        ok = d && cJSON_AddItemToArray(shape, d);
+    }
+    ok = ok && cJSON_AddStringToObject(o, "name", name) &&
+         cJSON_AddStringToObject(o, "dtype", aft_dtype_name(t->dtype)) &&
+         cJSON_AddItemToObject(o, "shape", shape);
+    if (!ok) {
+        cJSON_Delete(shape);   /* not attached to o yet */
+        cJSON_Delete(o);
+        return NULL;
+    }
+    if (!cJSON_AddNumberToObject(o, "bytes", (double)t->nbytes)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* prints the object as one line; 0, or -1 when out of memory */
+static int print_json_line(cJSON *o)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    if (!s) return -1;
+    puts(s);
+    cJSON_free(s);
+    return 0;
+}
+
+static int info_npy(const char *path, int json)
+{
+    aft_tensor t = {0};
+    aft_npy_info ni;
+    aft_error err = {{0}};
+    if (aft_npy_read(path, &t, &ni, &err) != AFT_OK) {
+        report(path, err.msg);
+        return EXIT_DATA;
+    }
+    char *name = npy_tensor_name(path);
+    char *shape = shape_string(&t);
+    char version[32];
+    snprintf(version, sizeof version, "%d.%d", ni.major, ni.minor);
+    int rc = 0;
+    if (!name || !shape) {
+        rc = -1;
+    } else if (json) {
+        cJSON *o = cJSON_CreateObject(), *tensors = NULL, *npy = NULL;
+        cJSON *tj = tensor_json(name, &t);
+        int ok = o && tj && cJSON_AddStringToObject(o, "file", path) &&
+                 cJSON_AddStringToObject(o, "format", "npy") &&
+                 (tensors = cJSON_AddArrayToObject(o, "tensors")) &&
+                 cJSON_AddItemToArray(tensors, tj);
+        if (!ok) cJSON_Delete(tj);   /* not attached to o */
+        ok = ok && cJSON_AddObjectToObject(o, "metadata") &&
+             (npy = cJSON_AddObjectToObject(o, "npy")) &&
+             cJSON_AddStringToObject(npy, "version", version) &&
+             cJSON_AddStringToObject(npy, "byte_order", byte_order_name(ni.byteorder)) &&
+             cJSON_AddBoolToObject(npy, "fortran_order", ni.fortran_order);
+        rc = ok ? print_json_line(o) : -1;
+        cJSON_Delete(o);
+    } else {
+        printf("%s: npy %s, %s, %s order\n", display_name(path), version,
+               byte_order_text(ni.byteorder),
+               ni.fortran_order ? "Fortran" : "C");
+        char *ename = escape(name);
+        if (!ename) {
+            rc = -1;
+        } else {
+            row r = {ename, aft_dtype_name(t.dtype), shape, t.nbytes};
+            print_rows(&r, 1);
+            free(ename);
+        }
+    }
+    free(name);
+    free(shape);
+    aft_tensor_free(&t);
+    if (rc != 0) {
+        report(path, "out of memory");
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+static int info_st_json(const char *path, const aft_st_file *f)
+{
+    size_t n = aft_st_count(f), nm = aft_st_metadata_count(f);
+    cJSON *o = cJSON_CreateObject(), *tensors = NULL, *meta = NULL;
+    int ok = o && cJSON_AddStringToObject(o, "file", path) &&
+             cJSON_AddStringToObject(o, "format", "safetensors") &&
+             (tensors = cJSON_AddArrayToObject(o, "tensors")) &&
+             (meta = cJSON_AddObjectToObject(o, "metadata"));
+    for (size_t i = 0; i < n && ok; i++) {
+        const char *name;
+        const aft_tensor *t = aft_st_get(f, i, &name);
+        cJSON *tj = tensor_json(name, t);
+        ok = tj && cJSON_AddItemToArray(tensors, tj);
+        if (!ok) cJSON_Delete(tj);
+    }
+    for (size_t i = 0; i < nm && ok; i++) {
+        const char *k, *v;
+        aft_st_metadata(f, i, &k, &v);
+        ok = cJSON_AddStringToObject(meta, k, v) != NULL;
+    }
+    int rc = ok ? print_json_line(o) : -1;
+    cJSON_Delete(o);
+    return rc;
+}
+
+static int info_st_text(const char *path, const aft_st_file *f)
+{
+    size_t n = aft_st_count(f), nm = aft_st_metadata_count(f);
+    printf("%s: safetensors, %zu tensor%s, %zu metadata entr%s\n", path, n,
+           n == 1 ? "" : "s", nm, nm == 1 ? "y" : "ies");
+    row *rows = calloc(n ? n : 1, sizeof *rows);
+    if (!rows) return -1;
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *name;
+        const aft_tensor *t = aft_st_get(f, i, &name);
+        rows[i] = (row){escape(name ? name : ""), aft_dtype_name(t->dtype), shape_string(t),
+                        t->nbytes};
+        if (!rows[i].name || !rows[i].shape) rc = -1;
+    }
+    if (rc == 0 && n > 0) print_rows(rows, n);
+    free_rows(rows, n);
+    if (rc == 0 && nm > 0) {
+        printf("  metadata:\n");
+        for (size_t i = 0; i < nm && rc == 0; i++) {
+            const char *k, *v;
+            aft_st_metadata(f, i, &k, &v);
+            char *ek = escape(k), *ev = escape(v);
+            if (ek && ev) printf("    %s = %s\n", ek, ev);
+            else rc = -1;
+            free(ek);
+            free(ev);
+        }
+    }
+    return rc;
+}
+
+static int info_st(const char *path, int json)
+{
+    aft_st_file *f = NULL;
+    aft_error err = {{0}};
+    if (aft_st_open(path, &f, &err) != AFT_OK) {
+        report(path, err.msg);
+        return EXIT_DATA;
+    }
+    int rc = json ? info_st_json(path, f) : info_st_text(path, f);
+    aft_st_close(f);
+    if (rc != 0) {
+        report(path, "out of memory");
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+int cmd_info(int argc, char **argv)
+{
+    const char *cmd = "info";
+    int json = 0, nfiles = 0, only_operands = 0;
+    /* options may come anywhere; "--" ends them; "-" is an operand */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (only_operands || a[0] != '-' || strcmp(a, "-") == 0) {
+            argv[++nfiles] = argv[i];   /* compact operands to argv[1..nfiles] */
+            continue;
+        }
+        if (strcmp(a, "--") == 0) only_operands = 1;
+        else if (strcmp(a, "--json") == 0) json = 1;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage_text, stdout);
+            return cli_finish_stdout(cmd);
+        } else
+            return cli_usage_error(cmd, "unknown option '%s'", a);
+    }
+    if (nfiles == 0) return cli_usage_error(cmd, "no file given");
+
+    int rc = 0;
+    for (int i = 1; i <= nfiles && rc == 0; i++) {
+        const char *path = argv[i];
+        file_format fmt;
+        if (detect_format(path, &fmt) != 0) {
+            rc = EXIT_DATA;
+            break;
+        }
+        /* a blank line between the reports of several files */
+        if (!json && i > 1) putchar('\n');
+        rc = fmt == FMT_NPY ? info_npy(path, json) : info_st(path, json);
+    }
+    /* report a failed write even when a file failed too */
+    int out = cli_finish_stdout(cmd);
+    return rc ? rc : out;
+}
