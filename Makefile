@@ -70,3 +70,6 @@ demo: deps
 
 clean:
 	rm -rf build aft lib/libaft.a
+
+# further targets (fuzzing, sanitizers, install, ...) live in mk/, one file each
+-include $(wildcard mk/*.mk)
