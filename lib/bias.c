@@ -15,9 +15,13 @@ static uint64_t mix64(uint64_t x)
 
 float aft_seeded_bias(uint64_t seed, float scale, size_t t, size_t t2)
 {
-    uint64_t h = mix64(seed ^ 0x5851f42d4c957f2dULL);
-    h = mix64(h ^ ((uint64_t)t * 0x9e3779b97f4a7c15ULL));
-    h = mix64(h ^ ((uint64_t)t2 * 0xc2b2ae3d27d4eb4fULL));
+    uint64_t h;
+    if ((uint64_t)t < (1ULL << 32) && (uint64_t)t2 < (1ULL << 32))
+        /* (t, t2) packed into 64 bits is one-to-one, so one mix suffices */
+        h = mix64(mix64(seed ^ 0x5851f42d4c957f2dULL) ^ (((uint64_t)t << 32) | (uint64_t)t2));
+    else
+        h = mix64(mix64(mix64(seed ^ 0x5851f42d4c957f2dULL) ^ ((uint64_t)t * 0x9e3779b97f4a7c15ULL)) ^
+                  ((uint64_t)t2 * 0xc2b2ae3d27d4eb4fULL));
     /* top 24 bits -> [0, 1), then to [-scale, scale) */
     float u = (float)(h >> 40) * (1.0f / 16777216.0f);
     return (2.0f * u - 1.0f) * scale;
@@ -41,28 +45,59 @@ float aft_bias_at(const aft_bias *b, size_t t, size_t t2)
     }
 }
 
+/* raw bias entries b(t, j) for j in [j0, j1) */
+static void bias_row(const aft_bias *b, size_t t, size_t j0, size_t j1, float *out)
+{
+    switch (b->kind) {
+    case AFT_BIAS_DENSE:
+        memcpy(out, b->dense + t * b->tmax + j0, (j1 - j0) * sizeof(float));
+        return;
+    case AFT_BIAS_SEEDED:
+        if (j1 < (1ULL << 32) && t < (1ULL << 32)) {
+            /* the same values as aft_seeded_bias, with the seed mixed once */
+            uint64_t h0 = mix64(b->seed ^ 0x5851f42d4c957f2dULL), row = (uint64_t)t << 32;
+            for (size_t j = j0; j < j1; j++) {
+                uint64_t x = mix64(h0 ^ (row | (uint64_t)j));
+                out[j - j0] = (2.0f * ((float)(x >> 40) * (1.0f / 16777216.0f)) - 1.0f) * b->scale;
+            }
+            return;
+        }
+        break;
+    case AFT_BIAS_NONE:
+        memset(out, 0, (j1 - j0) * sizeof(float));
+        return;
+    default:
+        break;
+    }
+    for (size_t j = j0; j < j1; j++) out[j - j0] = aft_bias_at(b, t, j);
+}
+
 void aft_w_row(const aft_wspec *ws, size_t h, size_t t, size_t j0, size_t j1, float *out)
 {
     const aft_bias *b = ws->bias;
     size_t s = ws->window;
-    for (size_t j = j0; j < j1; j++) {
-        float w = 0.0f;
-        size_t dist = j > t ? j - t : t - j;
-        switch (ws->variant) {
-        case AFT_FULL:
-            w = aft_bias_at(b, t, j);
-            break;
-        case AFT_LOCAL:
-            if (dist < s) w = aft_bias_at(b, t, j);
-            break;
-        case AFT_CONV:
+    switch (ws->variant) {
+    case AFT_FULL:
+        bias_row(b, t, j0, j1, out);
+        return;
+    case AFT_LOCAL: {
+        /* the bias inside the window |t - j| < s, zero outside */
+        size_t lo = t + 1 >= s ? t + 1 - s : 0, hi = t + s;
+        lo = lo > j0 ? lo : j0;
+        hi = hi < j1 ? hi : j1;
+        memset(out, 0, (j1 - j0) * sizeof(float));
+        if (s > 0 && lo < hi) bias_row(b, t, lo, hi, out + (lo - j0));
+        return;
+    }
+    case AFT_CONV:
+        for (size_t j = j0; j < j1; j++) {
+            size_t dist = j > t ? j - t : t - j;
             /* offset t' - t = j - t maps to entry j - t + s - 1 of the head's row */
-            if (dist < s && b->kind == AFT_BIAS_CONV)
-                w = b->conv[h * (2 * s - 1) + (j + s - 1 - t)];
-            break;
-        case AFT_SIMPLE:
-            break;
+            out[j - j0] = dist < s && b->kind == AFT_BIAS_CONV ? b->conv[h * (2 * s - 1) + (j + s - 1 - t)] : 0.0f;
         }
-        out[j - j0] = w;
+        return;
+    case AFT_SIMPLE:
+        memset(out, 0, (j1 - j0) * sizeof(float));
+        return;
     }
 }

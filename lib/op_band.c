@@ -2,52 +2,165 @@
  * memory, without a T x T array.
  *
  * For query t the visible keys split into three parts:
- *   left   t' <= t - s           w = 0: a running (prefix) sum
- *   band   |t' - t| < s          w from the bias: an explicit sum of <= 2s-1 terms
- *   right  t' >= t + s           w = 0: a running sum from the end (not causal)
- * Every part is summed with positive weights only, so nothing cancels (the
- * paper's "global sum plus (exp(w) - 1) correction" cancels catastrophically
- * when a band term dominates and w is very negative).
+ *   left   t' <= t - s        w = 0: a running (prefix) sum
+ *   band   |t' - t| < s       w from the bias: an explicit sum of <= 2s-1 terms
+ *   right  t' >= t + s        w = 0: a running sum from the end (not causal)
+ * Every part is a sum of positive weights, so nothing cancels (the paper's
+ * "global sum plus (exp(w) - 1) correction" cancels catastrophically when a
+ * band term dominates and w is very negative).
  *
- * Stability: each running sum carries its own maximum (online softmax); the
- * band is factorised as exp(k - mk) * exp(w - r) with mk the channel's key
- * maximum over the row block's band columns and r the row's band maximum; the
- * three parts are then brought to their common maximum. Where the band was
- * the largest part and its factorised sum still underflowed (keys and biases
- * pulling in opposite directions by more than ~45 nats), that entry is
- * recomputed exactly in double (O(s)).
+ * Stability without an exponential per term and part: rows are processed in
+ * blocks. Within a block every part has one stabiliser per channel: the band
+ * uses mk, the channel's key maximum over the block's band columns, times
+ * exp(w - r) with r the row's band maximum; the left and right sums use a
+ * stabiliser at least as large as every key they hold. Then for row t and
+ * channel c everything is scaled by exp(Zc + Zr) with Zc = max of the three
+ * channel stabilisers and Zr = max(r, 0), so combining the parts costs no
+ * exponential per entry, and every factor is <= 1 (nothing overflows).
  *
- * simple (or window 0) is the same kernel with a one-wide band of zero bias.
+ * A running sum whose stabiliser is far above the keys it holds would lose
+ * them to underflow, so a block whose running maximum jumps by more than
+ * JUMP nats (a large key arriving) is processed one row at a time with exact
+ * stabilisers. And where the scaled denominator still came out below
+ * AFT_DEN_EXACT_BELOW (keys and biases pulling opposite ways by more than
+ * ~45 nats), that entry is recomputed exactly in double from the band's terms
+ * and the two running sums, which are exact by the rule above.
+ *
+ * simple (or window 0) without causality is a global softmax per channel,
+ * done directly; with causality it is this kernel with a one-wide zero band.
  */
 #include "internal.h"
 
 #include <omp.h>
 #include <stdlib.h>
 
-enum { BAND_ROWS = 64, BAND_CH = 64 };
+enum { BAND_ROWS = 128, BAND_CH = 64 };
+/* a running sum may sit at most this many nats below its stabiliser */
+#define JUMP 30.0f
 
-/* running (max, sum exp(k - max), sum exp(k - max) v) over one more key row */
-static inline void run_add(float *restrict m, float *restrict s0, float *restrict s1,
-                           const float *restrict k, const float *restrict v, size_t n)
+typedef struct {
+    float *ek, *ekv;              /* band block: (BAND_ROWS + 2s, cw) */
+    float *rs0, *rs1, *rst;       /* right part per row: (T, cw) each */
+    float *w, *ew;                /* one row's band: 2s each */
+    float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *b0, *b1, *first, *zeros;  /* cw each */
+    unsigned char *redo;          /* cw */
+} band_scratch;
+
+static inline float fmax3(float a, float b, float c)
+{
+    float m = a > b ? a : b;
+    return c > m ? c : m;
+}
+
+/* exp(a - b) for stabilisers: 0 when a holds nothing (-inf) */
+static inline float scale_down(float a, float b)
+{
+    return a == -INFINITY ? 0.0f : aft_expf(a - b);
+}
+
+/* Moves a running sum (st, s0, s1) to the stabiliser nst >= st. */
+static inline void restabilise(float *restrict st, float *restrict s0, float *restrict s1,
+                               const float *restrict nst, size_t n)
 {
     for (size_t c = 0; c < n; c++) {
-        float mn = k[c] > m[c] ? k[c] : m[c];
-        int none = mn == -INFINITY;
-        float a = none ? 1.0f : aft_expf(m[c] - mn);
-        float e = none ? 0.0f : aft_expf(k[c] - mn);
-        s0[c] = s0[c] * a + e;
-        s1[c] = s1[c] * a + e * v[c];
-        m[c] = mn;
+        float f = nst[c] == -INFINITY ? 1.0f : scale_down(st[c], nst[c]);
+        s0[c] *= f;
+        s1[c] *= f;
+        st[c] = nst[c] > st[c] ? nst[c] : st[c];
     }
 }
 
-typedef struct {
-    float *sm, *s0, *s1;      /* right-part states per row: (T, cw) each */
-    float *ek, *ekv;          /* band block: (BAND_ROWS + 2s, cw) each */
-    float *w, *ew;            /* band row: 2s each */
-    float *mk, *pm, *p0, *p1, *b0, *b1;  /* cw each */
-    unsigned char *redo;      /* cw */
-} band_scratch;
+/* Adds one key row to a running sum at fixed stabiliser st >= every key. */
+static inline void add_fixed(float *restrict s0, float *restrict s1, const float *restrict st,
+                             const float *restrict k, const float *restrict v, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float e = aft_expf(k[c] - st[c]);
+        s0[c] += e;
+        s1[c] += e * v[c];
+    }
+}
+
+/* Adds one key row with an exact stabiliser (the running maximum). */
+static inline void add_exact(float *restrict st, float *restrict s0, float *restrict s1,
+                             const float *restrict k, const float *restrict v, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float mn = k[c] > st[c] ? k[c] : st[c];
+        int none = mn == -INFINITY;
+        float a = none ? 1.0f : scale_down(st[c], mn);
+        float e = none ? 0.0f : aft_expf(k[c] - mn);
+        s0[c] = s0[c] * a + e;
+        s1[c] = s1[c] * a + e * v[c];
+        st[c] = mn;
+    }
+}
+
+/* Keys rows [j0, j1) (stepping by dir) are about to join a running sum whose
+ * exact maximum is smax. Returns 1 if one stabiliser for all of them keeps
+ * every intermediate sum within JUMP nats of it; sets nst to that stabiliser. */
+static int plan_block(float *restrict nst, float *restrict first, const float *smax,
+                      const float *k, size_t C, long j0, long j1, long dir, size_t n)
+{
+    for (size_t c = 0; c < n; c++) { nst[c] = smax[c]; first[c] = smax[c]; }
+    for (long j = j0; j != j1; j += dir) {
+        const float *kr = k + (size_t)j * C;
+        for (size_t c = 0; c < n; c++) {
+            first[c] = first[c] == -INFINITY ? kr[c] : first[c];
+            nst[c] = kr[c] > nst[c] ? kr[c] : nst[c];
+        }
+    }
+    int ok = 1;
+    for (size_t c = 0; c < n; c++) ok &= !(nst[c] - first[c] > JUMP);
+    return ok;
+}
+
+/* 16 floats: GCC/Clang vector extensions, one AVX-512 register where there
+ * is one (the compiler splits it elsewhere); loads go through memcpy because
+ * rows are not 64-byte aligned */
+typedef float v16 __attribute__((vector_size(64)));
+static inline v16 ld16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
+static inline void st16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+
+// b0, b1: (cw)   ew: (nw) band weights   ek, ekv: (nw, cw) rows of the band
+// b0 = sum_j ew[j] ek[j], b1 = sum_j ew[j] ekv[j], accumulated in registers
+// 32 channels at a time (the inner loop of the whole kernel)
+static inline void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
+                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw)
+{
+    size_t c = 0;
+    for (; c + 32 <= cw; c += 32) {
+        v16 a0 = {0}, a1 = {0}, d0 = {0}, d1 = {0};
+        for (size_t j = 0; j < nw; j++) {
+            const float e = ew[j];
+            const float *er = ek + j * cw + c, *vr = ekv + j * cw + c;
+            a0 += e * ld16(er);
+            a1 += e * ld16(er + 16);
+            d0 += e * ld16(vr);
+            d1 += e * ld16(vr + 16);
+        }
+        st16(b0 + c, a0); st16(b0 + c + 16, a1);
+        st16(b1 + c, d0); st16(b1 + c + 16, d1);
+    }
+    for (; c + 16 <= cw; c += 16) {
+        v16 a0 = {0}, d0 = {0};
+        for (size_t j = 0; j < nw; j++) {
+            a0 += ew[j] * ld16(ek + j * cw + c);
+            d0 += ew[j] * ld16(ekv + j * cw + c);
+        }
+        st16(b0 + c, a0);
+        st16(b1 + c, d0);
+    }
+    for (; c < cw; c++) {
+        float a = 0.0f, d = 0.0f;
+        for (size_t j = 0; j < nw; j++) {
+            a = fmaf(ew[j], ek[j * cw + c], a);
+            d = fmaf(ew[j], ekv[j * cw + c], d);
+        }
+        b0[c] = a;
+        b1[c] = d;
+    }
+}
 
 static void band_task(float *out, const float *q, const float *k, const float *v,
                       const aft_wspec *ws, size_t h, size_t c0, size_t cw, size_t s,
@@ -55,45 +168,54 @@ static void band_task(float *out, const float *q, const float *k, const float *v
 {
     const size_t T = ws->T, C = ws->C;
     const int causal = ws->causal;
+    k += c0; v += c0; q += c0; out += c0;   /* this task's channels */
 
-    /* right part, from the end: row t needs the keys t' >= t + s */
+    /* ---- right part, from the end: row t holds the keys t' >= t + s, in
+     * (rs0, rs1) scaled by exp(-rst) */
     if (!causal) {
-        float *m = sc->pm, *a0 = sc->p0, *a1 = sc->p1;
-        for (size_t c = 0; c < cw; c++) { m[c] = -INFINITY; a0[c] = 0.0f; a1[c] = 0.0f; }
-        for (size_t t = T - (s < T ? s : T); t < T; t++)
-            for (size_t c = 0; c < cw; c++) {
-                sc->sm[t * cw + c] = -INFINITY; sc->s0[t * cw + c] = 0.0f; sc->s1[t * cw + c] = 0.0f;
+        float *st = sc->pst, *s0 = sc->p0, *s1 = sc->p1, *smax = sc->pmax;
+        for (size_t c = 0; c < cw; c++) { st[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; smax[c] = -INFINITY; }
+        size_t nblk = (T + BAND_ROWS - 1) / BAND_ROWS;
+        for (size_t bi = nblk; bi-- > 0;) {
+            size_t i0 = bi * BAND_ROWS, i1 = i0 + BAND_ROWS < T ? i0 + BAND_ROWS : T;
+            /* keys joining while t runs i1-1 .. i0: t + s for t + s < T */
+            long j0 = (long)(i1 - 1 + s), j1 = (long)(i0 + s) - 1;
+            if (j0 > (long)T - 1) j0 = (long)T - 1;
+            int fixed = plan_block(sc->fs, sc->first, smax, k, C, j0, j0 < j1 ? j0 : j1, -1, cw);
+            if (fixed) restabilise(st, s0, s1, sc->fs, cw);
+            for (size_t t = i1; t-- > i0;) {
+                if (t + s < T) {
+                    const float *kr = k + (t + s) * C, *vr = v + (t + s) * C;
+                    if (fixed) add_fixed(s0, s1, st, kr, vr, cw);
+                    else add_exact(st, s0, s1, kr, vr, cw);
+                    for (size_t c = 0; c < cw; c++) smax[c] = kr[c] > smax[c] ? kr[c] : smax[c];
+                }
+                memcpy(sc->rs0 + t * cw, s0, cw * sizeof(float));
+                memcpy(sc->rs1 + t * cw, s1, cw * sizeof(float));
+                memcpy(sc->rst + t * cw, st, cw * sizeof(float));
             }
-        for (size_t p = T; p-- > s;) {
-            run_add(m, a0, a1, k + p * C + c0, v + p * C + c0, cw);
-            size_t t = p - s;
-            memcpy(sc->sm + t * cw, m, cw * sizeof(float));
-            memcpy(sc->s0 + t * cw, a0, cw * sizeof(float));
-            memcpy(sc->s1 + t * cw, a1, cw * sizeof(float));
         }
     }
 
-    /* left part runs forward as rows advance */
-    float *pm = sc->pm, *p0 = sc->p0, *p1 = sc->p1;
-    for (size_t c = 0; c < cw; c++) { pm[c] = -INFINITY; p0[c] = 0.0f; p1[c] = 0.0f; }
-    size_t pnext = 0;
+    /* ---- left part runs forward as rows advance: row t holds t' <= t - s */
+    float *pst = sc->pst, *p0 = sc->p0, *p1 = sc->p1, *pmax = sc->pmax;
+    for (size_t c = 0; c < cw; c++) { pst[c] = -INFINITY; p0[c] = 0.0f; p1[c] = 0.0f; pmax[c] = -INFINITY; }
 
     for (size_t i0 = 0; i0 < T; i0 += BAND_ROWS) {
         size_t i1 = i0 + BAND_ROWS < T ? i0 + BAND_ROWS : T;
         size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0;
         size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
 
-        /* exp(k - mk) for the block's band columns; mk is the block's key max
-         * per channel, so the largest factor is 1 */
+        /* band factors exp(k - mk), mk the block's key maximum per channel */
         float *mk = sc->mk;
         for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
         for (size_t j = lob; j < hib; j++) {
-            const float *kr = k + j * C + c0;
+            const float *kr = k + j * C;
             for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
         }
         for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
         for (size_t j = lob; j < hib; j++) {
-            const float *kr = k + j * C + c0, *vr = v + j * C + c0;
+            const float *kr = k + j * C, *vr = v + j * C;
             float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
             for (size_t c = 0; c < cw; c++) {
                 e[c] = aft_expf(kr[c] - mk[c]);
@@ -101,93 +223,142 @@ static void band_task(float *out, const float *q, const float *k, const float *v
             }
         }
 
-        for (size_t t = i0; t < i1; t++) {
-            while (pnext + s <= t) {
-                run_add(pm, p0, p1, k + pnext * C + c0, v + pnext * C + c0, cw);
-                pnext++;
-            }
-            size_t lo = t + 1 >= s ? t + 1 - s : 0;
-            size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
-            size_t nw = hi - lo;
-
-            /* band weights exp(w - r), r the row's band maximum */
-            float r = 0.0f;
-            if (zero_bias) {
-                for (size_t j = 0; j < nw; j++) sc->w[j] = 0.0f;
-            } else {
-                aft_w_row(ws, h, t, lo, hi, sc->w);
-                r = -INFINITY;
-                for (size_t j = 0; j < nw; j++) r = sc->w[j] > r ? sc->w[j] : r;
-                if (!isfinite(r)) r = 0.0f;
-            }
-            for (size_t j = 0; j < nw; j++) sc->ew[j] = aft_expf(sc->w[j] - r);
-
-            float *b0 = sc->b0, *b1 = sc->b1;
-            for (size_t c = 0; c < cw; c++) { b0[c] = 0.0f; b1[c] = 0.0f; }
-            for (size_t j = 0; j < nw; j++) {
-                const float e = sc->ew[j];
-                const float *ekr = sc->ek + (lo + j - lob) * cw, *ekvr = sc->ekv + (lo + j - lob) * cw;
-                for (size_t c = 0; c < cw; c++) {
-                    b0[c] += e * ekr[c];
-                    b1[c] += e * ekvr[c];
-                }
-            }
-
-            /* bring band, left and right to their common maximum */
-            const float *qr = q + t * C + c0;
-            float *yr = out + t * C + c0;
-            const float *smr = causal ? NULL : sc->sm + t * cw;
-            const float *s0r = causal ? NULL : sc->s0 + t * cw;
-            const float *s1r = causal ? NULL : sc->s1 + t * cw;
-            int any_redo = 0;
-            for (size_t c = 0; c < cw; c++) {
-                float mb = mk[c] + r;
-                float ms = causal ? -INFINITY : smr[c];
-                float M = mb > pm[c] ? mb : pm[c];
-                M = ms > M ? ms : M;
-                float fb = aft_expf(mb - M), fp = aft_expf(pm[c] - M), fs = aft_expf(ms - M);
-                float den = b0[c] * fb + p0[c] * fp + (causal ? 0.0f : s0r[c] * fs);
-                float num = b1[c] * fb + p1[c] * fp + (causal ? 0.0f : s1r[c] * fs);
-                yr[c] = aft_sigmoidf(qr[c]) * (num / den);
-                unsigned char bad = !(den >= AFT_DEN_EXACT_BELOW);
-                sc->redo[c] = bad;
-                any_redo |= bad;
-            }
-            if (!any_redo) continue;
-
-            /* exact recomputation in double of the entries whose band underflowed */
-            for (size_t c = 0; c < cw; c++) {
-                if (!sc->redo[c]) continue;
-                double bm = -INFINITY;
-                for (size_t j = lo; j < hi; j++) {
-                    double e = (double)k[j * C + c0 + c] + (double)sc->w[j - lo];
-                    bm = e > bm ? e : bm;
-                }
-                double lm = pm[c], rm = causal ? -INFINITY : smr[c];
-                double M = bm > lm ? bm : lm;
-                M = rm > M ? rm : M;
-                double num = 0.0, den = 0.0;
-                if (M > -INFINITY) {
-                    for (size_t j = lo; j < hi; j++) {
-                        double e = exp((double)k[j * C + c0 + c] + (double)sc->w[j - lo] - M);
-                        den += e;
-                        num += e * (double)v[j * C + c0 + c];
-                    }
-                    if (lm > -INFINITY) {
-                        double f = exp(lm - M);
-                        den += p0[c] * f;
-                        num += p1[c] * f;
-                    }
-                    if (rm > -INFINITY) {
-                        double f = exp(rm - M);
-                        den += s0r[c] * f;
-                        num += s1r[c] * f;
-                    }
-                }
-                double sq = 1.0 / (1.0 + exp(-(double)qr[c]));
-                yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
-            }
+        /* one left stabiliser for the block if the keys joining allow it, and
+         * the right part's stabiliser must not change inside the block */
+        int fixed = 1;
+        if (i1 > s) {
+            size_t j0 = i0 > s ? i0 - s : 0, j1 = i1 - s;
+            fixed = plan_block(sc->fs, sc->first, pmax, k, C, (long)j0, (long)j1, 1, cw);
         }
+        if (!causal)
+            for (size_t t = i0 + 1; t < i1 && fixed; t++)
+                fixed = memcmp(sc->rst + t * cw, sc->rst + i0 * cw, cw * sizeof(float)) == 0;
+        if (fixed && i1 > s) restabilise(pst, p0, p1, sc->fs, cw);
+
+        /* segments share all stabilisers: the whole block, or single rows */
+        for (size_t g0 = i0; g0 < i1;) {
+            size_t g1 = fixed ? i1 : g0 + 1;
+            if (!fixed && g0 >= s) {   /* exact: join the row's left key first */
+                add_exact(pst, p0, p1, k + (g0 - s) * C, v + (g0 - s) * C, cw);
+                for (size_t c = 0; c < cw; c++) pmax[c] = pst[c];
+            }
+            const float *rst = causal ? NULL : sc->rst + g0 * cw;
+            for (size_t c = 0; c < cw; c++) {
+                float zc = fmax3(mk[c], pst[c], causal ? -INFINITY : rst[c]);
+                sc->fe[c] = aft_expf(mk[c] - zc);
+                sc->fp[c] = scale_down(pst[c], zc);
+                sc->fs[c] = causal ? 0.0f : scale_down(rst[c], zc);
+            }
+            for (size_t t = g0; t < g1; t++) {
+                if (fixed && t >= s) {
+                    const float *kr = k + (t - s) * C;
+                    add_fixed(p0, p1, pst, kr, v + (t - s) * C, cw);
+                    for (size_t c = 0; c < cw; c++) pmax[c] = kr[c] > pmax[c] ? kr[c] : pmax[c];
+                }
+                size_t lo = t + 1 >= s ? t + 1 - s : 0;
+                size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
+                size_t nw = hi - lo;
+
+                /* band weights exp(w - r), r the row's band maximum */
+                float r = 0.0f;
+                if (zero_bias) {
+                    for (size_t j = 0; j < nw; j++) sc->w[j] = 0.0f;
+                } else {
+                    aft_w_row(ws, h, t, lo, hi, sc->w);
+                    r = -INFINITY;
+                    for (size_t j = 0; j < nw; j++) r = sc->w[j] > r ? sc->w[j] : r;
+                    if (!isfinite(r)) r = 0.0f;
+                }
+                for (size_t j = 0; j < nw; j++) sc->ew[j] = aft_expf(sc->w[j] - r);
+
+                float *b0 = sc->b0, *b1 = sc->b1;
+                band_sums(b0, b1, sc->ew, sc->ek + (lo - lob) * cw, sc->ekv + (lo - lob) * cw, nw, cw);
+
+                /* everything in units of exp(zc + zr): no exponential per entry */
+                float zr = r > 0.0f ? r : 0.0f;
+                float fr = aft_expf(r - zr), fz = aft_expf(-zr);
+                const float *qr = q + t * C;
+                float *yr = out + t * C;
+                /* causal: no right part; zeros keep the loop branch-free */
+                const float *rs0 = causal ? sc->zeros : sc->rs0 + t * cw;
+                const float *rs1 = causal ? sc->zeros : sc->rs1 + t * cw;
+                int any_redo = 0;
+                for (size_t c = 0; c < cw; c++) {
+                    float fb = sc->fe[c] * fr;
+                    float den = b0[c] * fb + (p0[c] * sc->fp[c] + rs0[c] * sc->fs[c]) * fz;
+                    float num = b1[c] * fb + (p1[c] * sc->fp[c] + rs1[c] * sc->fs[c]) * fz;
+                    /* sigmoid(q) * num / den with one division */
+                    yr[c] = num / (den * (1.0f + aft_expf(-qr[c])));
+                    unsigned char bad = !(den >= AFT_DEN_EXACT_BELOW);
+                    sc->redo[c] = bad;
+                    any_redo |= bad;
+                }
+                if (!any_redo) continue;
+
+                /* exact in double: the band's terms one by one, the running
+                 * sums (exact by construction) at their own stabilisers */
+                for (size_t c = 0; c < cw; c++) {
+                    if (!sc->redo[c]) continue;
+                    double bm = -INFINITY;
+                    for (size_t j = lo; j < hi; j++) {
+                        double e = (double)k[j * C + c] + (double)sc->w[j - lo];
+                        bm = e > bm ? e : bm;
+                    }
+                    double lm = p0[c] > 0.0f ? (double)pst[c] : -INFINITY;
+                    double rm = !causal && rs0[c] > 0.0f ? (double)rst[c] : -INFINITY;
+                    double M = bm > lm ? bm : lm;
+                    M = rm > M ? rm : M;
+                    double num = 0.0, den = 0.0;
+                    if (M > -INFINITY) {
+                        for (size_t j = lo; j < hi; j++) {
+                            double e = exp((double)k[j * C + c] + (double)sc->w[j - lo] - M);
+                            den += e;
+                            num += e * (double)v[j * C + c];
+                        }
+                        if (lm > -INFINITY) {
+                            double f = exp(lm - M);
+                            den += p0[c] * f;
+                            num += p1[c] * f;
+                        }
+                        if (rm > -INFINITY) {
+                            double f = exp(rm - M);
+                            den += rs0[c] * f;
+                            num += rs1[c] * f;
+                        }
+                    }
+                    double sq = 1.0 / (1.0 + exp(-(double)qr[c]));
+                    yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
+                }
+            }
+            g0 = g1;
+        }
+    }
+}
+
+/* simple, not causal: Y[t,c] = sigmoid(q) * sum softmax_t'(k) v, one
+ * exponential per key; the channel maximum makes the largest term 1 */
+static void simple_task(float *out, const float *q, const float *k, const float *v,
+                        size_t T, size_t C, size_t c0, size_t cw, float *m, float *s0, float *s1)
+{
+    for (size_t c = 0; c < cw; c++) { m[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; }
+    for (size_t t = 0; t < T; t++) {
+        const float *kr = k + t * C + c0;
+        for (size_t c = 0; c < cw; c++) m[c] = kr[c] > m[c] ? kr[c] : m[c];
+    }
+    for (size_t c = 0; c < cw; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
+    for (size_t t = 0; t < T; t++) {
+        const float *kr = k + t * C + c0, *vr = v + t * C + c0;
+        for (size_t c = 0; c < cw; c++) {
+            float e = aft_expf(kr[c] - m[c]);
+            s0[c] += e;
+            s1[c] += e * vr[c];
+        }
+    }
+    for (size_t c = 0; c < cw; c++) s1[c] = s0[c] > 0.0f ? s1[c] / s0[c] : 0.0f;
+    for (size_t t = 0; t < T; t++) {
+        const float *qr = q + t * C + c0;
+        float *yr = out + t * C + c0;
+        for (size_t c = 0; c < cw; c++) yr[c] = aft_sigmoidf(qr[c]) * s1[c];
     }
 }
 
@@ -200,52 +371,53 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
     int zero_bias = ws->variant == AFT_SIMPLE || ws->window == 0 ||
                     (ws->variant == AFT_CONV ? ws->bias->kind != AFT_BIAS_CONV
                                              : ws->bias->kind == AFT_BIAS_NONE);
+    int global_simple = zero_bias && !ws->causal;
     /* a band wider than the sequence is the whole sequence */
     size_t s = zero_bias ? 1 : (ws->window < T ? ws->window : T);
     size_t nblk = (ch + BAND_CH - 1) / BAND_CH;
     size_t ntask = B * H * nblk;
     size_t cw_max = ch < BAND_CH ? ch : BAND_CH;
 
-    /* per-thread scratch; sizes are small multiples of T * 64, so plain
-     * products cannot overflow once T * C did not */
-    size_t n_right = ws->causal ? 0 : T * cw_max;
-    size_t n_band = (BAND_ROWS + 2 * s) * cw_max;
+    /* per-thread scratch; every size is a small multiple of T * 64 or less,
+     * and T * C was checked by the caller */
+    size_t n_right = ws->causal || global_simple ? 0 : T * cw_max;
+    size_t n_band = global_simple ? 0 : (BAND_ROWS + 2 * s) * cw_max;
+    size_t n_total = 3 * n_right + 2 * n_band + 4 * s + 12 * cw_max;
     int failed = 0;
 
     #pragma omp parallel
     {
         band_scratch sc = {0};
-        float *blk = aft_alloc_array(3 * n_right + 2 * n_band + 4 * s + 6 * cw_max, sizeof(float));
+        float *blk = aft_alloc_array(n_total, sizeof(float));
         sc.redo = malloc(cw_max);
         if (!blk || !sc.redo) {
             #pragma omp atomic write
             failed = 1;
         } else {
             float *p = blk;
-            sc.sm = p; p += n_right;
-            sc.s0 = p; p += n_right;
-            sc.s1 = p; p += n_right;
-            sc.ek = p; p += n_band;
-            sc.ekv = p; p += n_band;
-            sc.w = p; p += 2 * s;
-            sc.ew = p; p += 2 * s;
-            sc.mk = p; p += cw_max;
-            sc.pm = p; p += cw_max;
-            sc.p0 = p; p += cw_max;
-            sc.p1 = p; p += cw_max;
-            sc.b0 = p; p += cw_max;
-            sc.b1 = p;
+            float **arrays[] = {&sc.rs0, &sc.rs1, &sc.rst, &sc.ek, &sc.ekv, &sc.w, &sc.ew, &sc.mk, &sc.pst,
+                                &sc.pmax, &sc.p0, &sc.p1, &sc.fe, &sc.fp, &sc.fs, &sc.b0, &sc.b1, &sc.first, &sc.zeros};
+            size_t sizes[] = {n_right, n_right, n_right, n_band, n_band, 2 * s, 2 * s, cw_max, cw_max,
+                              cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max};
+            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+                *arrays[i] = p;
+                p += sizes[i];
+            }
+            memset(sc.zeros, 0, cw_max * sizeof(float));
         }
         #pragma omp barrier
         if (!failed) {
             #pragma omp for schedule(dynamic, 1)
             for (size_t task = 0; task < ntask; task++) {
                 size_t b = task / (H * nblk), rest = task % (H * nblk);
-                size_t h = rest / nblk, blkno = rest % nblk;
-                size_t c0 = h * ch + blkno * BAND_CH;
+                size_t hh = rest / nblk, blkno = rest % nblk;
+                size_t c0 = hh * ch + blkno * BAND_CH;
                 size_t cw = ch - blkno * BAND_CH < BAND_CH ? ch - blkno * BAND_CH : BAND_CH;
                 size_t off = b * T * C;
-                band_task(out + off, q + off, k + off, v + off, ws, h, c0, cw, s, zero_bias, &sc);
+                if (global_simple)
+                    simple_task(out + off, q + off, k + off, v + off, T, C, c0, cw, sc.mk, sc.p0, sc.p1);
+                else
+                    band_task(out + off, q + off, k + off, v + off, ws, hh, c0, cw, s, zero_bias, &sc);
             }
         }
         free(blk);
