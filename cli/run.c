@@ -336,11 +336,6 @@ int cmd_run(int argc, char **argv)
                           dims[i][0], dims[i][1], dims[i][2], B, T, C);
                 goto out;
             }
-        if (KC != C && !(o.cfg.variant == AFT_CONV && KC == o.cfg.heads)) {
-            cli_error(NULL, "%s: 'k' has %zu channels but 'q' has %zu%s", o.input, KC, C,
-                      o.cfg.variant == AFT_CONV ? " (and conv heads are not that many)" : "");
-            goto out;
-        }
     } else {
         aft_npy_info info;
         if (aft_npy_read(o.input, &xt, &info, &err) != AFT_OK) {
@@ -415,6 +410,21 @@ int cmd_run(int argc, char **argv)
         }
     }
 
+    if (bare && KC != C && !(o.cfg.variant == AFT_CONV && KC == o.cfg.heads)) {
+        if (o.cfg.variant == AFT_CONV)
+            cli_error(NULL, "%s: 'k' has %zu channels; conv needs %zu (one per value channel) or %zu (one per head)",
+                      o.input, KC, C, o.cfg.heads);
+        else
+            cli_error(NULL, "%s: 'k' has %zu channels but 'q' and 'v' have %zu", o.input, KC, C);
+        goto out;
+    }
+    if ((p->bias.kind == AFT_BIAS_DENSE || p->bias.kind == AFT_BIAS_FACTORED) && p->bias.tmax < T &&
+        o.cfg.variant != AFT_SIMPLE) {
+        cli_error(NULL, "%s: sequence length T = %zu exceeds the position bias '%s' size Tmax = %zu",
+                  o.weights_path, T, wts.names[4], p->bias.tmax);
+        goto out;
+    }
+
     /* ---- the mask */
     if (o.mask_path) {
         if (aft_npy_read(o.mask_path, &mt, NULL, &err) != AFT_OK) {
@@ -486,7 +496,7 @@ int cmd_run(int argc, char **argv)
         if (st != AFT_OK) {
             free(times);
             cli_error("run", "%s", err.msg);
-            rc = st == AFT_ERR_ARG ? EXIT_USAGE : EXIT_DATA;
+            rc = EXIT_DATA;   /* the options were checked: what is left is the data */
             goto out;
         }
     }

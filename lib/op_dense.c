@@ -18,7 +18,7 @@
 #include <cblas.h>
 #include <stdlib.h>
 
-enum { DENSE_ROWS = 128, CAUSAL_CHUNK = 256 };
+enum { DENSE_ROWS = 512, CAUSAL_CHUNK = 256 };
 
 static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, size_t j)
 {
@@ -88,13 +88,23 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
                 size_t t = i0 + i;
                 float *wr = wblk + i * tv;
                 if (!factored) aft_w_row(ws, h, t, 0, tv, wr);
+                /* columns past the diagonal are invisible under causality */
+                size_t nv = causal ? t + 1 : tv;
                 float r = -INFINITY;
-                for (size_t j = 0; j < tv; j++)
-                    if (visible(mask, causal, T, t, j) && wr[j] > r) r = wr[j];
+                if (mask) {
+                    const uint8_t *mr = mask + t * T;
+                    for (size_t j = 0; j < nv; j++) r = mr[j] && wr[j] > r ? wr[j] : r;
+                } else {
+                    for (size_t j = 0; j < nv; j++) r = wr[j] > r ? wr[j] : r;
+                }
                 rmax[i] = r;
                 if (r == -INFINITY) r = 0.0f;   /* nothing visible: the row stays 0 */
-                for (size_t j = 0; j < tv; j++)
-                    wr[j] = visible(mask, causal, T, t, j) ? aft_expf(wr[j] - r) : 0.0f;
+                for (size_t j = 0; j < nv; j++) wr[j] = aft_expf(wr[j] - r);
+                if (mask) {
+                    const uint8_t *mr = mask + t * T;
+                    for (size_t j = 0; j < nv; j++) wr[j] = mr[j] ? wr[j] : 0.0f;
+                }
+                for (size_t j = nv; j < tv; j++) wr[j] = 0.0f;
             }
 
             /* the block's common key maximum over the chunks its rows see */
