@@ -1,0 +1,533 @@
+/* bench.c - aft bench: time the layer over a sweep of sizes and variants.
+ *
+ * Each configuration runs in a child process (this program again, with the
+ * hidden option --one), so the peak memory reported is that configuration's
+ * own, not the largest so far. The parent measures the machine's
+ * matrix-product ceiling once and prints a table or JSON lines. */
+#include "cli.h"
+
+#include <cblas.h>
+#include <cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char usage_text[] =
+    "usage: aft bench [options]\n"
+    "\n"
+    "Times one AFT layer (projections included) on seeded inputs and weights.\n"
+    "Lists are comma-separated; every combination runs.\n"
+    "  --seq-len L         sequence lengths (default 1024,4096)\n"
+    "  --d-model L         model sizes D (default 256)\n"
+    "  --d-hidden N        hidden size (default: D)\n"
+    "  --variant L         variants: full,local,simple,conv (default all four)\n"
+    "  --window S          window for local and conv (default 32)\n"
+    "  --heads H           heads for conv (default 4)\n"
+    "  --causal            causal sums\n"
+    "  --batch B           batch size (default 1)\n"
+    "  --threads N         threads (default: all cores)\n"
+    "  --repeat N          timed runs per configuration (default 5; ms is the median)\n"
+    "  --impl fast|reference|both   both: also run the float64 reference and report\n"
+    "                      the largest difference (the reference is O(T^2 d): slow)\n"
+    "  --json              one JSON object per configuration instead of the table\n"
+    "  --plot FILE         also draw time and memory against T (log-log) with gnuplot\n"
+    "                      into FILE.svg or FILE.png\n"
+    "  -h, --help          this text\n"
+    "\n"
+    "Columns: ms (median), GFLOP/s, tokens/s, peak resident memory of the run,\n"
+    "and the fraction of the measured single-precision matrix-product ceiling\n"
+    "(cblas_sgemm, 2048^3, same threads) that the run's GFLOP/s reach.\n";
+
+#define MAX_LIST 32
+
+typedef struct {
+    size_t seq[MAX_LIST], nseq;
+    size_t dm[MAX_LIST], ndm;
+    aft_variant var[MAX_LIST];
+    size_t nvar;
+    size_t d_hidden, window, heads, batch, repeat;
+    int causal, threads, json, impl_both, impl_ref;
+    const char *plot;
+} bench_opts;
+
+/* a comma-separated list of sizes */
+static int parse_list(const char *s, size_t *out, size_t *n)
+{
+    *n = 0;
+    char buf[512];
+    if (strlen(s) >= sizeof buf) return -1;
+    strcpy(buf, s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (*n == MAX_LIST || cli_parse_size(tok, &out[*n]) != 0 || out[*n] == 0) return -1;
+        (*n)++;
+    }
+    return *n ? 0 : -1;
+}
+
+static int parse_variants(const char *s, aft_variant *out, size_t *n)
+{
+    *n = 0;
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return -1;
+    strcpy(buf, s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (*n == MAX_LIST || aft_variant_from_name(tok, &out[*n]) != 0) return -1;
+        (*n)++;
+    }
+    return *n ? 0 : -1;
+}
+
+/* useful floating-point operations of one layer: the four projections and
+ * the AFT sums (two products, numerator and denominator, per visible term) */
+static double layer_flops(aft_variant v, size_t B, size_t T, size_t D, size_t C, size_t s, int causal)
+{
+    double N = (double)B * (double)T;
+    double proj = 2.0 * N * (double)D * (double)C * 4.0;
+    double terms;   /* visible (t, t') pairs per batch, weighted by the kernel's work */
+    switch (v) {
+    case AFT_FULL:
+        terms = causal ? 0.5 * (double)T * (double)(T + 1) : (double)T * (double)T;
+        break;
+    case AFT_LOCAL:
+    case AFT_CONV: {
+        double w = (double)(s < T ? s : T);
+        terms = (double)T * (causal ? w : 2.0 * w - 1.0);
+        break;
+    }
+    default:
+        terms = (double)T;
+        break;
+    }
+    return proj + 4.0 * (double)B * terms * (double)C;
+}
+
+/* one configuration, run in this (child) process: prints one JSON line */
+static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
+{
+    size_t B = o->batch, C = o->d_hidden ? o->d_hidden : D, H = var == AFT_CONV ? o->heads : 1;
+    size_t s = var == AFT_LOCAL || var == AFT_CONV ? o->window : 0;
+    aft_error err;
+    size_t nx = B * T * D;
+    float *x = malloc(nx * sizeof(float) + 1), *y = malloc(nx * sizeof(float) + 1);
+    float *w[4], *bvec = malloc(4 * (C > D ? C : D) * sizeof(float)), *conv = NULL;
+    size_t rows[4] = {C, C, C, D}, cols[4] = {D, D, D, C};
+    int bad = !x || !y || !bvec;
+    for (int i = 0; i < 4; i++) {
+        w[i] = malloc(rows[i] * cols[i] * sizeof(float) + 1);
+        bad |= !w[i];
+    }
+    if (var == AFT_CONV) {
+        conv = malloc(H * (2 * s + 1) * sizeof(float));
+        bad |= !conv;
+    }
+    if (bad) {
+        cli_error("bench", "out of memory for T = %zu, D = %zu", T, D);
+        return EXIT_DATA;
+    }
+    /* inputs ~ U(-1, 1), weights as PyTorch's Linear default, bias in +-0.5 */
+    for (size_t i = 0; i < nx; i++) x[i] = aft_seeded_bias(11, 1.0f, i / D, i % D);
+    for (int i = 0; i < 4; i++)
+        for (size_t r = 0; r < rows[i]; r++)
+            for (size_t c = 0; c < cols[i]; c++)
+                w[i][r * cols[i] + c] = aft_seeded_bias(20 + (uint64_t)i, 1.0f / sqrtf((float)cols[i]), r, c);
+    size_t ld = C > D ? C : D;
+    for (size_t i = 0; i < 4 * ld; i++) bvec[i] = aft_seeded_bias(30, 0.1f, i, 0);
+    aft_params p = {.d_model = D, .d_hidden = C, .k_out = C, .wq = w[0], .wk = w[1], .wv = w[2], .wo = w[3],
+                    .bq = bvec, .bk = bvec + ld, .bv = bvec + 2 * ld, .bo = bvec + 3 * ld};
+    if (var == AFT_CONV) {
+        for (size_t i = 0; i < H * (2 * s - 1); i++) conv[i] = aft_seeded_bias(40, 0.5f, i, 0);
+        p.bias.kind = AFT_BIAS_CONV;
+        p.bias.conv = conv;
+    } else if (var != AFT_SIMPLE) {
+        p.bias.kind = AFT_BIAS_SEEDED;
+        p.bias.seed = 50;
+        p.bias.scale = 0.5f;
+    }
+    aft_config cfg = {.variant = var, .window = s, .heads = H, .causal = o->causal, .threads = o->threads,
+                      .impl = o->impl_ref ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST};
+    double *times = malloc(o->repeat * sizeof(double));
+    if (!times) return EXIT_DATA;
+    /* one untimed run first: thread pools and page faults belong to start-up */
+    if (aft_layer_forward(y, x, &p, &cfg, B, T, &err) != AFT_OK) {
+        cli_error("bench", "%s", err.msg);
+        return EXIT_DATA;
+    }
+    for (size_t r = 0; r < o->repeat; r++) {
+        double t0 = aft_now_ms();
+        aft_layer_forward(y, x, &p, &cfg, B, T, &err);
+        times[r] = aft_now_ms() - t0;
+    }
+    for (size_t i = 1; i < o->repeat; i++)   /* insertion sort: a handful of values */
+        for (size_t j = i; j > 0 && times[j - 1] > times[j]; j--) {
+            double tmp = times[j];
+            times[j] = times[j - 1];
+            times[j - 1] = tmp;
+        }
+    double med = o->repeat % 2 ? times[o->repeat / 2] : 0.5 * (times[o->repeat / 2 - 1] + times[o->repeat / 2]);
+    double maxdiff = -1.0, maxref = 0.0;
+    if (o->impl_both) {
+        float *yr = malloc(nx * sizeof(float) + 1);
+        aft_config rc = cfg;
+        rc.impl = AFT_IMPL_REFERENCE;
+        if (!yr || aft_layer_forward(yr, x, &p, &rc, B, T, &err) != AFT_OK) {
+            cli_error("bench", "reference run failed: %s", yr ? err.msg : "out of memory");
+            return EXIT_DATA;
+        }
+        maxdiff = 0.0;
+        for (size_t i = 0; i < nx; i++) {
+            double d = fabs((double)y[i] - (double)yr[i]);
+            if (!(d <= maxdiff)) maxdiff = d;   /* NaN counts as the worst */
+            if (fabs((double)yr[i]) > maxref) maxref = fabs((double)yr[i]);
+        }
+        free(yr);
+    }
+    aft_blas_info bi;
+    aft_blas_get_info(&bi);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "variant", aft_variant_name(var));
+    cJSON_AddBoolToObject(j, "causal", o->causal);
+    cJSON_AddNumberToObject(j, "batch", (double)B);
+    cJSON_AddNumberToObject(j, "seq_len", (double)T);
+    cJSON_AddNumberToObject(j, "d_model", (double)D);
+    cJSON_AddNumberToObject(j, "d_hidden", (double)C);
+    cJSON_AddNumberToObject(j, "window", (double)s);
+    cJSON_AddNumberToObject(j, "heads", (double)H);
+    cJSON_AddNumberToObject(j, "threads", aft_get_threads());
+    cJSON_AddStringToObject(j, "impl", o->impl_ref ? "reference" : "fast");
+    cJSON_AddStringToObject(j, "blas_core", bi.core);
+    cJSON_AddNumberToObject(j, "ms", med);
+    cJSON_AddNumberToObject(j, "ms_min", times[0]);
+    double fl = layer_flops(var, B, T, D, C, s, o->causal);
+    cJSON_AddNumberToObject(j, "gflop", fl * 1e-9);
+    cJSON_AddNumberToObject(j, "gflops", fl / (med * 1e6));
+    cJSON_AddNumberToObject(j, "tokens_per_s", (double)(B * T) / (med * 1e-3));
+    if (maxdiff >= 0) {
+        cJSON_AddNumberToObject(j, "max_diff_vs_reference", maxdiff);
+        cJSON_AddNumberToObject(j, "max_abs_reference", maxref);
+    }
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    printf("%s\n", text);
+    free(text);
+    free(times); free(x); free(y); free(bvec); free(conv);
+    for (int i = 0; i < 4; i++) free(w[i]);
+    return cli_finish_stdout("bench");
+}
+
+/* single-precision matrix-product ceiling: best of three 2048^3 products */
+static double sgemm_ceiling(void)
+{
+    const int n = 2048;
+    float *a = malloc((size_t)n * n * sizeof(float)), *b = malloc((size_t)n * n * sizeof(float)),
+          *c = malloc((size_t)n * n * sizeof(float));
+    if (!a || !b || !c) { free(a); free(b); free(c); return 0.0; }
+    for (size_t i = 0; i < (size_t)n * n; i++) { a[i] = (float)(i % 13) * 0.01f; b[i] = (float)(i % 7) * 0.01f; }
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t0 = aft_now_ms();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double dt = aft_now_ms() - t0;
+        if (dt < best) best = dt;
+    }
+    free(a); free(b); free(c);
+    return 2.0 * n * (double)n * n / (best * 1e6);
+}
+
+/* runs one configuration in a child; fills line (its JSON) and peak (bytes) */
+static int run_child(char *self, const bench_opts *o, aft_variant var, size_t T, size_t D, char **line,
+                     size_t *peak)
+{
+    char a_var[16], a_T[32], a_D[32], a_C[32], a_s[32], a_h[32], a_b[32], a_th[32], a_r[32];
+    snprintf(a_var, sizeof a_var, "%s", aft_variant_name(var));
+    snprintf(a_T, sizeof a_T, "%zu", T);
+    snprintf(a_D, sizeof a_D, "%zu", D);
+    snprintf(a_C, sizeof a_C, "%zu", o->d_hidden ? o->d_hidden : D);
+    snprintf(a_s, sizeof a_s, "%zu", o->window);
+    snprintf(a_h, sizeof a_h, "%zu", o->heads);
+    snprintf(a_b, sizeof a_b, "%zu", o->batch);
+    snprintf(a_th, sizeof a_th, "%d", o->threads);
+    snprintf(a_r, sizeof a_r, "%zu", o->repeat);
+    char *argv[32];
+    int n = 0;
+    argv[n++] = self;
+    argv[n++] = "bench";
+    argv[n++] = "--one";
+    argv[n++] = "--variant"; argv[n++] = a_var;
+    argv[n++] = "--seq-len"; argv[n++] = a_T;
+    argv[n++] = "--d-model"; argv[n++] = a_D;
+    argv[n++] = "--d-hidden"; argv[n++] = a_C;
+    argv[n++] = "--window"; argv[n++] = a_s;
+    argv[n++] = "--heads"; argv[n++] = a_h;
+    argv[n++] = "--batch"; argv[n++] = a_b;
+    argv[n++] = "--threads"; argv[n++] = a_th;
+    argv[n++] = "--repeat"; argv[n++] = a_r;
+    if (o->causal) argv[n++] = "--causal";
+    if (o->impl_both) { argv[n++] = "--impl"; argv[n++] = "both"; }
+    else if (o->impl_ref) { argv[n++] = "--impl"; argv[n++] = "reference"; }
+    argv[n] = NULL;
+
+    int fds[2];
+    if (pipe(fds) != 0) return -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        execv(self, argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while (buf && (got = read(fds[0], buf + len, cap - len - 1)) != 0) {
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        len += (size_t)got;
+        if (len + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    close(fds[0]);
+    int status;
+    struct rusage ru;
+    while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {}
+    if (!buf) return -1;
+    buf[len] = 0;
+    *line = buf;
+    *peak = (size_t)ru.ru_maxrss * 1024;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 && len > 0 ? 0 : -1;
+}
+
+static int write_plot(const char *path, cJSON *rows)
+{
+    size_t n = strlen(path);
+    int png = n > 4 && strcmp(path + n - 4, ".png") == 0;
+    if (!png && !(n > 4 && strcmp(path + n - 4, ".svg") == 0)) {
+        cli_error("bench", "--plot %s: the file must end in .svg or .png", path);
+        return EXIT_USAGE;
+    }
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        cli_error("bench", "--plot needs gnuplot, which is not installed; on Debian: apt-get install gnuplot-nox");
+        return EXIT_DATA;
+    }
+    char dat[] = "/tmp/aft-bench-XXXXXX";
+    int fd = mkstemp(dat);
+    if (fd < 0) return EXIT_DATA;
+    FILE *f = fdopen(fd, "w");
+    /* one data block per (variant, causal, D): T, ms, peak MiB */
+    char titles[64][64];
+    int nblock = 0;
+    for (int pass = 0; pass < cJSON_GetArraySize(rows) && nblock < 64; pass++) {
+        cJSON *r = cJSON_GetArrayItem(rows, pass);
+        char key[64];
+        snprintf(key, sizeof key, "%s%s d=%d", cJSON_GetObjectItem(r, "variant")->valuestring,
+                 cJSON_IsTrue(cJSON_GetObjectItem(r, "causal")) ? " causal" : "",
+                 (int)cJSON_GetObjectItem(r, "d_model")->valuedouble);
+        int seen = 0;
+        for (int b = 0; b < nblock; b++) seen |= strcmp(titles[b], key) == 0;
+        if (seen) continue;
+        snprintf(titles[nblock], sizeof titles[nblock], "%s", key);
+        for (int i = 0; i < cJSON_GetArraySize(rows); i++) {
+            cJSON *q = cJSON_GetArrayItem(rows, i);
+            char k2[64];
+            snprintf(k2, sizeof k2, "%s%s d=%d", cJSON_GetObjectItem(q, "variant")->valuestring,
+                     cJSON_IsTrue(cJSON_GetObjectItem(q, "causal")) ? " causal" : "",
+                     (int)cJSON_GetObjectItem(q, "d_model")->valuedouble);
+            if (strcmp(k2, key) == 0)
+                fprintf(f, "%g %g %g\n", cJSON_GetObjectItem(q, "seq_len")->valuedouble,
+                        cJSON_GetObjectItem(q, "ms")->valuedouble,
+                        cJSON_GetObjectItem(q, "peak_bytes")->valuedouble / 1048576.0);
+        }
+        fprintf(f, "\n\n");
+        nblock++;
+    }
+    fclose(f);
+    char script[] = "/tmp/aft-plot-XXXXXX";
+    fd = mkstemp(script);
+    if (fd < 0) { unlink(dat); return EXIT_DATA; }
+    f = fdopen(fd, "w");
+    fprintf(f, "set terminal %s size 1000,420\nset output '%s'\n", png ? "pngcairo" : "svg", path);
+    fprintf(f, "set multiplot layout 1,2 title 'aft bench'\nset logscale xy\nset grid\nset key left top\n");
+    fprintf(f, "set xlabel 'sequence length T'\nset ylabel 'time (ms)'\nplot ");
+    for (int b = 0; b < nblock; b++)
+        fprintf(f, "%s'%s' index %d using 1:2 with linespoints title '%s'", b ? ", " : "", dat, b, titles[b]);
+    fprintf(f, "\nset ylabel 'peak memory (MiB)'\nplot ");
+    for (int b = 0; b < nblock; b++)
+        fprintf(f, "%s'%s' index %d using 1:3 with linespoints title '%s'", b ? ", " : "", dat, b, titles[b]);
+    fprintf(f, "\nunset multiplot\n");
+    fclose(f);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "gnuplot %s", script);
+    int rc = system(cmd);
+    unlink(dat);
+    unlink(script);
+    if (rc != 0) {
+        cli_error("bench", "gnuplot failed drawing %s", path);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    bench_opts o = {.nseq = 2, .seq = {1024, 4096}, .ndm = 1, .dm = {256}, .nvar = 4,
+                    .var = {AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV}, .window = 32, .heads = 4, .batch = 1,
+                    .repeat = 5};
+    int one = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(usage_text, stdout);
+            return cli_finish_stdout("bench");
+        }
+        if (strcmp(a, "--causal") == 0) { o.causal = 1; continue; }
+        if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
+        if (strcmp(a, "--one") == 0) { one = 1; continue; }
+        static const char *const with_value[] = {"--seq-len", "--d-model", "--d-hidden", "--variant", "--window",
+                                                 "--heads", "--batch", "--threads", "--repeat", "--impl", "--plot"};
+        int which = -1;
+        for (int j = 0; j < (int)(sizeof with_value / sizeof with_value[0]); j++) {
+            size_t L = strlen(with_value[j]);
+            if (strncmp(a, with_value[j], L) == 0 && (a[L] == 0 || a[L] == '=')) {
+                which = j;
+                if (a[L] == '=') val = a + L + 1;
+                else if (i + 1 < argc) val = argv[++i];
+                else return cli_usage_error("bench", "%s needs a value", a);
+            }
+        }
+        size_t n;
+        switch (which) {
+        case 0:
+            if (parse_list(val, o.seq, &o.nseq)) return cli_usage_error("bench", "--seq-len takes sizes like 1024,4096");
+            break;
+        case 1:
+            if (parse_list(val, o.dm, &o.ndm)) return cli_usage_error("bench", "--d-model takes sizes like 256,512");
+            break;
+        case 2:
+            if (cli_parse_size(val, &o.d_hidden) || o.d_hidden == 0)
+                return cli_usage_error("bench", "--d-hidden takes a whole number >= 1");
+            break;
+        case 3:
+            if (parse_variants(val, o.var, &o.nvar))
+                return cli_usage_error("bench", "--variant takes a list of full, local, simple, conv");
+            break;
+        case 4:
+            if (cli_parse_size(val, &o.window) || o.window == 0)
+                return cli_usage_error("bench", "--window takes a whole number >= 1");
+            break;
+        case 5:
+            if (cli_parse_size(val, &o.heads) || o.heads == 0)
+                return cli_usage_error("bench", "--heads takes a whole number >= 1");
+            break;
+        case 6:
+            if (cli_parse_size(val, &o.batch) || o.batch == 0)
+                return cli_usage_error("bench", "--batch takes a whole number >= 1");
+            break;
+        case 7:
+            if (cli_parse_size(val, &n) || n > 1024) return cli_usage_error("bench", "--threads takes 0 to 1024");
+            o.threads = (int)n;
+            break;
+        case 8:
+            if (cli_parse_size(val, &o.repeat) || o.repeat == 0 || o.repeat > 10000)
+                return cli_usage_error("bench", "--repeat takes a whole number from 1 to 10000");
+            break;
+        case 9:
+            if (strcmp(val, "both") == 0) o.impl_both = 1;
+            else if (strcmp(val, "reference") == 0) o.impl_ref = 1;
+            else if (strcmp(val, "fast") != 0) return cli_usage_error("bench", "--impl takes fast, reference or both");
+            break;
+        case 10:
+            o.plot = val;
+            break;
+        default:
+            return cli_usage_error("bench", "unknown option '%s'", a);
+        }
+    }
+    for (size_t d = 0; d < o.ndm; d++) {
+        size_t C = o.d_hidden ? o.d_hidden : o.dm[d];
+        for (size_t v = 0; v < o.nvar; v++)
+            if (o.var[v] == AFT_CONV && C % o.heads)
+                return cli_usage_error("bench", "--heads %zu does not divide the hidden size %zu", o.heads, C);
+    }
+    if (o.threads) aft_set_threads(o.threads);
+    if (one) return run_one(&o, o.var[0], o.seq[0], o.dm[0]);
+
+    char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0) {
+        cli_error("bench", "cannot find the aft executable to run configurations");
+        return EXIT_DATA;
+    }
+    self[sl] = 0;
+    int tty = isatty(STDERR_FILENO);
+    double ceiling = sgemm_ceiling();
+    aft_blas_info bi;
+    aft_blas_get_info(&bi);
+    if (!o.json) {
+        printf("# %s, kernel %s, %d threads; sgemm ceiling %.1f GFLOP/s\n", bi.library, bi.core, bi.threads, ceiling);
+        printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s%s\n", "variant", "causal", "T", "B", "d", "ms",
+               "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil", o.impl_both ? "  max|diff| vs ref" : "");
+        fflush(stdout);
+    }
+    cJSON *rows = cJSON_CreateArray();
+    size_t total = o.nvar * o.nseq * o.ndm, done = 0;
+    int rc = 0;
+    for (size_t d = 0; d < o.ndm; d++)
+        for (size_t v = 0; v < o.nvar; v++)
+            for (size_t s = 0; s < o.nseq; s++) {
+                if (tty)
+                    fprintf(stderr, "\raft bench: [%zu/%zu] %s T=%zu d=%zu ...   ", done + 1, total,
+                            aft_variant_name(o.var[v]), o.seq[s], o.dm[d]);
+                char *line = NULL;
+                size_t peak = 0;
+                if (run_child(self, &o, o.var[v], o.seq[s], o.dm[d], &line, &peak) != 0) {
+                    if (tty) fputc('\n', stderr);
+                    cli_error("bench", "%s T=%zu d=%zu failed", aft_variant_name(o.var[v]), o.seq[s], o.dm[d]);
+                    free(line);
+                    rc = EXIT_DATA;
+                    continue;
+                }
+                done++;
+                cJSON *j = cJSON_Parse(line);
+                free(line);
+                if (!j) { rc = EXIT_DATA; continue; }
+                double gf = cJSON_GetObjectItem(j, "gflops")->valuedouble;
+                cJSON_AddNumberToObject(j, "peak_bytes", (double)peak);
+                cJSON_AddNumberToObject(j, "sgemm_ceiling_gflops", ceiling);
+                cJSON_AddNumberToObject(j, "ceiling_fraction", ceiling > 0 ? gf / ceiling : 0.0);
+                if (tty) fputs("\r\033[K", stderr);
+                if (o.json) {
+                    char *text = cJSON_PrintUnformatted(j);
+                    printf("%s\n", text);
+                    free(text);
+                } else {
+                    cJSON *md = cJSON_GetObjectItem(j, "max_diff_vs_reference");
+                    char diff[48] = "";
+                    if (md) snprintf(diff, sizeof diff, "  %.3g", md->valuedouble);
+                    printf("%-7s %-6s %6zu %3zu %5zu %10.3f %10.3f %8.1f %12.0f %9.1f %5.0f%%%s\n",
+                           aft_variant_name(o.var[v]), o.causal ? "yes" : "no", o.seq[s], o.batch, o.dm[d],
+                           cJSON_GetObjectItem(j, "ms")->valuedouble, cJSON_GetObjectItem(j, "ms_min")->valuedouble,
+                           gf, cJSON_GetObjectItem(j, "tokens_per_s")->valuedouble, (double)peak / 1048576.0,
+                           ceiling > 0 ? 100.0 * gf / ceiling : 0.0, diff);
+                }
+                fflush(stdout);
+                cJSON_AddItemToArray(rows, j);
+            }
+    if (o.plot && rc == 0) rc = write_plot(o.plot, rows);
+    cJSON_Delete(rows);
+    int frc = cli_finish_stdout("bench");
+    return rc ? rc : frc;
+}
