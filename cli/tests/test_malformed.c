@@ -1,0 +1,284 @@
+/* test_malformed.c - aft info and aft run on every file of the malformed
+ * corpus in testdata/malformed/.
+ *
+ * testdata/malformed/expected.tsv lists each file with a substring its error
+ * message must contain (both made by testdata/malformed/make_malformed.py).
+ * For every file, each command below must:
+ *   - exit with status 1 (a data error), not die from a signal or time out;
+ *   - print exactly one line on stderr, starting with "aft", naming the
+ *     file and containing the expected substring, with no control
+ *     characters in it (the file's bytes must not reach the terminal raw);
+ *   - print nothing on stdout;
+ *   - leave no output file (nor a temporary) behind when given -o.
+ * The commands: `aft info FILE` and `aft run FILE -o OUT`; for a .npy also
+ * `aft run - -o OUT` with the file on stdin; for a .safetensors also
+ * `aft run --weights FILE x.npy -o OUT` (x.npy a valid input) and the same
+ * with --weights /dev/stdin reading the file from a pipe (the reader's
+ * non-mmap path).
+ *
+ * AFT_TEST_QUICK=1 (set by `make test-valgrind`, where each aft run costs a
+ * second or more) keeps only `aft info FILE` and `aft run FILE -o OUT`: every
+ * file is still checked with both commands.
+ *
+ * Every file in the directory (but the generator, expected.tsv and a README)
+ * must be listed in expected.tsv and the other way round, so the corpus and
+ * its expectations cannot drift apart.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "aft.h"
+#include "harness.h"
+
+#define MIN_CASES 40
+
+typedef struct {
+    char *name;     /* file name inside testdata/malformed */
+    char *expect;   /* substring of the message */
+    char *path;     /* full path */
+    int is_st;      /* .safetensors (else .npy) */
+} mcase;
+
+static mcase *cases;
+static size_t ncases;
+static char *corpus_dir;   /* $AFT_TESTDATA/malformed */
+static char *dir;          /* temp dir: x.npy and the -o target */
+static char *x_path, *out_path;
+static int quick;
+
+/* files in the corpus directory that are not corpus entries */
+static int is_support_file(const char *name)
+{
+    return strcmp(name, "make_malformed.py") == 0 || strcmp(name, "expected.tsv") == 0 ||
+           strcmp(name, "README.md") == 0 || name[0] == '.';
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Reads expected.tsv into cases. Lines: NAME TAB SUBSTRING; '#' starts a
+ * comment line. Returns 0, or -1 after saying why. */
+static int load_expectations(void)
+{
+    char *tsv_path = harness_path(corpus_dir, "expected.tsv");
+    char *text = NULL;
+    if (!tsv_path || harness_read_file(tsv_path, &text, NULL) != 0) {
+        fprintf(stderr, "test_malformed: cannot read %s\n", tsv_path ? tsv_path : "expected.tsv");
+        free(tsv_path);
+        return -1;
+    }
+    size_t cap = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (line[0] == '#' || line[0] == '\0') continue;
+        char *tab = strchr(line, '\t');
+        if (!tab || tab == line || tab[1] == '\0' || strchr(tab + 1, '\t')) {
+            fprintf(stderr, "test_malformed: %s: bad line '%s'\n", tsv_path, line);
+            goto fail;
+        }
+        *tab = '\0';
+        if (ncases == cap) {
+            cap = cap ? 2 * cap : 64;
+            mcase *n = realloc(cases, cap * sizeof *cases);
+            if (!n) goto fail;
+            cases = n;
+        }
+        mcase *c = &cases[ncases++];
+        c->name = strdup(line);
+        c->expect = strdup(tab + 1);
+        c->path = harness_path(corpus_dir, line);
+        c->is_st = ends_with(line, ".safetensors");
+        if (!c->name || !c->expect || !c->path) goto fail;
+        if (!c->is_st && !ends_with(line, ".npy")) {
+            fprintf(stderr, "test_malformed: %s: '%s' is neither .npy nor .safetensors\n", tsv_path, line);
+            goto fail;
+        }
+    }
+    free(text);
+    free(tsv_path);
+    return 0;
+fail:
+    free(text);
+    free(tsv_path);
+    return -1;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *q = getenv("AFT_TEST_QUICK");
+    quick = q && *q && strcmp(q, "0") != 0;
+    dir = harness_mkdtemp();
+    if (!dir) return -1;
+    x_path = harness_path(dir, "x.npy");
+    out_path = harness_path(dir, "out.npy");
+    if (!x_path || !out_path) return -1;
+    /* a valid input for `aft run --weights FILE x.npy`: X as [T, D] = [4, 8] */
+    float x[32];
+    for (int i = 0; i < 32; i++) x[i] = (float)(i % 7) * 0.25f - 0.5f;
+    aft_tensor t = {.dtype = AFT_F32, .ndim = 2, .shape = {4, 8}, .nelem = 32,
+                    .nbytes = sizeof x, .data = x};
+    aft_error err;
+    if (aft_npy_write(x_path, &t, &err) != AFT_OK) {
+        fprintf(stderr, "setup: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = dir ? harness_rmtree(dir) : 0;
+    free(dir);
+    free(x_path);
+    free(out_path);
+    dir = x_path = out_path = NULL;
+    return rc;
+}
+
+/* The command line, for messages: "aft info FILE" */
+static void describe(char *buf, size_t cap, const char *const *args)
+{
+    size_t n = (size_t)snprintf(buf, cap, "aft");
+    for (size_t i = 0; args[i] && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, " %s", args[i]);
+}
+
+/* Names of the entries of dir other than x.npy, comma-separated (empty when
+ * there are none): whatever a failed run left behind. With remove set they
+ * are deleted too, so the next case starts from a clean directory. */
+static void leftovers(char *buf, size_t cap, int remove_them)
+{
+    buf[0] = '\0';
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || strcmp(e->d_name, "x.npy") == 0)
+            continue;
+        if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", e->d_name);
+        if (remove_them) {
+            char *p = harness_path(dir, e->d_name);
+            if (p) remove(p);
+            free(p);
+        }
+    }
+    closedir(d);
+}
+
+/* Runs aft with args (stdin: in, in_len bytes) and checks the failure the
+ * header comment describes; shown is how the message must name the file. */
+static void expect_failure(const mcase *c, const char *const *args, const void *in, size_t in_len,
+                           const char *shown)
+{
+    char cmd[1024], left[512];
+    describe(cmd, sizeof cmd, args);
+    harness_result r;
+    assert_int_equal(harness_run(&r, args, in, in_len), 0);
+
+    const char *why = NULL;
+    if (r.timed_out) why = "timed out";
+    else if (r.term_signal) why = "killed by a signal";
+    else if (r.exit_code != 1) why = "exit status is not 1";
+    else if (harness_count_lines(r.err) != 1 || r.err_len == 0 || r.err[r.err_len - 1] != '\n')
+        why = "stderr is not exactly one line";
+    else if (strncmp(r.err, "aft", 3) != 0) why = "message does not start with \"aft\"";
+    else if (!strstr(r.err, shown)) why = "message does not name the file";
+    else if (!strstr(r.err, c->expect)) why = "message lacks the expected text";
+    else if (r.out_len != 0) why = "something was written to stdout";
+    for (size_t i = 0; !why && i + 1 < r.err_len; i++)
+        if ((unsigned char)r.err[i] < 0x20 || r.err[i] == 0x7f) why = "control character in the message";
+    leftovers(left, sizeof left, 1);
+    if (!why && left[0]) why = "output files left behind";
+    if (why) {
+        print_error("%s: %s\n  command:  %s\n  exit %d, signal %d%s\n  expected: %s\n  stderr:   %s%s"
+                    "  stdout:   %zu bytes\n  files:    %s\n",
+                    c->name, why, cmd, r.exit_code, r.term_signal, r.timed_out ? ", timed out" : "",
+                    c->expect, r.err, r.err_len && r.err[r.err_len - 1] == '\n' ? "" : "\n", r.out_len,
+                    left[0] ? left : "(none)");
+        harness_result_free(&r);
+        fail_msg("%s: %s", c->name, why);
+    }
+    harness_result_free(&r);
+}
+
+static void test_file(void **state)
+{
+    const mcase *c = *state;
+    const char *info[] = {"info", c->path, NULL};
+    expect_failure(c, info, NULL, 0, c->path);
+    const char *run[] = {"run", c->path, "-o", out_path, NULL};
+    expect_failure(c, run, NULL, 0, c->path);
+    if (quick) return;
+
+    char *bytes = NULL;
+    size_t len = 0;
+    assert_int_equal(harness_read_file(c->path, &bytes, &len), 0);
+    if (c->is_st) {
+        const char *weights[] = {"run", "--weights", c->path, x_path, "-o", out_path, NULL};
+        expect_failure(c, weights, NULL, 0, c->path);
+        const char *piped[] = {"run", "--weights", "/dev/stdin", x_path, "-o", out_path, NULL};
+        expect_failure(c, piped, bytes, len, "aft: /dev/stdin: ");
+    } else {
+        const char *piped[] = {"run", "-", "-o", out_path, NULL};
+        expect_failure(c, piped, bytes, len, "aft: -: ");
+    }
+    free(bytes);
+}
+
+/* the directory holds exactly the files expected.tsv lists, and enough */
+static void test_corpus_listed(void **state)
+{
+    (void)state;
+    DIR *d = opendir(corpus_dir);
+    assert_non_null(d);
+    size_t found = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (is_support_file(e->d_name)) continue;
+        size_t i = 0;
+        while (i < ncases && strcmp(cases[i].name, e->d_name) != 0) i++;
+        if (i == ncases) print_error("%s/%s is not listed in expected.tsv\n", corpus_dir, e->d_name);
+        else found++;
+        assert_true(i < ncases);
+    }
+    closedir(d);
+    if (found != ncases) print_error("expected.tsv lists %zu files; %zu exist\n", ncases, found);
+    assert_int_equal(found, ncases);
+    assert_true(ncases >= MIN_CASES);
+}
+
+int main(void)
+{
+    corpus_dir = harness_path(harness_testdata(), "malformed");
+    if (!corpus_dir || load_expectations() != 0) return 1;
+    struct CMUnitTest *tests = calloc(ncases + 1, sizeof *tests);
+    if (!tests) return 1;
+    tests[0] = (struct CMUnitTest)cmocka_unit_test(test_corpus_listed);
+    for (size_t i = 0; i < ncases; i++)
+        tests[i + 1] = (struct CMUnitTest){.name = cases[i].name, .test_func = test_file,
+                                           .initial_state = &cases[i]};
+    /* cmocka_run_group_tests wants an array whose size is known at compile
+     * time; the function behind it takes the count */
+    int rc = _cmocka_run_group_tests("malformed", tests, ncases + 1, setup, teardown);
+    for (size_t i = 0; i < ncases; i++) {
+        free(cases[i].name);
+        free(cases[i].expect);
+        free(cases[i].path);
+    }
+    free(cases);
+    free(tests);
+    free(corpus_dir);
+    return rc;
+}
