@@ -25,6 +25,8 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 int cli_parse_size(const char *s, size_t *out);
 int cli_parse_u64(const char *s, uint64_t *out);
 int cli_parse_double(const char *s, double *out);
+/* a byte count with an optional K, M, G or T suffix (powers of 1024) */
+int cli_parse_bytes(const char *s, size_t *out);
 
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);

@@ -77,3 +77,23 @@ int cli_finish_stdout(const char *cmd)
     }
     return 0;
 }
+
+int cli_parse_bytes(const char *s, size_t *out)
+{
+    if (!s || !*s) return -1;
+    size_t n = strlen(s), mult = 1;
+    char buf[64];
+    if (n >= sizeof buf) return -1;
+    memcpy(buf, s, n + 1);
+    switch (buf[n - 1]) {
+    case 'K': case 'k': mult = (size_t)1 << 10; break;
+    case 'M': case 'm': mult = (size_t)1 << 20; break;
+    case 'G': case 'g': mult = (size_t)1 << 30; break;
+    case 'T': case 't': mult = (size_t)1 << 40; break;
+    default: break;
+    }
+    if (mult > 1) buf[n - 1] = 0;
+    size_t v;
+    if (cli_parse_size(buf, &v) != 0 || __builtin_mul_overflow(v, mult, out)) return -1;
+    return 0;
+}

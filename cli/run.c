@@ -29,6 +29,10 @@ static const char usage_text[] =
     "  --repeat N          run the computation N times (timing: median and min)\n"
     "  --threads N         threads (default: all cores)\n"
     "  --impl fast|reference   reference: the plain float64 kernels\n"
+    "  --max-memory SIZE   refuse runs needing more (bytes, or with K, M, G; default:\n"
+    "                      the memory available)\n"
+    "  --strict            non-finite values (NaN, inf) in inputs or weights are an\n"
+    "                      error (default: a warning)\n"
     "  -h, --help          this text\n";
 
 struct run_opts {
@@ -39,6 +43,8 @@ struct run_opts {
     uint64_t seed;
     size_t d_hidden;
     size_t repeat;
+    size_t max_memory;
+    int strict;
 };
 
 /* --opt VALUE or --opt=VALUE; returns the value or NULL when this argv[i] is
@@ -80,6 +86,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             return -1;
         }
         if (strcmp(a, "--causal") == 0) { o->cfg.causal = 1; continue; }
+        if (strcmp(a, "--strict") == 0) { o->strict = 1; continue; }
 #define OPT(name) ((val = opt_value(argc, argv, &i, name, &missing)) != NULL || missing)
         if (OPT("--variant")) {
             if (missing || aft_variant_from_name(val, &o->cfg.variant) != 0)
@@ -128,6 +135,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             if (missing || cli_parse_size(val, &n) != 0 || n == 0 || n > 1024)
                 return cli_usage_error("run", "--threads takes a whole number from 1 to 1024");
             o->cfg.threads = (int)n;
+        } else if (OPT("--max-memory")) {
+            if (missing || cli_parse_bytes(val, &o->max_memory) != 0 || o->max_memory == 0)
+                return cli_usage_error("run", "--max-memory takes a size like 4G, 512M or 1000000");
         } else if (OPT("--impl")) {
             if (missing || (strcmp(val, "fast") != 0 && strcmp(val, "reference") != 0))
                 return cli_usage_error("run", "--impl takes fast or reference");
@@ -423,6 +433,50 @@ int cmd_run(int argc, char **argv)
         cli_error(NULL, "%s: sequence length T = %zu exceeds the position bias '%s' size Tmax = %zu",
                   o.weights_path, T, wts.names[4], p->bias.tmax);
         goto out;
+    }
+
+    /* ---- non-finite values poison every output they reach */
+    {
+        size_t bad_in = 0, bad_w = 0;
+        if (bare) bad_in = aft_count_nonfinite(q, B * T * C) + aft_count_nonfinite(k, B * T * KC) +
+                           aft_count_nonfinite(v, B * T * C);
+        else bad_in = aft_count_nonfinite(x, B * T * D);
+        if (o.weights_path) {
+            const float *mats[] = {p->wq, p->wk, p->wv, p->wo, p->bq, p->bk, p->bv, p->bo};
+            size_t lens[] = {C * D, KC * D, C * D, D * C, C, KC, C, D};
+            for (int i = 0; i < 8; i++)
+                if (mats[i] && !bare) bad_w += aft_count_nonfinite(mats[i], lens[i]);
+            if (p->bias.kind == AFT_BIAS_DENSE) bad_w += aft_count_nonfinite(p->bias.dense, p->bias.tmax * p->bias.tmax);
+            if (p->bias.kind == AFT_BIAS_FACTORED)
+                bad_w += aft_count_nonfinite(p->bias.u, p->bias.tmax * p->bias.rank) +
+                         aft_count_nonfinite(p->bias.v, p->bias.tmax * p->bias.rank);
+            if (p->bias.kind == AFT_BIAS_CONV)
+                bad_w += aft_count_nonfinite(p->bias.conv, o.cfg.heads * (2 * o.cfg.window - 1));
+        }
+        const char *where = bad_in ? o.input : o.weights_path;
+        size_t nbad = bad_in ? bad_in : bad_w;
+        if (nbad && o.strict) {
+            cli_error(NULL, "%s: %zu non-finite values (NaN or inf); --strict refuses them", where, nbad);
+            goto out;
+        }
+        if (nbad)
+            cli_error("run", "warning: %s holds %zu non-finite values (NaN or inf); outputs they reach will be NaN",
+                      where, nbad);
+    }
+
+    /* ---- refuse, with both numbers, a run the machine cannot hold */
+    {
+        size_t outw0 = bare ? C : D;
+        size_t need = aft_workspace_bytes(&o.cfg, B, T, D, C, bare ? KC : 0);
+        size_t outb = B * T * outw0 * sizeof(float), maskb = 0;
+        if (o.mask_path) maskb = B * T * T * (sizeof(float) + 1);   /* the mask as read and as bytes */
+        need = need > SIZE_MAX - outb - maskb ? SIZE_MAX : need + outb + maskb;
+        size_t limit = o.max_memory ? o.max_memory : aft_available_memory();
+        if (limit && need > limit) {
+            cli_error("run", "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
+                      o.max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+            goto out;
+        }
     }
 
     /* ---- the mask */

@@ -259,6 +259,19 @@ void aft_weights_free(aft_weights *w);
 aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                          size_t heads, aft_weights *w, aft_error *err);
 
+/* ---------------------------------------------------------------- memory */
+
+/* Bytes aft_layer_forward (kc = 0) or aft_op_forward (kc = key channels)
+ * allocates for these sizes beyond its inputs and outputs; SIZE_MAX when the
+ * sizes overflow. Callers compare it with what the machine has before they
+ * start. */
+size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, size_t C, size_t kc);
+/* Memory this process may still use: MemAvailable, capped by the cgroup
+ * limit when there is one; 0 if unknown. */
+size_t aft_available_memory(void);
+/* number of NaN and infinite values among n floats */
+size_t aft_count_nonfinite(const float *x, size_t n);
+
 /* ---------------------------------------------------------------- BLAS and threads */
 
 typedef struct {

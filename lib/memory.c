@@ -1,0 +1,78 @@
+/* memory.c - what a run will allocate, what the machine has, and checks of
+ * values that would poison a run. */
+#include "internal.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* a + b and a * b saturating at SIZE_MAX, so an estimate never wraps */
+static size_t sat_add(size_t a, size_t b) { size_t r; return aft_add_ok(a, b, &r) ? r : SIZE_MAX; }
+static size_t sat_mul(size_t a, size_t b) { size_t r; return aft_mul_ok(a, b, &r) ? r : SIZE_MAX; }
+
+size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, size_t C, size_t kc)
+{
+    size_t N = sat_mul(B, T), f = sizeof(float);
+    size_t threads = (size_t)(cfg->threads > 0 ? cfg->threads : omp_get_num_procs());
+    size_t bytes = 0;
+    if (kc == 0) {
+        /* the layer: Q, K, V and the operator's output, (N, C) each */
+        bytes = sat_mul(sat_mul(N, sat_mul(C, 4)), f);
+        (void)D;
+    } else if (kc != C) {
+        bytes = sat_mul(sat_mul(N, C), f);   /* keys widened to one per channel */
+    }
+    size_t op;
+    if (cfg->impl == AFT_IMPL_REFERENCE) {
+        op = sat_mul(T, 3 * f);
+    } else if (cfg->variant == AFT_FULL) {
+        /* (T, 2C) right-hand sides, a block of exp(w) rows, chunk maxima */
+        op = sat_add(sat_mul(sat_mul(T, 2 * C), f), sat_mul(sat_mul(128, T), f));
+        op = sat_add(op, sat_mul(sat_mul(T, C), f));
+    } else {
+        /* per thread: right-part states (T, 64) x 3 and a band block */
+        size_t s = cfg->window < T ? cfg->window : T;
+        size_t per = sat_add(sat_mul(T, 3 * 64), sat_mul(sat_add(128, 2 * s), 2 * 64));
+        op = sat_mul(sat_mul(per, threads), f);
+    }
+    return sat_add(bytes, op);
+}
+
+size_t aft_available_memory(void)
+{
+    size_t avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                avail = (size_t)kb * 1024;
+                break;
+            }
+        fclose(f);
+    }
+    /* a container's limit (cgroup v2) may be tighter than the machine */
+    f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        unsigned long long lim, cur = 0;
+        if (fscanf(f, "%llu", &lim) == 1) {
+            FILE *g = fopen("/sys/fs/cgroup/memory.current", "r");
+            if (g) {
+                if (fscanf(g, "%llu", &cur) != 1) cur = 0;
+                fclose(g);
+            }
+            size_t room = lim > cur ? (size_t)(lim - cur) : 0;
+            if (avail == 0 || room < avail) avail = room;
+        }
+        fclose(f);
+    }
+    return avail;
+}
+
+size_t aft_count_nonfinite(const float *x, size_t n)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+    return bad;
+}
