@@ -1,0 +1,1169 @@
+/* convert.c - `aft convert`: pack .npy files into a .safetensors, extract a
+ * tensor from one, change the floating-point dtype of tensors.
+ *
+ * Streaming: the output header is computed from the inputs' shapes and dtypes
+ * alone (a .safetensors input is memory-mapped; a .npy input's header is
+ * peeked), then each tensor's data is converted and written a chunk at a
+ * time, one input tensor at a time. Peak memory is about one .npy input
+ * tensor plus a 1 MiB buffer, never the whole output.
+ *
+ * Rounding: f32 -> f16/bf16 uses the library's round-to-nearest-even; f64 ->
+ * f16/bf16 is rounded directly from the double's bits (going through float
+ * would round twice and get ties wrong, e.g. 1 + 2^-11 + 2^-40 to f16). */
+#include "cli.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char usage_text[] =
+    "usage: aft convert [-o OUT] [--dtype f32|f16|bf16|f64] [--metadata KEY=VALUE]...\n"
+    "                   [--format npy|safetensors] INPUT...\n"
+    "\n"
+    "Pack .npy files into one .safetensors, extract a tensor from a .safetensors,\n"
+    "or change the floating-point dtype of tensors. Tensors are converted and\n"
+    "written a chunk at a time: memory holds at most one input tensor.\n"
+    "\n"
+    "  aft convert -o model.safetensors wq=wq.npy wk=wk.npy --metadata format=pt\n"
+    "  aft convert -o wq.npy model.safetensors:blocks.0.wq\n"
+    "  aft convert --dtype f16 -o x16.npy x.npy\n"
+    "  aft convert --dtype bf16 -o small.safetensors model.safetensors\n"
+    "\n"
+    "INPUT is one of:\n"
+    "  FILE.npy               a .npy file (in a .safetensors output it is named\n"
+    "                         after the file, without directory and '.npy')\n"
+    "  -                      a .npy on standard input (name it: NAME=-)\n"
+    "  FILE.safetensors       every tensor of the file, with its names and metadata\n"
+    "  FILE.safetensors:NAME  the tensor NAME in the file\n"
+    "  NAME=INPUT             the one tensor of INPUT, called NAME in the output\n"
+    "\n"
+    "The output is a .safetensors holding the inputs' tensors in the order given,\n"
+    "or a .npy holding the one input tensor. Which one: --format, else the name\n"
+    "of OUT (.npy or .safetensors), else .npy for a single INPUT that is one\n"
+    "tensor without NAME=, .safetensors otherwise.\n"
+    "\n"
+    "options:\n"
+    "  -o, --output OUT      the output file, written atomically (a temporary\n"
+    "                        renamed into place); '-' or no -o: standard output,\n"
+    "                        unless it is a terminal\n"
+    "  --dtype D             convert every floating-point tensor to D: f32, f16,\n"
+    "                        bf16 or f64, rounding to nearest, ties to even (too\n"
+    "                        large values become infinity, NaN stays NaN). Bool\n"
+    "                        and integer tensors are copied unchanged. Default:\n"
+    "                        keep every dtype (the data is copied bit for bit)\n"
+    "  --metadata KEY=VALUE  a .safetensors __metadata__ entry (repeatable); it\n"
+    "                        replaces a key of the same name from an input file\n"
+    "  --format F            npy or safetensors, whatever OUT is called\n"
+    "  -h, --help            print this help and exit\n"
+    "\n"
+    ".npy cannot hold bfloat16: convert BF16 tensors with --dtype f32 (exact).\n"
+    "\n"
+    "exit status: 0 done, 1 a file could not be read or written, 2 usage error\n";
+
+static const char *const cmd = "convert";
+
+#define CHUNK_BYTES ((size_t)1 << 20)        /* converted data is written 1 MiB at a time */
+#define ST_MAX_HEADER ((size_t)100000000)    /* the largest header readers accept */
+#define ST_SIZE_LIMIT 9007199254740992.0     /* 2^53: offsets must be exact in JSON */
+#define NPY_ALIGN 64                         /* numpy starts the data on this boundary */
+#define NPY_GROWTH_DIGITS 21                 /* numpy leaves room for axis 0 to grow */
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define HOST_LITTLE 1
+#else
+#define HOST_LITTLE 0
+#endif
+
+/* ---------------------------------------------------------------- rounding */
+
+/* Rounds a double to a narrower IEEE binary format with ebits exponent bits
+ * and mbits stored mantissa bits (f16: 5, 10; bf16: 8, 7), to nearest with
+ * ties to even, straight from the double's bits so there is one rounding
+ * only. Overflow gives infinity; NaN stays a quiet NaN keeping the top of its
+ * payload (as the library's f32 conversions do). */
+static uint16_t f64_to_narrow(double d, int ebits, int mbits)
+{
+    uint64_t x;
+    memcpy(&x, &d, 8);
+    const uint16_t sign = (uint16_t)((x >> 63) << (ebits + mbits));
+    const uint64_t ax = x & 0x7fffffffffffffffull;
+    const uint32_t inf = ((1u << ebits) - 1) << mbits;
+    if (ax >= 0x7ff0000000000000ull) {                      /* inf or nan */
+        if (ax == 0x7ff0000000000000ull) return sign | (uint16_t)inf;
+        uint32_t payload = (uint32_t)((ax & 0xfffffffffffffull) >> (52 - mbits));
+        return sign | (uint16_t)(inf | (1u << (mbits - 1)) | payload);
+    }
+    const int bias = (1 << (ebits - 1)) - 1;                 /* 15, 127 */
+    const int e = (int)(ax >> 52);
+    /* a double subnormal (< 2^-1022) is far below half the smallest f16 or
+     * bf16 subnormal: it rounds to a signed zero */
+    if (e == 0) return sign;
+    const int E = e - 1023;                                  /* value = sig * 2^(E - 52) */
+    if (E > bias) return sign | (uint16_t)inf;               /* >= 2^(bias+1): overflow */
+    const uint64_t sig = (ax & 0xfffffffffffffull) | (1ull << 52);
+    /* the result's unit in the last place is 2^q: normal numbers keep mbits
+     * bits after the leading 1; below the normal range the ulp stays fixed */
+    const int q = (E >= 1 - bias ? E : 1 - bias) - mbits;
+    const int shift = q - (E - 52);                          /* bits dropped, > 0 */
+    if (shift > 63) return sign;                             /* below a quarter ulp */
+    uint64_t kept = sig >> shift;
+    const uint64_t rest = sig & ((1ull << shift) - 1), half = 1ull << (shift - 1);
+    if (rest > half || (rest == half && (kept & 1))) kept++;
+    /* normal: exponent field E + bias; adding kept (which holds the leading
+     * 1) to (E + bias - 1) << mbits sets it, and a carry out of the mantissa
+     * moves to the next binade, or to infinity, by itself. Subnormal: kept is
+     * the field (2^mbits when it rounds up to the smallest normal). */
+    uint64_t bits = (E >= 1 - bias ? (uint64_t)(E + bias - 1) << mbits : 0) + kept;
+    if (bits > inf) bits = inf;
+    return sign | (uint16_t)bits;
+}
+
+/* the float dtype names --dtype takes (also the long numpy/torch names) */
+static int parse_dtype(const char *s, aft_dtype *out)
+{
+    static const struct { const char *name; aft_dtype dt; } names[] = {
+        {"f32", AFT_F32}, {"float32", AFT_F32}, {"f16", AFT_F16}, {"float16", AFT_F16},
+        {"bf16", AFT_BF16}, {"bfloat16", AFT_BF16}, {"f64", AFT_F64}, {"float64", AFT_F64},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcasecmp(s, names[i].name) == 0) {
+            *out = names[i].dt;
+            return 0;
+        }
+    return -1;
+}
+
+/* Converts n elements of float dtype from at src into float dtype to at dst
+ * (from != to). f32, f16 and bf16 widen to float exactly, so one rounding
+ * happens at the store; f64 sources round straight from the double. */
+static void convert_block(void *dst, aft_dtype to, const void *src, aft_dtype from, size_t n)
+{
+    const unsigned char *s = src;
+    unsigned char *o = dst;
+    size_t in = aft_dtype_size(from), out = aft_dtype_size(to);
+    for (size_t i = 0; i < n; i++, s += in, o += out) {
+        double d = 0;
+        float f = 0;
+        uint16_t h;
+        switch (from) {
+        case AFT_F64: memcpy(&d, s, 8); break;
+        case AFT_F32: memcpy(&f, s, 4); break;
+        case AFT_F16: memcpy(&h, s, 2); f = aft_f16_to_f32(h); break;
+        case AFT_BF16: memcpy(&h, s, 2); f = aft_bf16_to_f32(h); break;
+        default: break;   /* callers pass float dtypes only */
+        }
+        int wide = from == AFT_F64;
+        switch (to) {
+        case AFT_F64:
+            d = wide ? d : (double)f;
+            memcpy(o, &d, 8);
+            break;
+        case AFT_F32:
+            /* double -> float rounds to nearest even and overflows to
+             * infinity (IEEE 754 conversion, which GCC follows: Annex F) */
+            f = wide ? (float)d : f;
+            memcpy(o, &f, 4);
+            break;
+        case AFT_F16:
+            h = wide ? f64_to_narrow(d, 5, 10) : aft_f32_to_f16(f);
+            memcpy(o, &h, 2);
+            break;
+        case AFT_BF16:
+            h = wide ? f64_to_narrow(d, 8, 7) : aft_f32_to_bf16(f);
+            memcpy(o, &h, 2);
+            break;
+        default: break;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- small helpers */
+
+static const char *display_name(const char *path)
+{
+    return strcmp(path, "-") == 0 ? "standard input" : path;
+}
+
+/* "aft: FILE: msg", unless msg already starts with the file */
+static void report(const char *path, const char *msg)
+{
+    const char *shown = display_name(path);
+    const char *names[] = {path, shown};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(names[i]);
+        if (strncmp(msg, names[i], n) == 0 && msg[n] == ':') {
+            cli_error(NULL, "%s", msg);
+            return;
+        }
+    }
+    cli_error(NULL, "%s: %s", shown, msg);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static int path_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* 1 if s is valid UTF-8: no overlong forms, surrogates or code points above
+ * U+10FFFF (what the safetensors reader demands of the header) */
+static int utf8_valid(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned c = *p;
+        size_t len;
+        uint32_t cp, min;
+        if (c < 0x80) { p++; continue; }
+        if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; min = 0x80; }
+        else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; min = 0x800; }
+        else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; min = 0x10000; }
+        else return 0;
+        for (size_t i = 1; i < len; i++) {
+            if ((p[i] & 0xc0) != 0x80) return 0;   /* also stops at the NUL */
+            cp = (cp << 6) | (p[i] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+        p += len;
+    }
+    return 1;
+}
+
+/* a growing byte string; an allocation failure is remembered, checked once */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->cap - b->len <= n) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap - b->len <= n) {
+            if (cap > SIZE_MAX / 2) { b->oom = 1; return; }
+            cap *= 2;
+        }
+        char *p = realloc(b->p, cap);
+        if (!p) { b->oom = 1; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_put(b, s, strlen(s));
+}
+
+static void sb_size(sbuf *b, size_t v)
+{
+    char tmp[32];
+    int k = snprintf(tmp, sizeof tmp, "%zu", v);
+    sb_put(b, tmp, (size_t)k);
+}
+
+/* s as a JSON string: quote, backslash and control characters escaped, the
+ * rest (valid UTF-8, checked before) as is */
+static void sb_json_string(sbuf *b, const char *s)
+{
+    sb_put(b, "\"", 1);
+    for (const char *p = s; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        char esc[8];
+        if (c == '"') sb_put(b, "\\\"", 2);
+        else if (c == '\\') sb_put(b, "\\\\", 2);
+        else if (c == '\n') sb_put(b, "\\n", 2);
+        else if (c == '\t') sb_put(b, "\\t", 2);
+        else if (c < 0x20) {
+            snprintf(esc, sizeof esc, "\\u%04x", c);
+            sb_put(b, esc, 6);
+        } else {
+            sb_put(b, p, 1);
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+/* ---------------------------------------------------------------- .npy headers */
+
+static const char *npy_code(aft_dtype dt)
+{
+    switch (dt) {
+    case AFT_F64: return "f8";
+    case AFT_F32: return "f4";
+    case AFT_F16: return "f2";
+    case AFT_BOOL: return "b1";
+    case AFT_U8: return "u1";
+    case AFT_I8: return "i1";
+    case AFT_I16: return "i2";
+    case AFT_U16: return "u2";
+    case AFT_I32: return "i4";
+    case AFT_U32: return "u4";
+    case AFT_I64: return "i8";
+    case AFT_U64: return "u8";
+    default: return NULL;   /* bf16 has no .npy code */
+    }
+}
+
+/* numpy's header for a little-endian C-order array: version 1.0 (2.0 if the
+ * dict needs more than a 2-byte length), the dict exactly as numpy writes it,
+ * room for axis 0 to grow, then spaces and '\n' so the data starts at a
+ * multiple of 64. Returns the length, 0 if cap is too small. */
+static size_t npy_header(char *buf, size_t cap, aft_dtype dt, size_t ndim, const size_t *shape)
+{
+    sbuf d = {0};
+    char head[64];
+    snprintf(head, sizeof head, "{'descr': '%c%s', 'fortran_order': False, 'shape': (",
+             aft_dtype_size(dt) == 1 ? '|' : '<', npy_code(dt));
+    sb_str(&d, head);
+    for (size_t k = 0; k < ndim; k++) {
+        if (k) sb_str(&d, ", ");
+        sb_size(&d, shape[k]);
+    }
+    sb_str(&d, ndim == 1 ? ",), }" : "), }");
+    if (ndim > 0) {
+        int digits = snprintf(NULL, 0, "%zu", shape[0]);
+        for (int i = digits; i < NPY_GROWTH_DIGITS; i++) sb_put(&d, " ", 1);
+    }
+    if (d.oom) {
+        free(d.p);
+        return 0;
+    }
+    /* numpy pads with 1..64 spaces (64 when already aligned) before the '\n' */
+    size_t prefix = 10, pad = NPY_ALIGN - (prefix + d.len + 1) % NPY_ALIGN;
+    int major = 1;
+    if (d.len + pad + 1 > 65535) {
+        major = 2;
+        prefix = 12;
+        pad = NPY_ALIGN - (prefix + d.len + 1) % NPY_ALIGN;
+    }
+    size_t field = d.len + pad + 1, total = prefix + field;
+    if (total > cap) {
+        free(d.p);
+        return 0;
+    }
+    memcpy(buf, "\x93NUMPY", 6);
+    buf[6] = (char)major;
+    buf[7] = 0;
+    for (size_t i = 0; i < prefix - 8; i++) buf[8 + i] = (char)((field >> (8 * i)) & 0xff);
+    memcpy(buf + prefix, d.p, d.len);
+    memset(buf + prefix + d.len, ' ', pad);
+    buf[total - 1] = '\n';
+    free(d.p);
+    return total;
+}
+
+/* Learns a .npy file's dtype and shape from its header alone, so that a
+ * .safetensors header can be written before any data is read. Only the plain
+ * form numpy writes is understood; anything else returns -1 and the caller
+ * reads the whole file instead (whose strict reader then judges it). The
+ * data is checked against this answer when it is read. */
+static int npy_peek(const char *path, aft_dtype *dt, size_t *ndim, size_t *shape)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return -1;
+    unsigned char pre[12];
+    char *h = NULL;
+    int rc = -1;
+    if (fread(pre, 1, 8, fp) != 8 || memcmp(pre, "\x93NUMPY", 6) != 0) goto out;
+    size_t len = 0, plen = pre[6] == 1 ? 2 : 4;
+    if (pre[6] < 1 || pre[6] > 3 || fread(pre + 8, 1, plen, fp) != plen) goto out;
+    for (size_t i = 0; i < plen; i++) len |= (size_t)pre[8 + i] << (8 * i);
+    if (len > ((size_t)1 << 20) || !(h = malloc(len + 1)) || fread(h, 1, len, fp) != len) goto out;
+    h[len] = '\0';
+    if (strlen(h) != len) goto out;
+
+    /* 'descr': '<f4' */
+    const char *p = strstr(h, "'descr':");
+    if (!p) goto out;
+    p += 8;
+    while (*p == ' ') p++;
+    if (p[0] != '\'' || !strchr("<>|=", p[1]) || !p[2] || !p[3] || p[4] != '\'') goto out;
+    static const aft_dtype all[] = {AFT_F64, AFT_F32, AFT_F16, AFT_BOOL, AFT_U8, AFT_I8,
+                                    AFT_I16, AFT_U16, AFT_I32, AFT_U32, AFT_I64, AFT_U64};
+    int found = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0] && !found; i++)
+        if (memcmp(p + 2, npy_code(all[i]), 2) == 0) {
+            *dt = all[i];
+            found = 1;
+        }
+    if (!found) goto out;
+
+    /* 'shape': (2, 3) or (4,) or () */
+    p = strstr(h, "'shape':");
+    if (!p) goto out;
+    p += 8;
+    while (*p == ' ') p++;
+    if (*p++ != '(') goto out;
+    size_t n = 0;
+    for (;;) {
+        while (*p == ' ') p++;
+        if (*p == ')') break;
+        if (*p < '0' || *p > '9' || n == AFT_MAX_DIMS) goto out;
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || v > SIZE_MAX) goto out;
+        shape[n++] = (size_t)v;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+        else if (*p != ')') goto out;
+    }
+    *ndim = n;
+    rc = 0;
+out:
+    free(h);
+    fclose(fp);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- inputs */
+
+typedef enum { SRC_NPY, SRC_STDIN, SRC_ST_WHOLE, SRC_ST_TENSOR } src_kind;
+
+/* an INPUT operand taken apart (strings malloc'd) */
+typedef struct {
+    const char *arg;    /* as given */
+    char *name;         /* NAME from NAME=INPUT, else NULL */
+    char *file;         /* the file ("-": standard input) */
+    char *tname;        /* SRC_ST_TENSOR: the tensor's name in the file */
+    src_kind kind;
+} spec;
+
+/* one tensor to write */
+typedef struct {
+    char *name;               /* its name in a .safetensors output (malloc'd) */
+    const char *file;         /* the file it comes from, for messages */
+    const char *tname;        /* its name in a .safetensors input, else NULL */
+    const aft_tensor *src;    /* the data: inside a .safetensors, or &held; NULL
+                               * for a .npy to be read when its turn comes */
+    aft_tensor held;          /* a .npy read whole (owns its data) */
+    aft_dtype dtype;          /* source dtype and shape, known before the data */
+    size_t ndim, shape[AFT_MAX_DIMS], nelem, nbytes_out;
+    aft_dtype out;            /* the dtype written */
+} item;
+
+typedef struct {
+    spec *specs;
+    size_t nspecs;
+    item *items;
+    size_t nitems, icap;
+    aft_st_file **files;
+    size_t nfiles;
+    const char **meta;        /* key, value pairs: input files' then --metadata */
+    size_t nmeta, mcap;
+} job;
+
+/* Where a FILE.safetensors:NAME operand splits: the ':' after the last
+ * ".safetensors" whose file exists, else after the last one (so opening it
+ * reports the missing file); NULL when there is none. When must_exist, only a
+ * split whose file exists counts. */
+static const char *st_split(const char *arg, int must_exist)
+{
+    static const char ext[] = ".safetensors";
+    const size_t elen = sizeof ext - 1;
+    const char *last = NULL, *found = NULL;
+    for (const char *p = strstr(arg, ext); p; p = strstr(p + 1, ext)) {
+        if (p[elen] != ':') continue;
+        last = p + elen;
+        char *file = strndup(arg, (size_t)(last - arg));
+        if (file && path_exists(file)) found = last;
+        free(file);
+    }
+    return found ? found : must_exist ? NULL : last;
+}
+
+/* The kind of a file operand: by name (.npy, .safetensors), else by its
+ * first bytes ("\x93NUMPY" is a .npy; anything else goes to the safetensors
+ * reader, whose message then says what is wrong). */
+static src_kind file_kind(const char *path)
+{
+    if (ends_with(path, ".npy")) return SRC_NPY;
+    if (ends_with(path, ".safetensors")) return SRC_ST_WHOLE;
+    unsigned char magic[6];
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return SRC_NPY;   /* the .npy reader reports why it cannot be opened */
+    size_t n = fread(magic, 1, sizeof magic, fp);
+    fclose(fp);
+    return n == 6 && memcmp(magic, "\x93NUMPY", 6) == 0 ? SRC_NPY : SRC_ST_WHOLE;
+}
+
+/* Takes an operand apart: "-", an existing file, FILE.safetensors:NAME whose
+ * file exists, NAME=INPUT, then the remaining forms by name. A path or a
+ * tensor name may contain '=' or ".safetensors:": existing files win. */
+static int parse_spec(spec *s, const char *arg)
+{
+    memset(s, 0, sizeof *s);
+    s->arg = arg;
+    const char *src = arg, *colon;
+    if (strcmp(arg, "-") != 0 && !path_exists(arg) && !st_split(arg, 1)) {
+        const char *eq = strchr(arg, '=');
+        if (eq) {
+            if (eq == arg)
+                return cli_usage_error(cmd, "'%s': no tensor name before '=' (want NAME=INPUT)", arg);
+            if (!eq[1])
+                return cli_usage_error(cmd, "'%s': no input after '=' (want NAME=INPUT)", arg);
+            if (!(s->name = strndup(arg, (size_t)(eq - arg)))) goto oom;
+            src = eq + 1;
+        }
+    }
+    if (strcmp(src, "-") == 0) {
+        s->kind = SRC_STDIN;
+    } else if (path_exists(src)) {
+        s->kind = file_kind(src);
+    } else if ((colon = st_split(src, 0)) != NULL) {
+        s->kind = SRC_ST_TENSOR;
+        if (!(s->tname = strdup(colon + 1))) goto oom;
+        if (!(s->file = strndup(src, (size_t)(colon - src)))) goto oom;
+        return 0;
+    } else {
+        s->kind = ends_with(src, ".safetensors") ? SRC_ST_WHOLE : SRC_NPY;
+    }
+    if (!(s->file = strdup(src))) goto oom;
+    return 0;
+oom:
+    cli_error(cmd, "out of memory");
+    return EXIT_DATA;
+}
+
+static void free_spec(spec *s)
+{
+    free(s->name);
+    free(s->file);
+    free(s->tname);
+}
+
+static void job_free(job *j)
+{
+    for (size_t i = 0; i < j->nspecs; i++) free_spec(&j->specs[i]);
+    free(j->specs);
+    for (size_t i = 0; i < j->nitems; i++) {
+        free(j->items[i].name);
+        aft_tensor_free(&j->items[i].held);
+    }
+    free(j->items);
+    for (size_t i = 0; i < j->nfiles; i++) aft_st_close(j->files[i]);
+    free(j->files);
+    free(j->meta);
+}
+
+/* a new zeroed item at the end of j->items, or NULL when out of memory */
+static item *new_item(job *j)
+{
+    if (j->nitems == j->icap) {
+        size_t cap = j->icap ? 2 * j->icap : 16;
+        item *p = realloc(j->items, cap * sizeof *p);
+        if (!p) return NULL;
+        j->items = p;
+        j->icap = cap;
+    }
+    item *it = &j->items[j->nitems++];
+    memset(it, 0, sizeof *it);
+    return it;
+}
+
+/* sets the item's source dtype and shape from a tensor */
+static void take_shape(item *it, const aft_tensor *t)
+{
+    it->dtype = t->dtype;
+    it->ndim = t->ndim;
+    memcpy(it->shape, t->shape, t->ndim * sizeof t->shape[0]);
+}
+
+/* Adds or replaces the metadata pair key = value (strings borrowed). */
+static int put_meta(job *j, const char *key, const char *value)
+{
+    for (size_t i = 0; i < j->nmeta; i++)
+        if (strcmp(j->meta[2 * i], key) == 0) {
+            j->meta[2 * i + 1] = value;
+            return 0;
+        }
+    if (j->nmeta == j->mcap) {
+        size_t cap = j->mcap ? 2 * j->mcap : 16;
+        const char **p = realloc(j->meta, 2 * cap * sizeof *p);
+        if (!p) return -1;
+        j->meta = p;
+        j->mcap = cap;
+    }
+    j->meta[2 * j->nmeta] = key;
+    j->meta[2 * j->nmeta + 1] = value;
+    j->nmeta++;
+    return 0;
+}
+
+/* "x" for "dir/x.npy": the name a .npy gets in a .safetensors output */
+static char *stem(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 4 && strcmp(base + n - 4, ".npy") == 0) n -= 4;
+    return strndup(base, n);
+}
+
+/* Opens what spec s names and adds its tensors to the job. For a .npy the
+ * whole file is read now when read_npy is set (a .npy output, standard
+ * input, a pipe, a header npy_peek does not follow); otherwise only its
+ * header is, and the data later. Returns 0, or an exit status after
+ * reporting. */
+static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
+{
+    aft_error err = {{0}};
+    char msg[512];
+    const char *file = s->file;
+
+    if (s->kind == SRC_NPY || s->kind == SRC_STDIN) {
+        item *it = new_item(j);
+        if (!it) goto oom;
+        it->file = file;
+        struct stat sb;
+        int regular = s->kind == SRC_NPY && stat(file, &sb) == 0 && S_ISREG(sb.st_mode);
+        if (s->kind == SRC_STDIN) {
+            if (*stdin_used) return cli_usage_error(cmd, "standard input ('-') can be read only once");
+            *stdin_used = 1;
+        }
+        if (!to_st || !regular || npy_peek(file, &it->dtype, &it->ndim, it->shape) != 0) {
+            if (aft_npy_read(file, &it->held, NULL, &err) != AFT_OK) {
+                report(file, err.msg);
+                return EXIT_DATA;
+            }
+            it->src = &it->held;
+            take_shape(it, &it->held);
+        }
+        if (to_st && !(it->name = s->name ? strdup(s->name) : stem(file))) goto oom;
+        return 0;
+    }
+
+    aft_st_file *f;
+    if (aft_st_open(file, &f, &err) != AFT_OK) {
+        report(file, err.msg);
+        return EXIT_DATA;
+    }
+    aft_st_file **files = realloc(j->files, (j->nfiles + 1) * sizeof *files);
+    if (!files) {
+        aft_st_close(f);
+        goto oom;
+    }
+    j->files = files;
+    j->files[j->nfiles++] = f;
+
+    size_t count = aft_st_count(f);
+    const aft_tensor *t = NULL;
+    if (s->kind == SRC_ST_TENSOR) {
+        if (!(t = aft_st_find(f, s->tname))) {
+            snprintf(msg, sizeof msg, "no tensor named '%s'", s->tname);
+            report(file, msg);
+            return EXIT_DATA;
+        }
+    } else if (s->name || !to_st) {
+        /* one tensor is wanted: the file must hold exactly one */
+        if (count != 1) {
+            snprintf(msg, sizeof msg, "holds %zu tensors; name one as %s:NAME", count, file);
+            report(file, msg);
+            return EXIT_DATA;
+        }
+        t = aft_st_get(f, 0, NULL);
+    }
+    if (t) {
+        item *it = new_item(j);
+        if (!it) goto oom;
+        it->file = file;
+        it->tname = s->tname ? s->tname : NULL;
+        it->src = t;
+        take_shape(it, t);
+        if (to_st && !(it->name = strdup(s->name ? s->name : s->tname))) goto oom;
+        if (!s->tname) aft_st_get(f, 0, &it->tname);
+        return 0;
+    }
+    /* a whole file into a .safetensors: every tensor, and the metadata */
+    for (size_t i = 0; i < count; i++) {
+        item *it = new_item(j);
+        if (!it) goto oom;
+        const char *name;
+        it->file = file;
+        it->src = aft_st_get(f, i, &name);
+        it->tname = name;
+        take_shape(it, it->src);
+        if (!(it->name = strdup(name))) goto oom;
+    }
+    for (size_t i = 0; i < aft_st_metadata_count(f); i++) {
+        const char *k, *v;
+        aft_st_metadata(f, i, &k, &v);
+        if (put_meta(j, k, v) != 0) goto oom;
+    }
+    return 0;
+oom:
+    cli_error(cmd, "out of memory");
+    return EXIT_DATA;
+}
+
+/* "'w' in a.safetensors" or "a.npy", for messages about one tensor */
+static const char *item_desc(const item *it, char *buf, size_t cap)
+{
+    if (it->tname) snprintf(buf, cap, "tensor '%s'", it->tname);
+    else snprintf(buf, cap, "the tensor");
+    return buf;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    const item *x = *(const item *const *)a, *y = *(const item *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+/* Output names must be unique, valid UTF-8 and not "__metadata__". */
+static int check_names(const job *j)
+{
+    for (size_t i = 0; i < j->nitems; i++) {
+        const char *n = j->items[i].name;
+        if (!utf8_valid(n)) return cli_usage_error(cmd, "tensor name '%s' is not valid UTF-8", n);
+        if (strcmp(n, "__metadata__") == 0)
+            return cli_usage_error(cmd, "'__metadata__' is reserved and cannot name a tensor");
+    }
+    const item **sorted = malloc((j->nitems ? j->nitems : 1) * sizeof *sorted);
+    if (!sorted) {
+        cli_error(cmd, "out of memory");
+        return EXIT_DATA;
+    }
+    for (size_t i = 0; i < j->nitems; i++) sorted[i] = &j->items[i];
+    qsort(sorted, j->nitems, sizeof *sorted, cmp_names);
+    for (size_t i = 1; i < j->nitems; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
+            /* report the two in command-line order */
+            const item *a = sorted[i - 1] < sorted[i] ? sorted[i - 1] : sorted[i];
+            const item *b = a == sorted[i] ? sorted[i - 1] : sorted[i];
+            int rc = cli_usage_error(cmd, "tensor name '%s' is given twice (from %s and %s); rename one with NAME=INPUT",
+                                     a->name, display_name(a->file), display_name(b->file));
+            free(sorted);
+            return rc;
+        }
+    free(sorted);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- writing */
+
+/* writes len bytes; 0, or -1 with errno set */
+static int write_all(FILE *fp, const void *p, size_t len)
+{
+    if (len && fwrite(p, 1, len, fp) != len) {
+        if (!errno) errno = EIO;
+        return -1;
+    }
+    return 0;
+}
+
+/* Writes n elements of src (dtype from) as dtype to: bytes as they are when
+ * the dtypes agree, else converted CHUNK_BYTES at a time through buf.
+ * 0, or -1 with errno set. */
+static int write_data(FILE *fp, const void *src, aft_dtype from, aft_dtype to, size_t n,
+                      unsigned char *buf)
+{
+    size_t in = aft_dtype_size(from), out = aft_dtype_size(to);
+    if (from == to) return write_all(fp, src, n * in);
+    size_t per = CHUNK_BYTES / (in > out ? in : out);
+    const unsigned char *s = src;
+    for (size_t done = 0; done < n;) {
+        size_t m = n - done < per ? n - done : per;
+        convert_block(buf, to, s + done * in, from, m);
+        if (write_all(fp, buf, m * out) != 0) return -1;
+        done += m;
+    }
+    return 0;
+}
+
+/* The data of item it: already there, or its .npy read now and checked
+ * against the header peeked before. 0, or EXIT_DATA after reporting. */
+static int item_data(item *it)
+{
+    if (it->src) return 0;
+    aft_error err = {{0}};
+    if (aft_npy_read(it->file, &it->held, NULL, &err) != AFT_OK) {
+        report(it->file, err.msg);
+        return EXIT_DATA;
+    }
+    int same = it->held.dtype == it->dtype && it->held.ndim == it->ndim &&
+               memcmp(it->held.shape, it->shape, it->ndim * sizeof it->shape[0]) == 0;
+    if (!same) {
+        report(it->file, "changed while being converted (its header no longer matches)");
+        aft_tensor_free(&it->held);
+        return EXIT_DATA;
+    }
+    it->src = &it->held;
+    return 0;
+}
+
+/* Builds the .safetensors header: __metadata__ first, then the tensors back
+ * to back in order, padded with spaces so the data starts at a multiple of
+ * 8. 0, or an exit status after reporting. */
+static int st_header(const job *j, sbuf *h)
+{
+    sb_put(h, "{", 1);
+    if (j->nmeta) {
+        sb_str(h, "\"__metadata__\":{");
+        for (size_t i = 0; i < j->nmeta; i++) {
+            if (i) sb_put(h, ",", 1);
+            sb_json_string(h, j->meta[2 * i]);
+            sb_put(h, ":", 1);
+            sb_json_string(h, j->meta[2 * i + 1]);
+        }
+        sb_put(h, "}", 1);
+    }
+    size_t offset = 0;
+    for (size_t i = 0; i < j->nitems; i++) {
+        const item *it = &j->items[i];
+        if (i || j->nmeta) sb_put(h, ",", 1);
+        for (size_t k = 0; k < it->ndim; k++)
+            if ((double)it->shape[k] >= ST_SIZE_LIMIT) {
+                char msg[200];
+                snprintf(msg, sizeof msg, "dimension %zu of '%s' is %zu, 2^53 or more, which .safetensors cannot hold",
+                         k, it->name, it->shape[k]);
+                report(it->file, msg);
+                return EXIT_DATA;
+            }
+        sb_json_string(h, it->name);
+        sb_str(h, ":{\"dtype\":\"");
+        sb_str(h, aft_dtype_name(it->out));
+        sb_str(h, "\",\"shape\":[");
+        for (size_t k = 0; k < it->ndim; k++) {
+            if (k) sb_put(h, ",", 1);
+            sb_size(h, it->shape[k]);
+        }
+        sb_str(h, "],\"data_offsets\":[");
+        sb_size(h, offset);
+        sb_put(h, ",", 1);
+        if (__builtin_add_overflow(offset, it->nbytes_out, &offset) || (double)offset >= ST_SIZE_LIMIT) {
+            cli_error(cmd, "the tensors would hold 2^53 bytes or more, more than .safetensors allows");
+            return EXIT_DATA;
+        }
+        sb_size(h, offset);
+        sb_str(h, "]}");
+    }
+    sb_put(h, "}", 1);
+    while (!h->oom && (8 + h->len) % 8 != 0) sb_put(h, " ", 1);
+    if (h->oom) {
+        cli_error(cmd, "out of memory building the header");
+        return EXIT_DATA;
+    }
+    if (h->len > ST_MAX_HEADER) {
+        cli_error(cmd, "the header would be %zu bytes, more than the %zu .safetensors allows",
+                  h->len, ST_MAX_HEADER);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+/* "aft: OUT: write failed: ..." for an error while writing the output */
+static void write_failed(const char *out_path, int e)
+{
+    cli_error(NULL, "%s: write failed: %s", display_name(out_path), strerror(e));
+}
+
+static int write_safetensors(job *j, const char *out_path)
+{
+    sbuf h = {0};
+    int rc = st_header(j, &h);
+    if (rc) {
+        free(h.p);
+        return rc;
+    }
+    unsigned char *buf = malloc(CHUNK_BYTES);
+    if (!buf) {
+        free(h.p);
+        cli_error(cmd, "out of memory");
+        return EXIT_DATA;
+    }
+    aft_error err = {{0}};
+    aft_out o;
+    if (aft_out_open(&o, out_path, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        free(h.p);
+        free(buf);
+        return EXIT_DATA;
+    }
+    unsigned char size_le[8];
+    for (int i = 0; i < 8; i++) size_le[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
+    errno = 0;
+    if (write_all(o.fp, size_le, 8) != 0 || write_all(o.fp, h.p, h.len) != 0) {
+        write_failed(out_path, errno);
+        rc = EXIT_DATA;
+    }
+    free(h.p);
+    for (size_t i = 0; i < j->nitems && !rc; i++) {
+        item *it = &j->items[i];
+        if ((rc = item_data(it)) != 0) break;
+        errno = 0;
+        if (write_data(o.fp, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
+            write_failed(out_path, errno);
+            rc = EXIT_DATA;
+        }
+        /* one .npy in memory at a time; malloc_trim hands its pages back
+         * (glibc keeps a freed block this large in the heap otherwise, and
+         * the next tensor need not land on the same pages) */
+        if (it->src == &it->held) {
+            aft_tensor_free(&it->held);
+            it->src = NULL;
+            malloc_trim(0);
+        }
+    }
+    free(buf);
+    if (rc) {
+        aft_out_abort(&o);
+        return rc;
+    }
+    if (aft_out_commit(&o, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+static int write_npy(job *j, const char *out_path)
+{
+    item *it = &j->items[0];
+    char msg[600], desc[200];
+    if (it->out == AFT_BF16) {
+        snprintf(msg, sizeof msg, "%s is BF16, which .npy cannot hold; add --dtype f32 (exact) or write a .safetensors",
+                 item_desc(it, desc, sizeof desc));
+        report(it->file, msg);
+        return EXIT_DATA;
+    }
+    char head[4096];
+    size_t hn = npy_header(head, sizeof head, it->out, it->ndim, it->shape);
+    unsigned char *buf = malloc(CHUNK_BYTES);
+    if (!hn || !buf) {
+        free(buf);
+        cli_error(cmd, "out of memory");
+        return EXIT_DATA;
+    }
+    aft_error err = {{0}};
+    aft_out o;
+    if (aft_out_open(&o, out_path, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        free(buf);
+        return EXIT_DATA;
+    }
+    errno = 0;
+    int rc = 0;
+    if (write_all(o.fp, head, hn) != 0 ||
+        write_data(o.fp, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
+        write_failed(out_path, errno);
+        rc = EXIT_DATA;
+    }
+    free(buf);
+    if (rc) {
+        aft_out_abort(&o);
+        return rc;
+    }
+    if (aft_out_commit(&o, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the command */
+
+/* --opt VALUE or --opt=VALUE: the value, or NULL when argv[*i] is not opt
+ * (then *missing says whether it was opt without a value) */
+static const char *opt_value(int argc, char **argv, int *i, const char *opt, int *missing)
+{
+    size_t n = strlen(opt);
+    const char *a = argv[*i];
+    *missing = 0;
+    if (strncmp(a, opt, n) != 0) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] != 0) return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cmd_convert(int argc, char **argv)
+{
+    const char *out_path = NULL, *format = NULL;
+    int have_dtype = 0, only_operands = 0;
+    aft_dtype target = AFT_F32;
+    job j;
+    memset(&j, 0, sizeof j);
+    /* --metadata pairs, split in place into copies: key, value */
+    char **cli_meta = calloc((size_t)argc + 1, sizeof *cli_meta);
+    const char **operands = calloc((size_t)argc + 1, sizeof *operands);
+    size_t ncli_meta = 0, nops = 0;
+    int rc = 0;
+    if (!cli_meta || !operands) {
+        cli_error(cmd, "out of memory");
+        rc = EXIT_DATA;
+        goto done;
+    }
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val;
+        int missing = 0;
+        if (only_operands || a[0] != '-' || strcmp(a, "-") == 0) {
+            operands[nops++] = a;
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            only_operands = 1;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(usage_text, stdout);
+            rc = cli_finish_stdout(cmd);
+            goto done;
+        } else if ((val = opt_value(argc, argv, &i, "-o", &missing)) || missing ||
+                   (val = opt_value(argc, argv, &i, "--output", &missing)) || missing) {
+            if (missing) { rc = cli_usage_error(cmd, "%s needs a file", a); goto done; }
+            out_path = val;
+        } else if ((val = opt_value(argc, argv, &i, "--dtype", &missing)) || missing) {
+            if (missing) { rc = cli_usage_error(cmd, "--dtype needs a value"); goto done; }
+            if (parse_dtype(val, &target) != 0) {
+                rc = cli_usage_error(cmd, "unknown --dtype '%s': want f32, f16, bf16 or f64", val);
+                goto done;
+            }
+            have_dtype = 1;
+        } else if ((val = opt_value(argc, argv, &i, "--format", &missing)) || missing) {
+            if (missing || (strcmp(val, "npy") != 0 && strcmp(val, "safetensors") != 0)) {
+                rc = cli_usage_error(cmd, "--format takes npy or safetensors");
+                goto done;
+            }
+            format = val;
+        } else if ((val = opt_value(argc, argv, &i, "--metadata", &missing)) || missing) {
+            const char *eq = missing ? NULL : strchr(val, '=');
+            if (!eq || eq == val) {
+                rc = cli_usage_error(cmd, "--metadata takes KEY=VALUE, not '%s'", missing ? "" : val);
+                goto done;
+            }
+            char *key = strndup(val, (size_t)(eq - val));
+            if (!key) { cli_error(cmd, "out of memory"); rc = EXIT_DATA; goto done; }
+            cli_meta[2 * ncli_meta] = key;
+            cli_meta[2 * ncli_meta + 1] = (char *)eq + 1;   /* borrowed from argv */
+            ncli_meta++;
+            if (!utf8_valid(key) || !utf8_valid(eq + 1)) {
+                rc = cli_usage_error(cmd, "--metadata '%s' is not valid UTF-8", val);
+                goto done;
+            }
+            for (size_t k = 0; k + 1 < ncli_meta; k++)
+                if (strcmp(cli_meta[2 * k], key) == 0) {
+                    rc = cli_usage_error(cmd, "--metadata key '%s' is given twice", key);
+                    goto done;
+                }
+        } else {
+            rc = cli_usage_error(cmd, "unknown option '%s'", a);
+            goto done;
+        }
+    }
+    if (nops == 0) {
+        rc = cli_usage_error(cmd, "no INPUT given");
+        goto done;
+    }
+
+    if (!(j.specs = calloc(nops, sizeof *j.specs))) {
+        cli_error(cmd, "out of memory");
+        rc = EXIT_DATA;
+        goto done;
+    }
+    for (size_t i = 0; i < nops; i++) {
+        j.nspecs++;
+        if ((rc = parse_spec(&j.specs[i], operands[i])) != 0) goto done;
+    }
+
+    /* the output format: asked for, else by name, else by the inputs */
+    int to_st;
+    if (format) to_st = strcmp(format, "safetensors") == 0;
+    else if (out_path && ends_with(out_path, ".safetensors")) to_st = 1;
+    else if (out_path && ends_with(out_path, ".npy")) to_st = 0;
+    else to_st = nops > 1 || j.specs[0].name || j.specs[0].kind == SRC_ST_WHOLE;
+
+    if (!to_st) {
+        if (nops > 1) {
+            rc = cli_usage_error(cmd, "a .npy output holds one tensor, but %zu inputs are given", nops);
+            goto done;
+        }
+        if (j.specs[0].name) {
+            rc = cli_usage_error(cmd, "'%s': NAME= names a tensor in a .safetensors output; a .npy has no names",
+                                 j.specs[0].arg);
+            goto done;
+        }
+        if (ncli_meta) {
+            rc = cli_usage_error(cmd, "--metadata applies to a .safetensors output, not .npy");
+            goto done;
+        }
+        if (have_dtype && target == AFT_BF16) {
+            rc = cli_usage_error(cmd, ".npy cannot hold bfloat16; write a .safetensors or choose another --dtype");
+            goto done;
+        }
+    } else {
+        for (size_t i = 0; i < nops; i++)
+            if (j.specs[i].kind == SRC_STDIN && !j.specs[i].name) {
+                rc = cli_usage_error(cmd, "name the tensor read from standard input: NAME=-");
+                goto done;
+            }
+    }
+    if ((!out_path || strcmp(out_path, "-") == 0) && isatty(STDOUT_FILENO)) {
+        rc = cli_usage_error(cmd, "refusing to write binary %s to a terminal; use -o FILE or a pipe",
+                             to_st ? ".safetensors" : ".npy");
+        goto done;
+    }
+    if (!out_path) out_path = "-";
+    if (to_st && !HOST_LITTLE) {
+        cli_error(cmd, "writing .safetensors on a big-endian machine is not supported");
+        rc = EXIT_DATA;
+        goto done;
+    }
+
+    int stdin_used = 0;
+    for (size_t i = 0; i < nops; i++)
+        if ((rc = load_spec(&j, &j.specs[i], to_st, &stdin_used)) != 0) goto done;
+    for (size_t i = 0; i < ncli_meta; i++)
+        if (put_meta(&j, cli_meta[2 * i], cli_meta[2 * i + 1]) != 0) {
+            cli_error(cmd, "out of memory");
+            rc = EXIT_DATA;
+            goto done;
+        }
+    if (to_st && (rc = check_names(&j)) != 0) goto done;
+
+    /* output dtypes and sizes: --dtype changes floating-point tensors only */
+    for (size_t i = 0; i < j.nitems; i++) {
+        item *it = &j.items[i];
+        it->out = have_dtype && aft_dtype_is_float(it->dtype) ? target : it->dtype;
+        /* a zero dimension makes the tensor empty whatever the others say */
+        size_t n = 1;
+        int over = 0;
+        for (size_t k = 0; k < it->ndim; k++) over |= __builtin_mul_overflow(n, it->shape[k], &n);
+        for (size_t k = 0; k < it->ndim; k++)
+            if (it->shape[k] == 0) n = 0, over = 0;
+        it->nelem = n;
+        if (over || __builtin_mul_overflow(n, aft_dtype_size(it->out), &it->nbytes_out)) {
+            report(it->file, "shape too large");
+            rc = EXIT_DATA;
+            goto done;
+        }
+    }
+    rc = to_st ? write_safetensors(&j, out_path) : write_npy(&j, out_path);
+    if (!rc) rc = cli_finish_stdout(cmd);
+
+done:
+    job_free(&j);
+    for (size_t i = 0; cli_meta && i < ncli_meta; i++) free(cli_meta[2 * i]);
+    free(cli_meta);
+    free(operands);
+    return rc;
+}
