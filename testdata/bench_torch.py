@@ -1,0 +1,785 @@
+#!/usr/bin/python3
+"""Side-by-side timing of aft and PyTorch versions of the AFT layer.
+
+Run with Debian's interpreter (torch 1.13, numpy 1.24); the pyenv `python3`
+on PATH has neither:
+
+    /usr/bin/python3 testdata/bench_torch.py                       # T = 1024, 4096
+    /usr/bin/python3 testdata/bench_torch.py --seq-len 256,1024,8192 --repeat 10
+    /usr/bin/python3 testdata/bench_torch.py --check-only          # agreement only
+    /usr/bin/python3 testdata/bench_torch.py --json                # JSON lines
+
+Cases (each a whole layer: Linear q, k, v, the AFT core, Linear output;
+float32, batch 1, d_model = d_hidden):
+
+  labml-local  computed the way labml's AFTLocal does it: a T x T position
+               bias times the local mask, the causal mask filled with -inf, one
+               key max and one bias max subtracted, then two einsums over the
+               full T x T (O(T^2 d) time, several T x T arrays).
+               aft: run --variant local --window S --causal
+  rish-full    rish-16's AFTFull: exp(w) @ (exp(K) * V) / (exp(w) @ exp(K)),
+               w the T x T bias (O(T^2 d)).        aft: run --variant full
+  rish-simple  rish-16's AFTSimple: softmax of K over time, times V, summed
+               over time (O(T d)).                 aft: run --variant simple
+
+The modules are written here; nothing is imported from the upstream projects
+(testdata/torch/README.md records what they compute).
+
+Every PyTorch measurement runs in its own subprocess (this file, re-invoked
+with a hidden --worker argument), so its peak RSS is its own, with
+OPENBLAS_CORETYPE=SkylakeX (or --torch-coretype), OPENBLAS_NUM_THREADS and
+OMP_NUM_THREADS set to --threads, and torch.set_num_threads(--threads).
+Timings: torch.no_grad(), --warmup untimed calls, then the fastest of
+--repeat calls.  aft: `aft run ... --threads N --repeat N --timing FILE`,
+timing_ms.compute_min and peak_rss_bytes from that JSON.
+
+Before timing, each case is checked once at --check-len (default 256): the
+torch module's state dict (position bias set to randn * 0.5 so it matters) is
+written to a .safetensors file under the names aft resolves, aft runs on it,
+and the outputs are compared with the float32 module and the same module run
+in float64.
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CASES = ("labml-local", "rish-full", "rish-simple")
+QUADRATIC = ("labml-local", "rish-full")       # hold T x T arrays in torch
+GIB = float(1 << 30)
+MIB = float(1 << 20)
+
+
+# =====================================================================
+# worker side: everything that imports torch runs here, in a subprocess
+# =====================================================================
+
+def _modules():
+    """Define the torch modules (imports torch; worker only)."""
+    import torch
+    from torch import nn
+
+    def labml_local_mask(seq_len, s):
+        # labml: ones -> tril(.., s-1) -> triu(.., -(s-1)): True where |t-t'| < s
+        m = torch.ones(seq_len, seq_len, dtype=torch.bool)
+        m = torch.tril(m, s - 1)
+        return torch.triu(m, -(s - 1))
+
+    def labml_subsequent_mask(T):
+        # labml_nn/transformers/utils.py subsequent_mask: [T, T, 1] bool, causal
+        return torch.tril(torch.ones(T, T)).to(torch.bool).unsqueeze(-1)
+
+    class LabmlLocal(nn.Module):
+        """labml AFTLocal's computation; input/output layout [T, B, d]."""
+
+        def __init__(self, d_model, seq_len, local_window_size, bias=True):
+            super().__init__()
+            self.local_window_size = local_window_size
+            self.query = nn.Linear(d_model, d_model, bias=bias)
+            self.key = nn.Linear(d_model, d_model, bias=bias)
+            self.value = nn.Linear(d_model, d_model, bias=bias)
+            self.pos_bias = nn.Parameter(torch.zeros(seq_len, seq_len))
+            self.local_mask = nn.Parameter(labml_local_mask(seq_len, local_window_size),
+                                           requires_grad=False)
+            self.activation = nn.Sigmoid()
+            self.output = nn.Linear(d_model, d_model)
+
+        def forward(self, *, query, key, value, mask):
+            seq_len = query.shape[0]
+            query = self.query(query)
+            key = self.key(key)
+            value = self.value(value)
+            pos_bias = self.pos_bias[:seq_len, :seq_len] * self.local_mask[:seq_len, :seq_len]
+            pos_bias = pos_bias.unsqueeze(-1)
+            pos_bias.masked_fill_(~mask, float("-inf"))
+            max_key = key.max(dim=0, keepdim=True)[0]
+            max_pos_bias = pos_bias.max(dim=1, keepdim=True)[0]
+            exp_key = torch.exp(key - max_key)
+            exp_pos_bias = torch.exp(pos_bias - max_pos_bias)
+            num = torch.einsum("ijb,jbd->ibd", exp_pos_bias, exp_key * value)
+            den = torch.einsum("ijb,jbd->ibd", exp_pos_bias, exp_key)
+            y = self.activation(query) * num / den
+            return self.output(y)
+
+    class RishFull(nn.Module):
+        """rish-16 AFTFull's computation; layout [B, T, dim]. No max is
+        subtracted and exp(w) is evaluated twice, as upstream does."""
+
+        def __init__(self, max_seqlen, dim, hidden_dim):
+            super().__init__()
+            self.dim = dim
+            self.hidden_dim = hidden_dim
+            self.to_q = nn.Linear(dim, hidden_dim)
+            self.to_k = nn.Linear(dim, hidden_dim)
+            self.to_v = nn.Linear(dim, hidden_dim)
+            self.project = nn.Linear(hidden_dim, dim)
+            self.wbias = nn.Parameter(torch.empty(max_seqlen, max_seqlen))
+            nn.init.xavier_uniform_(self.wbias)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            Q = self.to_q(x).view(B, T, self.hidden_dim)
+            K = self.to_k(x).view(B, T, self.hidden_dim)
+            V = self.to_v(x).view(B, T, self.hidden_dim)
+            temp_wbias = self.wbias[:T, :T].unsqueeze(0)
+            Q_sig = torch.sigmoid(Q)
+            temp = torch.exp(temp_wbias) @ torch.mul(torch.exp(K), V)
+            weighted = temp / (torch.exp(temp_wbias) @ torch.exp(K))
+            Yt = torch.mul(Q_sig, weighted)
+            Yt = Yt.view(B, T, self.hidden_dim)
+            return self.project(Yt)
+
+    class RishSimple(nn.Module):
+        """rish-16 AFTSimple's computation; softmax over the time axis."""
+
+        def __init__(self, max_seqlen, dim, hidden_dim):
+            super().__init__()
+            self.dim = dim
+            self.hidden_dim = hidden_dim
+            self.to_q = nn.Linear(dim, hidden_dim)
+            self.to_k = nn.Linear(dim, hidden_dim)
+            self.to_v = nn.Linear(dim, hidden_dim)
+            self.project = nn.Linear(hidden_dim, dim)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            Q = self.to_q(x).view(B, T, self.hidden_dim)
+            K = self.to_k(x).view(B, T, self.hidden_dim)
+            V = self.to_v(x).view(B, T, self.hidden_dim)
+            weights = torch.mul(torch.softmax(K, 1), V).sum(dim=1, keepdim=True)
+            Q_sig = torch.sigmoid(Q)
+            Yt = torch.mul(Q_sig, weights)
+            Yt = Yt.view(B, T, self.hidden_dim)
+            return self.project(Yt)
+
+    return dict(LabmlLocal=LabmlLocal, RishFull=RishFull, RishSimple=RishSimple,
+                subsequent_mask=labml_subsequent_mask)
+
+
+def _build_case(spec, for_check):
+    """(module, x, call) for spec['case'] at length spec['T'].
+    call(module, x) runs the forward; x is float32 in the module's layout."""
+    import torch
+    M = _modules()
+    T, d, h, s = spec["T"], spec["d_model"], spec["d_hidden"], spec["window"]
+    torch.manual_seed(spec["seed"])
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    case = spec["case"]
+    if case == "labml-local":
+        m = M["LabmlLocal"](d, T, s)
+        x = torch.randn(T, 1, d, generator=g)              # [T, B, d]
+        mask = M["subsequent_mask"](T)                     # built once, as labml caches it
+
+        def call(mod, xx):
+            return mod(query=xx, key=xx, value=xx, mask=mask)
+        bias_name = "pos_bias"
+    elif case == "rish-full":
+        m = M["RishFull"](T, d, h)
+        x = torch.randn(1, T, d, generator=g)
+
+        def call(mod, xx):
+            return mod(xx)
+        bias_name = "wbias"
+    elif case == "rish-simple":
+        m = M["RishSimple"](T, d, h)
+        x = torch.randn(1, T, d, generator=g)
+
+        def call(mod, xx):
+            return mod(xx)
+        bias_name = None
+    else:
+        raise ValueError("unknown case " + case)
+    if for_check and bias_name:
+        with torch.no_grad():
+            p = getattr(m, bias_name)
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    m.eval()
+    return m, x, call
+
+
+def _maxrss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _openblas_info():
+    """What BLAS library this process has loaded and, for OpenBLAS, its
+    core, config and thread count (through ctypes on the loaded library)."""
+    import ctypes
+    libs = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6:
+                base = os.path.basename(parts[5])
+                if any(k in base for k in ("openblas", "mkl", "blis", "libblas", "atlas")):
+                    libs.add(parts[5])
+    info = {"loaded_blas_libs": sorted(libs)}
+    ob = [p for p in libs if "openblas" in os.path.basename(p)]
+    if ob:
+        lib = ctypes.CDLL(ob[0])
+        for fn, key in (("openblas_get_corename", "core"), ("openblas_get_config", "config")):
+            f = getattr(lib, fn, None)
+            if f is not None:
+                f.restype = ctypes.c_char_p
+                info[key] = f().decode()
+        f = getattr(lib, "openblas_get_num_threads", None)
+        if f is not None:
+            f.restype = ctypes.c_int
+            info["openblas_threads"] = f()
+    return info, (ob[0] if ob else None)
+
+
+def _set_openblas_threads(path, n):
+    import ctypes
+    if path:
+        f = getattr(ctypes.CDLL(path), "openblas_set_num_threads", None)
+        if f is not None:
+            f.argtypes = [ctypes.c_int]
+            f(n)
+
+
+def _worker_setup(spec):
+    import torch
+    torch.set_num_threads(spec["threads"])
+    info, ob = _openblas_info()
+    _set_openblas_threads(ob, spec["threads"])
+    return torch
+
+
+def worker_env(spec):
+    torch = _worker_setup(spec)
+    info, _ = _openblas_info()
+    cfg = torch.__config__.show()
+    m = re.search(r"BLAS_INFO=([^,\s]+)", cfg)
+    blas_info = "BLAS_INFO=" + (m.group(1) if m else "?")
+    cap = next((line.split(":", 1)[1].strip() for line in cfg.splitlines()
+                if "CPU capability usage" in line), "?")
+    n = spec.get("matmul_n", 2048)
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
+    with torch.no_grad():
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+    info.update(torch_version=torch.__version__, torch_blas_info=blas_info,
+                torch_cpu_capability=cap, torch_threads=torch.get_num_threads(),
+                mkl=torch.backends.mkl.is_available(),
+                matmul_n=n, matmul_gflops=2.0 * n ** 3 / best / 1e9,
+                env_OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE"))
+    return info
+
+
+def worker_bench(spec):
+    torch = _worker_setup(spec)
+    base = _maxrss_bytes()
+    m, x, call = _build_case(spec, for_check=False)
+    times = []
+    with torch.no_grad():
+        for _ in range(spec["warmup"]):
+            call(m, x)
+        for _ in range(spec["repeat"]):
+            t0 = time.perf_counter()
+            y = call(m, x)
+            times.append((time.perf_counter() - t0) * 1e3)
+            del y
+    info, _ = _openblas_info()
+    return {"ms_min": min(times), "ms_median": statistics.median(times),
+            "ms_all": times, "rss_after_import": base, "rss_peak": _maxrss_bytes(),
+            "blas_core": info.get("core")}
+
+
+def _st_dtype(t):
+    import torch
+    return {torch.float32: ("F32", "<f4"), torch.float64: ("F64", "<f8"),
+            torch.bool: ("BOOL", "|u1")}[t.dtype]
+
+
+def write_safetensors(path, named):
+    """named: [(name, torch tensor)] -> .safetensors (8-byte LE header length,
+    JSON header padded with spaces to a multiple of 8, then the data)."""
+    import numpy as np
+    header = {"__metadata__": {"format": "pt", "written_by": "testdata/bench_torch.py"}}
+    blobs, off = [], 0
+    for name, t in named:
+        st, npdt = _st_dtype(t)
+        raw = np.ascontiguousarray(t.detach().cpu().numpy()).astype(npdt).tobytes()
+        header[name] = {"dtype": st, "shape": list(t.shape),
+                        "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def worker_check(spec):
+    import copy
+    import numpy as np
+    torch = _worker_setup(spec)
+    m, x, call = _build_case(spec, for_check=True)
+    with torch.no_grad():
+        y32 = call(m, x)
+        m64 = copy.deepcopy(m).double()                  # bool local_mask stays bool
+        y64 = call(m64, x.double())
+    out = spec["dir"]
+    sd = list(m.state_dict().items())
+    write_safetensors(os.path.join(out, "weights.safetensors"), sd)
+    np.save(os.path.join(out, "x.npy"), x.numpy().astype("<f4"))
+    np.save(os.path.join(out, "y_torch32.npy"), y32.numpy())
+    np.save(os.path.join(out, "y_torch64.npy"), y64.numpy())
+    return {"tensors": [[k, list(v.shape), _st_dtype(v)[0]] for k, v in sd],
+            "finite32": bool(torch.isfinite(y32).all())}
+
+
+def worker_main(spec):
+    fn = {"env": worker_env, "bench": worker_bench, "check": worker_check}[spec["task"]]
+    res = fn(spec)
+    sys.stdout.write("@@RESULT " + json.dumps(res) + "\n")
+    sys.stdout.flush()
+
+
+# =====================================================================
+# parent side: no torch here
+# =====================================================================
+
+def torch_env(args, coretype):
+    """Environment for a torch subprocess.  coretype None: remove
+    OPENBLAS_CORETYPE (OpenBLAS picks its own kernel); "inherit": as is."""
+    env = dict(os.environ)
+    if coretype is None:
+        env.pop("OPENBLAS_CORETYPE", None)
+    elif coretype != "inherit":
+        env["OPENBLAS_CORETYPE"] = coretype
+    n = str(args.threads)
+    env["OPENBLAS_NUM_THREADS"] = n
+    env["OMP_NUM_THREADS"] = n
+    env["MKL_NUM_THREADS"] = n
+    if args.aten_cpu_capability:
+        env["ATEN_CPU_CAPABILITY"] = args.aten_cpu_capability
+    if args.omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+    return env
+
+
+def aft_env(args):
+    """aft gets this environment as is (it picks its OpenBLAS kernel itself),
+    plus the same OMP_WAIT_POLICY as torch when one is asked for."""
+    env = dict(os.environ)
+    if args.omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+    return env
+
+
+def run_worker(args, spec, coretype):
+    """Run one worker task in a fresh interpreter; (result dict, error str)."""
+    spec = dict(spec, threads=args.threads)
+    cmd = [args.python, os.path.abspath(__file__), "--worker", json.dumps(spec)]
+    try:
+        p = subprocess.run(cmd, env=torch_env(args, coretype), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {args.timeout} s"
+    for line in p.stdout.splitlines():
+        if line.startswith("@@RESULT "):
+            return json.loads(line[len("@@RESULT "):]), None
+    tail = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
+    if p.returncode < 0:
+        tail = f"killed by signal {-p.returncode} ({tail})"
+    return None, tail
+
+
+def aft_argv(args, opts, tail):
+    """`aft run` arguments: opts, --threads, --timing timing.json, then tail
+    (the input and -o)."""
+    return opts + ["--threads", str(args.threads), "--timing", "timing.json"] + tail
+
+
+def run_aft(args, argv, cwd):
+    """Run `aft run argv...` in cwd (argv from aft_argv); (timing dict, error str)."""
+    tfile = os.path.join(cwd, "timing.json")
+    cmd = [args.aft, "run"] + argv
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=aft_env(args), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {args.timeout} s"
+    if p.returncode != 0:
+        return None, (p.stderr.strip() or f"exit status {p.returncode}")
+    with open(tfile) as f:
+        return json.load(f), None
+
+
+def aft_variant_args(case, window):
+    return {"labml-local": ["--variant", "local", "--window", str(window), "--causal"],
+            "rish-full": ["--variant", "full"],
+            "rish-simple": ["--variant", "simple"]}[case]
+
+
+def mem_available():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def torch_peak_estimate(case, T, d):
+    """Rough bytes the torch case holds at its peak: a few T x T float32
+    arrays (bias, bias * mask, exp, the masks) for the quadratic cases."""
+    tt = 4.0 * T * T
+    if case == "labml-local":
+        return 5.5 * tt + 16.0 * T * d * 4
+    if case == "rish-full":
+        return 4.0 * tt + 16.0 * T * d * 4
+    return 16.0 * T * d * 4
+
+
+class Out:
+    """Table or JSON-lines output."""
+
+    def __init__(self, as_json):
+        self.json = as_json
+
+    def note(self, text, **obj):
+        if self.json:
+            print(json.dumps(obj), flush=True)
+        else:
+            print(text, flush=True)
+
+
+def fmt_gflops(r):
+    return f"{r['matmul_gflops']:.1f} GFLOP/s (OpenBLAS core {r.get('core', '?')})"
+
+
+def print_env(args, out):
+    results = {}
+    variants = [("torch-run", args.torch_coretype)]
+    inherited = os.environ.get("OPENBLAS_CORETYPE")
+    variants.append(("unset", None))
+    if inherited and inherited != args.torch_coretype:
+        variants.append(("inherited", "inherit"))
+    for label, ct in variants:
+        r, err = run_worker(args, {"task": "env", "matmul_n": args.matmul_n}, ct)
+        results[label] = (ct, r, err)
+    _, main, err = results["torch-run"]
+    if main is None:
+        sys.exit(f"bench_torch: torch worker failed: {err}")
+    libs = ", ".join(main["loaded_blas_libs"]) or "none found in /proc/self/maps"
+    if main.get("core"):
+        blas = (f"OpenBLAS ({main.get('config', '?')}), loaded: {libs}")
+    elif main["mkl"]:
+        blas = f"MKL (torch's own); loaded: {libs}"
+    else:
+        blas = f"not OpenBLAS; loaded: {libs}"
+    lines = [
+        f"torch {main['torch_version']} ({main['torch_blas_info']}, MKL "
+        f"{'available' if main['mkl'] else 'not available'}, CPU capability "
+        f"{main['torch_cpu_capability']}"
+        + (f" [ATEN_CPU_CAPABILITY={args.aten_cpu_capability}]" if args.aten_cpu_capability else "")
+        + ")",
+        f"torch BLAS: {blas}",
+        f"threads: torch.set_num_threads({args.threads}) -> {main['torch_threads']}, "
+        f"OpenBLAS threads {main.get('openblas_threads', '?')}, aft --threads {args.threads}"
+        f", OMP_WAIT_POLICY {args.omp_wait_policy or os.environ.get('OMP_WAIT_POLICY') or 'unset'}"
+        f"; machine has {os.cpu_count()} CPUs, load average "
+        + " ".join(f"{v:.2f}" for v in os.getloadavg()),
+        f"{args.matmul_n}^3 float32 torch.mm, best of 3:",
+    ]
+    names = {"torch-run": f"OPENBLAS_CORETYPE={args.torch_coretype} (used for torch below)",
+             "unset": "OPENBLAS_CORETYPE unset (OpenBLAS's own choice)",
+             "inherited": f"OPENBLAS_CORETYPE={inherited} (as in this environment)"}
+    for label, (ct, r, e) in results.items():
+        lines.append(f"  {names[label]:<58} " + (fmt_gflops(r) if r else f"failed: {e}"))
+    if main.get("core") and args.torch_coretype and \
+            main["core"].lower() != args.torch_coretype.lower():
+        lines.append(f"  WARNING: asked OpenBLAS for {args.torch_coretype}, it reports {main['core']}")
+    obj = {"type": "env", "python": args.python, "aft": args.aft,
+           "threads": args.threads, "loadavg": os.getloadavg(),
+           "torch": main, "matmul": {k: (v[1] if v[1] else {"error": v[2]})
+                                     for k, v in results.items()}}
+    out.note("\n".join(lines), **obj)
+    return main
+
+
+def do_checks(args, out, tmp):
+    """Check aft against the torch modules at T = args.check_len; returns
+    (all ok, aft blas core seen)."""
+    import numpy as np
+    T = args.check_len
+    ok_all, core = True, None
+    for case in args.cases:
+        d = os.path.join(tmp, f"check-{case}")
+        os.makedirs(d, exist_ok=True)
+        spec = {"task": "check", "case": case, "T": T, "d_model": args.d_model,
+                "d_hidden": args.d_hidden if case != "labml-local" else args.d_model,
+                "window": args.window, "seed": args.seed, "dir": d}
+        r, err = run_worker(args, spec, args.torch_coretype)
+        if r is None:
+            ok_all = False
+            out.note(f"check {case:<12} T={T}: torch failed: {err}",
+                     type="check", case=case, T=T, ok=False, error="torch: " + err)
+            continue
+        argv = ["--weights", "weights.safetensors"] + aft_variant_args(case, args.window)
+        if case == "labml-local":
+            argv += ["--layout", "tbd"]
+        argv = aft_argv(args, argv, ["x.npy", "-o", "y_aft.npy"])
+        tj, err = run_aft(args, argv, d)
+        if tj is None:
+            ok_all = False
+            out.note(f"check {case:<12} T={T}: aft failed: {err}",
+                     type="check", case=case, T=T, ok=False, error="aft: " + err)
+            continue
+        core = (tj.get("blas") or {}).get("core", core)
+        ya = np.load(os.path.join(d, "y_aft.npy")).astype(np.float64)
+        y32 = np.load(os.path.join(d, "y_torch32.npy")).astype(np.float64)
+        y64 = np.load(os.path.join(d, "y_torch64.npy"))
+        if ya.shape != y32.shape:
+            ok_all = False
+            out.note(f"check {case:<12} T={T}: shape {ya.shape} vs torch {y32.shape}",
+                     type="check", case=case, T=T, ok=False, error="shape")
+            continue
+        d32 = float(np.max(np.abs(ya - y32)))
+        d64 = float(np.max(np.abs(ya - y64)))
+        t64 = float(np.max(np.abs(y32 - y64)))
+        scale = float(np.max(np.abs(y64)))
+        ok = bool(np.all(np.isfinite(ya))) and d32 <= args.check_tol * max(1.0, scale)
+        ok_all &= ok
+        cmd = "aft run " + " ".join(argv)
+        out.note(f"check {case:<12} T={T}: max|aft - torch f32| = {d32:.3g}, "
+                 f"max|aft - torch f64| = {d64:.3g} (torch f32 vs f64: {t64:.3g}; "
+                 f"max|y| {scale:.3g}) {'ok' if ok else 'MISMATCH'}\n"
+                 f"      `{cmd}`",
+                 type="check", case=case, T=T, ok=ok, max_abs_aft_torch32=d32,
+                 max_abs_aft_torch64=d64, max_abs_torch32_torch64=t64, max_abs_y=scale,
+                 aft_command=cmd, tensors=r["tensors"])
+    return ok_all, core
+
+
+def fmt_mib(b):
+    return "-" if b is None else f"{b / MIB:.0f} MiB"
+
+
+def bench(args, out, tmp):
+    import numpy as np
+    rows = []
+    hdr = (f"{'case':<12} {'T':>6} {'torch ms':>12} {'aft ms':>9} {'speed-up':>9}  "
+           f"{'torch peak RSS (+ over import)':<32} {'aft peak RSS':>12}")
+    if not out.json:
+        print(f"\nbest of {args.repeat} after {args.warmup} warm-up (torch); aft: "
+              f"compute_min of --repeat {args.repeat}; d_model {args.d_model}, "
+              f"d_hidden {args.d_hidden}, window {args.window}, batch 1, float32")
+        for case in args.cases:
+            opts = aft_variant_args(case, args.window)
+            if case != "labml-local" and args.d_hidden != args.d_model:
+                opts += ["--d-hidden", str(args.d_hidden)]
+            cmd = "aft run " + " ".join(aft_argv(
+                args, opts + ["--seed", str(args.seed), "--repeat", str(args.repeat)],
+                ["x.npy", "-o", f"y_{case}.npy"]))
+            print(f"  {case:<12} {cmd}")
+        print(f"  (x.npy: [1, T, {args.d_model}] float32, standard normal)")
+        print(hdr)
+        print("-" * len(hdr))
+    rng = np.random.default_rng(args.seed)
+    for T in args.seq_len:
+        d = os.path.join(tmp, f"T{T}")
+        os.makedirs(d, exist_ok=True)
+        np.save(os.path.join(d, "x.npy"),
+                rng.standard_normal((1, T, args.d_model), dtype=np.float32))
+        for case in args.cases:
+            row = {"type": "row", "case": case, "T": T}
+            # ---- torch
+            tt = 4.0 * T * T
+            avail = mem_available()
+            need = torch_peak_estimate(case, T, args.d_model)
+            if case in QUADRATIC and T > args.skip_torch_above:
+                row["torch_skipped"] = f"skipped (T x T = {tt / GIB:.3g} GiB)"
+            elif case in QUADRATIC and avail is not None and need > 0.8 * avail:
+                row["torch_skipped"] = (f"skipped (T x T = {tt / GIB:.3g} GiB; needs ~"
+                                        f"{need / GIB:.3g} GiB, {avail / GIB:.3g} available)")
+            else:
+                spec = {"task": "bench", "case": case, "T": T, "d_model": args.d_model,
+                        "d_hidden": args.d_hidden if case != "labml-local" else args.d_model,
+                        "window": args.window, "seed": args.seed,
+                        "warmup": args.warmup, "repeat": args.repeat}
+                r, err = run_worker(args, spec, args.torch_coretype)
+                if r is None:
+                    row["torch_error"] = err
+                else:
+                    row.update(torch_ms=r["ms_min"], torch_ms_median=r["ms_median"],
+                               torch_ms_all=r["ms_all"], torch_peak_rss=r["rss_peak"],
+                               torch_rss_after_import=r["rss_after_import"],
+                               torch_blas_core=r["blas_core"])
+            # ---- aft
+            argv = aft_variant_args(case, args.window)
+            if case != "labml-local" and args.d_hidden != args.d_model:
+                argv += ["--d-hidden", str(args.d_hidden)]
+            argv = aft_argv(args, argv + ["--seed", str(args.seed), "--repeat", str(args.repeat)],
+                            ["x.npy", "-o", f"y_{case}.npy"])
+            tj, err = run_aft(args, argv, d)
+            row["aft_command"] = "aft run " + " ".join(argv)
+            if tj is None:
+                row["aft_error"] = err
+            else:
+                row.update(aft_ms=tj["timing_ms"]["compute_min"],
+                           aft_ms_median=tj["timing_ms"]["compute"],
+                           aft_peak_rss=tj.get("peak_rss_bytes"),
+                           aft_blas_core=(tj.get("blas") or {}).get("core"))
+            try:
+                os.remove(os.path.join(d, f"y_{case}.npy"))
+            except OSError:
+                pass
+            if "torch_ms" in row and "aft_ms" in row and row["aft_ms"] > 0:
+                row["speedup"] = row["torch_ms"] / row["aft_ms"]
+            rows.append(row)
+            if out.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(fmt_row(row), flush=True)
+        shutil.rmtree(d, ignore_errors=True)
+    return rows
+
+
+def fmt_row(r):
+    if "torch_ms" in r:
+        tms = f"{r['torch_ms']:.2f}"
+        trss = (f"{r['torch_peak_rss'] / MIB:.0f} MiB "
+                f"(+{(r['torch_peak_rss'] - r['torch_rss_after_import']) / MIB:.0f})")
+    elif "torch_skipped" in r:
+        tms, trss = "-", r["torch_skipped"]
+    else:
+        tms, trss = "failed", "torch: " + r.get("torch_error", "?")
+    if "aft_ms" in r:
+        ams, arss = f"{r['aft_ms']:.2f}", fmt_mib(r.get("aft_peak_rss"))
+    else:
+        ams, arss = "failed", "aft: " + r.get("aft_error", "?")
+    sp = f"{r['speedup']:.1f}x" if "speedup" in r else "-"
+    return (f"{r['case']:<12} {r['T']:>6} {tms:>12} {ams:>9} {sp:>9}  "
+            f"{trss:<32} {arss:>12}")
+
+
+def int_list(s):
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {s!r}")
+    if not v or any(x < 1 for x in v):
+        raise argparse.ArgumentTypeError(f"lengths must be >= 1: {s!r}")
+    return v
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        description="Time aft against PyTorch versions of labml's AFTLocal and "
+                    "rish-16's AFTFull and AFTSimple; check that they agree.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seq-len", type=int_list, default=[1024, 4096],
+                    help="comma-separated sequence lengths (default 1024,4096)")
+    ap.add_argument("--d-model", type=int, default=256, help="model width (default 256)")
+    ap.add_argument("--d-hidden", type=int, default=None,
+                    help="hidden width of the rish cases (default: --d-model; "
+                         "labml's AFTLocal has none)")
+    ap.add_argument("--window", type=int, default=32,
+                    help="local window s of labml-local (default 32)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs, best kept (default 5)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed torch runs first (default 1)")
+    ap.add_argument("--aft", default=os.path.join(ROOT, "aft"),
+                    help="the aft binary (default ./aft in the repository root)")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--skip-torch-above", type=int, default=8192, metavar="T",
+                    help="skip the O(T^2)-memory torch cases for T above this (default 8192)")
+    ap.add_argument("--check-len", type=int, default=256,
+                    help="T of the agreement check (default 256)")
+    ap.add_argument("--check-tol", type=float, default=1e-4,
+                    help="largest accepted |aft - torch f32| (times max(1, max|y|)); default 1e-4")
+    ap.add_argument("--check-only", action="store_true", help="only run the agreement check")
+    ap.add_argument("--no-check", action="store_true", help="skip the agreement check")
+    ap.add_argument("--json", action="store_true", help="print JSON lines instead of the table")
+    ap.add_argument("--torch-coretype", default="SkylakeX",
+                    help="OPENBLAS_CORETYPE for the torch subprocesses (default SkylakeX)")
+    ap.add_argument("--aten-cpu-capability", default=None,
+                    help="ATEN_CPU_CAPABILITY for the torch subprocesses (default: unset, "
+                         "torch's own choice; e.g. avx512)")
+    ap.add_argument("--omp-wait-policy", type=str.upper, choices=("ACTIVE", "PASSIVE"),
+                    default=None,
+                    help="OMP_WAIT_POLICY for both torch and aft (default: unset). Both "
+                         "use libgomp threads next to OpenBLAS's own; on a busy machine "
+                         "spinning OpenMP threads can slow either by several times")
+    ap.add_argument("--matmul-n", type=int, default=2048,
+                    help="size of the BLAS check matmul (default 2048)")
+    ap.add_argument("--seed", type=int, default=0, help="seed for inputs and weights")
+    ap.add_argument("--timeout", type=float, default=1800,
+                    help="seconds allowed per subprocess (default 1800)")
+    ap.add_argument("--python", default=sys.executable,
+                    help="interpreter with torch for the workers (default: this one)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker_main(json.loads(args.worker))
+        return 0
+    if args.d_hidden is None:
+        args.d_hidden = args.d_model
+    args.cases = [c for c in args.cases.split(",") if c]
+    bad = [c for c in args.cases if c not in CASES]
+    if bad:
+        ap.error(f"unknown case(s) {bad}; choose from {list(CASES)}")
+    for name in ("d_model", "d_hidden", "threads", "repeat", "check_len"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.window < 0 or args.warmup < 0:
+        ap.error("--window and --warmup must be >= 0")
+    args.aft = os.path.abspath(args.aft)
+    if not (os.path.isfile(args.aft) and os.access(args.aft, os.X_OK)):
+        ap.error(f"aft binary not found or not executable: {args.aft} (run make, or pass --aft)")
+
+    out = Out(args.json)
+    print_env(args, out)
+    try:
+        ver = subprocess.run([args.aft, "--version"], stdout=subprocess.PIPE,
+                             text=True).stdout.strip()
+    except OSError:
+        ver = "?"
+    ver += time.strftime(", built %Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(args.aft)))
+    tmp = tempfile.mkdtemp(prefix="aft-bench-")
+    status = 0
+    try:
+        if not args.no_check:
+            ok, core = do_checks(args, out, tmp)
+            out.note(f"aft: {args.aft} ({ver}), BLAS core {core or '?'}",
+                     type="aft", path=args.aft, version=ver, blas_core=core)
+            if not ok:
+                status = 1
+        else:
+            out.note(f"aft: {args.aft} ({ver})", type="aft", path=args.aft, version=ver)
+        if not args.check_only:
+            rows = bench(args, out, tmp)
+            if any("torch_error" in r or "aft_error" in r for r in rows):
+                status = 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
