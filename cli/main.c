@@ -36,24 +36,38 @@ static const struct cmd *lookup(const char *name)
     return NULL;
 }
 
-/* OpenBLAS picks its kernel when it loads, before main. If it picked one that
- * leaves this CPU's AVX-512 unused (Debian's 0.3.21 does not know newer Xeons,
- * and some environments force an older kernel), start again with a better
- * OPENBLAS_CORETYPE. AFT_BLAS_CORETYPE=keep keeps whatever OpenBLAS chose. */
+/* Two settings are read only when the libraries load, before main, so the
+ * command fixes them by starting itself once more:
+ *  - OpenBLAS's kernel. If it left this CPU's AVX-512 unused (some
+ *    environments force OPENBLAS_CORETYPE=Haswell; old OpenBLAS builds do not
+ *    know newer Xeons), OPENBLAS_CORETYPE=SkylakeX makes matrix products
+ *    about five times faster. AFT_BLAS_CORETYPE=keep keeps OpenBLAS's choice;
+ *    AFT_BLAS_CORETYPE=NAME forces NAME.
+ *  - OpenMP's waiting. Spinning worker threads fight OpenBLAS's own threads
+ *    for the cores, badly so on a shared machine; passive waiting costs a few
+ *    microseconds a parallel region. An OMP_WAIT_POLICY already set is kept. */
 static void maybe_reexec(char **argv)
 {
-    const char *pref = getenv("AFT_BLAS_CORETYPE");
     if (getenv("AFT_REEXECED")) return;
-    if (pref && strcmp(pref, "keep") == 0) return;
-    const char *want = pref && *pref ? pref : aft_blas_better_coretype();
-    if (!want) return;
-    const char *have = getenv("OPENBLAS_CORETYPE");
-    if (have && strcmp(have, want) == 0) return;
-    if (have) setenv("AFT_OPENBLAS_CORETYPE_WAS", have, 1);
-    setenv("OPENBLAS_CORETYPE", want, 1);
+    int again = 0;
+    const char *pref = getenv("AFT_BLAS_CORETYPE");
+    if (!(pref && strcmp(pref, "keep") == 0)) {
+        const char *want = pref && *pref ? pref : aft_blas_better_coretype();
+        const char *have = getenv("OPENBLAS_CORETYPE");
+        if (want && !(have && strcmp(have, want) == 0)) {
+            if (have) setenv("AFT_OPENBLAS_CORETYPE_WAS", have, 1);
+            setenv("OPENBLAS_CORETYPE", want, 1);
+            again = 1;
+        }
+    }
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        again = 1;
+    }
+    if (!again) return;
     setenv("AFT_REEXECED", "1", 1);
     execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the kernel we have */
+    /* exec failed: carry on with the settings we have */
     unsetenv("AFT_REEXECED");
 }
 

@@ -261,7 +261,7 @@ static int write_timing(const char *path, const struct run_opts *o, size_t B, si
     cJSON_AddStringToObject(blas, "library", bi.library);
     cJSON_AddStringToObject(blas, "core", bi.core);
     const char *was = getenv("AFT_OPENBLAS_CORETYPE_WAS");
-    if (getenv("AFT_REEXECED")) cJSON_AddStringToObject(blas, "core_overridden_from", was ? was : "(auto)");
+    if (was) cJSON_AddStringToObject(blas, "core_overridden_from", was);
     cJSON *t = cJSON_AddObjectToObject(j, "timing_ms");
     cJSON_AddNumberToObject(t, "load", tm->load);
     cJSON_AddNumberToObject(t, "compute", tm->compute_med);
