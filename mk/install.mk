@@ -1,0 +1,54 @@
+# mk/install.mk - make install / make uninstall.
+#
+#   make install   [PREFIX=/usr/local] [DESTDIR=]
+#       $(PREFIX)/bin/aft
+#       $(PREFIX)/lib/libaft.a
+#       $(PREFIX)/include/aft.h
+#       $(PREFIX)/lib/pkgconfig/aft.pc                  (from mk/aft.pc.in)
+#       $(PREFIX)/share/man/man1/aft.1
+#       $(PREFIX)/share/bash-completion/completions/aft (completion/aft.bash)
+#     each under $(DESTDIR), which only stages the files: aft.pc names
+#     PREFIX. BINDIR, LIBDIR, INCLUDEDIR, MANDIR, PKGCONFIGDIR and BASHCOMPDIR
+#     override single places.
+#   make uninstall [PREFIX=...] [DESTDIR=...]
+#     removes exactly those files (directories stay: others may use them).
+#
+# install depends on `all` and then only copies what `all` built, so an
+# install right after a build compiles nothing. The build uses
+# ARCH=-march=native: to install files for other machines, build with
+# e.g. `make clean && make ARCH=-march=x86-64-v2` first.
+
+PREFIX       ?= /usr/local
+BINDIR       ?= $(PREFIX)/bin
+LIBDIR       ?= $(PREFIX)/lib
+INCLUDEDIR   ?= $(PREFIX)/include
+MANDIR       ?= $(PREFIX)/share/man
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+BASHCOMPDIR  ?= $(PREFIX)/share/bash-completion/completions
+INSTALL      ?= install
+
+# the version in lib/aft.h, for aft.pc
+AFT_VERSION_STRING = $(shell sed -n 's/^\#define AFT_VERSION "\(.*\)"$$/\1/p' lib/aft.h)
+
+# every file install writes, as uninstall removes them
+INSTALLED_FILES = "$(DESTDIR)$(BINDIR)/aft" "$(DESTDIR)$(LIBDIR)/libaft.a" \
+    "$(DESTDIR)$(INCLUDEDIR)/aft.h" "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc" \
+    "$(DESTDIR)$(MANDIR)/man1/aft.1" "$(DESTDIR)$(BASHCOMPDIR)/aft"
+
+.PHONY: install uninstall
+install: all
+	$(INSTALL) -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(LIBDIR)" "$(DESTDIR)$(INCLUDEDIR)" \
+	    "$(DESTDIR)$(PKGCONFIGDIR)" "$(DESTDIR)$(MANDIR)/man1" "$(DESTDIR)$(BASHCOMPDIR)"
+	$(INSTALL) -m 755 aft "$(DESTDIR)$(BINDIR)/aft"
+	$(INSTALL) -m 644 lib/libaft.a "$(DESTDIR)$(LIBDIR)/libaft.a"
+	$(INSTALL) -m 644 lib/aft.h "$(DESTDIR)$(INCLUDEDIR)/aft.h"
+	$(INSTALL) -m 644 man/aft.1 "$(DESTDIR)$(MANDIR)/man1/aft.1"
+	$(INSTALL) -m 644 completion/aft.bash "$(DESTDIR)$(BASHCOMPDIR)/aft"
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(AFT_VERSION_STRING)|g' \
+	    mk/aft.pc.in > "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp"
+	chmod 644 "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp"
+	mv -f "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp" "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc"
+
+uninstall:
+	rm -f $(INSTALLED_FILES)
