@@ -1123,8 +1123,9 @@ int cmd_convert(int argc, char **argv)
         goto done;
     }
     if (!out_path) out_path = "-";
-    if (to_st && !HOST_LITTLE) {
-        cli_error(cmd, "writing .safetensors on a big-endian machine is not supported");
+    if (!HOST_LITTLE) {
+        /* both formats are written here as little-endian from native data */
+        cli_error(cmd, "converting on a big-endian machine is not supported");
         rc = EXIT_DATA;
         goto done;
     }
