@@ -36,7 +36,7 @@ static const char usage_text[] =
     "INPUT is one of:\n"
     "  FILE.npy               a .npy file (in a .safetensors output it is named\n"
     "                         after the file, without directory and '.npy')\n"
-    "  -                      a .npy on standard input (name it: NAME=-)\n"
+    "  -                      a .npy on standard input (NAME=- in a .safetensors)\n"
     "  FILE.safetensors       every tensor of the file, with its names and metadata\n"
     "  FILE.safetensors:NAME  the tensor NAME in the file\n"
     "  NAME=INPUT             the one tensor of INPUT, called NAME in the output\n"
