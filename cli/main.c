@@ -18,6 +18,7 @@ static const struct cmd commands[] = {
     {"run", cmd_run, "run an AFT layer or the bare AFT operator"},
     {"mask", cmd_mask, "print a local (and causal) attention mask"},
     {"compare", cmd_compare, "compare two tensors with numpy's allclose rule"},
+    {"convert", cmd_convert, "pack, extract and change the dtype of tensors"},
     {"bench", cmd_bench, "time the layer over sizes and variants"},
 };
 
