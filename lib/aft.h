@@ -146,6 +146,7 @@ typedef struct {
     FILE *fp;
     char *path;
     char *tmp;     /* NULL for standard output */
+    int direct;    /* 1: path is a device or pipe, written in place */
 } aft_out;
 
 aft_status aft_out_open(aft_out *o, const char *path, aft_error *err);

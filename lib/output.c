@@ -39,6 +39,17 @@ aft_status aft_out_open(aft_out *o, const char *path, aft_error *err)
         o->fp = stdout;
         return AFT_OK;
     }
+    /* a device or pipe (-o /dev/null, a FIFO) cannot be replaced by rename:
+     * write it directly */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        if (S_ISDIR(sb.st_mode)) return aft_fail(err, AFT_ERR_IO, "%s: is a directory", path);
+        o->fp = fopen(path, "wb");
+        if (!o->fp) return aft_fail(err, AFT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        o->path = strdup(path);
+        o->direct = 1;
+        return AFT_OK;
+    }
     size_t n = strlen(path);
     o->path = strdup(path);
     o->tmp = malloc(n + 16);
@@ -73,6 +84,15 @@ aft_status aft_out_open(aft_out *o, const char *path, aft_error *err)
 
 aft_status aft_out_commit(aft_out *o, aft_error *err)
 {
+    if (o->direct) {  /* a device or pipe written in place */
+        int bad = fflush(o->fp) != 0 || ferror(o->fp);
+        int e = errno;
+        if (fclose(o->fp) != 0 && !bad) { bad = 1; e = errno; }
+        aft_status st = bad ? aft_fail(err, AFT_ERR_IO, "%s: write failed: %s", o->path, strerror(e)) : AFT_OK;
+        free(o->path);
+        memset(o, 0, sizeof *o);
+        return st;
+    }
     if (!o->tmp) {  /* standard output: flush and report a full disk or closed pipe */
         if (fflush(o->fp) != 0 || ferror(o->fp))
             return aft_fail(err, AFT_ERR_IO, "standard output: write failed: %s", strerror(errno));
@@ -105,7 +125,10 @@ aft_status aft_out_commit(aft_out *o, aft_error *err)
 
 void aft_out_abort(aft_out *o)
 {
-    if (o->tmp) {
+    if (o->direct) {
+        fclose(o->fp);
+        free(o->path);
+    } else if (o->tmp) {
         if (o->fp) fclose(o->fp);
         unlink(o->tmp);
         untrack(o->tmp);
