@@ -239,7 +239,7 @@ struct timing {
     double load, write, total, compute_med, compute_min;
 };
 
-static int write_timing(const char *path, const struct run_opts *o, size_t B, size_t T, size_t D, size_t C,
+static int write_timing(aft_out *out, const struct run_opts *o, size_t B, size_t T, size_t D, size_t C,
                         const struct timing *tm)
 {
     aft_blas_info bi;
@@ -275,22 +275,10 @@ static int write_timing(const char *path, const struct run_opts *o, size_t B, si
         cli_error("run", "out of memory writing timing");
         return EXIT_DATA;
     }
-    aft_out out;
-    aft_error err;
-    int rc = 0;
-    if (aft_out_open(&out, path, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        rc = EXIT_DATA;
-    } else {
-        fputs(text, out.fp);
-        fputc('\n', out.fp);
-        if (aft_out_commit(&out, &err) != AFT_OK) {
-            cli_error(NULL, "%s", err.msg);
-            rc = EXIT_DATA;
-        }
-    }
+    fputs(text, out->fp);
+    fputc('\n', out->fp);
     free(text);
-    return rc;
+    return 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -313,6 +301,7 @@ int cmd_run(int argc, char **argv)
     aft_weights wts = {0};
     float *x = NULL, *q = NULL, *k = NULL, *v = NULL, *y = NULL, *owned[6] = {0};
     uint8_t *mask = NULL;
+    aft_out yout = {0}, tout = {0};
     size_t B = 0, T = 0, D = 0, C = 0, KC = 0, in_rank = 3;
     int bare = has_suffix(o.input, ".safetensors");
     rc = EXIT_DATA;
@@ -575,18 +564,35 @@ int cmd_run(int argc, char **argv)
         yt.ndim = 3;
         yt.shape[0] = o.tbd ? T : B; yt.shape[1] = o.tbd ? B : T; yt.shape[2] = outw;
     }
+    /* both outputs are opened (as temporaries) before either is written,
+     * and renamed into place only when both were written */
     const char *dest = o.out_path ? o.out_path : "-";
-    if (aft_npy_write(dest, &yt, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);   /* the writer's messages name the file */
+    if (aft_out_open(&yout, dest, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        goto out;
+    }
+    if (o.timing_path && aft_out_open(&tout, o.timing_path, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        goto out;
+    }
+    if (aft_npy_write_fp(yout.fp, &yt, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o.out_path ? o.out_path : "standard output", err.msg);
         goto out;
     }
     tm.load = t_loaded - t_start;
     tm.write = aft_now_ms() - t_w0;
     tm.total = aft_now_ms() - t_start;
+    if (o.timing_path && write_timing(&tout, &o, B, T, bare ? C : D, C, &tm) != 0) goto out;
+    /* the messages of commit name the file already */
+    if (aft_out_commit(&yout, &err) != AFT_OK || (o.timing_path && aft_out_commit(&tout, &err) != AFT_OK)) {
+        cli_error(NULL, "%s", err.msg);
+        goto out;
+    }
     rc = 0;
-    if (o.timing_path) rc = write_timing(o.timing_path, &o, B, T, bare ? C : D, C, &tm);
 
 out:
+    if (yout.fp) aft_out_abort(&yout);
+    if (tout.fp) aft_out_abort(&tout);
     aft_tensor_free(&xt);
     aft_tensor_free(&mt);
     if (in_st) aft_st_close(in_st);

@@ -1905,6 +1905,8 @@ static void test_atomic_output(void **state)
         (const char *const[]){"run", "--mask", mp, x, "-o", out, NULL},              /* mask values */
         (const char *const[]){"run", "--variant", "conv", "--window", "2", "--heads", "3", x, "-o", out, NULL},
         (const char *const[]){"run", x9, "-o", out, "--bogus", NULL},                /* usage */
+        /* the timing file cannot be created: the output must not be replaced */
+        (const char *const[]){"run", x, "-o", out, "--timing", "/nonexistent-dir/t.json", NULL},
     };
     for (size_t i = 0; i < sizeof fails / sizeof fails[0]; i++) {
         harness_result res;
