@@ -130,8 +130,16 @@ int ref_aft_op_d(double *out, const double *q, const double *k, const double *v,
     double *mx = alloc_d(C);
     double *num = alloc_d(C);
     double *den = alloc_d(C);
+    /* channel c reads key column kcol[c] and the bias row of its head,
+     * starting at w + wrow[c] */
+    size_t *kcol = malloc((C ? C : 1) * sizeof *kcol);
+    size_t *wrow = malloc((C ? C : 1) * sizeof *wrow);
     int rc = -1;
-    if (!vis || !w || !mx || !num || !den) goto done;
+    if (!vis || !w || !mx || !num || !den || !kcol || !wrow) goto done;
+    for (size_t c = 0; c < C; c++) {
+        kcol[c] = kc == C ? c : c / per_head;
+        wrow[c] = c / per_head * T;
+    }
 
     for (size_t b = 0; b < B; b++) {
         const double *kb = k + b * T * kc;
@@ -147,8 +155,7 @@ int ref_aft_op_d(double *out, const double *q, const double *k, const double *v,
             for (size_t t2 = 0; t2 < T; t2++) {
                 if (!vis[t2]) continue;
                 for (size_t c = 0; c < C; c++) {
-                    size_t h = c / per_head;
-                    double z = kb[t2 * kc + (kc == C ? c : h)] + w[h * T + t2];
+                    double z = kb[t2 * kc + kcol[c]] + w[wrow[c] + t2];
                     if (z > mx[c]) mx[c] = z;
                 }
             }
@@ -158,9 +165,12 @@ int ref_aft_op_d(double *out, const double *q, const double *k, const double *v,
             for (size_t t2 = 0; t2 < T; t2++) {
                 if (!vis[t2]) continue;
                 for (size_t c = 0; c < C; c++) {
-                    size_t h = c / per_head;
-                    double z = kb[t2 * kc + (kc == C ? c : h)] + w[h * T + t2];
-                    double e = exp(z - mx[c]);
+                    double z = kb[t2 * kc + kcol[c]] + w[wrow[c] + t2];
+                    double d = z - mx[c];
+                    /* below -746 exp(d) is exactly 0 in double; skipping
+                     * changes nothing but avoids glibc's slow underflow path */
+                    if (d < -746.0) continue;
+                    double e = exp(d);
                     num[c] += e * vb[t2 * C + c];
                     den[c] += e;
                 }
@@ -178,6 +188,8 @@ done:
     free(mx);
     free(num);
     free(den);
+    free(kcol);
+    free(wrow);
     return rc;
 }
 
