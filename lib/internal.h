@@ -66,6 +66,30 @@ static inline float aft_expf(float x)
     return x != x ? x : y;
 }
 
+/* max of x[0..n), -inf when n == 0; NaNs are skipped. Sixteen running
+ * maxima side by side (GCC/Clang vector extensions), because a plain loop's
+ * float max reduction does not vectorise without -ffast-math. */
+typedef float aft_v16 __attribute__((vector_size(64)));
+typedef int32_t aft_v16i __attribute__((vector_size(64)));
+static inline float aft_max_f32(const float *x, size_t n)
+{
+    size_t i = 0;
+    float r = -INFINITY;
+    if (n >= 16) {
+        aft_v16 m;
+        memcpy(&m, x, sizeof m);
+        for (i = 16; i + 16 <= n; i += 16) {
+            aft_v16 v;
+            memcpy(&v, x + i, sizeof v);
+            aft_v16i gt = v > m;   /* all ones where v is larger */
+            m = (aft_v16)(((aft_v16i)v & gt) | ((aft_v16i)m & ~gt));
+        }
+        for (int l = 0; l < 16; l++) r = m[l] > r ? m[l] : r;
+    }
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
 /* 1 / (1 + exp(-x)): exp(-x) overflowing to inf gives exactly 0 */
 static inline float aft_sigmoidf(float x)
 {

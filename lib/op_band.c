@@ -34,7 +34,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
-enum { BAND_ROWS = 128, BAND_CH = 64 };
+enum { BAND_ROWS = 128, BAND_CH = 128 };
 /* a running sum may sit at most this many nats below its stabiliser */
 #define JUMP 30.0f
 
@@ -265,8 +265,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     for (size_t j = 0; j < nw; j++) sc->w[j] = 0.0f;
                 } else {
                     aft_w_row(ws, h, t, lo, hi, sc->w);
-                    r = -INFINITY;
-                    for (size_t j = 0; j < nw; j++) r = sc->w[j] > r ? sc->w[j] : r;
+                    r = aft_max_f32(sc->w, nw);
                     if (!isfinite(r)) r = 0.0f;
                 }
                 for (size_t j = 0; j < nw; j++) sc->ew[j] = aft_expf(sc->w[j] - r);
@@ -374,9 +373,13 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
     int global_simple = zero_bias && !ws->causal;
     /* a band wider than the sequence is the whole sequence */
     size_t s = zero_bias ? 1 : (ws->window < T ? ws->window : T);
-    size_t nblk = (ch + BAND_CH - 1) / BAND_CH;
+    /* channel blocks as wide as BAND_CH (per-row work is shared by a block's
+     * channels), narrower when that leaves threads without a block */
+    size_t bw = BAND_CH, threads = (size_t)aft_get_threads();
+    while (bw > 32 && B * H * ((ch + bw - 1) / bw) < threads) bw /= 2;
+    size_t nblk = (ch + bw - 1) / bw;
     size_t ntask = B * H * nblk;
-    size_t cw_max = ch < BAND_CH ? ch : BAND_CH;
+    size_t cw_max = ch < bw ? ch : bw;
 
     /* per-thread scratch; every size is a small multiple of T * 64 or less,
      * and T * C was checked by the caller */
@@ -411,8 +414,8 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
             for (size_t task = 0; task < ntask; task++) {
                 size_t b = task / (H * nblk), rest = task % (H * nblk);
                 size_t hh = rest / nblk, blkno = rest % nblk;
-                size_t c0 = hh * ch + blkno * BAND_CH;
-                size_t cw = ch - blkno * BAND_CH < BAND_CH ? ch - blkno * BAND_CH : BAND_CH;
+                size_t c0 = hh * ch + blkno * bw;
+                size_t cw = ch - blkno * bw < bw ? ch - blkno * bw : bw;
                 size_t off = b * T * C;
                 if (global_simple)
                     simple_task(out + off, q + off, k + off, v + off, T, C, c0, cw, sc.mk, sc.p0, sc.p1);

@@ -95,7 +95,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
                     const uint8_t *mr = mask + t * T;
                     for (size_t j = 0; j < nv; j++) r = mr[j] && wr[j] > r ? wr[j] : r;
                 } else {
-                    for (size_t j = 0; j < nv; j++) r = wr[j] > r ? wr[j] : r;
+                    r = aft_max_f32(wr, nv);
                 }
                 rmax[i] = r;
                 if (r == -INFINITY) r = 0.0f;   /* nothing visible: the row stays 0 */
