@@ -472,7 +472,7 @@ int cmd_bench(int argc, char **argv)
         return EXIT_DATA;
     }
     self[sl] = 0;
-    int tty = isatty(STDERR_FILENO);
+    int tty = isatty(STDERR_FILENO) && !cli_quiet;
     double ceiling = sgemm_ceiling();
     aft_blas_info bi;
     aft_blas_get_info(&bi);

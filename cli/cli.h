@@ -28,6 +28,13 @@ int cli_parse_double(const char *s, double *out);
 /* a byte count with an optional K, M, G or T suffix (powers of 1024) */
 int cli_parse_bytes(const char *s, size_t *out);
 
+/* progress on stderr (progress.c): shown only when stderr is a terminal,
+ * after about a second, and never with --quiet (cli_quiet, set by main) */
+extern int cli_quiet;
+void cli_progress_start(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cli_progress_label(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cli_progress_stop(void);
+
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);
 

@@ -905,8 +905,10 @@ static int write_safetensors(job *j, const char *out_path)
         rc = EXIT_DATA;
     }
     free(h.p);
+    cli_progress_start("aft convert: %s", out_path);
     for (size_t i = 0; i < j->nitems && !rc; i++) {
         item *it = &j->items[i];
+        cli_progress_label("aft convert: %s: tensor %zu of %zu", out_path, i + 1, j->nitems);
         if ((rc = item_data(it)) != 0) break;
         errno = 0;
         if (write_data(o.fp, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
@@ -923,6 +925,7 @@ static int write_safetensors(job *j, const char *out_path)
         }
     }
     free(buf);
+    cli_progress_stop();
     if (rc) {
         aft_out_abort(&o);
         return rc;

@@ -24,10 +24,12 @@ static const struct cmd commands[] = {
 
 static void usage(FILE *fp)
 {
-    fputs("usage: aft [--version] [--help] COMMAND [ARGS]\n\ncommands:\n", fp);
+    fputs("usage: aft [--version] [--help] [--quiet] COMMAND [ARGS]\n\ncommands:\n", fp);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(fp, "  %-8s %s\n", commands[i].name, commands[i].summary);
-    fputs("\n'aft COMMAND --help' shows a command's options; 'man aft' has the details.\n", fp);
+    fputs("\n--quiet (anywhere) silences the progress lines that long runs show on a terminal.\n"
+          "'aft COMMAND --help' or 'aft help COMMAND' shows a command's options; 'man aft' has\n"
+          "the details.\n", fp);
 }
 
 static const struct cmd *lookup(const char *name)
@@ -87,6 +89,18 @@ int main(int argc, char **argv)
     signal(SIGHUP, on_signal);
     signal(SIGPIPE, SIG_IGN);  /* a closed pipe becomes a write error we report */
 
+    /* --quiet (anywhere) silences progress lines; it is taken out of argv so
+     * no subcommand has to know it */
+    int kept = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i > 0 && (strcmp(argv[i], "--quiet") == 0 || strcmp(argv[i], "-q") == 0)) {
+            cli_quiet = 1;
+            continue;
+        }
+        argv[kept++] = argv[i];
+    }
+    argc = kept;
+    argv[argc] = NULL;
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;

@@ -531,18 +531,24 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
     double t_loaded = aft_now_ms();
+    cli_progress_start("aft run: %s T=%zu B=%zu", aft_variant_name(o.cfg.variant), T, B);
     for (size_t r = 0; r < o.repeat; r++) {
+        if (o.repeat > 1)
+            cli_progress_label("aft run: %s T=%zu B=%zu, run %zu of %zu", aft_variant_name(o.cfg.variant), T, B,
+                               r + 1, o.repeat);
         double t0 = aft_now_ms();
         aft_status st = bare ? aft_op_forward(y, q, k, v, &p->bias, &run_cfg, B, T, C, KC, &err)
                              : aft_layer_forward(y, x, p, &run_cfg, B, T, &err);
         times[r] = aft_now_ms() - t0;
         if (st != AFT_OK) {
+            cli_progress_stop();
             free(times);
             cli_error("run", "%s", err.msg);
             rc = EXIT_DATA;   /* the options were checked: what is left is the data */
             goto out;
         }
     }
+    cli_progress_stop();
     qsort(times, o.repeat, sizeof(double), cmp_double);
     struct timing tm = {0};
     tm.compute_min = times[0];
