@@ -97,7 +97,7 @@ _aft()
 
     if ((start <= 1)); then
         if [[ $cur == -* ]]; then
-            COMPREPLY=($(compgen -W "--help --version" -- "$cur"))
+            COMPREPLY=($(compgen -W "--help --version --quiet" -- "$cur"))
         else
             COMPREPLY=($(compgen -W "$_aft_commands" -- "$cur"))
         fi
