@@ -12,9 +12,11 @@
 static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T,
                              size_t C, size_t kc, aft_error *err)
 {
-    size_t H = cfg->heads ? cfg->heads : 1;
     if (!bias || !cfg)
         return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
+    size_t H = cfg->heads ? cfg->heads : 1;
+    if ((unsigned)bias->kind > AFT_BIAS_CONV)
+        return aft_fail(err, AFT_ERR_ARG, "unknown position bias kind %d", (int)bias->kind);
     if (cfg->variant > AFT_CONV)
         return aft_fail(err, AFT_ERR_ARG, "unknown variant %d", (int)cfg->variant);
     if (T > INT_MAX || C > INT_MAX / 2 || B > INT_MAX)
