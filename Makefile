@@ -8,7 +8,7 @@ CC      ?= cc
 ARCH    ?= -march=native
 OPT     ?= -O3
 CFLAGS  ?= $(OPT) $(ARCH) -mprefer-vector-width=512 -g
-WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter
+WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-psabi
 # contract a*b+c into fused multiply-adds (ISO C mode would forbid it); this
 # is not -ffast-math: NaN, infinities and signed zeros keep their meaning
 FPFLAGS := -ffp-contract=fast

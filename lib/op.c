@@ -41,7 +41,7 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
         if (kc != C)
             return aft_fail(err, AFT_ERR_ARG, "keys have %zu channels but values have %zu", kc, C);
         if (bias->kind == AFT_BIAS_CONV)
-            return aft_fail(err, AFT_ERR_ARG, "a per-head (conv) bias needs --variant conv");
+            return aft_fail(err, AFT_ERR_ARG, "a per-head (conv) bias needs the conv variant");
     }
     if (cfg->variant == AFT_FULL || cfg->variant == AFT_LOCAL) {
         if ((bias->kind == AFT_BIAS_DENSE || bias->kind == AFT_BIAS_FACTORED) && bias->tmax < T)

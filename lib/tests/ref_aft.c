@@ -56,7 +56,8 @@ static double base_bias(const aft_bias *bias, size_t t, size_t t2)
 /* n doubles (at least one, so n == 0 is not a failure) */
 static double *alloc_d(size_t n)
 {
-    return malloc((n ? n : 1) * sizeof(double));
+    /* zeroed: GCC 12 cannot see that every caller writes before it reads */
+    return calloc(n ? n : 1, sizeof(double));
 }
 
 static size_t absdiff(size_t a, size_t b)
