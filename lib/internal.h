@@ -121,6 +121,8 @@ void aft_w_row(const aft_wspec *ws, size_t h, size_t t, size_t j0, size_t j1, fl
 /* kernels: q, k, v, out: (T, C) of one batch; mask (T, T) or NULL */
 aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v,
                             const uint8_t *mask, const aft_wspec *ws, aft_error *err);
+/* rows of exp(w) the dense kernel holds at once for a sequence of T */
+size_t aft_dense_rows(size_t T);
 aft_status aft_op_dense(float *out, const float *q, const float *k, const float *v,
                         const uint8_t *mask, const aft_wspec *ws, aft_error *err);
 /* band kernel: local, conv, simple without mask; all batches at once

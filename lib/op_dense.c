@@ -18,7 +18,16 @@
 #include <cblas.h>
 #include <stdlib.h>
 
-enum { DENSE_ROWS = 512, CAUSAL_CHUNK = 256 };
+enum { CAUSAL_CHUNK = 256 };
+
+/* Rows of exp(w) held at once: 512 keeps the products large enough to run
+ * near the machine's peak; fewer for very long sequences, so the block stays
+ * under 2^26 floats (256 MiB) and memory O(T). */
+size_t aft_dense_rows(size_t T)
+{
+    size_t rows = T ? ((size_t)1 << 26) / T : 512;
+    return rows > 512 ? 512 : rows < 16 ? 16 : rows;
+}
 
 static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, size_t j)
 {
@@ -42,10 +51,11 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
      * right-hand sides are adjacent columns; mk: (nchunk, C) */
     float *rhs = aft_alloc_array(T, C2 * sizeof(float));
     float *mk = aft_alloc_array(nchunk, C * sizeof(float));
-    float *wblk = aft_alloc_array(DENSE_ROWS, T * sizeof(float));
-    float *acc = aft_alloc_array(DENSE_ROWS, C2 * sizeof(float));
-    float *tmp = aft_alloc_array(DENSE_ROWS, C2 * sizeof(float));
-    float *rmax = aft_alloc_array(DENSE_ROWS, sizeof(float));
+    const size_t rows = aft_dense_rows(T);
+    float *wblk = aft_alloc_array(rows, T * sizeof(float));
+    float *acc = aft_alloc_array(rows, C2 * sizeof(float));
+    float *tmp = aft_alloc_array(rows, C2 * sizeof(float));
+    float *rmax = aft_alloc_array(rows, sizeof(float));
     float *mrow = aft_alloc_array(C, sizeof(float));
     float *wrow = aft_alloc_array(T, sizeof(float));
     if (!rhs || !mk || !wblk || !acc || !tmp || !rmax || !mrow || !wrow) {
@@ -74,8 +84,8 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
     }
 
     for (size_t h = 0; h < H; h++) {
-        for (size_t i0 = 0; i0 < T; i0 += DENSE_ROWS) {
-            size_t i1 = i0 + DENSE_ROWS < T ? i0 + DENSE_ROWS : T, bi = i1 - i0;
+        for (size_t i0 = 0; i0 < T; i0 += rows) {
+            size_t i1 = i0 + rows < T ? i0 + rows : T, bi = i1 - i0;
             size_t tv = causal ? i1 : T;   /* columns any row of the block sees */
 
             /* w for the block, then exp(w - r) with invisible entries 0 */
