@@ -67,7 +67,6 @@ static const char usage_text[] =
 static const char *const cmd = "convert";
 
 #define CHUNK_BYTES ((size_t)1 << 20)        /* converted data is written 1 MiB at a time */
-#define ST_MAX_HEADER ((size_t)100000000)    /* the largest header readers accept */
 #define ST_SIZE_LIMIT 9007199254740992.0     /* 2^53: offsets must be exact in JSON */
 #define NPY_ALIGN 64                         /* numpy starts the data on this boundary */
 #define NPY_GROWTH_DIGITS 21                 /* numpy leaves room for axis 0 to grow */
@@ -277,27 +276,6 @@ static void sb_size(sbuf *b, size_t v)
     sb_put(b, tmp, (size_t)k);
 }
 
-/* s as a JSON string: quote, backslash and control characters escaped, the
- * rest (valid UTF-8, checked before) as is */
-static void sb_json_string(sbuf *b, const char *s)
-{
-    sb_put(b, "\"", 1);
-    for (const char *p = s; *p; p++) {
-        unsigned char c = (unsigned char)*p;
-        char esc[8];
-        if (c == '"') sb_put(b, "\\\"", 2);
-        else if (c == '\\') sb_put(b, "\\\\", 2);
-        else if (c == '\n') sb_put(b, "\\n", 2);
-        else if (c == '\t') sb_put(b, "\\t", 2);
-        else if (c < 0x20) {
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            sb_put(b, esc, 6);
-        } else {
-            sb_put(b, p, 1);
-        }
-    }
-    sb_put(b, "\"", 1);
-}
 
 /* ---------------------------------------------------------------- .npy headers */
 
@@ -812,58 +790,45 @@ static int item_data(item *it)
 /* Builds the .safetensors header: __metadata__ first, then the tensors back
  * to back in order, padded with spaces so the data starts at a multiple of
  * 8. 0, or an exit status after reporting. */
+/* The .safetensors header for the job's tensors as they will be written
+ * (output dtypes and sizes), built and checked by the library. */
 static int st_header(const job *j, sbuf *h)
 {
-    sb_put(h, "{", 1);
-    if (j->nmeta) {
-        sb_str(h, "\"__metadata__\":{");
-        for (size_t i = 0; i < j->nmeta; i++) {
-            if (i) sb_put(h, ",", 1);
-            sb_json_string(h, j->meta[2 * i]);
-            sb_put(h, ":", 1);
-            sb_json_string(h, j->meta[2 * i + 1]);
-        }
-        sb_put(h, "}", 1);
+    const char **names = malloc((j->nitems + 1) * sizeof *names);
+    aft_tensor *desc = calloc(j->nitems + 1, sizeof *desc);
+    if (!names || !desc) {
+        free(names);
+        free(desc);
+        cli_error(cmd, "out of memory building the header");
+        return EXIT_DATA;
     }
-    size_t offset = 0;
     for (size_t i = 0; i < j->nitems; i++) {
         const item *it = &j->items[i];
-        if (i || j->nmeta) sb_put(h, ",", 1);
+        /* said here rather than by the library, so the message names the
+         * input file the dimension came from */
         for (size_t k = 0; k < it->ndim; k++)
             if ((double)it->shape[k] >= ST_SIZE_LIMIT) {
                 char msg[200];
                 snprintf(msg, sizeof msg, "dimension %zu of '%s' is %zu, 2^53 or more, which .safetensors cannot hold",
                          k, it->name, it->shape[k]);
                 report(it->file, msg);
+                free(names);
+                free(desc);
                 return EXIT_DATA;
             }
-        sb_json_string(h, it->name);
-        sb_str(h, ":{\"dtype\":\"");
-        sb_str(h, aft_dtype_name(it->out));
-        sb_str(h, "\",\"shape\":[");
-        for (size_t k = 0; k < it->ndim; k++) {
-            if (k) sb_put(h, ",", 1);
-            sb_size(h, it->shape[k]);
-        }
-        sb_str(h, "],\"data_offsets\":[");
-        sb_size(h, offset);
-        sb_put(h, ",", 1);
-        if (__builtin_add_overflow(offset, it->nbytes_out, &offset) || (double)offset >= ST_SIZE_LIMIT) {
-            cli_error(cmd, "the tensors would hold 2^53 bytes or more, more than .safetensors allows");
-            return EXIT_DATA;
-        }
-        sb_size(h, offset);
-        sb_str(h, "]}");
+        names[i] = it->name;
+        desc[i].dtype = it->out;
+        desc[i].ndim = it->ndim;
+        memcpy(desc[i].shape, it->shape, it->ndim * sizeof(size_t));
+        desc[i].nelem = it->nelem;
+        desc[i].nbytes = it->nbytes_out;
     }
-    sb_put(h, "}", 1);
-    while (!h->oom && (8 + h->len) % 8 != 0) sb_put(h, " ", 1);
-    if (h->oom) {
-        cli_error(cmd, "out of memory building the header");
-        return EXIT_DATA;
-    }
-    if (h->len > ST_MAX_HEADER) {
-        cli_error(cmd, "the header would be %zu bytes, more than the %zu .safetensors allows",
-                  h->len, ST_MAX_HEADER);
+    aft_error err;
+    aft_status st = aft_st_header(names, desc, j->nitems, (const char *const *)j->meta, j->nmeta, &h->p, &h->len, &err);
+    free(names);
+    free(desc);
+    if (st != AFT_OK) {
+        cli_error(cmd, "%s", err.msg);
         return EXIT_DATA;
     }
     return 0;

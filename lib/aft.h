@@ -137,6 +137,15 @@ aft_status aft_st_write(const char *path, const char *const *names,
                         const aft_tensor *tensors, size_t n,
                         const char *const *meta, size_t nmeta, aft_error *err);
 
+/* The header aft_st_write would write for these tensors (their dtype, shape
+ * and nbytes; data is not read and may be NULL), padded to a multiple of 8,
+ * after the same checks. For writers that stream the data themselves: write
+ * the 8-byte little-endian *len, the header, then each tensor's bytes in
+ * order. *hdr is malloc'd; free it. */
+aft_status aft_st_header(const char *const *names, const aft_tensor *tensors, size_t n,
+                         const char *const *meta, size_t nmeta, char **hdr, size_t *len,
+                         aft_error *err);
+
 /* ---------------------------------------------------------------- atomic output */
 
 /* An output file written to a temporary beside the target and renamed into

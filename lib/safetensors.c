@@ -880,7 +880,7 @@ static int utf8_ok(const char *s)
 
 /* Checks a tensor handed to the writer: known dtype, shape and counts that
  * agree, data present, sizes the reader will accept (below 2^53). */
-static aft_status check_out_tensor(const char *name, const aft_tensor *t, aft_error *err)
+static aft_status check_out_tensor(const char *name, const aft_tensor *t, int need_data, aft_error *err)
 {
     char nb[96], sb[160];
     const char *nm = show(name, nb);
@@ -900,7 +900,7 @@ static aft_status check_out_tensor(const char *name, const aft_tensor *t, aft_er
         return aft_fail(err, AFT_ERR_ARG, "tensor '%s' says %zu elements in %zu bytes but shape %s of %s means %zu in %zu",
                         nm, t->nelem, t->nbytes, fmt_shape(sb, sizeof sb, t->shape, t->ndim),
                         aft_dtype_name(t->dtype), nelem, nbytes);
-    if (nbytes > 0 && !t->data)
+    if (need_data && nbytes > 0 && !t->data)
         return aft_fail(err, AFT_ERR_ARG, "tensor '%s' has no data", nm);
     return AFT_OK;
 }
@@ -924,9 +924,11 @@ static aft_status check_unique(const char *const *names, size_t n, size_t stride
     return AFT_OK;
 }
 
-aft_status aft_st_write(const char *path, const char *const *names, const aft_tensor *tensors,
-                        size_t n, const char *const *meta, size_t nmeta, aft_error *err)
+aft_status aft_st_header(const char *const *names, const aft_tensor *tensors, size_t n,
+                         const char *const *meta, size_t nmeta, char **out, size_t *out_len, aft_error *err)
 {
+    *out = NULL;
+    *out_len = 0;
     if (!ST_LITTLE_ENDIAN)
         return aft_fail(err, AFT_ERR_ARG, "writing safetensors on a big-endian build is not supported");
     if ((n && (!names || !tensors)) || (nmeta && !meta))
@@ -939,7 +941,7 @@ aft_status aft_st_write(const char *path, const char *const *names, const aft_te
         if (!utf8_ok(names[i])) return aft_fail(err, AFT_ERR_ARG, "tensor name '%s' is not valid UTF-8", show(names[i], nb));
         if (strcmp(names[i], ST_METADATA) == 0)
             return aft_fail(err, AFT_ERR_ARG, "'__metadata__' is reserved and cannot name a tensor");
-        aft_status st = check_out_tensor(names[i], &tensors[i], err);
+        aft_status st = check_out_tensor(names[i], &tensors[i], 0, err);
         if (st != AFT_OK) return st;
     }
     for (size_t i = 0; i < 2 * nmeta; i++) {
@@ -1000,6 +1002,24 @@ aft_status aft_st_write(const char *path, const char *const *names, const aft_te
         return aft_fail(err, AFT_ERR_ARG, "header would be %zu bytes, more than the %llu the format allows",
                         len, (unsigned long long)ST_MAX_HEADER);
     }
+
+    *out = h.p;
+    *out_len = h.len;
+    return AFT_OK;
+}
+
+aft_status aft_st_write(const char *path, const char *const *names, const aft_tensor *tensors,
+                        size_t n, const char *const *meta, size_t nmeta, aft_error *err)
+{
+    /* every check, and the header, before any file is created */
+    st_buf h = {0};
+    aft_status st = aft_st_header(names, tensors, n, meta, nmeta, &h.p, &h.len, err);
+    if (st != AFT_OK) return st;
+    for (size_t i = 0; i < n; i++)
+        if ((st = check_out_tensor(names[i], &tensors[i], 1, err)) != AFT_OK) {
+            free(h.p);
+            return st;
+        }
 
     aft_out o;
     if ((st = aft_out_open(&o, path, err)) != AFT_OK) {

@@ -162,7 +162,7 @@ static void expect_bytes(aft_dtype dt, size_t i, unsigned char out[8])
 /* the same element as the float aft_tensor_to_f32 should give */
 static float expect_f32(aft_dtype dt, size_t i)
 {
-    unsigned char b[8];
+    unsigned char b[8] = {0};
     expect_bytes(dt, i, b);
     switch (dt) {
     case AFT_F64: { double v; memcpy(&v, b, 8); return (float)v; }
