@@ -35,6 +35,14 @@ void cli_progress_start(const char *fmt, ...) __attribute__((format(printf, 1, 2
 void cli_progress_label(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_stop(void);
 
+/* "-" is shown as "standard input" in messages and reports */
+const char *cli_display_name(const char *path);
+/* "aft[ CMD]: FILE: msg" (CMD may be NULL), unless msg already starts with
+ * the file's name */
+void cli_report_file(const char *cmd, const char *path, const char *msg);
+int cli_ends_with(const char *s, const char *suffix);
+int cli_path_exists(const char *path);
+
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void vmsg(const char *cmd, const char *fmt, va_list ap)
 {
@@ -96,4 +97,36 @@ int cli_parse_bytes(const char *s, size_t *out)
     size_t v;
     if (cli_parse_size(buf, &v) != 0 || __builtin_mul_overflow(v, mult, out)) return -1;
     return 0;
+}
+
+const char *cli_display_name(const char *path)
+{
+    return strcmp(path, "-") == 0 ? "standard input" : path;
+}
+
+void cli_report_file(const char *cmd, const char *path, const char *msg)
+{
+    /* the readers may already start msg with the path: do not say it twice */
+    const char *shown = cli_display_name(path);
+    const char *names[] = {path, shown};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(names[i]);
+        if (strncmp(msg, names[i], n) == 0 && msg[n] == ':') {
+            cli_error(cmd, "%s", msg);
+            return;
+        }
+    }
+    cli_error(cmd, "%s: %s", shown, msg);
+}
+
+int cli_ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+int cli_path_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
 }

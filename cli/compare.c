@@ -43,6 +43,12 @@ static const char usage_text[] =
 
 static const char *const cmd = "compare";
 
+/* messages about a file: "aft compare: FILE: msg" */
+static void report_file(const char *path, const char *msg)
+{
+    cli_report_file(cmd, path, msg);
+}
+
 /* one side of the comparison */
 typedef struct {
     const char *arg;         /* the operand as given */
@@ -51,46 +57,13 @@ typedef struct {
     const aft_tensor *t;     /* the tensor compared: &own or inside st */
 } operand;
 
-/* the operand as the text report and messages name it (JSON keeps "-") */
-static const char *display_name(const char *path)
-{
-    return strcmp(path, "-") == 0 ? "standard input" : path;
-}
-
-/* "aft compare: FILE: msg", unless msg already starts with the file */
-static void report(const char *path, const char *msg)
-{
-    const char *shown = display_name(path);
-    const char *names[] = {path, shown};
-    for (int i = 0; i < 2; i++) {
-        size_t n = strlen(names[i]);
-        if (strncmp(msg, names[i], n) == 0 && msg[n] == ':') {
-            cli_error(cmd, "%s", msg);
-            return;
-        }
-    }
-    cli_error(cmd, "%s: %s", shown, msg);
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static int path_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
 /* Opens a .safetensors file and picks the tensor called name, or, when name
  * is NULL, the file's only tensor. */
 static int load_safetensors(operand *op, const char *file, const char *name)
 {
     aft_error err = {{0}};
     if (aft_st_open(file, &op->st, &err) != AFT_OK) {
-        report(file, err.msg);
+        report_file(file, err.msg);
         return -1;
     }
     char msg[512];
@@ -98,7 +71,7 @@ static int load_safetensors(operand *op, const char *file, const char *name)
         op->t = aft_st_find(op->st, name);
         if (!op->t) {
             snprintf(msg, sizeof msg, "no tensor named '%s'", name);
-            report(file, msg);
+            report_file(file, msg);
             return -1;
         }
     } else if (aft_st_count(op->st) == 1) {
@@ -106,7 +79,7 @@ static int load_safetensors(operand *op, const char *file, const char *name)
     } else {
         snprintf(msg, sizeof msg, "holds %zu tensors; name one as %s:NAME",
                  aft_st_count(op->st), file);
-        report(file, msg);
+        report_file(file, msg);
         return -1;
     }
     return 0;
@@ -124,7 +97,7 @@ static int load(operand *op, const char *arg)
      * path can contain ".safetensors:" and so can a tensor name: take the
      * last split whose file exists, else the last split (whose open then
      * reports the missing file). */
-    if (strcmp(arg, "-") != 0 && !path_exists(arg)) {
+    if (strcmp(arg, "-") != 0 && !cli_path_exists(arg)) {
         static const char ext[] = ".safetensors";
         const size_t elen = sizeof ext - 1;
         const char *last = NULL, *found = NULL;   /* where the file name ends */
@@ -132,18 +105,18 @@ static int load(operand *op, const char *arg)
             if (p[elen] != ':') continue;
             char *file = strndup(arg, (size_t)(p - arg) + elen);
             if (!file) {
-                report(arg, "out of memory");
+                report_file(arg, "out of memory");
                 return -1;
             }
             last = p + elen;
-            if (path_exists(file)) found = last;
+            if (cli_path_exists(file)) found = last;
             free(file);
         }
         const char *colon = found ? found : last;
         if (colon) {
             char *file = strndup(arg, (size_t)(colon - arg));
             if (!file) {
-                report(arg, "out of memory");
+                report_file(arg, "out of memory");
                 return -1;
             }
             int rc = load_safetensors(op, file, colon + 1);
@@ -151,10 +124,10 @@ static int load(operand *op, const char *arg)
             return rc;
         }
     }
-    if (ends_with(arg, ".safetensors")) return load_safetensors(op, arg, NULL);
+    if (cli_ends_with(arg, ".safetensors")) return load_safetensors(op, arg, NULL);
 
     if (aft_npy_read(arg, &op->own, NULL, &err) != AFT_OK) {
-        report(arg, err.msg);
+        report_file(arg, err.msg);
         return -1;
     }
     op->t = &op->own;
@@ -273,7 +246,7 @@ static void print_text(const operand *a, const operand *b, int same_shape,
 {
     const operand *ops[2] = {a, b};
     for (int i = 0; i < 2; i++) {
-        printf("%s:             %s  %s ", i ? "b" : "a", display_name(ops[i]->arg),
+        printf("%s:             %s  %s ", i ? "b" : "a", cli_display_name(ops[i]->arg),
                aft_dtype_name(ops[i]->t->dtype));
         print_dims(ops[i]->t->shape, ops[i]->t->ndim);
         putchar('\n');

@@ -66,6 +66,12 @@ static const char usage_text[] =
 
 static const char *const cmd = "convert";
 
+/* messages about a file: "aft: FILE: msg" */
+static void report_file(const char *path, const char *msg)
+{
+    cli_report_file(NULL, path, msg);
+}
+
 #define CHUNK_BYTES ((size_t)1 << 20)        /* converted data is written 1 MiB at a time */
 #define ST_SIZE_LIMIT 9007199254740992.0     /* 2^53: offsets must be exact in JSON */
 #define NPY_ALIGN 64                         /* numpy starts the data on this boundary */
@@ -181,38 +187,6 @@ static void convert_block(void *dst, aft_dtype to, const void *src, aft_dtype fr
 }
 
 /* ---------------------------------------------------------------- small helpers */
-
-static const char *display_name(const char *path)
-{
-    return strcmp(path, "-") == 0 ? "standard input" : path;
-}
-
-/* "aft: FILE: msg", unless msg already starts with the file */
-static void report(const char *path, const char *msg)
-{
-    const char *shown = display_name(path);
-    const char *names[] = {path, shown};
-    for (int i = 0; i < 2; i++) {
-        size_t n = strlen(names[i]);
-        if (strncmp(msg, names[i], n) == 0 && msg[n] == ':') {
-            cli_error(NULL, "%s", msg);
-            return;
-        }
-    }
-    cli_error(NULL, "%s: %s", shown, msg);
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static int path_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
 
 /* 1 if s is valid UTF-8: no overlong forms, surrogates or code points above
  * U+10FFFF (what the safetensors reader demands of the header) */
@@ -461,7 +435,7 @@ static const char *st_split(const char *arg, int must_exist)
         if (p[elen] != ':') continue;
         last = p + elen;
         char *file = strndup(arg, (size_t)(last - arg));
-        if (file && path_exists(file)) found = last;
+        if (file && cli_path_exists(file)) found = last;
         free(file);
     }
     return found ? found : must_exist ? NULL : last;
@@ -472,8 +446,8 @@ static const char *st_split(const char *arg, int must_exist)
  * reader, whose message then says what is wrong). */
 static src_kind file_kind(const char *path)
 {
-    if (ends_with(path, ".npy")) return SRC_NPY;
-    if (ends_with(path, ".safetensors")) return SRC_ST_WHOLE;
+    if (cli_ends_with(path, ".npy")) return SRC_NPY;
+    if (cli_ends_with(path, ".safetensors")) return SRC_ST_WHOLE;
     unsigned char magic[6];
     FILE *fp = fopen(path, "rb");
     if (!fp) return SRC_NPY;   /* the .npy reader reports why it cannot be opened */
@@ -490,7 +464,7 @@ static int parse_spec(spec *s, const char *arg)
     memset(s, 0, sizeof *s);
     s->arg = arg;
     const char *src = arg, *colon;
-    if (strcmp(arg, "-") != 0 && !path_exists(arg) && !st_split(arg, 1)) {
+    if (strcmp(arg, "-") != 0 && !cli_path_exists(arg) && !st_split(arg, 1)) {
         const char *eq = strchr(arg, '=');
         if (eq) {
             if (eq == arg)
@@ -503,7 +477,7 @@ static int parse_spec(spec *s, const char *arg)
     }
     if (strcmp(src, "-") == 0) {
         s->kind = SRC_STDIN;
-    } else if (path_exists(src)) {
+    } else if (cli_path_exists(src)) {
         s->kind = file_kind(src);
     } else if ((colon = st_split(src, 0)) != NULL) {
         s->kind = SRC_ST_TENSOR;
@@ -511,7 +485,7 @@ static int parse_spec(spec *s, const char *arg)
         if (!(s->file = strndup(src, (size_t)(colon - src)))) goto oom;
         return 0;
     } else {
-        s->kind = ends_with(src, ".safetensors") ? SRC_ST_WHOLE : SRC_NPY;
+        s->kind = cli_ends_with(src, ".safetensors") ? SRC_ST_WHOLE : SRC_NPY;
     }
     if (!(s->file = strdup(src))) goto oom;
     return 0;
@@ -618,7 +592,7 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
         }
         if (!to_st || !regular || npy_peek(file, &it->dtype, &it->ndim, it->shape) != 0) {
             if (aft_npy_read(file, &it->held, NULL, &err) != AFT_OK) {
-                report(file, err.msg);
+                report_file(file, err.msg);
                 return EXIT_DATA;
             }
             it->src = &it->held;
@@ -630,7 +604,7 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
 
     aft_st_file *f;
     if (aft_st_open(file, &f, &err) != AFT_OK) {
-        report(file, err.msg);
+        report_file(file, err.msg);
         return EXIT_DATA;
     }
     aft_st_file **files = realloc(j->files, (j->nfiles + 1) * sizeof *files);
@@ -646,14 +620,14 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
     if (s->kind == SRC_ST_TENSOR) {
         if (!(t = aft_st_find(f, s->tname))) {
             snprintf(msg, sizeof msg, "no tensor named '%s'", s->tname);
-            report(file, msg);
+            report_file(file, msg);
             return EXIT_DATA;
         }
     } else if (s->name || !to_st) {
         /* one tensor is wanted: the file must hold exactly one */
         if (count != 1) {
             snprintf(msg, sizeof msg, "holds %zu tensors; name one as %s:NAME", count, file);
-            report(file, msg);
+            report_file(file, msg);
             return EXIT_DATA;
         }
         t = aft_st_get(f, 0, NULL);
@@ -727,7 +701,7 @@ static int check_names(const job *j)
             const item *a = sorted[i - 1] < sorted[i] ? sorted[i - 1] : sorted[i];
             const item *b = a == sorted[i] ? sorted[i - 1] : sorted[i];
             int rc = cli_usage_error(cmd, "tensor name '%s' is given twice (from %s and %s); rename one with NAME=INPUT",
-                                     a->name, display_name(a->file), display_name(b->file));
+                                     a->name, cli_display_name(a->file), cli_display_name(b->file));
             free(sorted);
             return rc;
         }
@@ -773,13 +747,13 @@ static int item_data(item *it)
     if (it->src) return 0;
     aft_error err = {{0}};
     if (aft_npy_read(it->file, &it->held, NULL, &err) != AFT_OK) {
-        report(it->file, err.msg);
+        report_file(it->file, err.msg);
         return EXIT_DATA;
     }
     int same = it->held.dtype == it->dtype && it->held.ndim == it->ndim &&
                memcmp(it->held.shape, it->shape, it->ndim * sizeof it->shape[0]) == 0;
     if (!same) {
-        report(it->file, "changed while being converted (its header no longer matches)");
+        report_file(it->file, "changed while being converted (its header no longer matches)");
         aft_tensor_free(&it->held);
         return EXIT_DATA;
     }
@@ -811,7 +785,7 @@ static int st_header(const job *j, sbuf *h)
                 char msg[200];
                 snprintf(msg, sizeof msg, "dimension %zu of '%s' is %zu, 2^53 or more, which .safetensors cannot hold",
                          k, it->name, it->shape[k]);
-                report(it->file, msg);
+                report_file(it->file, msg);
                 free(names);
                 free(desc);
                 return EXIT_DATA;
@@ -837,7 +811,7 @@ static int st_header(const job *j, sbuf *h)
 /* "aft: OUT: write failed: ..." for an error while writing the output */
 static void write_failed(const char *out_path, int e)
 {
-    cli_error(NULL, "%s: write failed: %s", display_name(out_path), strerror(e));
+    cli_error(NULL, "%s: write failed: %s", cli_display_name(out_path), strerror(e));
 }
 
 static int write_safetensors(job *j, const char *out_path)
@@ -909,7 +883,7 @@ static int write_npy(job *j, const char *out_path)
     if (it->out == AFT_BF16) {
         snprintf(msg, sizeof msg, "%s is BF16, which .npy cannot hold; add --dtype f32 (exact) or write a .safetensors",
                  item_desc(it, desc, sizeof desc));
-        report(it->file, msg);
+        report_file(it->file, msg);
         return EXIT_DATA;
     }
     char head[4096];
@@ -1056,8 +1030,8 @@ int cmd_convert(int argc, char **argv)
     /* the output format: asked for, else by name, else by the inputs */
     int to_st;
     if (format) to_st = strcmp(format, "safetensors") == 0;
-    else if (out_path && ends_with(out_path, ".safetensors")) to_st = 1;
-    else if (out_path && ends_with(out_path, ".npy")) to_st = 0;
+    else if (out_path && cli_ends_with(out_path, ".safetensors")) to_st = 1;
+    else if (out_path && cli_ends_with(out_path, ".npy")) to_st = 0;
     else to_st = nops > 1 || j.specs[0].name || j.specs[0].kind == SRC_ST_WHOLE;
 
     if (!to_st) {
@@ -1121,7 +1095,7 @@ int cmd_convert(int argc, char **argv)
             if (it->shape[k] == 0) n = 0, over = 0;
         it->nelem = n;
         if (over || __builtin_mul_overflow(n, aft_dtype_size(it->out), &it->nbytes_out)) {
-            report(it->file, "shape too large");
+            report_file(it->file, "shape too large");
             rc = EXIT_DATA;
             goto done;
         }

@@ -7,6 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* messages about a file: "aft: FILE: msg" */
+static void report_file(const char *path, const char *msg)
+{
+    cli_report_file(NULL, path, msg);
+}
+
 static const char usage_text[] =
     "usage: aft info [--json] FILE...\n"
     "\n"
@@ -38,35 +44,6 @@ typedef struct {
     size_t bytes;
 } row;
 
-/* the file as text reports and messages name it: "-" is "standard input"
- * (JSON reports keep the operand as given) */
-static const char *display_name(const char *path)
-{
-    return strcmp(path, "-") == 0 ? "standard input" : path;
-}
-
-/* "aft: FILE: msg". The readers may already start msg with the path; do
- * not say it twice. */
-static void report(const char *path, const char *msg)
-{
-    const char *shown = display_name(path);
-    const char *names[] = {path, shown};
-    for (int i = 0; i < 2; i++) {
-        size_t n = strlen(names[i]);
-        if (strncmp(msg, names[i], n) == 0 && msg[n] == ':') {
-            cli_error(NULL, "%s", msg);
-            return;
-        }
-    }
-    cli_error(NULL, "%s: %s", shown, msg);
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
 typedef enum { FMT_NPY, FMT_ST } file_format;
 
 /* By extension; otherwise by magic: "\x93NUMPY" is a .npy and anything else
@@ -74,11 +51,11 @@ typedef enum { FMT_NPY, FMT_ST } file_format;
  * wrong. Returns -1 (after reporting) if the file cannot be opened. */
 static int detect_format(const char *path, file_format *fmt)
 {
-    if (strcmp(path, "-") == 0 || ends_with(path, ".npy")) {
+    if (strcmp(path, "-") == 0 || cli_ends_with(path, ".npy")) {
         *fmt = FMT_NPY;
         return 0;
     }
-    if (ends_with(path, ".safetensors")) {
+    if (cli_ends_with(path, ".safetensors")) {
         *fmt = FMT_ST;
         return 0;
     }
@@ -86,7 +63,7 @@ static int detect_format(const char *path, file_format *fmt)
     if (!fp) {
         char msg[300];
         snprintf(msg, sizeof msg, "cannot open: %s", strerror(errno));
-        report(path, msg);
+        report_file(path, msg);
         return -1;
     }
     unsigned char magic[6];
@@ -137,7 +114,7 @@ static char *npy_tensor_name(const char *path)
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     size_t n = strlen(base);
-    if (ends_with(base, ".npy")) n -= 4;
+    if (cli_ends_with(base, ".npy")) n -= 4;
     if (n == 0) return strdup("(array)");
     return strndup(base, n);
 }
@@ -231,7 +208,7 @@ static int info_npy(const char *path, int json)
     aft_npy_info ni;
     aft_error err = {{0}};
     if (aft_npy_read(path, &t, &ni, &err) != AFT_OK) {
-        report(path, err.msg);
+        report_file(path, err.msg);
         return EXIT_DATA;
     }
     char *name = npy_tensor_name(path);
@@ -257,7 +234,7 @@ static int info_npy(const char *path, int json)
         rc = ok ? print_json_line(o) : -1;
         cJSON_Delete(o);
     } else {
-        printf("%s: npy %s, %s, %s order\n", display_name(path), version,
+        printf("%s: npy %s, %s, %s order\n", cli_display_name(path), version,
                byte_order_text(ni.byteorder),
                ni.fortran_order ? "Fortran" : "C");
         char *ename = escape(name);
@@ -273,7 +250,7 @@ static int info_npy(const char *path, int json)
     free(shape);
     aft_tensor_free(&t);
     if (rc != 0) {
-        report(path, "out of memory");
+        report_file(path, "out of memory");
         return EXIT_DATA;
     }
     return 0;
@@ -341,13 +318,13 @@ static int info_st(const char *path, int json)
     aft_st_file *f = NULL;
     aft_error err = {{0}};
     if (aft_st_open(path, &f, &err) != AFT_OK) {
-        report(path, err.msg);
+        report_file(path, err.msg);
         return EXIT_DATA;
     }
     int rc = json ? info_st_json(path, f) : info_st_text(path, f);
     aft_st_close(f);
     if (rc != 0) {
-        report(path, "out of memory");
+        report_file(path, "out of memory");
         return EXIT_DATA;
     }
     return 0;

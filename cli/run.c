@@ -164,12 +164,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     return 0;
 }
 
-static int has_suffix(const char *s, const char *suf)
-{
-    size_t n = strlen(s), m = strlen(suf);
-    return n >= m && strcmp(s + n - m, suf) == 0;
-}
-
 /* [T, B, X] -> [B, T, X] (or back when to_tbd) */
 static float *swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd)
 {
@@ -303,7 +297,7 @@ int cmd_run(int argc, char **argv)
     uint8_t *mask = NULL;
     aft_out yout = {0}, tout = {0};
     size_t B = 0, T = 0, D = 0, C = 0, KC = 0, in_rank = 3;
-    int bare = has_suffix(o.input, ".safetensors");
+    int bare = cli_ends_with(o.input, ".safetensors");
     rc = EXIT_DATA;
     if (o.cfg.threads) aft_set_threads(o.cfg.threads);
 
