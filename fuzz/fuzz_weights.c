@@ -1,0 +1,103 @@
+/* fuzz_weights.c - libFuzzer target for weight-name resolution: a parsed
+ * .safetensors handle handed to aft_weights_load (the layer) and
+ * aft_bias_load (the bare operator), for every variant, a few prefixes and
+ * head counts, then aft_weights_free.
+ *
+ * Whatever the file holds, loading either fails with a proper one-line
+ * message or gives parameters whose every array has the size the shapes
+ * promise: all of them are read here, so a size mix-up shows as a sanitizer
+ * report. aft_weights_free must be safe after success and after failure. */
+#include <stdint.h>
+#include <string.h>
+
+#include "aft.h"
+#include "fuzz_check.h"
+
+static volatile float sink;
+
+/* reads n floats of a; a may be NULL only when allowed */
+static void touch(const float *a, size_t n, int may_be_null)
+{
+    if (!a) {
+        FUZZ_REQUIRE(may_be_null);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) sink = a[i];
+}
+
+static size_t mul(size_t a, size_t b)
+{
+    size_t r;
+    FUZZ_REQUIRE(!__builtin_mul_overflow(a, b, &r));
+    return r;
+}
+
+/* the position bias as aft_bias_load describes it in lib/aft.h */
+static void check_bias(const aft_weights *w, aft_variant v)
+{
+    const aft_bias *b = &w->p.bias;
+    FUZZ_REQUIRE(b->mask == NULL);
+    if (v == AFT_SIMPLE) {
+        FUZZ_REQUIRE(b->kind == AFT_BIAS_NONE);
+    } else if (v == AFT_CONV) {
+        FUZZ_REQUIRE(b->kind == AFT_BIAS_CONV);
+        FUZZ_REQUIRE(w->conv_window >= 1);
+        touch(b->conv, mul(w->conv_heads, 2 * w->conv_window - 1), 0);
+    } else if (b->kind == AFT_BIAS_DENSE) {
+        touch(b->dense, mul(b->tmax, b->tmax), 0);
+    } else {
+        FUZZ_REQUIRE(b->kind == AFT_BIAS_FACTORED && b->rank >= 1);
+        touch(b->u, mul(b->tmax, b->rank), 0);
+        touch(b->v, mul(b->tmax, b->rank), 0);
+    }
+}
+
+static void check_layer(const aft_weights *w, aft_variant v)
+{
+    const aft_params *p = &w->p;
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out;
+    touch(p->wq, mul(C, D), 0);
+    touch(p->wk, mul(KC, D), 0);
+    touch(p->wv, mul(C, D), 0);
+    touch(p->wo, mul(D, C), 0);
+    touch(p->bq, C, 1);
+    touch(p->bk, KC, 1);
+    touch(p->bv, C, 1);
+    touch(p->bo, D, 1);
+    check_bias(w, v);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    aft_st_file *f;
+    aft_error err;
+    if (aft_st_open_mem(data, size, &f, &err) != AFT_OK) return 0;
+
+    static const char *const prefixes[] = {"", "attn.", "blocks.0.attn."};
+    static const aft_variant variants[] = {AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV};
+    static const size_t heads[] = {1, 2};
+    for (size_t ip = 0; ip < sizeof prefixes / sizeof prefixes[0]; ip++)
+        for (size_t iv = 0; iv < sizeof variants / sizeof variants[0]; iv++)
+            for (size_t ih = 0; ih < sizeof heads / sizeof heads[0]; ih++) {
+                aft_weights w;
+                memset(&err, 0, sizeof err);
+                if (aft_weights_load(f, prefixes[ip], variants[iv], heads[ih], &w, &err) == AFT_OK)
+                    check_layer(&w, variants[iv]);
+                else
+                    fuzz_check_error(&err);
+                FUZZ_REQUIRE(w.nowned <= sizeof w.owned / sizeof w.owned[0]);
+                aft_weights_free(&w);
+
+                /* the bare operator's path: only the bias */
+                memset(&w, 0, sizeof w);
+                memset(&err, 0, sizeof err);
+                if (aft_bias_load(f, prefixes[ip], variants[iv], heads[ih], &w, &err) == AFT_OK)
+                    check_bias(&w, variants[iv]);
+                else
+                    fuzz_check_error(&err);
+                FUZZ_REQUIRE(w.nowned <= sizeof w.owned / sizeof w.owned[0]);
+                aft_weights_free(&w);
+            }
+    aft_st_close(f);
+    return 0;
+}

@@ -1,0 +1,80 @@
+# mk/fuzz.mk - libFuzzer targets for the file readers (see fuzz/README.md).
+#
+#   make fuzz                  build the targets, run each for FUZZ_SECONDS
+#   make fuzz FUZZ_SECONDS=10  the same, shorter
+#   make fuzz-regress          run each target once over its seeds and the
+#                              malformed corpus, no mutation (seconds)
+#   make fuzz-build            build only: build/fuzz/fuzz_{npy,safetensors,weights}
+#
+# The targets are built with clang -fsanitize=fuzzer,address,undefined against
+# lib/*.c compiled by clang into build/fuzz/ (never the gcc-built
+# lib/libaft.a). lib/ is compiled without -fopenmp: its `#pragma omp` lines
+# are ignored, and fuzz/omp_stub/ stands in for omp.h and the few runtime
+# functions lib/system.c calls, so no OpenMP runtime is needed.
+#
+# Each run starts from testdata/fuzz-seeds/TARGET/ and testdata/malformed/
+# (read only) and keeps what it finds in build/fuzz/corpus/TARGET/; a crash
+# leaves its input in build/fuzz/artifacts/TARGET/ and fails the make. Add
+# such an input to testdata/malformed/ as a regression case (see
+# testdata/malformed/make_malformed.py).
+
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_DIR     := build/fuzz
+FUZZ_TARGETS := fuzz_npy fuzz_safetensors fuzz_weights
+
+# -O1 -g: exact stacks in reports at a good execution speed
+FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_CFLAGS  = -O1 -g $(FUZZ_SAN) $(WARN) -Wno-psabi -std=c11 -D_GNU_SOURCE \
+               -Ifuzz/omp_stub -Ilib $(PKG_CFLAGS)
+FUZZ_LIB_OBJ = $(LIB_SRC:lib/%.c=$(FUZZ_DIR)/lib/%.o)
+
+# per-input time limit and memory ceiling: a slow or greedy input is a finding
+FUZZ_OPTS = -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+
+.PHONY: fuzz fuzz-build fuzz-regress fuzz-deps
+fuzz-deps:
+	@sh third_party/install-deps.sh clang libclang-rt-14-dev
+
+# lib/ is instrumented for coverage (fuzzer-no-link) so libFuzzer sees its branches
+$(FUZZ_DIR)/lib/%.o: lib/%.c lib/aft.h lib/internal.h fuzz/omp_stub/omp.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_DIR)/libaft.a: $(FUZZ_LIB_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_DIR)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_check.h fuzz/omp_stub.c $(FUZZ_DIR)/libaft.a lib/aft.h
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Ifuzz -o $@ $< fuzz/omp_stub.c $(FUZZ_DIR)/libaft.a \
+	    $(PKG_LIBS) -lm
+
+fuzz-build: deps fuzz-deps
+	@$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=$(FUZZ_DIR)/%)
+
+# the seed directories of target $(1): its own seeds, then the malformed corpus
+fuzz_seeds = testdata/fuzz-seeds/$(1) testdata/malformed
+
+fuzz-regress: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	    echo "== $$t: seeds and malformed corpus, once each"; \
+	    $(FUZZ_DIR)/$$t $(FUZZ_OPTS) -runs=0 $(call fuzz_seeds,$$t) > $(FUZZ_DIR)/$$t.regress.log 2>&1 \
+	        || { tail -n 60 $(FUZZ_DIR)/$$t.regress.log; echo "fuzz-regress: $$t failed; log: $(FUZZ_DIR)/$$t.regress.log"; exit 1; }; \
+	    grep -E 'INITED|DONE' $(FUZZ_DIR)/$$t.regress.log | tail -n 1; \
+	done
+
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_DIR)/corpus/$$t $(FUZZ_DIR)/artifacts/$$t; \
+	    echo "== $$t: $(FUZZ_SECONDS) s (log: $(FUZZ_DIR)/$$t.log)"; \
+	    if $(FUZZ_DIR)/$$t $(FUZZ_OPTS) -max_total_time=$(FUZZ_SECONDS) -dict=fuzz/$$t.dict \
+	        -artifact_prefix=$(FUZZ_DIR)/artifacts/$$t/ \
+	        $(FUZZ_DIR)/corpus/$$t $(call fuzz_seeds,$$t) > $(FUZZ_DIR)/$$t.log 2>&1; then \
+	        grep -E '^(#[0-9]+ *DONE|stat::number_of_executed_units|stat::peak_rss_mb)' $(FUZZ_DIR)/$$t.log; \
+	    else \
+	        tail -n 60 $(FUZZ_DIR)/$$t.log; \
+	        echo "fuzz: $$t found a problem; input(s) in $(FUZZ_DIR)/artifacts/$$t/:"; \
+	        ls $(FUZZ_DIR)/artifacts/$$t/; \
+	        exit 1; \
+	    fi; \
+	done
