@@ -238,6 +238,71 @@ static void test_file(void **state)
     free(bytes);
 }
 
+/* Runs aft with args and checks the refusal (or success) of a command given
+ * sizes that fit no memory: no signal or timeout, and exit 0, 1 (one line on
+ * stderr) or 2 (a usage error: one line and the hint). Whatever failed leaves
+ * no output file. */
+static void expect_sane_outcome(const char *const *args)
+{
+    char cmd[1024], left[512];
+    describe(cmd, sizeof cmd, args);
+    harness_result r;
+    assert_int_equal(harness_run(&r, args, NULL, 0), 0);
+    size_t lines = harness_count_lines(r.err);
+    const char *why = NULL;
+    if (r.timed_out) why = "timed out";
+    else if (r.term_signal) why = "killed by a signal";
+    else if (r.exit_code != 0 && r.exit_code != 1 && r.exit_code != 2) why = "exit status is not 0, 1 or 2";
+    else if (r.exit_code == 1 && lines != 1) why = "a data error whose message is not one line";
+    else if (r.exit_code == 2 && (lines < 1 || lines > 2)) why = "a usage error of more than a line and the hint";
+    else if (r.exit_code != 0 && strncmp(r.err, "aft", 3) != 0) why = "message does not start with \"aft\"";
+    leftovers(left, sizeof left, 1);
+    if (!why && r.exit_code != 0 && left[0]) why = "output files left behind";
+    if (why)
+        print_error("%s\n  command: %s\n  exit %d, signal %d\n  stderr:  %s\n", why, cmd, r.exit_code,
+                    r.term_signal, r.err);
+    harness_result_free(&r);
+    if (why) fail_msg("%s", why);
+}
+
+/* Regression: a valid but empty .npy of shape (0, 2^32) makes `aft run`
+ * (no --weights) build seeded C x D weight matrices with C = D = 2^32;
+ * their byte count, 2^66, wrapped to 0 in cli/run.c seeded_matrix and the
+ * generator wrote past a 1-byte block (found by hand, crashes natively). */
+static void test_run_empty_input_of_huge_width(void **state)
+{
+    (void)state;
+    char *path = harness_path(dir, "wide.npy");
+    assert_non_null(path);
+    aft_tensor t = {.dtype = AFT_F32, .ndim = 2, .shape = {0, (size_t)1 << 32}, .nelem = 0, .nbytes = 0};
+    aft_error err;
+    assert_int_equal(aft_npy_write(path, &t, &err), AFT_OK);
+    const char *run[] = {"run", path, "-o", out_path, NULL};
+    expect_sane_outcome(run);
+    const char *local[] = {"run", "--variant", "local", "--window", "2", path, "-o", out_path, NULL};
+    expect_sane_outcome(local);
+    remove(out_path);
+    remove(path);
+    free(path);
+}
+
+/* Regression: the same wrap-around through options that size the seeded
+ * weights or conv bias: --d-hidden (C x D matrices), --window and --heads
+ * (an H x (2S-1) conv bias), on a valid small input. */
+static void test_run_huge_size_options(void **state)
+{
+    (void)state;
+    const char *d_hidden[] = {"run", "--d-hidden", "4611686018427387904", x_path, "-o", out_path, NULL};
+    expect_sane_outcome(d_hidden);
+    const char *window[] = {"run", "--variant", "conv", "--window", "4611686018427387905", x_path, "-o", out_path,
+                            NULL};
+    expect_sane_outcome(window);
+    const char *heads[] = {"run", "--variant", "conv", "--window", "2", "--heads", "4611686018427387904", x_path,
+                           "-o", out_path, NULL};
+    expect_sane_outcome(heads);
+    remove(out_path);
+}
+
 /* the directory holds exactly the files expected.tsv lists, and enough */
 static void test_corpus_listed(void **state)
 {
@@ -263,15 +328,21 @@ int main(void)
 {
     corpus_dir = harness_path(harness_testdata(), "malformed");
     if (!corpus_dir || load_expectations() != 0) return 1;
-    struct CMUnitTest *tests = calloc(ncases + 1, sizeof *tests);
+    static const struct CMUnitTest fixed[] = {
+        cmocka_unit_test(test_corpus_listed),
+        cmocka_unit_test(test_run_empty_input_of_huge_width),
+        cmocka_unit_test(test_run_huge_size_options),
+    };
+    size_t nfixed = sizeof fixed / sizeof fixed[0], ntests = nfixed + ncases;
+    struct CMUnitTest *tests = calloc(ntests, sizeof *tests);
     if (!tests) return 1;
-    tests[0] = (struct CMUnitTest)cmocka_unit_test(test_corpus_listed);
+    memcpy(tests, fixed, sizeof fixed);
     for (size_t i = 0; i < ncases; i++)
-        tests[i + 1] = (struct CMUnitTest){.name = cases[i].name, .test_func = test_file,
-                                           .initial_state = &cases[i]};
+        tests[nfixed + i] = (struct CMUnitTest){.name = cases[i].name, .test_func = test_file,
+                                                .initial_state = &cases[i]};
     /* cmocka_run_group_tests wants an array whose size is known at compile
      * time; the function behind it takes the count */
-    int rc = _cmocka_run_group_tests("malformed", tests, ncases + 1, setup, teardown);
+    int rc = _cmocka_run_group_tests("malformed", tests, ntests, setup, teardown);
     for (size_t i = 0; i < ncases; i++) {
         free(cases[i].name);
         free(cases[i].expect);

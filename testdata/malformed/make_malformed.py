@@ -170,6 +170,11 @@ case("npy_complex_dtype.npy", npy(header_dict(descr="'<c8'")), "unsupported dtyp
 case("npy_datetime_dtype.npy", npy(header_dict(descr="'<M8[s]'")), "unsupported dtype '<M8[s]'")
 case("npy_pipe_multibyte.npy", npy(header_dict(descr="'|f4'")),
      "byte order '|' on a multi-byte type")
+# found by fuzz_npy: a NUL byte-order character was taken for '<' (a
+# strchr over "<>|=" also matches the terminator); sized so that, read that
+# way, the file would be a valid little-endian int16 array
+case("npy_nul_byteorder.npy", npy(header_dict(descr="'\x00i2'"), data=VALID_DATA[:12]),
+     "unsupported dtype '?i2'")
 case("npy_descr_not_string.npy", npy(header_dict(descr="4")), "'descr' must be a string")
 # version 3.0 headers are UTF-8; this one is not, and the bytes must not
 # reach the message raw
