@@ -167,6 +167,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 /* [T, B, X] -> [B, T, X] (or back when to_tbd) */
 static float *swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd)
 {
+    /* B * T * X elements exist already (x), so the product cannot overflow */
     float *y = malloc(B * T * X * sizeof(float) + 1);
     if (!y) return NULL;
     for (size_t b = 0; b < B; b++)
@@ -218,7 +219,9 @@ static int load_activation(const char *file, const char *what, const aft_tensor 
  * uniform in [-1/sqrt(in), 1/sqrt(in)), like PyTorch's Linear default bound */
 static float *seeded_matrix(uint64_t seed, unsigned id, size_t rows, size_t cols, size_t fan_in)
 {
-    float *m = malloc(rows * cols * sizeof(float) + 1);
+    size_t n;
+    if (__builtin_mul_overflow(rows, cols, &n) || n > SIZE_MAX / sizeof(float)) return NULL;
+    float *m = malloc(n * sizeof(float) + 1);
     if (!m) return NULL;
     float bound = 1.0f / sqrtf((float)fan_in);
     uint64_t s = seed ^ (0x100000001b3ULL * (id + 1));
@@ -374,6 +377,21 @@ int cmd_run(int argc, char **argv)
         }
         if (!bare) { C = p->d_hidden; KC = p->k_out; }
     } else {
+        /* sizes from options must fit before anything is allocated for them */
+        size_t Cw = bare ? C : (o.d_hidden ? o.d_hidden : D);
+        if (o.cfg.variant == AFT_CONV && Cw % o.cfg.heads != 0) {
+            cli_error("run", "--heads %zu does not divide the hidden size %zu", o.cfg.heads, Cw);
+            rc = EXIT_USAGE;
+            goto out;
+        }
+        size_t wbytes;
+        if (!bare && (__builtin_mul_overflow(Cw, D, &wbytes) || __builtin_mul_overflow(wbytes, 4 * sizeof(float), &wbytes))) {
+            cli_error("run", "weights of %zu x %zu do not fit in memory", Cw, D);
+            goto out;
+        }
+        /* a conv window past the sequence sees everything: generate only the
+         * offsets that can occur */
+        if (o.cfg.variant == AFT_CONV && o.cfg.window > T) o.cfg.window = T ? T : 1;
         if (!bare) {
             C = o.d_hidden ? o.d_hidden : D;
             KC = C;
@@ -382,7 +400,7 @@ int cmd_run(int argc, char **argv)
                 owned[i] = seeded_matrix(o.seed, i, dims[i][0], dims[i][1], dims[i][1]);
                 if (!owned[i]) { cli_error("run", "out of memory for weights"); goto out; }
             }
-            owned[4] = seeded_matrix(o.seed, 4, 4, C > D ? C : D, D);   /* rows: bq, bk, bv, bo */
+            owned[4] = seeded_matrix(o.seed, 4, 4, C > D ? C : D, D ? D : 1);   /* rows: bq, bk, bv, bo */
             if (!owned[4]) { cli_error("run", "out of memory for weights"); goto out; }
             size_t ld = C > D ? C : D;
             p->d_model = D; p->d_hidden = C; p->k_out = C;

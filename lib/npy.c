@@ -272,7 +272,8 @@ static aft_status parse_descr(const unsigned char *d, size_t n, aft_dtype *dt, i
     if (memchr(d, 'O', n))
         return aft_fail(err, AFT_ERR_FORMAT,
                         "unsupported dtype '%s' (object arrays would need unpickling)", shown);
-    if (n == 3 && strchr("<>|=", d[0])) {
+    /* d[0] != 0: strchr would find the string's own terminator */
+    if (n == 3 && d[0] != 0 && strchr("<>|=", d[0])) {
         for (size_t i = 0; i < N_NPY_TYPES; i++) {
             if (memcmp(d + 1, npy_types[i].code, 2) != 0) continue;
             size_t size = aft_dtype_size(npy_types[i].dt);
