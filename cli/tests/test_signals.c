@@ -1,0 +1,162 @@
+/* test_signals.c - an interrupted aft leaves an existing output untouched
+ * and no temporary behind: Ctrl-C (SIGINT) and SIGTERM while computing, and
+ * while a temporary output exists (the run blocks opening its --timing FIFO
+ * after the output's temporary was created). */
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "aft.h"
+#include "harness.h"
+
+static const char precious[] = "an earlier result that must survive\n";
+
+static char *dir, *x_path, *out_path;
+
+static int setup(void **state)
+{
+    (void)state;
+    dir = harness_mkdtemp();
+    if (!dir) return -1;
+    x_path = harness_path(dir, "x.npy");
+    out_path = harness_path(dir, "out.npy");
+    /* T = 2500, D = 32: the float64 reference of full takes seconds */
+    size_t T = 2500, D = 32;
+    float *x = malloc(T * D * sizeof(float));
+    if (!x) return -1;
+    for (size_t i = 0; i < T * D; i++) x[i] = (float)((i * 2654435761u) % 997) / 498.5f - 1.0f;
+    aft_tensor t = {.dtype = AFT_F32, .ndim = 2, .shape = {T, D}, .nelem = T * D, .nbytes = T * D * 4, .data = x};
+    aft_error err;
+    int rc = aft_npy_write(x_path, &t, &err) == AFT_OK ? 0 : -1;
+    free(x);
+    return rc;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_rmtree(dir);
+    free(dir); free(x_path); free(out_path);
+    return 0;
+}
+
+static pid_t start(const char *const *args)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        const char *argv[32];
+        int n = 0;
+        argv[n++] = harness_aft_bin();
+        for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
+        argv[n] = NULL;
+        int devnull = open("/dev/null", 0);
+        dup2(devnull, STDIN_FILENO);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* names in dir other than the input, the output and the FIFO */
+static int stray_files(void)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strstr(e->d_name, ".tmp.")) n++;
+    closedir(d);
+    return n;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void check_untouched(void)
+{
+    char *data;
+    size_t len;
+    assert_int_equal(harness_read_file(out_path, &data, &len), 0);
+    assert_int_equal(len, sizeof precious - 1);
+    assert_memory_equal(data, precious, len);
+    free(data);
+    assert_int_equal(stray_files(), 0);
+}
+
+static void interrupt_computation(int sig)
+{
+    assert_int_equal(harness_write_file(out_path, precious, sizeof precious - 1), 0);
+    const char *args[] = {"run", "--variant", "full", "--impl", "reference", "--threads", "1", x_path,
+                          "-o", out_path, NULL};
+    pid_t pid = start(args);
+    assert_true(pid > 0);
+    sleep_ms(400);
+    kill(pid, sig);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == sig);
+    check_untouched();
+}
+
+static void test_sigint_while_computing(void **state)
+{
+    (void)state;
+    interrupt_computation(SIGINT);
+}
+
+static void test_sigterm_while_computing(void **state)
+{
+    (void)state;
+    interrupt_computation(SIGTERM);
+}
+
+static void test_sigint_with_a_temporary_open(void **state)
+{
+    (void)state;
+    assert_int_equal(harness_write_file(out_path, precious, sizeof precious - 1), 0);
+    char *fifo = harness_path(dir, "timing.fifo");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *args[] = {"run", "--variant", "simple", x_path, "-o", out_path, "--timing", fifo, NULL};
+    pid_t pid = start(args);
+    assert_true(pid > 0);
+    /* opening the FIFO for writing blocks with no reader: by then the
+     * output's temporary exists */
+    int seen = 0;
+    for (int i = 0; i < 400 && !seen; i++) {
+        seen = stray_files() > 0;
+        if (!seen) sleep_ms(25);
+    }
+    assert_true(seen);
+    kill(pid, SIGINT);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT);
+    check_untouched();
+    remove(fifo);
+    free(fifo);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sigint_while_computing),
+        cmocka_unit_test(test_sigterm_while_computing),
+        cmocka_unit_test(test_sigint_with_a_temporary_open),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
