@@ -111,6 +111,7 @@ typedef struct {
     aft_variant variant;
     size_t T, C, heads, window;
     int causal;
+    size_t ldq, ldk, ldv;   /* row strides of q, k, v (C when contiguous) */
 } aft_wspec;
 
 /* raw bias entry b(t, t2) of a full/local bias (dense, factored, seeded, none) */
@@ -118,7 +119,14 @@ float aft_bias_at(const aft_bias *b, size_t t, size_t t2);
 /* w_eff[t, j] for j in [j0, j1) for head h (conv) into out[0 .. j1-j0) */
 void aft_w_row(const aft_wspec *ws, size_t h, size_t t, size_t j0, size_t j1, float *out);
 
-/* kernels: q, k, v, out: (T, C) of one batch; mask (T, T) or NULL */
+/* aft_op_forward with row strides: q row t at q + t * ldq (per batch
+ * T * ldq), likewise k and v; out is contiguous (B, T, C) */
+aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float *k, size_t ldk,
+                             const float *v, size_t ldv, const aft_bias *bias, const aft_config *cfg,
+                             size_t B, size_t T, size_t C, size_t kc, aft_error *err);
+
+/* kernels: q, k, v, out: (T, C) of one batch, rows ws->ldq/ldk/ldv apart;
+ * mask (T, T) or NULL */
 aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v,
                             const uint8_t *mask, const aft_wspec *ws, aft_error *err);
 /* rows of exp(w) the dense kernel holds at once for a sequence of T */

@@ -70,9 +70,9 @@ static void classify_mask(const uint8_t *m, size_t T, int causal, int *all, int 
         }
 }
 
-aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,
-                          const aft_bias *bias, const aft_config *cfg,
-                          size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float *k, size_t ldk,
+                             const float *v, size_t ldv, const aft_bias *bias, const aft_config *cfg,
+                             size_t B, size_t T, size_t C, size_t kc, aft_error *err)
 {
     aft_status st = check_args(bias, cfg, B, T, C, kc, err);
     if (st) return st;
@@ -84,7 +84,7 @@ aft_status aft_op_forward(float *out, const float *q, const float *k, const floa
     if (cfg->threads != aft_get_threads() || cfg->threads == 0) aft_set_threads(cfg->threads);
 
     aft_wspec ws = {bias, cfg->variant, T, C, cfg->variant == AFT_CONV ? (cfg->heads ? cfg->heads : 1) : 1,
-                    cfg->window, cfg->causal};
+                    cfg->window, cfg->causal, ldq, ldk, ldv};
     size_t TC = T * C;
 
     /* one key channel per head (the paper's conv): widen to one per channel */
@@ -94,14 +94,15 @@ aft_status aft_op_forward(float *out, const float *q, const float *k, const floa
         kwide = aft_alloc_array(B * T, C * sizeof(float));
         if (!kwide) return aft_fail(err, AFT_ERR_NOMEM, "out of memory widening keys to %zu channels", C);
         for (size_t bt = 0; bt < B * T; bt++)
-            for (size_t c = 0; c < C; c++) kwide[bt * C + c] = k[bt * kc + c / ch];
+            for (size_t c = 0; c < C; c++) kwide[bt * C + c] = k[bt * ldk + c / ch];
         k = kwide;
+        ws.ldk = ldk = C;
     }
 
     if (cfg->impl == AFT_IMPL_REFERENCE) {
         for (size_t b = 0; b < B && !st; b++) {
             const uint8_t *m = bias->mask ? bias->mask + (bias->mask_batched ? b * T * T : 0) : NULL;
-            st = aft_op_reference(out + b * TC, q + b * TC, k + b * TC, v + b * TC, m, &ws, err);
+            st = aft_op_reference(out + b * TC, q + b * T * ldq, k + b * T * ldk, v + b * T * ldv, m, &ws, err);
         }
         free(kwide);
         return st;
@@ -127,9 +128,16 @@ aft_status aft_op_forward(float *out, const float *q, const float *k, const floa
     } else {
         for (size_t b = 0; b < B && !st; b++) {
             const uint8_t *m = dense_mask ? bias->mask + (bias->mask_batched ? b * T * T : 0) : NULL;
-            st = aft_op_dense(out + b * TC, q + b * TC, k + b * TC, v + b * TC, m, &ws, err);
+            st = aft_op_dense(out + b * TC, q + b * T * ldq, k + b * T * ldk, v + b * T * ldv, m, &ws, err);
         }
     }
     free(kwide);
     return st;
+}
+
+aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,
+                          const aft_bias *bias, const aft_config *cfg,
+                          size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+{
+    return aft_op_forward_ld(out, q, C, k, kc, v, C, bias, cfg, B, T, C, kc, err);
 }

@@ -100,11 +100,11 @@ static inline void add_exact(float *restrict st, float *restrict s0, float *rest
  * exact maximum is smax. Returns 1 if one stabiliser for all of them keeps
  * every intermediate sum within JUMP nats of it; sets nst to that stabiliser. */
 static int plan_block(float *restrict nst, float *restrict first, const float *smax,
-                      const float *k, size_t C, long j0, long j1, long dir, size_t n)
+                      const float *k, size_t ldk, long j0, long j1, long dir, size_t n)
 {
     for (size_t c = 0; c < n; c++) { nst[c] = smax[c]; first[c] = smax[c]; }
     for (long j = j0; j != j1; j += dir) {
-        const float *kr = k + (size_t)j * C;
+        const float *kr = k + (size_t)j * ldk;
         for (size_t c = 0; c < n; c++) {
             first[c] = first[c] == -INFINITY ? kr[c] : first[c];
             nst[c] = kr[c] > nst[c] ? kr[c] : nst[c];
@@ -166,7 +166,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                       const aft_wspec *ws, size_t h, size_t c0, size_t cw, size_t s,
                       int zero_bias, band_scratch *sc)
 {
-    const size_t T = ws->T, C = ws->C;
+    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
     const int causal = ws->causal;
     k += c0; v += c0; q += c0; out += c0;   /* this task's channels */
 
@@ -181,11 +181,11 @@ static void band_task(float *out, const float *q, const float *k, const float *v
             /* keys joining while t runs i1-1 .. i0: t + s for t + s < T */
             long j0 = (long)(i1 - 1 + s), j1 = (long)(i0 + s) - 1;
             if (j0 > (long)T - 1) j0 = (long)T - 1;
-            int fixed = plan_block(sc->fs, sc->first, smax, k, C, j0, j0 < j1 ? j0 : j1, -1, cw);
+            int fixed = plan_block(sc->fs, sc->first, smax, k, ldk, j0, j0 < j1 ? j0 : j1, -1, cw);
             if (fixed) restabilise(st, s0, s1, sc->fs, cw);
             for (size_t t = i1; t-- > i0;) {
                 if (t + s < T) {
-                    const float *kr = k + (t + s) * C, *vr = v + (t + s) * C;
+                    const float *kr = k + (t + s) * ldk, *vr = v + (t + s) * ldv;
                     if (fixed) add_fixed(s0, s1, st, kr, vr, cw);
                     else add_exact(st, s0, s1, kr, vr, cw);
                     for (size_t c = 0; c < cw; c++) smax[c] = kr[c] > smax[c] ? kr[c] : smax[c];
@@ -210,12 +210,12 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         float *mk = sc->mk;
         for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
         for (size_t j = lob; j < hib; j++) {
-            const float *kr = k + j * C;
+            const float *kr = k + j * ldk;
             for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
         }
         for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
         for (size_t j = lob; j < hib; j++) {
-            const float *kr = k + j * C, *vr = v + j * C;
+            const float *kr = k + j * ldk, *vr = v + j * ldv;
             float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
             for (size_t c = 0; c < cw; c++) {
                 e[c] = aft_expf(kr[c] - mk[c]);
@@ -228,7 +228,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         int fixed = 1;
         if (i1 > s) {
             size_t j0 = i0 > s ? i0 - s : 0, j1 = i1 - s;
-            fixed = plan_block(sc->fs, sc->first, pmax, k, C, (long)j0, (long)j1, 1, cw);
+            fixed = plan_block(sc->fs, sc->first, pmax, k, ldk, (long)j0, (long)j1, 1, cw);
         }
         if (!causal)
             for (size_t t = i0 + 1; t < i1 && fixed; t++)
@@ -239,7 +239,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         for (size_t g0 = i0; g0 < i1;) {
             size_t g1 = fixed ? i1 : g0 + 1;
             if (!fixed && g0 >= s) {   /* exact: join the row's left key first */
-                add_exact(pst, p0, p1, k + (g0 - s) * C, v + (g0 - s) * C, cw);
+                add_exact(pst, p0, p1, k + (g0 - s) * ldk, v + (g0 - s) * ldv, cw);
                 for (size_t c = 0; c < cw; c++) pmax[c] = pst[c];
             }
             const float *rst = causal ? NULL : sc->rst + g0 * cw;
@@ -251,8 +251,8 @@ static void band_task(float *out, const float *q, const float *k, const float *v
             }
             for (size_t t = g0; t < g1; t++) {
                 if (fixed && t >= s) {
-                    const float *kr = k + (t - s) * C;
-                    add_fixed(p0, p1, pst, kr, v + (t - s) * C, cw);
+                    const float *kr = k + (t - s) * ldk;
+                    add_fixed(p0, p1, pst, kr, v + (t - s) * ldv, cw);
                     for (size_t c = 0; c < cw; c++) pmax[c] = kr[c] > pmax[c] ? kr[c] : pmax[c];
                 }
                 size_t lo = t + 1 >= s ? t + 1 - s : 0;
@@ -276,7 +276,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                 /* everything in units of exp(zc + zr): no exponential per entry */
                 float zr = r > 0.0f ? r : 0.0f;
                 float fr = aft_expf(r - zr), fz = aft_expf(-zr);
-                const float *qr = q + t * C;
+                const float *qr = q + t * ldq;
                 float *yr = out + t * C;
                 /* causal: no right part; zeros keep the loop branch-free */
                 const float *rs0 = causal ? sc->zeros : sc->rs0 + t * cw;
@@ -300,7 +300,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     if (!sc->redo[c]) continue;
                     double bm = -INFINITY;
                     for (size_t j = lo; j < hi; j++) {
-                        double e = (double)k[j * C + c] + (double)sc->w[j - lo];
+                        double e = (double)k[j * ldk + c] + (double)sc->w[j - lo];
                         bm = e > bm ? e : bm;
                     }
                     double lm = p0[c] > 0.0f ? (double)pst[c] : -INFINITY;
@@ -310,9 +310,9 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     double num = 0.0, den = 0.0;
                     if (M > -INFINITY) {
                         for (size_t j = lo; j < hi; j++) {
-                            double e = exp((double)k[j * C + c] + (double)sc->w[j - lo] - M);
+                            double e = exp((double)k[j * ldk + c] + (double)sc->w[j - lo] - M);
                             den += e;
-                            num += e * (double)v[j * C + c];
+                            num += e * (double)v[j * ldv + c];
                         }
                         if (lm > -INFINITY) {
                             double f = exp(lm - M);
@@ -336,17 +336,18 @@ static void band_task(float *out, const float *q, const float *k, const float *v
 
 /* simple, not causal: Y[t,c] = sigmoid(q) * sum softmax_t'(k) v, one
  * exponential per key; the channel maximum makes the largest term 1 */
-static void simple_task(float *out, const float *q, const float *k, const float *v,
-                        size_t T, size_t C, size_t c0, size_t cw, float *m, float *s0, float *s1)
+static void simple_task(float *out, const float *q, const float *k, const float *v, const aft_wspec *ws,
+                        size_t c0, size_t cw, float *m, float *s0, float *s1)
 {
+    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
     for (size_t c = 0; c < cw; c++) { m[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; }
     for (size_t t = 0; t < T; t++) {
-        const float *kr = k + t * C + c0;
+        const float *kr = k + t * ldk + c0;
         for (size_t c = 0; c < cw; c++) m[c] = kr[c] > m[c] ? kr[c] : m[c];
     }
     for (size_t c = 0; c < cw; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
     for (size_t t = 0; t < T; t++) {
-        const float *kr = k + t * C + c0, *vr = v + t * C + c0;
+        const float *kr = k + t * ldk + c0, *vr = v + t * ldv + c0;
         for (size_t c = 0; c < cw; c++) {
             float e = aft_expf(kr[c] - m[c]);
             s0[c] += e;
@@ -355,7 +356,7 @@ static void simple_task(float *out, const float *q, const float *k, const float 
     }
     for (size_t c = 0; c < cw; c++) s1[c] = s0[c] > 0.0f ? s1[c] / s0[c] : 0.0f;
     for (size_t t = 0; t < T; t++) {
-        const float *qr = q + t * C + c0;
+        const float *qr = q + t * ldq + c0;
         float *yr = out + t * C + c0;
         for (size_t c = 0; c < cw; c++) yr[c] = aft_sigmoidf(qr[c]) * s1[c];
     }
@@ -416,11 +417,12 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
                 size_t hh = rest / nblk, blkno = rest % nblk;
                 size_t c0 = hh * ch + blkno * bw;
                 size_t cw = ch - blkno * bw < bw ? ch - blkno * bw : bw;
-                size_t off = b * T * C;
+                const float *qb = q + b * T * ws->ldq, *kb = k + b * T * ws->ldk, *vb = v + b * T * ws->ldv;
+                float *ob = out + b * T * C;
                 if (global_simple)
-                    simple_task(out + off, q + off, k + off, v + off, T, C, c0, cw, sc.mk, sc.p0, sc.p1);
+                    simple_task(ob, qb, kb, vb, ws, c0, cw, sc.mk, sc.p0, sc.p1);
                 else
-                    band_task(out + off, q + off, k + off, v + off, ws, hh, c0, cw, s, zero_bias, &sc);
+                    band_task(ob, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc);
             }
         }
         free(blk);

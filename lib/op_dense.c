@@ -38,7 +38,7 @@ static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, s
 aft_status aft_op_dense(float *out, const float *q, const float *k, const float *v,
                         const uint8_t *mask, const aft_wspec *ws, aft_error *err)
 {
-    const size_t T = ws->T, C = ws->C;
+    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
     const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
     const int causal = ws->causal;
     if (T == 0 || C == 0) return AFT_OK;
@@ -68,13 +68,13 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
         float *m = mk + jc * C;
         for (size_t c = 0; c < C; c++) m[c] = -INFINITY;
         for (size_t j = j0; j < j1; j++)
-            for (size_t c = 0; c < C; c++) m[c] = k[j * C + c] > m[c] ? k[j * C + c] : m[c];
+            for (size_t c = 0; c < C; c++) m[c] = k[j * ldk + c] > m[c] ? k[j * ldk + c] : m[c];
         for (size_t c = 0; c < C; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
         #pragma omp parallel for schedule(static)
         for (size_t j = j0; j < j1; j++)
             for (size_t h = 0; h < H; h++) {
                 float *dst = rhs + j * C2 + h * 2 * ch;
-                const float *kr = k + j * C + h * ch, *vr = v + j * C + h * ch, *mr = m + h * ch;
+                const float *kr = k + j * ldk + h * ch, *vr = v + j * ldv + h * ch, *mr = m + h * ch;
                 for (size_t c = 0; c < ch; c++) {
                     float e = aft_expf(kr[c] - mr[c]);
                     dst[c] = e * vr[c];
@@ -149,7 +149,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
             #pragma omp parallel for schedule(static) reduction(|:any_redo)
             for (size_t i = 0; i < bi; i++) {
                 size_t t = i0 + i;
-                const float *a = acc + i * 2 * ch, *qr = q + t * C + h * ch;
+                const float *a = acc + i * 2 * ch, *qr = q + t * ldq + h * ch;
                 float *yr = out + t * C + h * ch;
                 for (size_t c = 0; c < ch; c++) {
                     float den = a[ch + c];
@@ -177,18 +177,18 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
                     double M = -INFINITY;
                     for (size_t j = 0; j < tv; j++)
                         if (visible(mask, causal, T, t, j)) {
-                            double e = (double)k[j * C + cc] + (double)wrow[j];
+                            double e = (double)k[j * ldk + cc] + (double)wrow[j];
                             M = e > M ? e : M;
                         }
                     double num = 0.0, den = 0.0;
                     if (M > -INFINITY)
                         for (size_t j = 0; j < tv; j++)
                             if (visible(mask, causal, T, t, j)) {
-                                double e = exp((double)k[j * C + cc] + (double)wrow[j] - M);
+                                double e = exp((double)k[j * ldk + cc] + (double)wrow[j] - M);
                                 den += e;
-                                num += e * (double)v[j * C + cc];
+                                num += e * (double)v[j * ldv + cc];
                             }
-                    double sq = 1.0 / (1.0 + exp(-(double)q[t * C + cc]));
+                    double sq = 1.0 / (1.0 + exp(-(double)q[t * ldq + cc]));
                     yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
                 }
             }

@@ -26,19 +26,19 @@ aft_status aft_op_reference(float *out, const float *q, const float *k, const fl
                 double M = -INFINITY;
                 for (size_t j = 0; j < T; j++) {
                     if ((ws->causal && j > t) || (mask && !mask[t * T + j])) continue;
-                    double e = (double)k[j * C + c] + wd[j];
+                    double e = (double)k[j * ws->ldk + c] + wd[j];
                     if (e > M) M = e;
                 }
                 double num = 0.0, den = 0.0;
                 if (M > -INFINITY) {
                     for (size_t j = 0; j < T; j++) {
                         if ((ws->causal && j > t) || (mask && !mask[t * T + j])) continue;
-                        double e = exp((double)k[j * C + c] + wd[j] - M);
-                        num += e * (double)v[j * C + c];
+                        double e = exp((double)k[j * ws->ldk + c] + wd[j] - M);
+                        num += e * (double)v[j * ws->ldv + c];
                         den += e;
                     }
                 }
-                double sq = 1.0 / (1.0 + exp(-(double)q[t * C + c]));
+                double sq = 1.0 / (1.0 + exp(-(double)q[t * ws->ldq + c]));
                 out[t * C + c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
             }
         }
