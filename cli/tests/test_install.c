@@ -411,7 +411,7 @@ static void test_completion_words(void **state)
     ASSERT_COMPLETES("run\n", dir, "aft", "ru");
     ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "co");
     ASSERT_COMPLETES("info\nrun\nmask\ncompare\nconvert\nbench\nhelp\n", dir, "aft", "");
-    ASSERT_COMPLETES("--help\n--version\n", dir, "aft", "--");
+    ASSERT_COMPLETES("--help\n--version\n--quiet\n", dir, "aft", "--");
     ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "help", "co");
     ASSERT_COMPLETES("--dtype\n", dir, "aft", "convert", "--dt");
     ASSERT_COMPLETES("f32\nf16\nbf16\nf64\n", dir, "aft", "convert", "--dtype", "");
