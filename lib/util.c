@@ -144,6 +144,11 @@ aft_status aft_tensor_to_f32(const aft_tensor *t, float **out, aft_error *err)
     if (!y) return aft_fail(err, AFT_ERR_NOMEM, "out of memory converting %zu values to F32", t->nelem);
     const unsigned char *p = t->data;
     size_t n = t->nelem;
+    if (t->dtype == AFT_F32) {   /* already float32: a copy (the data may be unaligned) */
+        memcpy(y, p, n * sizeof(float));
+        *out = y;
+        return AFT_OK;
+    }
     for (size_t i = 0; i < n; i++) {
         switch (t->dtype) {
         case AFT_F32: { float v; memcpy(&v, p + 4 * i, 4); y[i] = v; break; }
