@@ -17,8 +17,10 @@
  * non-mmap path).
  *
  * AFT_TEST_QUICK=1 (set by `make test-valgrind`, where each aft run costs a
- * second or more) keeps only `aft info FILE` and `aft run FILE -o OUT`: every
- * file is still checked with both commands.
+ * second or more) runs one command per file, `aft info FILE` and
+ * `aft run FILE -o OUT` in turn: every file still goes through the reader
+ * (where the error paths differ from file to file), and each command's own
+ * error path still runs on half the corpus.
  *
  * Every file in the directory (but the generator, expected.tsv and a README)
  * must be listed in expected.tsv and the other way round, so the corpus and
@@ -45,6 +47,7 @@ typedef struct {
     char *expect;   /* substring of the message */
     char *path;     /* full path */
     int is_st;      /* .safetensors (else .npy) */
+    size_t index;   /* position in expected.tsv */
 } mcase;
 
 static mcase *cases;
@@ -100,6 +103,7 @@ static int load_expectations(void)
         c->expect = strdup(tab + 1);
         c->path = harness_path(corpus_dir, line);
         c->is_st = ends_with(line, ".safetensors");
+        c->index = ncases - 1;
         if (!c->name || !c->expect || !c->path) goto fail;
         if (!c->is_st && !ends_with(line, ".npy")) {
             fprintf(stderr, "test_malformed: %s: '%s' is neither .npy nor .safetensors\n", tsv_path, line);
@@ -220,9 +224,9 @@ static void test_file(void **state)
 {
     const mcase *c = *state;
     const char *info[] = {"info", c->path, NULL};
-    expect_failure(c, info, NULL, 0, c->path);
     const char *run[] = {"run", c->path, "-o", out_path, NULL};
-    expect_failure(c, run, NULL, 0, c->path);
+    if (!quick || c->index % 2 == 0) expect_failure(c, info, NULL, 0, c->path);
+    if (!quick || c->index % 2 == 1) expect_failure(c, run, NULL, 0, c->path);
     if (quick) return;
 
     char *bytes = NULL;
