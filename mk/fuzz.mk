@@ -1,6 +1,7 @@
 # mk/fuzz.mk - libFuzzer targets for the file readers (see fuzz/README.md).
 #
 #   make fuzz                  build the targets, run each for FUZZ_SECONDS
+#                              (FUZZ_JOBS at a time, default one per CPU)
 #   make fuzz FUZZ_SECONDS=10  the same, shorter
 #   make fuzz-regress          run each target once over its seeds and the
 #                              malformed corpus, no mutation (seconds)
@@ -63,18 +64,30 @@ fuzz-regress: fuzz-build
 	    grep -E 'INITED|DONE' $(FUZZ_DIR)/$$t.regress.log | tail -n 1; \
 	done
 
+# One run per target, FUZZ_JOBS at a time (default: one per CPU); each writes
+# its log to build/fuzz/TARGET.log and "passed" or "FAILED" to
+# build/fuzz/runs/TARGET.result.
+FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+FUZZ_RESULTS = $(FUZZ_TARGETS:%=$(FUZZ_DIR)/runs/%.result)
+
+$(FUZZ_DIR)/runs/%.result: $(FUZZ_DIR)/%
+	@mkdir -p $(@D) $(FUZZ_DIR)/corpus/$* $(FUZZ_DIR)/artifacts/$*
+	@if ./$< $(FUZZ_OPTS) -max_total_time=$(FUZZ_SECONDS) -dict=fuzz/$*.dict \
+	    -artifact_prefix=$(FUZZ_DIR)/artifacts/$*/ \
+	    $(FUZZ_DIR)/corpus/$* $(call fuzz_seeds,$*) > $(FUZZ_DIR)/$*.log 2>&1; \
+	then echo passed > $@; else echo FAILED > $@; fi
+
 fuzz: fuzz-build
-	@for t in $(FUZZ_TARGETS); do \
-	    mkdir -p $(FUZZ_DIR)/corpus/$$t $(FUZZ_DIR)/artifacts/$$t; \
-	    echo "== $$t: $(FUZZ_SECONDS) s (log: $(FUZZ_DIR)/$$t.log)"; \
-	    if $(FUZZ_DIR)/$$t $(FUZZ_OPTS) -max_total_time=$(FUZZ_SECONDS) -dict=fuzz/$$t.dict \
-	        -artifact_prefix=$(FUZZ_DIR)/artifacts/$$t/ \
-	        $(FUZZ_DIR)/corpus/$$t $(call fuzz_seeds,$$t) > $(FUZZ_DIR)/$$t.log 2>&1; then \
-	        grep -E '^(#[0-9]+ *DONE|stat::number_of_executed_units|stat::peak_rss_mb)' $(FUZZ_DIR)/$$t.log; \
-	    else \
-	        tail -n 60 $(FUZZ_DIR)/$$t.log; \
-	        echo "fuzz: $$t found a problem; input(s) in $(FUZZ_DIR)/artifacts/$$t/:"; \
-	        ls $(FUZZ_DIR)/artifacts/$$t/; \
-	        exit 1; \
+	@rm -rf $(FUZZ_DIR)/runs
+	@echo "fuzzing $(FUZZ_TARGETS), $(FUZZ_SECONDS) s each, $(FUZZ_JOBS) at a time"
+	@$(MAKE) --no-print-directory -j$(FUZZ_JOBS) $(FUZZ_RESULTS)
+	@fail=0; for t in $(FUZZ_TARGETS); do \
+	    echo "== $$t: $$(cat $(FUZZ_DIR)/runs/$$t.result) (log: $(FUZZ_DIR)/$$t.log)"; \
+	    grep -E 'DONE|stat::number_of_executed_units|stat::peak_rss_mb' $(FUZZ_DIR)/$$t.log; \
+	    if [ "$$(cat $(FUZZ_DIR)/runs/$$t.result)" != passed ]; then \
+	        fail=$$((fail+1)); tail -n 60 $(FUZZ_DIR)/$$t.log; \
+	        echo "fuzz: $$t found a problem; inputs in $(FUZZ_DIR)/artifacts/$$t/, newest first:"; \
+	        ls -t $(FUZZ_DIR)/artifacts/$$t/; \
 	    fi; \
-	done
+	done; \
+	test $$fail -eq 0
