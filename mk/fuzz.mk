@@ -5,6 +5,9 @@
 #   make fuzz FUZZ_SECONDS=10  the same, shorter
 #   make fuzz-regress          run each target once over its seeds and the
 #                              malformed corpus, no mutation (seconds)
+#   make fuzz-merge            keep what `make fuzz` found: add the inputs of
+#                              build/fuzz/corpus/TARGET/ that reach code the
+#                              seeds do not to testdata/fuzz-seeds/TARGET/found/
 #   make fuzz-build            build only: build/fuzz/fuzz_{npy,safetensors,weights}
 #
 # The targets are built with clang -fsanitize=fuzzer,address,undefined against
@@ -33,7 +36,7 @@ FUZZ_LIB_OBJ = $(LIB_SRC:lib/%.c=$(FUZZ_DIR)/lib/%.o)
 # per-input time limit and memory ceiling: a slow or greedy input is a finding
 FUZZ_OPTS = -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
 
-.PHONY: fuzz fuzz-build fuzz-regress fuzz-deps
+.PHONY: fuzz fuzz-build fuzz-regress fuzz-merge fuzz-deps
 fuzz-deps:
 	@sh third_party/install-deps.sh clang libclang-rt-14-dev
 
@@ -55,6 +58,16 @@ fuzz-build: deps fuzz-deps
 
 # the seed directories of target $(1): its own seeds, then the malformed corpus
 fuzz_seeds = testdata/fuzz-seeds/$(1) testdata/malformed
+
+# libFuzzer's -merge=1 copies into the first directory only the inputs of the
+# others that add coverage to what it already holds
+fuzz-merge: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	    mkdir -p testdata/fuzz-seeds/$$t/found $(FUZZ_DIR)/corpus/$$t; \
+	    $(FUZZ_DIR)/$$t -merge=1 testdata/fuzz-seeds/$$t/found $(FUZZ_DIR)/corpus/$$t > $(FUZZ_DIR)/$$t.merge.log 2>&1 \
+	        || { tail -n 30 $(FUZZ_DIR)/$$t.merge.log; exit 1; }; \
+	    echo "$$t: $$(grep -E 'MERGE-OUTER: [0-9]+ new files' $(FUZZ_DIR)/$$t.merge.log)"; \
+	done
 
 fuzz-regress: fuzz-build
 	@for t in $(FUZZ_TARGETS); do \

@@ -16,6 +16,10 @@ testdata/malformed/ is passed to every target as a second seed directory by
                      layers written here, one per naming scheme aft resolves
                      (query|to_q ..., pos_bias|wbias, pos_bias_u + _v, a conv
                      bias of one or two rows, a prefix, F16/BF16/F64 weights)
+
+TARGET/found/ is not made here: it holds inputs the fuzzers found that reach
+code these seeds do not (kept with `make fuzz-merge`, named by their SHA-1),
+so that `make fuzz-regress` replays them without fuzzing anew.
 """
 import json
 import os
