@@ -112,7 +112,14 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     size_t B = o->batch, C = o->d_hidden ? o->d_hidden : D, H = var == AFT_CONV ? o->heads : 1;
     size_t s = var == AFT_LOCAL || var == AFT_CONV ? o->window : 0;
     aft_error err;
-    size_t nx = B * T * D;
+    /* every size below comes from options: check the products first */
+    size_t nx, ncd, nconv;
+    if (__builtin_mul_overflow(B * 1, T, &nx) || __builtin_mul_overflow(nx, D, &nx) ||
+        __builtin_mul_overflow(C, D, &ncd) || __builtin_mul_overflow(H, 2 * s + 1, &nconv) ||
+        nx > SIZE_MAX / 8 || ncd > SIZE_MAX / 8 || nconv > SIZE_MAX / 8 || s > SIZE_MAX / 4) {
+        cli_error("bench", "sizes B = %zu, T = %zu, D = %zu, C = %zu are too large", B, T, D, C);
+        return EXIT_DATA;
+    }
     float *x = malloc(nx * sizeof(float) + 1), *y = malloc(nx * sizeof(float) + 1);
     float *w[4], *bvec = malloc(4 * (C > D ? C : D) * sizeof(float)), *conv = NULL;
     size_t rows[4] = {C, C, C, D}, cols[4] = {D, D, D, C};
