@@ -362,3 +362,18 @@ int harness_rmtree(const char *dir)
     /* depth first (children before their directory), never following links */
     return nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS) == 0 ? 0 : -1;
 }
+
+aft_tensor harness_tensor(aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
+{
+    aft_tensor t = {0};
+    t.dtype = dt;
+    t.ndim = ndim;
+    t.nelem = 1;
+    for (size_t i = 0; i < ndim; i++) {
+        t.shape[i] = shape[i];
+        t.nelem *= shape[i];
+    }
+    t.nbytes = t.nelem * aft_dtype_size(dt);
+    t.data = data;
+    return t;
+}

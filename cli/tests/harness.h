@@ -25,6 +25,8 @@
 
 #include <stddef.h>
 
+#include "aft.h"
+
 typedef struct {
     int exit_code;    /* the child's exit status, or -1 if a signal ended it;
                        * 127 (and "harness: cannot exec ..." in err) if the
@@ -65,6 +67,10 @@ size_t harness_count_lines(const char *s);
 
 /* A new empty directory under $TMPDIR (or /tmp), malloc'd path. */
 char *harness_mkdtemp(void);
+
+/* a tensor header over caller-owned data (C order; nelem and nbytes from the
+ * shape), for writing fixtures with aft_npy_write / aft_st_write */
+aft_tensor harness_tensor(aft_dtype dt, const void *data, size_t ndim, const size_t *shape);
 /* dir + "/" + name, malloc'd. */
 char *harness_path(const char *dir, const char *name);
 /* Creates or truncates path and writes len bytes to it. 0 or -1. */

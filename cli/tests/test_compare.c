@@ -34,27 +34,12 @@ static int teardown(void **state)
     return rc;
 }
 
-static aft_tensor make(aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
-{
-    aft_tensor t = {0};
-    t.dtype = dt;
-    t.ndim = ndim;
-    t.nelem = 1;
-    for (size_t i = 0; i < ndim; i++) {
-        t.shape[i] = shape[i];
-        t.nelem *= shape[i];
-    }
-    t.nbytes = t.nelem * aft_dtype_size(dt);
-    t.data = data;
-    return t;
-}
-
 /* writes dir/name as a .npy and returns its malloc'd path */
 static char *npy(const char *name, aft_dtype dt, const void *data, size_t ndim,
                  const size_t *shape)
 {
     char *path = harness_path(dir, name);
-    aft_tensor t = make(dt, data, ndim, shape);
+    aft_tensor t = harness_tensor(dt, data, ndim, shape);
     aft_error err = {{0}};
     if (aft_npy_write(path, &t, &err) != AFT_OK) fail_msg("writing %s: %s", path, err.msg);
     return path;
@@ -347,8 +332,8 @@ static void test_safetensors_operand(void **state)
     char *st = harness_path(dir, "m.safetensors");
     char *one = harness_path(dir, "one.safetensors");
     static const double other[6] = {9, 9, 9, 9, 9, 9};
-    aft_tensor ts[2] = {make(AFT_F32, base, 2, (size_t[]){2, 3}),
-                        make(AFT_F64, other, 2, (size_t[]){2, 3})};
+    aft_tensor ts[2] = {harness_tensor(AFT_F32, base, 2, (size_t[]){2, 3}),
+                        harness_tensor(AFT_F64, other, 2, (size_t[]){2, 3})};
     const char *names[2] = {"w", "layer:0"};
     aft_error err = {{0}};
     assert_int_equal(aft_st_write(st, names, ts, 2, NULL, 0, &err), AFT_OK);
@@ -404,7 +389,7 @@ static void test_safetensors_split(void **state)
     char *sub = harness_path(dir, "d.safetensors:x");
     assert_int_equal(mkdir(sub, 0700), 0);
     char *st = harness_path(sub, "m.safetensors");
-    aft_tensor t = make(AFT_F32, base, 2, (size_t[]){2, 3});
+    aft_tensor t = harness_tensor(AFT_F32, base, 2, (size_t[]){2, 3});
     const char *names[1] = {"a.safetensors:b"};
     aft_error err = {{0}};
     assert_int_equal(aft_st_write(st, names, &t, 1, NULL, 0, &err), AFT_OK);

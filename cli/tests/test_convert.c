@@ -40,21 +40,6 @@ static int teardown(void **state)
 
 /* ---------------------------------------------------------------- helpers */
 
-static aft_tensor make(aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
-{
-    aft_tensor t = {0};
-    t.dtype = dt;
-    t.ndim = ndim;
-    t.nelem = 1;
-    for (size_t i = 0; i < ndim; i++) {
-        t.shape[i] = shape[i];
-        t.nelem *= shape[i];
-    }
-    t.nbytes = t.nelem * aft_dtype_size(dt);
-    t.data = data;
-    return t;
-}
-
 /* dir/name, malloc'd */
 static char *in_dir(const char *name)
 {
@@ -67,7 +52,7 @@ static char *in_dir(const char *name)
 static char *npy(const char *name, aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
 {
     char *path = in_dir(name);
-    aft_tensor t = make(dt, data, ndim, shape);
+    aft_tensor t = harness_tensor(dt, data, ndim, shape);
     aft_error err = {{0}};
     if (aft_npy_write(path, &t, &err) != AFT_OK) fail_msg("writing %s: %s", path, err.msg);
     return path;
@@ -623,7 +608,7 @@ static void test_half_patterns(void **state)
     assert_non_null(all);
     assert_non_null(val);
     for (uint32_t i = 0; i < 65536; i++) all[i] = (uint16_t)i;
-    aft_tensor src = make(AFT_F16, all, 1, (size_t[]){65536});
+    aft_tensor src = harness_tensor(AFT_F16, all, 1, (size_t[]){65536});
     char *in16 = in_dir("all16.safetensors"), *inbf = in_dir("allbf.safetensors");
     aft_error err = {{0}};
     const char *nm[] = {"v"};
@@ -728,11 +713,11 @@ static void test_whole_file(void **state)
     const uint8_t b[2] = {0, 1};
     const uint16_t h[2] = {0x3c00, 0xc000};
     aft_tensor ts[5] = {
-        make(AFT_I64, i64, 1, (size_t[]){3}),
-        make(AFT_F64, d, 2, (size_t[]){2, 2}),
-        make(AFT_BOOL, b, 1, (size_t[]){2}),
-        make(AFT_F32, f, 1, (size_t[]){2}),
-        make(AFT_F16, h, 1, (size_t[]){2}),
+        harness_tensor(AFT_I64, i64, 1, (size_t[]){3}),
+        harness_tensor(AFT_F64, d, 2, (size_t[]){2, 2}),
+        harness_tensor(AFT_BOOL, b, 1, (size_t[]){2}),
+        harness_tensor(AFT_F32, f, 1, (size_t[]){2}),
+        harness_tensor(AFT_F16, h, 1, (size_t[]){2}),
     };
     const char *names[5] = {"layer.steps", "layer.w", "mask", "scale", "half"};
     const char *meta[4] = {"format", "pt", "source", "test"};
@@ -829,7 +814,7 @@ static void test_stdio(void **state)
     assert_int_equal(r.exit_code, 0);
     aft_st_file *st;
     assert_int_equal(aft_st_open_mem(r.out, r.out_len, &st, &err), AFT_OK);
-    aft_tensor want = make(AFT_F32, f, 1, (size_t[]){3});
+    aft_tensor want = harness_tensor(AFT_F32, f, 1, (size_t[]){3});
     assert_same_tensor(st_tensor(st, "x"), &want);
     assert_string_equal(st_meta(st, "k"), "v");
     aft_st_close(st);
@@ -864,7 +849,7 @@ static void test_errors(void **state)
     char *out = in_dir("out.safetensors"), *outn = in_dir("out.npy");
     char *missing = in_dir("missing.npy");
     char *st = in_dir("two.safetensors"), *bf = in_dir("bf.safetensors");
-    aft_tensor ts[2] = {make(AFT_F32, f, 1, (size_t[]){2}), make(AFT_BF16, h, 1, (size_t[]){2})};
+    aft_tensor ts[2] = {harness_tensor(AFT_F32, f, 1, (size_t[]){2}), harness_tensor(AFT_BF16, h, 1, (size_t[]){2})};
     const char *names[2] = {"x", "y"};
     aft_error err = {{0}};
     assert_int_equal(aft_st_write(st, names, ts, 2, NULL, 0, &err), AFT_OK);

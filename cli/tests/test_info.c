@@ -27,21 +27,6 @@ static size_t x_len;
 
 static const float x_vals[6] = {0, 1, 2, 3, 4, 5};
 
-static aft_tensor make(aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
-{
-    aft_tensor t = {0};
-    t.dtype = dt;
-    t.ndim = ndim;
-    t.nelem = 1;
-    for (size_t i = 0; i < ndim; i++) {
-        t.shape[i] = shape[i];
-        t.nelem *= shape[i];
-    }
-    t.nbytes = t.nelem * aft_dtype_size(dt);
-    t.data = data;
-    return t;
-}
-
 /* A version 1.0 .npy with the header dict given, padded as numpy pads it
  * (preamble + header a multiple of 64, ending in '\n'), then data. */
 static int write_raw_npy(const char *path, const char *dict, const void *data, size_t len)
@@ -74,7 +59,7 @@ static int setup(void **state)
     p_sniff_st = harness_path(dir, "weights-data");
     p_bad = harness_path(dir, "bad.npy");
 
-    aft_tensor x = make(AFT_F32, x_vals, 2, (size_t[]){2, 3});
+    aft_tensor x = harness_tensor(AFT_F32, x_vals, 2, (size_t[]){2, 3});
     if (aft_npy_write(p_x, &x, &err) != AFT_OK) goto fail;
     if (harness_read_file(p_x, &x_bytes, &x_len) != 0) return -1;
     if (harness_write_file(p_sniff_npy, x_bytes, x_len) != 0) return -1;
@@ -95,9 +80,9 @@ static int setup(void **state)
     static const double bias[3] = {1, 2, 3};
     static const double scale = 0.5;
     aft_tensor ts[3] = {
-        make(AFT_F32, w, 2, (size_t[]){4, 3}),
-        make(AFT_F64, bias, 1, (size_t[]){3}),
-        make(AFT_F64, &scale, 0, NULL),
+        harness_tensor(AFT_F32, w, 2, (size_t[]){4, 3}),
+        harness_tensor(AFT_F64, bias, 1, (size_t[]){3}),
+        harness_tensor(AFT_F64, &scale, 0, NULL),
     };
     const char *names[3] = {"to_q.weight", "to_q.bias", "scale"};
     const char *meta[4] = {"format", "pt", "note", "made by test_info"};

@@ -74,25 +74,10 @@ static char *fmt(const char *f, ...)
 /* a file in the temp dir, malloc'd */
 static char *tmp(const char *name) { return harness_path(dir, name); }
 
-static aft_tensor make(aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
-{
-    aft_tensor t = {0};
-    t.dtype = dt;
-    t.ndim = ndim;
-    t.nelem = 1;
-    for (size_t i = 0; i < ndim; i++) {
-        t.shape[i] = shape[i];
-        t.nelem *= shape[i];
-    }
-    t.nbytes = t.nelem * aft_dtype_size(dt);
-    t.data = data;
-    return t;
-}
-
 static void write_npy(const char *path, aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
 {
     aft_error err;
-    aft_tensor t = make(dt, data, ndim, shape);
+    aft_tensor t = harness_tensor(dt, data, ndim, shape);
     aft_status st = aft_npy_write(path, &t, &err);
     if (st != AFT_OK) fprintf(stderr, "write %s: %s\n", path, err.msg);
     assert_int_equal(st, AFT_OK);
@@ -113,7 +98,7 @@ static void write_st(const char *path, const st_entry *e, size_t n)
     assert_true(n <= 32);
     for (size_t i = 0; i < n; i++) {
         names[i] = e[i].name;
-        ts[i] = make(AFT_F32, e[i].data, e[i].ndim, e[i].shape);
+        ts[i] = harness_tensor(AFT_F32, e[i].data, e[i].ndim, e[i].shape);
     }
     aft_error err;
     aft_status st = aft_st_write(path, names, ts, n, NULL, 0, &err);
@@ -1479,10 +1464,10 @@ static void test_weights_layer(void **state)
         aft_tensor ts[16];
         for (size_t i = 0; i < n; i++) {
             nm[i] = e[i].name;
-            ts[i] = make(AFT_F32, e[i].data, e[i].ndim, e[i].shape);
+            ts[i] = harness_tensor(AFT_F32, e[i].data, e[i].ndim, e[i].shape);
         }
         nm[n] = "local_mask";
-        ts[n] = make(AFT_BOOL, lm, 2, (size_t[]){tmax, tmax});
+        ts[n] = harness_tensor(AFT_BOOL, lm, 2, (size_t[]){tmax, tmax});
         aft_error err;
         assert_int_equal(aft_st_write(w, nm, ts, n + 1, NULL, 0, &err), AFT_OK);
     }
