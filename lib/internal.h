@@ -125,12 +125,20 @@ aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float
                              const float *v, size_t ldv, const aft_bias *bias, const aft_config *cfg,
                              size_t B, size_t T, size_t C, size_t kc, aft_error *err);
 
+/* C (M x N) = A (M x K) op(B) (+ bias, one value per column, when not NULL);
+ * op(B) = B (K x N, rows ldb apart) or, trans_b, B^T with B (N x K). Row-major.
+ * Split over aft's threads (one single-threaded cblas_sgemm each); one call
+ * when already inside a parallel region. */
+void aft_gemm(int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
+              const float *B, size_t ldb, const float *bias, float *C, size_t ldc);
+
 /* kernels: q, k, v, out: (T, C) of one batch, rows ws->ldq/ldk/ldv apart;
  * mask (T, T) or NULL */
 aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v,
                             const uint8_t *mask, const aft_wspec *ws, aft_error *err);
-/* rows of exp(w) the dense kernel holds at once for a sequence of T */
-size_t aft_dense_rows(size_t T);
+/* rows of exp(w) each thread of the dense kernel holds at once for a
+ * sequence of T with the given number of threads */
+size_t aft_dense_rows(size_t T, size_t threads);
 aft_status aft_op_dense(float *out, const float *q, const float *k, const float *v,
                         const uint8_t *mask, const aft_wspec *ws, aft_error *err);
 /* band kernel: local, conv, simple without mask; all batches at once

@@ -26,8 +26,10 @@ size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, 
     if (cfg->impl == AFT_IMPL_REFERENCE) {
         op = sat_mul(T, 3 * f);
     } else if (cfg->variant == AFT_FULL) {
-        /* (T, 2C) right-hand sides, a block of exp(w) rows, chunk maxima */
-        op = sat_add(sat_mul(sat_mul(T, 2 * C), f), sat_mul(sat_mul(aft_dense_rows(T), T), f));
+        /* (T, 2C) right-hand sides, a block of exp(w) rows per thread,
+         * chunk maxima */
+        size_t blk = sat_mul(sat_mul(aft_dense_rows(T, threads), T), f);
+        op = sat_add(sat_mul(sat_mul(T, 2 * C), f), sat_mul(blk, threads));
         op = sat_add(op, sat_mul(sat_mul(T, C), f));
     } else {
         /* per thread: right-part states (T, 64) x 3 and a band block */

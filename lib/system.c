@@ -37,7 +37,8 @@ void aft_set_threads(int n)
     }
     n_threads = n;
     omp_set_num_threads(n);
-    openblas_set_num_threads(n);
+    /* aft splits products over its own threads (gemm.c): OpenBLAS keeps one */
+    openblas_set_num_threads(1);
 }
 
 int aft_get_threads(void)

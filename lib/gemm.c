@@ -1,0 +1,59 @@
+/* gemm.c - matrix products on aft's own threads.
+ *
+ * OpenBLAS runs with one thread (aft_set_threads sees to it) and aft splits
+ * each product into parts, one single-threaded cblas_sgemm per OpenMP
+ * thread. Two thread pools on one machine fight: OpenBLAS's pthread workers
+ * spin (sched_yield) for a while after every product, and on a two-core
+ * machine that spinning took a quarter of the CPU time away from the
+ * operator's own OpenMP loops between the products. With one pool nothing
+ * spins, the parts of a product and the work around them share threads, and
+ * a part's rows are computed exactly as the whole product would compute them
+ * (OpenBLAS blocks the inner dimension the same way whatever the row count),
+ * so results do not depend on the thread count.
+ */
+#include "internal.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+/* parts are multiples of 16 rows (or columns): the kernel's register block */
+enum { PART_ALIGN = 16 };
+
+static void gemm_part(int trans_b, size_t m0, size_t m1, size_t n0, size_t n1, size_t K,
+                      const float *A, size_t lda, const float *B, size_t ldb,
+                      const float *bias, float *C, size_t ldc)
+{
+    if (m1 <= m0 || n1 <= n0) return;
+    if (bias)
+        for (size_t i = m0; i < m1; i++) memcpy(C + i * ldc + n0, bias + n0, (n1 - n0) * sizeof(float));
+    const float *Bp = trans_b ? B + n0 * ldb : B + n0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)(m1 - m0),
+                (int)(n1 - n0), (int)K, 1.0f, A + m0 * lda, (int)lda, Bp, (int)ldb, bias ? 1.0f : 0.0f,
+                C + m0 * ldc + n0, (int)ldc);
+}
+
+void aft_gemm(int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
+              const float *B, size_t ldb, const float *bias, float *C, size_t ldc)
+{
+    size_t nt = (size_t)aft_get_threads();
+    if (nt <= 1 || omp_in_parallel()) {
+        gemm_part(trans_b, 0, M, 0, N, K, A, lda, B, ldb, bias, C, ldc);
+        return;
+    }
+    /* split the rows when every thread gets at least two blocks of them,
+     * else the columns, else nothing */
+    int by_rows = M >= 2 * PART_ALIGN * nt;
+    size_t len = by_rows ? M : N;
+    if (!by_rows && N < 2 * PART_ALIGN * nt) {
+        gemm_part(trans_b, 0, M, 0, N, K, A, lda, B, ldb, bias, C, ldc);
+        return;
+    }
+    size_t step = (len + nt - 1) / nt;
+    step = (step + PART_ALIGN - 1) / PART_ALIGN * PART_ALIGN;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)nt)
+    for (size_t p = 0; p < nt; p++) {
+        size_t a = p * step < len ? p * step : len, b = a + step < len ? a + step : len;
+        if (by_rows) gemm_part(trans_b, a, b, 0, N, K, A, lda, B, ldb, bias, C, ldc);
+        else gemm_part(trans_b, 0, M, a, b, K, A, lda, B, ldb, bias, C, ldc);
+    }
+}
