@@ -39,7 +39,7 @@ static const struct cmd *lookup(const char *name)
     return NULL;
 }
 
-/* Two settings are read only when the libraries load, before main, so the
+/* Three settings are read only when the libraries load, before main, so the
  * command fixes them by starting itself once more:
  *  - OpenBLAS's kernel. If it left this CPU's AVX-512 unused (some
  *    environments force OPENBLAS_CORETYPE=Haswell; old OpenBLAS builds do not
@@ -48,7 +48,12 @@ static const struct cmd *lookup(const char *name)
  *    AFT_BLAS_CORETYPE=NAME forces NAME.
  *  - OpenMP's waiting. Spinning worker threads fight OpenBLAS's own threads
  *    for the cores, badly so on a shared machine; passive waiting costs a few
- *    microseconds a parallel region. An OMP_WAIT_POLICY already set is kept. */
+ *    microseconds a parallel region. An OMP_WAIT_POLICY already set is kept.
+ *  - OpenBLAS's thread count. aft splits products over its own threads and
+ *    calls OpenBLAS with one thread, but OpenBLAS starts its workers when it
+ *    loads and they spin (sched_yield) for ~0.1 s before sleeping, which on
+ *    two cores took CPU from aft's first runs. OPENBLAS_NUM_THREADS=1 starts
+ *    none. An OPENBLAS_NUM_THREADS already set is kept. */
 static void maybe_reexec(char **argv)
 {
     if (getenv("AFT_REEXECED")) return;
@@ -65,6 +70,10 @@ static void maybe_reexec(char **argv)
     }
     if (!getenv("OMP_WAIT_POLICY")) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        again = 1;
+    }
+    if (!getenv("OPENBLAS_NUM_THREADS")) {
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
         again = 1;
     }
     if (!again) return;

@@ -34,15 +34,17 @@
 #include <omp.h>
 #include <stdlib.h>
 
-enum { BAND_ROWS = 128, BAND_CH = 128 };
+enum { BAND_ROWS = 128, BAND_CH = 128, GROUP = 4 };   /* GROUP: rows whose band sums share loads */
 /* a running sum may sit at most this many nats below its stabiliser */
 #define JUMP 30.0f
 
 typedef struct {
     float *ek, *ekv;              /* band block: (BAND_ROWS + 2s, cw) */
     float *rs0, *rs1, *rst;       /* right part per row: (T, cw) each */
-    float *w, *ew;                /* one row's band: 2s each */
-    float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *b0, *b1, *first, *zeros;  /* cw each */
+    float *w, *ew;                /* GROUP rows' band: (GROUP, 2s), (2s + GROUP, GROUP) */
+    float r[GROUP];               /* their band maxima */
+    float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *first, *zeros;  /* cw each */
+    float *b0, *b1;               /* (GROUP, cw) each */
     unsigned char *redo;          /* cw */
 } band_scratch;
 
@@ -122,43 +124,46 @@ typedef float v16 __attribute__((vector_size(64)));
 static inline v16 ld16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
 static inline void st16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 
-// b0, b1: (cw)   ew: (nw) band weights   ek, ekv: (nw, cw) rows of the band
-// b0 = sum_j ew[j] ek[j], b1 = sum_j ew[j] ekv[j], accumulated in registers
-// 32 channels at a time (the inner loop of the whole kernel)
-static inline void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
-                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw)
+// Band sums of GROUP rows at once, rows i = 0 .. GROUP-1:
+//   b0[i][c] = sum_j ew[j][i] ek[j][c],   b1[i][c] = sum_j ew[j][i] ekv[j][c]
+// ew: (nw, GROUP), zero where row i does not see band row j; ek, ekv:
+// (nw, cw); b0, b1: (GROUP, cw). The inner loop of the whole kernel: each
+// ek/ekv vector loaded feeds GROUP rows' sums (one row at a time, the loads
+// from L2 were the limit), 32 channels x 4 rows x 2 = 16 sums in registers.
+static inline void band_sums4(float *restrict b0, float *restrict b1, const float *restrict ew,
+                              const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw)
 {
     size_t c = 0;
     for (; c + 32 <= cw; c += 32) {
-        v16 a0 = {0}, a1 = {0}, d0 = {0}, d1 = {0};
+        v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+        v16 d00 = {0}, d01 = {0}, d10 = {0}, d11 = {0}, d20 = {0}, d21 = {0}, d30 = {0}, d31 = {0};
         for (size_t j = 0; j < nw; j++) {
-            const float e = ew[j];
-            const float *er = ek + j * cw + c, *vr = ekv + j * cw + c;
-            a0 += e * ld16(er);
-            a1 += e * ld16(er + 16);
-            d0 += e * ld16(vr);
-            d1 += e * ld16(vr + 16);
+            const float *er = ek + j * cw + c, *vr = ekv + j * cw + c, *wj = ew + j * GROUP;
+            v16 e0 = ld16(er), e1 = ld16(er + 16), u0 = ld16(vr), u1 = ld16(vr + 16);
+            float w0 = wj[0], w1 = wj[1], w2 = wj[2], w3 = wj[3];
+            a00 += w0 * e0; a01 += w0 * e1; d00 += w0 * u0; d01 += w0 * u1;
+            a10 += w1 * e0; a11 += w1 * e1; d10 += w1 * u0; d11 += w1 * u1;
+            a20 += w2 * e0; a21 += w2 * e1; d20 += w2 * u0; d21 += w2 * u1;
+            a30 += w3 * e0; a31 += w3 * e1; d30 += w3 * u0; d31 += w3 * u1;
         }
-        st16(b0 + c, a0); st16(b0 + c + 16, a1);
-        st16(b1 + c, d0); st16(b1 + c + 16, d1);
-    }
-    for (; c + 16 <= cw; c += 16) {
-        v16 a0 = {0}, d0 = {0};
-        for (size_t j = 0; j < nw; j++) {
-            a0 += ew[j] * ld16(ek + j * cw + c);
-            d0 += ew[j] * ld16(ekv + j * cw + c);
-        }
-        st16(b0 + c, a0);
-        st16(b1 + c, d0);
+        st16(b0 + c, a00); st16(b0 + c + 16, a01); st16(b1 + c, d00); st16(b1 + c + 16, d01);
+        st16(b0 + cw + c, a10); st16(b0 + cw + c + 16, a11); st16(b1 + cw + c, d10); st16(b1 + cw + c + 16, d11);
+        st16(b0 + 2 * cw + c, a20); st16(b0 + 2 * cw + c + 16, a21);
+        st16(b1 + 2 * cw + c, d20); st16(b1 + 2 * cw + c + 16, d21);
+        st16(b0 + 3 * cw + c, a30); st16(b0 + 3 * cw + c + 16, a31);
+        st16(b1 + 3 * cw + c, d30); st16(b1 + 3 * cw + c + 16, d31);
     }
     for (; c < cw; c++) {
-        float a = 0.0f, d = 0.0f;
-        for (size_t j = 0; j < nw; j++) {
-            a = fmaf(ew[j], ek[j * cw + c], a);
-            d = fmaf(ew[j], ekv[j * cw + c], d);
+        float a[GROUP] = {0}, d[GROUP] = {0};
+        for (size_t j = 0; j < nw; j++)
+            for (size_t i = 0; i < GROUP; i++) {
+                a[i] = fmaf(ew[j * GROUP + i], ek[j * cw + c], a[i]);
+                d[i] = fmaf(ew[j * GROUP + i], ekv[j * cw + c], d[i]);
+            }
+        for (size_t i = 0; i < GROUP; i++) {
+            b0[i * cw + c] = a[i];
+            b1[i * cw + c] = d[i];
         }
-        b0[c] = a;
-        b1[c] = d;
     }
 }
 
@@ -249,84 +254,104 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                 sc->fp[c] = scale_down(pst[c], zc);
                 sc->fs[c] = causal ? 0.0f : scale_down(rst[c], zc);
             }
-            for (size_t t = g0; t < g1; t++) {
-                if (fixed && t >= s) {
-                    const float *kr = k + (t - s) * ldk;
-                    add_fixed(p0, p1, pst, kr, v + (t - s) * ldv, cw);
-                    for (size_t c = 0; c < cw; c++) pmax[c] = kr[c] > pmax[c] ? kr[c] : pmax[c];
-                }
-                size_t lo = t + 1 >= s ? t + 1 - s : 0;
-                size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
-                size_t nw = hi - lo;
-
-                /* band weights exp(w - r), r the row's band maximum */
-                float r = 0.0f;
-                if (zero_bias) {
-                    for (size_t j = 0; j < nw; j++) sc->w[j] = 0.0f;
-                } else {
-                    aft_w_row(ws, h, t, lo, hi, sc->w);
-                    r = aft_max_f32(sc->w, nw);
-                    if (!isfinite(r)) r = 0.0f;
-                }
-                for (size_t j = 0; j < nw; j++) sc->ew[j] = aft_expf(sc->w[j] - r);
-
-                float *b0 = sc->b0, *b1 = sc->b1;
-                band_sums(b0, b1, sc->ew, sc->ek + (lo - lob) * cw, sc->ekv + (lo - lob) * cw, nw, cw);
-
-                /* everything in units of exp(zc + zr): no exponential per entry */
-                float zr = r > 0.0f ? r : 0.0f;
-                float fr = aft_expf(r - zr), fz = aft_expf(-zr);
-                const float *qr = q + t * ldq;
-                float *yr = out + t * C;
-                /* causal: no right part; zeros keep the loop branch-free */
-                const float *rs0 = causal ? sc->zeros : sc->rs0 + t * cw;
-                const float *rs1 = causal ? sc->zeros : sc->rs1 + t * cw;
-                int any_redo = 0;
-                for (size_t c = 0; c < cw; c++) {
-                    float fb = sc->fe[c] * fr;
-                    float den = b0[c] * fb + (p0[c] * sc->fp[c] + rs0[c] * sc->fs[c]) * fz;
-                    float num = b1[c] * fb + (p1[c] * sc->fp[c] + rs1[c] * sc->fs[c]) * fz;
-                    /* sigmoid(q) * num / den with one division */
-                    yr[c] = num / (den * (1.0f + aft_expf(-qr[c])));
-                    unsigned char bad = !(den >= AFT_DEN_EXACT_BELOW);
-                    sc->redo[c] = bad;
-                    any_redo |= bad;
-                }
-                if (!any_redo) continue;
-
-                /* exact in double: the band's terms one by one, the running
-                 * sums (exact by construction) at their own stabilisers */
-                for (size_t c = 0; c < cw; c++) {
-                    if (!sc->redo[c]) continue;
-                    double bm = -INFINITY;
-                    for (size_t j = lo; j < hi; j++) {
-                        double e = (double)k[j * ldk + c] + (double)sc->w[j - lo];
-                        bm = e > bm ? e : bm;
+            for (size_t t0 = g0; t0 < g1; t0 += GROUP) {
+                /* the band sums of up to GROUP rows at once: they share most band
+                 * rows, so each row of ek/ekv loaded feeds GROUP rows' sums */
+                size_t gn = g1 - t0 < GROUP ? g1 - t0 : GROUP;
+                size_t ulo = t0 + 1 >= s ? t0 + 1 - s : 0;
+                size_t tl = t0 + gn - 1;
+                size_t uhi = causal ? tl + 1 : (tl + s < T ? tl + s : T);
+                size_t un = uhi - ulo;
+                float *ew = sc->ew;
+                memset(ew, 0, un * GROUP * sizeof(float));
+                for (size_t i = 0; i < gn; i++) {
+                    size_t t = t0 + i;
+                    size_t lo = t + 1 >= s ? t + 1 - s : 0;
+                    size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
+                    size_t nw = hi - lo;
+                    float *w = sc->w + i * 2 * s;
+                    /* band weights exp(w - r), r the row's band maximum */
+                    float r = 0.0f;
+                    if (zero_bias) {
+                        for (size_t j = 0; j < nw; j++) w[j] = 0.0f;
+                    } else {
+                        aft_w_row(ws, h, t, lo, hi, w);
+                        r = aft_max_f32(w, nw);
+                        if (!isfinite(r)) r = 0.0f;
                     }
-                    double lm = p0[c] > 0.0f ? (double)pst[c] : -INFINITY;
-                    double rm = !causal && rs0[c] > 0.0f ? (double)rst[c] : -INFINITY;
-                    double M = bm > lm ? bm : lm;
-                    M = rm > M ? rm : M;
-                    double num = 0.0, den = 0.0;
-                    if (M > -INFINITY) {
+                    sc->r[i] = r;
+                    for (size_t j = 0; j < nw; j++) ew[(lo - ulo + j) * GROUP + i] = aft_expf(w[j] - r);
+                }
+                band_sums4(sc->b0, sc->b1, ew, sc->ek + (ulo - lob) * cw, sc->ekv + (ulo - lob) * cw, un, cw);
+
+                for (size_t i = 0; i < gn; i++) {
+                    size_t t = t0 + i;
+                    if (fixed && t >= s) {
+                        const float *kr = k + (t - s) * ldk;
+                        add_fixed(p0, p1, pst, kr, v + (t - s) * ldv, cw);
+                        for (size_t c = 0; c < cw; c++) pmax[c] = kr[c] > pmax[c] ? kr[c] : pmax[c];
+                    }
+                    size_t lo = t + 1 >= s ? t + 1 - s : 0;
+                    size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
+                    const float *w = sc->w + i * 2 * s;
+                    float r = sc->r[i];
+                    const float *b0 = sc->b0 + i * cw, *b1 = sc->b1 + i * cw;
+
+                    /* everything in units of exp(zc + zr): no exponential per entry */
+                    float zr = r > 0.0f ? r : 0.0f;
+                    float fr = aft_expf(r - zr), fz = aft_expf(-zr);
+                    const float *qr = q + t * ldq;
+                    float *yr = out + t * C;
+                    /* causal: no right part; zeros keep the loop branch-free */
+                    const float *rs0 = causal ? sc->zeros : sc->rs0 + t * cw;
+                    const float *rs1 = causal ? sc->zeros : sc->rs1 + t * cw;
+                    int any_redo = 0;
+                    for (size_t c = 0; c < cw; c++) {
+                        float fb = sc->fe[c] * fr;
+                        float den = b0[c] * fb + (p0[c] * sc->fp[c] + rs0[c] * sc->fs[c]) * fz;
+                        float num = b1[c] * fb + (p1[c] * sc->fp[c] + rs1[c] * sc->fs[c]) * fz;
+                        /* sigmoid(q) * num / den with one division */
+                        yr[c] = num / (den * (1.0f + aft_expf(-qr[c])));
+                        unsigned char bad = !(den >= AFT_DEN_EXACT_BELOW);
+                        sc->redo[c] = bad;
+                        any_redo |= bad;
+                    }
+                    if (!any_redo) continue;
+
+                    /* exact in double: the band's terms one by one, the running
+                     * sums (exact by construction) at their own stabilisers */
+                    for (size_t c = 0; c < cw; c++) {
+                        if (!sc->redo[c]) continue;
+                        double bm = -INFINITY;
                         for (size_t j = lo; j < hi; j++) {
-                            double e = exp((double)k[j * ldk + c] + (double)sc->w[j - lo] - M);
-                            den += e;
-                            num += e * (double)v[j * ldv + c];
+                            double e = (double)k[j * ldk + c] + (double)w[j - lo];
+                            bm = e > bm ? e : bm;
                         }
-                        if (lm > -INFINITY) {
-                            double f = exp(lm - M);
-                            den += p0[c] * f;
-                            num += p1[c] * f;
+                        double lm = p0[c] > 0.0f ? (double)pst[c] : -INFINITY;
+                        double rm = !causal && rs0[c] > 0.0f ? (double)rst[c] : -INFINITY;
+                        double M = bm > lm ? bm : lm;
+                        M = rm > M ? rm : M;
+                        double num = 0.0, den = 0.0;
+                        if (M > -INFINITY) {
+                            for (size_t j = lo; j < hi; j++) {
+                                double e = exp((double)k[j * ldk + c] + (double)w[j - lo] - M);
+                                den += e;
+                                num += e * (double)v[j * ldv + c];
+                            }
+                            if (lm > -INFINITY) {
+                                double f = exp(lm - M);
+                                den += p0[c] * f;
+                                num += p1[c] * f;
+                            }
+                            if (rm > -INFINITY) {
+                                double f = exp(rm - M);
+                                den += rs0[c] * f;
+                                num += rs1[c] * f;
+                            }
                         }
-                        if (rm > -INFINITY) {
-                            double f = exp(rm - M);
-                            den += rs0[c] * f;
-                            num += rs1[c] * f;
-                        }
+                        double sq = 1.0 / (1.0 + exp(-(double)qr[c]));
+                        yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
                     }
-                    double sq = 1.0 / (1.0 + exp(-(double)qr[c]));
-                    yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
                 }
             }
             g0 = g1;
@@ -386,7 +411,11 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
      * and T * C was checked by the caller */
     size_t n_right = ws->causal || global_simple ? 0 : T * cw_max;
     size_t n_band = global_simple ? 0 : (BAND_ROWS + 2 * s) * cw_max;
-    size_t n_total = 3 * n_right + 2 * n_band + 4 * s + 12 * cw_max;
+    const size_t sizes[] = {n_right, n_right, n_right, n_band, n_band, GROUP * 2 * s, GROUP * (2 * s + GROUP),
+                            cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max,
+                            GROUP * cw_max, GROUP * cw_max, cw_max, cw_max};
+    size_t n_total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) n_total += sizes[i];
     int failed = 0;
 
     #pragma omp parallel
@@ -401,8 +430,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
             float *p = blk;
             float **arrays[] = {&sc.rs0, &sc.rs1, &sc.rst, &sc.ek, &sc.ekv, &sc.w, &sc.ew, &sc.mk, &sc.pst,
                                 &sc.pmax, &sc.p0, &sc.p1, &sc.fe, &sc.fp, &sc.fs, &sc.b0, &sc.b1, &sc.first, &sc.zeros};
-            size_t sizes[] = {n_right, n_right, n_right, n_band, n_band, 2 * s, 2 * s, cw_max, cw_max,
-                              cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max};
+            _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
                 *arrays[i] = p;
                 p += sizes[i];

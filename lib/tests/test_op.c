@@ -1662,9 +1662,12 @@ int main(int argc, char **argv)
      * workers (and OpenBLAS's own threads) made calls with threads = 0 take
      * ~80 ms each instead of < 1 ms. Start once more with passive waiting,
      * unless the caller chose a policy (OMP_WAIT_POLICY=active reproduces
-     * the default). */
-    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+     * the default); and with OPENBLAS_NUM_THREADS=1, as the aft command
+     * does, so OpenBLAS starts no workers (aft calls it single-threaded). */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
+        if (!getenv("OPENBLAS_NUM_THREADS")) setenv("OPENBLAS_NUM_THREADS", "1", 1);
         execv("/proc/self/exe", argv);   /* returns only on failure: run as is */
+    }
 
     const struct CMUnitTest tests[] = {
         /* the reference against closed forms and identities */
