@@ -387,6 +387,90 @@ static void simple_task(float *out, const float *q, const float *k, const float 
     }
 }
 
+/* simple, not causal, all batches: the same sums with the rows split over
+ * the threads, so each thread reads whole rows in order (q, k and v share a
+ * row in the layer's buffer) instead of every thread striding through all
+ * rows for its channels. Each thread keeps per channel a running maximum m
+ * and s0 = sum exp(k - m), s1 = sum exp(k - m) v over its rows, raising m a
+ * block of SIMPLE_ROWS rows at a time (all factors stay <= 1); the threads'
+ * sums are then brought to the largest m and added. Returns 0 when some key
+ * is +inf: the caller then runs simple_task, whose stabiliser rule for
+ * non-finite maxima this does not repeat. */
+enum { SIMPLE_ROWS = 64 };
+
+static int simple_rows_split(float *out, const float *q, const float *k, const float *v, size_t B,
+                             const aft_wspec *ws, float *st, size_t nt)
+{
+    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
+    /* st: per thread m, s0, s1, block maxima (4C each); then s (C) */
+    float *sv = st + nt * 4 * C;
+    int ok = 1;
+    for (size_t b = 0; b < B && ok; b++) {
+        const float *qb = q + b * T * ldq, *kb = k + b * T * ldk, *vb = v + b * T * ldv;
+        float *ob = out + b * T * C;
+        int inf_key = 0;
+        #pragma omp parallel num_threads((int)nt) reduction(|:inf_key)
+        {
+            size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
+            size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
+            float *m = st + tid * 4 * C, *s0 = m + C, *s1 = m + 2 * C, *bm = m + 3 * C;
+            for (size_t c = 0; c < C; c++) { m[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; }
+            for (size_t r0 = t0; r0 < t1; r0 += SIMPLE_ROWS) {
+                size_t r1 = r0 + SIMPLE_ROWS < t1 ? r0 + SIMPLE_ROWS : t1;
+                memcpy(bm, m, C * sizeof(float));
+                for (size_t t = r0; t < r1; t++) {
+                    const float *kr = kb + t * ldk;
+                    for (size_t c = 0; c < C; c++) bm[c] = kr[c] > bm[c] ? kr[c] : bm[c];
+                }
+                for (size_t c = 0; c < C; c++) {
+                    inf_key |= bm[c] == INFINITY;
+                    float f = m[c] == -INFINITY ? 0.0f : aft_expf(m[c] - bm[c]);
+                    f = bm[c] > m[c] ? f : 1.0f;
+                    s0[c] *= f;
+                    s1[c] *= f;
+                    m[c] = bm[c] > m[c] ? bm[c] : m[c];
+                    /* no finite key yet: -inf keys give 0, NaN keys NaN */
+                    bm[c] = isfinite(m[c]) ? m[c] : 0.0f;
+                }
+                for (size_t t = r0; t < r1; t++) {
+                    const float *kr = kb + t * ldk, *vr = vb + t * ldv;
+                    for (size_t c = 0; c < C; c++) {
+                        float e = aft_expf(kr[c] - bm[c]);
+                        s0[c] += e;
+                        s1[c] += e * vr[c];
+                    }
+                }
+            }
+            #pragma omp barrier
+            /* merge: each thread a range of channels */
+            size_t c0 = C * tid / n, c1 = C * (tid + 1) / n;
+            for (size_t c = c0; c < c1; c++) {
+                float M = -INFINITY;
+                for (size_t i = 0; i < n; i++) {
+                    float mi = st[i * 4 * C + c];
+                    M = isfinite(mi) && mi > M ? mi : M;
+                }
+                float a0 = 0.0f, a1 = 0.0f;
+                for (size_t i = 0; i < n; i++) {
+                    const float *mi = st + i * 4 * C;
+                    float f = isfinite(mi[c]) ? aft_expf(mi[c] - M) : 0.0f;
+                    a0 += mi[C + c] * f;
+                    a1 += mi[2 * C + c] * f;
+                }
+                sv[c] = a0 > 0.0f ? a1 / a0 : 0.0f;
+            }
+            #pragma omp barrier
+            for (size_t t = t0; t < t1; t++) {
+                const float *qr = qb + t * ldq;
+                float *yr = ob + t * C;
+                for (size_t c = 0; c < C; c++) yr[c] = aft_sigmoidf(qr[c]) * sv[c];
+            }
+        }
+        ok = !inf_key;
+    }
+    return ok;
+}
+
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
                        size_t B, const aft_wspec *ws, aft_error *err)
 {
@@ -397,6 +481,15 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
                     (ws->variant == AFT_CONV ? ws->bias->kind != AFT_BIAS_CONV
                                              : ws->bias->kind == AFT_BIAS_NONE);
     int global_simple = zero_bias && !ws->causal;
+    if (global_simple && T >= 2 * SIMPLE_ROWS) {
+        size_t nt = (size_t)aft_get_threads();
+        float *st = aft_alloc_array(nt * 4 + 1, C * sizeof(float));
+        if (!st) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for softmax sums (C = %zu)", C);
+        int ok = simple_rows_split(out, q, k, v, B, ws, st, nt);
+        free(st);
+        if (ok) return AFT_OK;
+        /* a key of +inf: the per-channel kernel below, for all batches */
+    }
     /* a band wider than the sequence is the whole sequence */
     size_t s = zero_bias ? 1 : (ws->window < T ? ws->window : T);
     /* channel blocks as wide as BAND_CH (per-row work is shared by a block's

@@ -1094,6 +1094,73 @@ static void test_op_extreme_adversarial(void **state)
     grid_extreme(VALS_ADVERSE, 1200);
 }
 
+/* simple without causality splits the rows over the threads, each keeping
+ * running softmax sums a 64-row block at a time, merged at the end (from
+ * T = 128 on): T around the block and threshold sizes and far from them,
+ * B > 1, one to three threads (three on two cores: uneven rows), every
+ * value mode, including keys of +-500 and one huge key. */
+static void test_op_simple_rows(void **state)
+{
+    (void)state;
+    const size_t Ts[] = {127, 128, 129, 1000, 2049};
+    const vals_mode vm[] = {VALS_NORMAL, VALS_WIDE, VALS_ONE_HUGE, VALS_ADVERSE};
+    const int th[] = {1, 2, 3};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t ti = 0; ti < N_OF(Ts); ti++)
+        for (size_t vi = 0; vi < N_OF(vm); vi++)
+            for (size_t hi = 0; hi < N_OF(th); hi++) {
+                size_t B = (cases & 1) ? 3 : 1, C = (cases & 2) ? 16 : 12;
+                op_case c = {AFT_SIMPLE, AFT_BIAS_NONE, B, Ts[ti], C, 0, 0, 0, 0, MASK_NONE, vm[vi],
+                             1400 + (uint64_t)cases, th[hi]};
+                fails += run_case(&c, &reports);
+                cases++;
+            }
+    finish(fails, cases);
+}
+
+/* A key of +inf makes the row-split simple path hand the call to the
+ * per-channel kernel: the channels and batches without it still match the
+ * reference. */
+static void test_op_simple_inf_key(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 300, C = 8, n = B * T * C;
+    rng r = {77};
+    float *q = xmalloc(n * sizeof *q), *k = xmalloc(n * sizeof *k), *v = xmalloc(n * sizeof *v),
+          *y = xmalloc(n * sizeof *y);
+    double *qd = xmalloc(n * sizeof *qd), *kd = xmalloc(n * sizeof *kd), *vd = xmalloc(n * sizeof *vd),
+           *yd = xmalloc(n * sizeof *yd);
+    double *rq = randd(&r, n, 2), *rk = randd(&r, n, 3), *rv = randd(&r, n, 1);
+    for (size_t i = 0; i < n; i++) {
+        q[i] = (float)rq[i]; k[i] = (float)rk[i]; v[i] = (float)rv[i];
+        qd[i] = q[i]; kd[i] = k[i]; vd[i] = v[i];
+    }
+    const size_t bad_b = 1, bad_c = 2;
+    k[(bad_b * T + 150) * C + bad_c] = INFINITY;
+    kd[(bad_b * T + 150) * C + bad_c] = INFINITY;
+    aft_bias bias;
+    memset(&bias, 0, sizeof bias);
+    aft_config cfg = make_cfg(AFT_SIMPLE, 0, 0, 0);
+    assert_int_equal(ref_aft_op_d(yd, qd, kd, vd, &bias, &cfg, B, T, C, C), 0);
+    const int th[] = {1, 2, 3};
+    for (size_t hi = 0; hi < N_OF(th); hi++) {
+        cfg.threads = th[hi];
+        aft_error err = {{0}};
+        assert_int_equal(aft_op_forward(y, q, k, v, &bias, &cfg, B, T, C, C, &err), AFT_OK);
+        for (size_t b = 0; b < B; b++)
+            for (size_t t = 0; t < T; t++)
+                for (size_t c = 0; c < C; c++) {
+                    if (b == bad_b && c == bad_c) continue;
+                    size_t i = (b * T + t) * C + c;
+                    if (!(fabs((double)y[i] - yd[i]) <= TOL_REL))
+                        fail_msg("threads=%d b=%zu t=%zu c=%zu: %.9g, reference %.9g", th[hi], b, t, c,
+                                 (double)y[i], yd[i]);
+                }
+    }
+    free(q); free(k); free(v); free(y); free(qd); free(kd); free(vd); free(yd);
+    free(rq); free(rk); free(rv);
+}
+
 /* The outputs with cfg.threads = 1, 2 and 0 agree to 1e-6 relative. */
 static void test_op_threads(void **state)
 {
@@ -1103,6 +1170,7 @@ static void test_op_threads(void **state)
         {AFT_FULL, AFT_BIAS_FACTORED, 3, 257, 12, 0, 0, 0, 0, MASK_BATCHED, VALS_NORMAL, 1302, 0},
         {AFT_LOCAL, AFT_BIAS_SEEDED, 2, 701, 16, 0, 45, 0, 0, MASK_NONE, VALS_NORMAL, 1303, 0},
         {AFT_SIMPLE, AFT_BIAS_NONE, 2, 509, 16, 0, 0, 0, 1, MASK_SHARED, VALS_NORMAL, 1304, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 3, 1000, 16, 0, 0, 0, 0, MASK_NONE, VALS_WIDE, 1306, 0},
         {AFT_CONV, AFT_BIAS_CONV, 2, 401, 16, 4, 33, 1, 0, MASK_NONE, VALS_NORMAL, 1305, 0},
     };
     const aft_impl impls[] = {AFT_IMPL_FAST, AFT_IMPL_REFERENCE};
@@ -1694,6 +1762,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_extreme_wide),
         cmocka_unit_test(test_op_extreme_one_huge_key),
         cmocka_unit_test(test_op_extreme_adversarial),
+        cmocka_unit_test(test_op_simple_rows),
+        cmocka_unit_test(test_op_simple_inf_key),
         cmocka_unit_test(test_op_threads),
         cmocka_unit_test(test_layer),
         cmocka_unit_test(test_op_errors),
