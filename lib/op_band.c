@@ -167,9 +167,37 @@ static inline void band_sums4(float *restrict b0, float *restrict b1, const floa
     }
 }
 
+/* one output row: the band, left and right parts in units of exp(zc + zr),
+ * y = sigmoid(q) * num / den with one division; redo[c] marks entries whose
+ * den underflowed. Returns whether any did. (A function of its own so that
+ * restrict tells the compiler nothing here aliases: the char stores to redo
+ * would otherwise need more run-time alias checks than it makes, and the
+ * loop stayed scalar.) */
+static inline int band_row_out(float *restrict yr, unsigned char *restrict redo, const float *restrict qr,
+                               const float *restrict b0, const float *restrict b1, const float *restrict p0,
+                               const float *restrict p1, const float *restrict rs0, const float *restrict rs1,
+                               const float *restrict fe, const float *restrict fp, const float *restrict fs,
+                               float fr, float fz, size_t cw)
+{
+    int any = 0;
+    for (size_t c = 0; c < cw; c++) {
+        float fb = fe[c] * fr;
+        float den = b0[c] * fb + (p0[c] * fp[c] + rs0[c] * fs[c]) * fz;
+        float num = b1[c] * fb + (p1[c] * fp[c] + rs1[c] * fs[c]) * fz;
+        yr[c] = num / (den * (1.0f + aft_expf(-qr[c])));
+        unsigned char bad = !(den >= AFT_DEN_EXACT_BELOW);
+        redo[c] = bad;
+        any |= bad;
+    }
+    return any;
+}
+
+// rows [r0, r1) of channels [c0, c0 + cw); with have_left (causal only) the
+// left running sum in sc (pst, p0, p1, pmax) already holds the keys before
+// r0 - s, else it starts empty
 static void band_task(float *out, const float *q, const float *k, const float *v,
                       const aft_wspec *ws, size_t h, size_t c0, size_t cw, size_t s,
-                      int zero_bias, band_scratch *sc)
+                      int zero_bias, band_scratch *sc, size_t r0, size_t r1, int have_left)
 {
     const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
     const int causal = ws->causal;
@@ -204,10 +232,11 @@ static void band_task(float *out, const float *q, const float *k, const float *v
 
     /* ---- left part runs forward as rows advance: row t holds t' <= t - s */
     float *pst = sc->pst, *p0 = sc->p0, *p1 = sc->p1, *pmax = sc->pmax;
-    for (size_t c = 0; c < cw; c++) { pst[c] = -INFINITY; p0[c] = 0.0f; p1[c] = 0.0f; pmax[c] = -INFINITY; }
+    if (!have_left)
+        for (size_t c = 0; c < cw; c++) { pst[c] = -INFINITY; p0[c] = 0.0f; p1[c] = 0.0f; pmax[c] = -INFINITY; }
 
-    for (size_t i0 = 0; i0 < T; i0 += BAND_ROWS) {
-        size_t i1 = i0 + BAND_ROWS < T ? i0 + BAND_ROWS : T;
+    for (size_t i0 = r0; i0 < r1; i0 += BAND_ROWS) {
+        size_t i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
         size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0;
         size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
 
@@ -305,17 +334,8 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     /* causal: no right part; zeros keep the loop branch-free */
                     const float *rs0 = causal ? sc->zeros : sc->rs0 + t * cw;
                     const float *rs1 = causal ? sc->zeros : sc->rs1 + t * cw;
-                    int any_redo = 0;
-                    for (size_t c = 0; c < cw; c++) {
-                        float fb = sc->fe[c] * fr;
-                        float den = b0[c] * fb + (p0[c] * sc->fp[c] + rs0[c] * sc->fs[c]) * fz;
-                        float num = b1[c] * fb + (p1[c] * sc->fp[c] + rs1[c] * sc->fs[c]) * fz;
-                        /* sigmoid(q) * num / den with one division */
-                        yr[c] = num / (den * (1.0f + aft_expf(-qr[c])));
-                        unsigned char bad = !(den >= AFT_DEN_EXACT_BELOW);
-                        sc->redo[c] = bad;
-                        any_redo |= bad;
-                    }
+                    int any_redo = band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe, sc->fp,
+                                                sc->fs, fr, fz, cw);
                     if (!any_redo) continue;
 
                     /* exact in double: the band's terms one by one, the running
@@ -394,9 +414,71 @@ static void simple_task(float *out, const float *q, const float *k, const float 
  * and s0 = sum exp(k - m), s1 = sum exp(k - m) v over its rows, raising m a
  * block of SIMPLE_ROWS rows at a time (all factors stay <= 1); the threads'
  * sums are then brought to the largest m and added. Returns 0 when some key
- * is +inf: the caller then runs simple_task, whose stabiliser rule for
- * non-finite maxima this does not repeat. */
+ * is +inf or NaN: the caller then runs simple_task, whose rules for
+ * non-finite keys this does not repeat. */
 enum { SIMPLE_ROWS = 64 };
+
+/* Sums over rows [r0, r1) of k and v, channels [0, n): m = the largest key,
+ * s0 = sum exp(k - m), s1 = sum exp(k - m) v, m raised a block of
+ * SIMPLE_ROWS rows at a time so every factor is <= 1; bm: n floats of
+ * scratch. Returns 1 if a key was +inf or NaN (the sums are then unusable). */
+static int running_sums(const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1,
+                        size_t n, float *restrict m, float *restrict s0, float *restrict s1, float *restrict bm)
+{
+    int bad = 0;
+    for (size_t c = 0; c < n; c++) { m[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; }
+    for (size_t b0 = r0; b0 < r1; b0 += SIMPLE_ROWS) {
+        size_t b1 = b0 + SIMPLE_ROWS < r1 ? b0 + SIMPLE_ROWS : r1;
+        memcpy(bm, m, n * sizeof(float));
+        for (size_t t = b0; t < b1; t++) {
+            const float *kr = k + t * ldk;
+            for (size_t c = 0; c < n; c++) {
+                bad |= kr[c] != kr[c];
+                bm[c] = kr[c] > bm[c] ? kr[c] : bm[c];
+            }
+        }
+        for (size_t c = 0; c < n; c++) {
+            bad |= bm[c] == INFINITY;
+            float f = m[c] == -INFINITY ? 0.0f : aft_expf(m[c] - bm[c]);
+            f = bm[c] > m[c] ? f : 1.0f;
+            s0[c] *= f;
+            s1[c] *= f;
+            m[c] = bm[c] > m[c] ? bm[c] : m[c];
+            bm[c] = isfinite(m[c]) ? m[c] : 0.0f;   /* only -inf keys so far: they give 0 */
+        }
+        for (size_t t = b0; t < b1; t++) {
+            const float *kr = k + t * ldk, *vr = v + t * ldv;
+            for (size_t c = 0; c < n; c++) {
+                float e = aft_expf(kr[c] - bm[c]);
+                s0[c] += e;
+                s1[c] += e * vr[c];
+            }
+        }
+    }
+    return bad;
+}
+
+/* parts 0 .. np-1 of running sums, part i at parts + i * stride as (m, s0,
+ * s1) of n channels each: channel c brought to the largest m and added */
+static inline void merge_sums(const float *parts, size_t stride, size_t np, size_t n, size_t c,
+                              float *m, float *s0, float *s1)
+{
+    float M = -INFINITY;
+    for (size_t i = 0; i < np; i++) {
+        float mi = parts[i * stride + c];
+        M = mi > M ? mi : M;
+    }
+    float a0 = 0.0f, a1 = 0.0f;
+    for (size_t i = 0; i < np; i++) {
+        const float *pi = parts + i * stride;
+        float f = pi[c] == -INFINITY ? 0.0f : aft_expf(pi[c] - M);
+        a0 += pi[n + c] * f;
+        a1 += pi[2 * n + c] * f;
+    }
+    *m = M;
+    *s0 = a0;
+    *s1 = a1;
+}
 
 static int simple_rows_split(float *out, const float *q, const float *k, const float *v, size_t B,
                              const aft_wspec *ws, float *st, size_t nt)
@@ -414,49 +496,13 @@ static int simple_rows_split(float *out, const float *q, const float *k, const f
             size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
             size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
             float *m = st + tid * 4 * C, *s0 = m + C, *s1 = m + 2 * C, *bm = m + 3 * C;
-            for (size_t c = 0; c < C; c++) { m[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; }
-            for (size_t r0 = t0; r0 < t1; r0 += SIMPLE_ROWS) {
-                size_t r1 = r0 + SIMPLE_ROWS < t1 ? r0 + SIMPLE_ROWS : t1;
-                memcpy(bm, m, C * sizeof(float));
-                for (size_t t = r0; t < r1; t++) {
-                    const float *kr = kb + t * ldk;
-                    for (size_t c = 0; c < C; c++) bm[c] = kr[c] > bm[c] ? kr[c] : bm[c];
-                }
-                for (size_t c = 0; c < C; c++) {
-                    inf_key |= bm[c] == INFINITY;
-                    float f = m[c] == -INFINITY ? 0.0f : aft_expf(m[c] - bm[c]);
-                    f = bm[c] > m[c] ? f : 1.0f;
-                    s0[c] *= f;
-                    s1[c] *= f;
-                    m[c] = bm[c] > m[c] ? bm[c] : m[c];
-                    /* no finite key yet: -inf keys give 0, NaN keys NaN */
-                    bm[c] = isfinite(m[c]) ? m[c] : 0.0f;
-                }
-                for (size_t t = r0; t < r1; t++) {
-                    const float *kr = kb + t * ldk, *vr = vb + t * ldv;
-                    for (size_t c = 0; c < C; c++) {
-                        float e = aft_expf(kr[c] - bm[c]);
-                        s0[c] += e;
-                        s1[c] += e * vr[c];
-                    }
-                }
-            }
+            inf_key |= running_sums(kb, ldk, vb, ldv, t0, t1, C, m, s0, s1, bm);
             #pragma omp barrier
             /* merge: each thread a range of channels */
             size_t c0 = C * tid / n, c1 = C * (tid + 1) / n;
             for (size_t c = c0; c < c1; c++) {
-                float M = -INFINITY;
-                for (size_t i = 0; i < n; i++) {
-                    float mi = st[i * 4 * C + c];
-                    M = isfinite(mi) && mi > M ? mi : M;
-                }
-                float a0 = 0.0f, a1 = 0.0f;
-                for (size_t i = 0; i < n; i++) {
-                    const float *mi = st + i * 4 * C;
-                    float f = isfinite(mi[c]) ? aft_expf(mi[c] - M) : 0.0f;
-                    a0 += mi[C + c] * f;
-                    a1 += mi[2 * C + c] * f;
-                }
+                float M, a0, a1;
+                merge_sums(st, 4 * C, n, C, c, &M, &a0, &a1);
                 sv[c] = a0 > 0.0f ? a1 / a0 : 0.0f;
             }
             #pragma omp barrier
@@ -469,6 +515,102 @@ static int simple_rows_split(float *out, const float *q, const float *k, const f
         ok = !inf_key;
     }
     return ok;
+}
+
+/* One thread's scratch: right-part rows for n_right rows (0 when causal),
+ * a band block for window s (0: none), cw channels. Returns the block to
+ * pass to scratch_free, NULL when out of memory (nothing to free then). */
+static float *scratch_alloc(band_scratch *sc, size_t n_right, size_t s, size_t cw)
+{
+    memset(sc, 0, sizeof *sc);
+    size_t nr = n_right * cw, nb = s ? (BAND_ROWS + 2 * s) * cw : 0;
+    const size_t sizes[] = {nr, nr, nr, nb, nb, GROUP * 2 * s, GROUP * (2 * s + GROUP),
+                            cw, cw, cw, cw, cw, cw, cw, cw, GROUP * cw, GROUP * cw, cw, cw};
+    float **arrays[] = {&sc->rs0, &sc->rs1, &sc->rst, &sc->ek, &sc->ekv, &sc->w, &sc->ew, &sc->mk, &sc->pst,
+                        &sc->pmax, &sc->p0, &sc->p1, &sc->fe, &sc->fp, &sc->fs, &sc->b0, &sc->b1, &sc->first,
+                        &sc->zeros};
+    _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    float *blk = aft_alloc_array(total, sizeof(float));
+    sc->redo = malloc(cw ? cw : 1);
+    if (!blk || !sc->redo) {
+        free(blk);
+        free(sc->redo);
+        return NULL;
+    }
+    float *p = blk;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *arrays[i] = p;
+        p += sizes[i];
+    }
+    memset(sc->zeros, 0, cw * sizeof(float));
+    return blk;
+}
+
+static void scratch_free(band_scratch *sc, float *blk)
+{
+    free(blk);
+    free(sc->redo);
+}
+
+/* Causal, one head (local, or simple with causality): the rows split over
+ * the threads, each thread all channels of its rows (whole rows read in
+ * order; splitting channels made every thread stride through every row and
+ * wait on memory). A thread starting at row t0 needs the left running sum
+ * of the keys before t0 - s: each thread first sums the keys its own rows
+ * add to that sum (running_sums), and thread i starts from the merged sums
+ * of threads 0 .. i-1. Channels go in blocks of ROW_SPLIT_CH.
+ * Returns 1 when done, 0 when some key is +inf or NaN (the caller runs the
+ * channel-split kernel, whose handling of those this does not repeat), -1
+ * when out of memory. */
+enum { ROW_SPLIT_CH = 512 };
+
+static int band_rows_split(float *out, const float *q, const float *k, const float *v, size_t B,
+                           const aft_wspec *ws, size_t s, int zero_bias, size_t nt)
+{
+    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
+    const size_t cwr = C < ROW_SPLIT_CH ? C : ROW_SPLIT_CH;
+    float *parts = aft_alloc_array(nt * 4, C * sizeof(float));
+    if (!parts) return -1;
+    int failed = 0, bad = 0;
+    #pragma omp parallel num_threads((int)nt)
+    {
+        band_scratch sc;
+        float *blk = scratch_alloc(&sc, 0, s, cwr);
+        if (!blk) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
+        size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
+        size_t ka = t0 > s ? t0 - s : 0, kz = t1 > s ? t1 - s : 0;
+        float *m = parts + tid * 4 * C, *s0 = m + C, *s1 = m + 2 * C, *bm = m + 3 * C;
+        for (size_t b = 0; b < B; b++) {
+            #pragma omp barrier
+            if (failed || bad) break;
+            const float *qb = q + b * T * ldq, *kb = k + b * T * ldk, *vb = v + b * T * ldv;
+            float *ob = out + b * T * C;
+            /* the keys this thread's rows add to the left sum */
+            if (running_sums(kb, ldk, vb, ldv, ka, kz, C, m, s0, s1, bm)) {
+                #pragma omp atomic write
+                bad = 1;
+            }
+            #pragma omp barrier
+            if (bad) break;
+            for (size_t c0 = 0; c0 < C; c0 += cwr) {
+                size_t cw = C - c0 < cwr ? C - c0 : cwr;
+                for (size_t c = 0; c < cw; c++) {
+                    merge_sums(parts, 4 * C, tid, C, c0 + c, &sc.pst[c], &sc.p0[c], &sc.p1[c]);
+                    sc.pmax[c] = sc.pst[c];
+                }
+                band_task(ob, qb, kb, vb, ws, 0, c0, cw, s, zero_bias, &sc, t0, t1, 1);
+            }
+        }
+        if (blk) scratch_free(&sc, blk);
+    }
+    free(parts);
+    return failed ? -1 : bad ? 0 : 1;
 }
 
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
@@ -492,6 +634,12 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
     }
     /* a band wider than the sequence is the whole sequence */
     size_t s = zero_bias ? 1 : (ws->window < T ? ws->window : T);
+    if (ws->causal && H == 1) {
+        int r = band_rows_split(out, q, k, v, B, ws, s, zero_bias, (size_t)aft_get_threads());
+        if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (T = %zu)", T);
+        if (r > 0) return AFT_OK;
+        /* a key of +inf or NaN: the channel-split kernel below */
+    }
     /* channel blocks as wide as BAND_CH (per-row work is shared by a block's
      * channels), narrower when that leaves threads without a block */
     size_t bw = BAND_CH, threads = (size_t)aft_get_threads();
@@ -502,33 +650,16 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
 
     /* per-thread scratch; every size is a small multiple of T * 64 or less,
      * and T * C was checked by the caller */
-    size_t n_right = ws->causal || global_simple ? 0 : T * cw_max;
-    size_t n_band = global_simple ? 0 : (BAND_ROWS + 2 * s) * cw_max;
-    const size_t sizes[] = {n_right, n_right, n_right, n_band, n_band, GROUP * 2 * s, GROUP * (2 * s + GROUP),
-                            cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max, cw_max,
-                            GROUP * cw_max, GROUP * cw_max, cw_max, cw_max};
-    size_t n_total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) n_total += sizes[i];
+    size_t n_right = ws->causal || global_simple ? 0 : T;
     int failed = 0;
 
     #pragma omp parallel
     {
-        band_scratch sc = {0};
-        float *blk = aft_alloc_array(n_total, sizeof(float));
-        sc.redo = malloc(cw_max);
-        if (!blk || !sc.redo) {
+        band_scratch sc;
+        float *blk = scratch_alloc(&sc, n_right, global_simple ? 0 : s, cw_max);
+        if (!blk) {
             #pragma omp atomic write
             failed = 1;
-        } else {
-            float *p = blk;
-            float **arrays[] = {&sc.rs0, &sc.rs1, &sc.rst, &sc.ek, &sc.ekv, &sc.w, &sc.ew, &sc.mk, &sc.pst,
-                                &sc.pmax, &sc.p0, &sc.p1, &sc.fe, &sc.fp, &sc.fs, &sc.b0, &sc.b1, &sc.first, &sc.zeros};
-            _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
-            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-                *arrays[i] = p;
-                p += sizes[i];
-            }
-            memset(sc.zeros, 0, cw_max * sizeof(float));
         }
         #pragma omp barrier
         if (!failed) {
@@ -543,11 +674,10 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
                 if (global_simple)
                     simple_task(ob, qb, kb, vb, ws, c0, cw, sc.mk, sc.p0, sc.p1);
                 else
-                    band_task(ob, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc);
+                    band_task(ob, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc, 0, T, 0);
             }
         }
-        free(blk);
-        free(sc.redo);
+        scratch_free(&sc, blk);
     }
     if (failed)
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (T = %zu)", T);

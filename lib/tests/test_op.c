@@ -1096,21 +1096,22 @@ static void test_op_extreme_adversarial(void **state)
 
 /* simple without causality splits the rows over the threads, each keeping
  * running softmax sums a 64-row block at a time, merged at the end (from
- * T = 128 on): T around the block and threshold sizes and far from them,
- * B > 1, one to three threads (three on two cores: uneven rows), every
- * value mode, including keys of +-500 and one huge key. */
+ * T = 128 on): T around the block and threshold sizes and past several
+ * blocks, B > 1, one to three threads (three on two cores: uneven rows),
+ * every value mode, including keys of +-500 and one huge key. */
 static void test_op_simple_rows(void **state)
 {
     (void)state;
-    const size_t Ts[] = {127, 128, 129, 1000, 2049};
-    const vals_mode vm[] = {VALS_NORMAL, VALS_WIDE, VALS_ONE_HUGE, VALS_ADVERSE};
+    const size_t Ts[] = {127, 128, 129, 521};
     const int th[] = {1, 2, 3};
     int fails = 0, cases = 0, reports = 0;
     for (size_t ti = 0; ti < N_OF(Ts); ti++)
-        for (size_t vi = 0; vi < N_OF(vm); vi++)
-            for (size_t hi = 0; hi < N_OF(th); hi++) {
+        for (size_t hi = 0; hi < N_OF(th); hi++)
+            for (int vm = 0; vm < 4; vm += 2) {
                 size_t B = (cases & 1) ? 3 : 1, C = (cases & 2) ? 16 : 12;
-                op_case c = {AFT_SIMPLE, AFT_BIAS_NONE, B, Ts[ti], C, 0, 0, 0, 0, MASK_NONE, vm[vi],
+                /* value modes: normal/one-huge-key, then wide/adversarial */
+                vals_mode vals = (vals_mode)(vm + (int)(hi & 1));
+                op_case c = {AFT_SIMPLE, AFT_BIAS_NONE, B, Ts[ti], C, 0, 0, 0, 0, MASK_NONE, vals,
                              1400 + (uint64_t)cases, th[hi]};
                 fails += run_case(&c, &reports);
                 cases++;
@@ -1118,13 +1119,46 @@ static void test_op_simple_rows(void **state)
     finish(fails, cases);
 }
 
-/* A key of +inf makes the row-split simple path hand the call to the
- * per-channel kernel: the channels and batches without it still match the
- * reference. */
-static void test_op_simple_inf_key(void **state)
+/* Causal local and causal simple split the rows over the threads; a thread
+ * starts from the merged left sums of the threads before it. Windows 1, 17
+ * and 300 (wider than some T), T from fewer rows than threads to 1001, one
+ * to three threads, B and C alternating, every value mode in turn. */
+static void test_op_causal_rows(void **state)
+{
+    (void)state;
+    const size_t Ts[] = {5, 130, 1001};
+    const size_t ws[] = {1, 17, 300};
+    const aft_bias_kind kinds[] = {AFT_BIAS_DENSE, AFT_BIAS_SEEDED, AFT_BIAS_FACTORED};
+    const int th[] = {1, 2, 3};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t ti = 0; ti < N_OF(Ts); ti++)
+        for (size_t wi = 0; wi < N_OF(ws); wi++)
+            for (size_t hi = 0; hi < N_OF(th); hi++) {
+                size_t B = (cases & 1) ? 3 : 1, C = (cases & 2) ? 16 : 12;
+                op_case c = {AFT_LOCAL, kinds[cases % 3], B, Ts[ti], C, 0, ws[wi], 0, 1, MASK_NONE,
+                             (vals_mode)(cases % 4), 1500 + (uint64_t)cases, th[hi]};
+                fails += run_case(&c, &reports);
+                cases++;
+            }
+    for (size_t ti = 1; ti < N_OF(Ts); ti++)
+        for (size_t hi = 1; hi < N_OF(th); hi++) {
+            op_case c = {AFT_SIMPLE, AFT_BIAS_NONE, 2, Ts[ti], 16, 0, 0, 0, 1, MASK_NONE,
+                         (vals_mode)(cases % 4), 1500 + (uint64_t)cases, th[hi]};
+            fails += run_case(&c, &reports);
+            cases++;
+        }
+    finish(fails, cases);
+}
+
+/* A key of +inf (simple) or NaN (causal local) makes the row-split paths
+ * hand the call to the per-channel kernels: the channels and batches without
+ * it still match the reference. */
+static void test_op_rows_bad_key(void **state)
 {
     (void)state;
     const size_t B = 2, T = 300, C = 8, n = B * T * C;
+    const size_t bad_b = 1, bad_c = 2, bad_i = (bad_b * T + 150) * C + bad_c;
+    const int th[] = {1, 2, 3};
     rng r = {77};
     float *q = xmalloc(n * sizeof *q), *k = xmalloc(n * sizeof *k), *v = xmalloc(n * sizeof *v),
           *y = xmalloc(n * sizeof *y);
@@ -1135,27 +1169,26 @@ static void test_op_simple_inf_key(void **state)
         q[i] = (float)rq[i]; k[i] = (float)rk[i]; v[i] = (float)rv[i];
         qd[i] = q[i]; kd[i] = k[i]; vd[i] = v[i];
     }
-    const size_t bad_b = 1, bad_c = 2;
-    k[(bad_b * T + 150) * C + bad_c] = INFINITY;
-    kd[(bad_b * T + 150) * C + bad_c] = INFINITY;
     aft_bias bias;
     memset(&bias, 0, sizeof bias);
-    aft_config cfg = make_cfg(AFT_SIMPLE, 0, 0, 0);
-    assert_int_equal(ref_aft_op_d(yd, qd, kd, vd, &bias, &cfg, B, T, C, C), 0);
-    const int th[] = {1, 2, 3};
-    for (size_t hi = 0; hi < N_OF(th); hi++) {
-        cfg.threads = th[hi];
-        aft_error err = {{0}};
-        assert_int_equal(aft_op_forward(y, q, k, v, &bias, &cfg, B, T, C, C, &err), AFT_OK);
-        for (size_t b = 0; b < B; b++)
-            for (size_t t = 0; t < T; t++)
-                for (size_t c = 0; c < C; c++) {
-                    if (b == bad_b && c == bad_c) continue;
-                    size_t i = (b * T + t) * C + c;
-                    if (!(fabs((double)y[i] - yd[i]) <= TOL_REL))
-                        fail_msg("threads=%d b=%zu t=%zu c=%zu: %.9g, reference %.9g", th[hi], b, t, c,
-                                 (double)y[i], yd[i]);
-                }
+    for (int which = 0; which < 2; which++) {
+        /* simple without causality with a +inf key; causal local with NaN */
+        k[bad_i] = which == 0 ? INFINITY : NAN;
+        kd[bad_i] = k[bad_i];
+        aft_config cfg = which == 0 ? make_cfg(AFT_SIMPLE, 0, 0, 0) : make_cfg(AFT_LOCAL, 9, 0, 1);
+        assert_int_equal(ref_aft_op_d(yd, qd, kd, vd, &bias, &cfg, B, T, C, C), 0);
+        for (size_t hi = 0; hi < N_OF(th); hi++) {
+            cfg.threads = th[hi];
+            aft_error err = {{0}};
+            assert_int_equal(aft_op_forward(y, q, k, v, &bias, &cfg, B, T, C, C, &err), AFT_OK);
+            for (size_t i = 0; i < n; i++) {
+                size_t b = i / (T * C), c = i % C;
+                if (b == bad_b && c == bad_c) continue;
+                if (!(fabs((double)y[i] - yd[i]) <= TOL_REL))
+                    fail_msg("%s threads=%d b=%zu t=%zu c=%zu: %.9g, reference %.9g",
+                             aft_variant_name(cfg.variant), th[hi], b, i / C % T, c, (double)y[i], yd[i]);
+            }
+        }
     }
     free(q); free(k); free(v); free(y); free(qd); free(kd); free(vd); free(yd);
     free(rq); free(rk); free(rv);
@@ -1763,7 +1796,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_extreme_one_huge_key),
         cmocka_unit_test(test_op_extreme_adversarial),
         cmocka_unit_test(test_op_simple_rows),
-        cmocka_unit_test(test_op_simple_inf_key),
+        cmocka_unit_test(test_op_causal_rows),
+        cmocka_unit_test(test_op_rows_bad_key),
         cmocka_unit_test(test_op_threads),
         cmocka_unit_test(test_layer),
         cmocka_unit_test(test_op_errors),
