@@ -1,7 +1,6 @@
 /* util.c - errors, dtypes, half-precision conversions, tensor helpers. */
 #include "internal.h"
 
-#include <sys/mman.h>
 
 #include <math.h>
 #include <stdarg.h>
@@ -19,22 +18,10 @@ aft_status aft_fail(aft_error *err, aft_status st, const char *fmt, ...)
     return st;
 }
 
-/* Arrays of 4 MiB and more start on a 2 MiB boundary and ask for
- * transparent huge pages: a fresh 12 MiB Q/K/V buffer otherwise costs ~3000
- * page faults each time it is first written. Memory from posix_memalign is
- * released with free() like any other. */
-enum { HUGE_FROM = 4 << 20, HUGE_ALIGN = 2 << 20 };
-
 void *aft_alloc_array(size_t n, size_t size)
 {
     size_t bytes;
     if (!aft_mul_ok(n, size, &bytes)) return NULL;
-    if (bytes >= HUGE_FROM) {
-        void *p = NULL;
-        if (posix_memalign(&p, HUGE_ALIGN, bytes) != 0) return NULL;
-        (void)madvise(p, bytes, MADV_HUGEPAGE);   /* advice only: failure is harmless */
-        return p;
-    }
     return malloc(bytes ? bytes : 1);
 }
 
