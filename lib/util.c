@@ -1,7 +1,6 @@
 /* util.c - errors, dtypes, half-precision conversions, tensor helpers. */
 #include "internal.h"
 
-
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
