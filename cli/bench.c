@@ -487,7 +487,8 @@ int cmd_bench(int argc, char **argv)
     aft_blas_info bi;
     aft_blas_get_info(&bi);
     if (!o.json) {
-        printf("# %s, kernel %s, %d threads; sgemm ceiling %.1f GFLOP/s\n", bi.library, bi.core, bi.threads, ceiling);
+        printf("# %s, kernel %s, %d thread%s; sgemm ceiling %.1f GFLOP/s\n", bi.library, bi.core, bi.threads,
+               bi.threads == 1 ? "" : "s", ceiling);
         printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s%s\n", "variant", "causal", "T", "B", "d", "ms",
                "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil", o.impl_both ? "  max|diff| vs ref" : "");
         fflush(stdout);

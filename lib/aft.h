@@ -287,7 +287,7 @@ size_t aft_count_nonfinite(const float *x, size_t n);
 typedef struct {
     char library[64];   /* e.g. "OpenBLAS 0.3.21" */
     char core[64];      /* the kernel in use, e.g. "SkylakeX" */
-    int threads;
+    int threads;        /* aft's threads (each BLAS call runs on one) */
 } aft_blas_info;
 
 void aft_blas_get_info(aft_blas_info *info);
@@ -296,7 +296,11 @@ void aft_blas_get_info(aft_blas_info *info);
  * OpenBLAS reads the variable only when it loads, so a caller that wants the
  * fix must set it and start again (the aft command does this itself). */
 const char *aft_blas_better_coretype(void);
-void aft_set_threads(int n);   /* 0 = all cores */
+/* Threads for aft's kernels (0 = all cores). aft splits every matrix product
+ * into parts on these threads, each a single-threaded BLAS call, so this also
+ * sets OpenBLAS to one thread (openblas_set_num_threads(1)). A program that
+ * uses OpenBLAS itself between aft calls sets its own count back. */
+void aft_set_threads(int n);
 int aft_get_threads(void);
 
 /* monotonic clock in milliseconds */
