@@ -46,9 +46,9 @@ static const struct cmd *lookup(const char *name)
  *    know newer Xeons), OPENBLAS_CORETYPE=SkylakeX makes matrix products
  *    about five times faster. AFT_BLAS_CORETYPE=keep keeps OpenBLAS's choice;
  *    AFT_BLAS_CORETYPE=NAME forces NAME.
- *  - OpenMP's waiting. Spinning worker threads fight OpenBLAS's own threads
- *    for the cores, badly so on a shared machine; passive waiting costs a few
- *    microseconds a parallel region. An OMP_WAIT_POLICY already set is kept.
+ *  - OpenMP's waiting. Spinning idle workers take the cores from the threads
+ *    doing the work, badly so on a shared machine; passive waiting costs a
+ *    few microseconds a parallel region. An OMP_WAIT_POLICY already set is kept.
  *  - OpenBLAS's thread count. aft splits products over its own threads and
  *    calls OpenBLAS with one thread, but OpenBLAS starts its workers when it
  *    loads and they spin (sched_yield) for ~0.1 s before sleeping, which on

@@ -558,9 +558,9 @@ static void scratch_free(band_scratch *sc, float *blk)
  * the threads, each thread all channels of its rows (whole rows read in
  * order; splitting channels made every thread stride through every row and
  * wait on memory). A thread starting at row t0 needs the left running sum
- * of the keys before t0 - s: each thread first sums the keys its own rows
- * add to that sum (running_sums), and thread i starts from the merged sums
- * of threads 0 .. i-1. Channels go in blocks of ROW_SPLIT_CH.
+ * of the keys before t0 - s: the threads first sum those keys in equal
+ * pieces (running_sums), then each starts from the merged sums of the
+ * pieces before its t0 - s. Channels go in blocks of ROW_SPLIT_CH.
  * Returns 1 when done, 0 when some key is +inf or NaN (the caller runs the
  * channel-split kernel, whose handling of those this does not repeat), -1
  * when out of memory. */
@@ -571,7 +571,9 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
 {
     const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
     const size_t cwr = C < ROW_SPLIT_CH ? C : ROW_SPLIT_CH;
-    float *parts = aft_alloc_array(nt * 4, C * sizeof(float));
+    /* slots of (m, s0, s1, scratch), 4C each: n pieces, then one remainder
+     * per thread */
+    float *parts = aft_alloc_array(nt * 8, C * sizeof(float));
     if (!parts) return -1;
     int failed = 0, bad = 0;
     #pragma omp parallel num_threads((int)nt)
@@ -584,25 +586,42 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
         }
         size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
         size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
-        size_t ka = t0 > s ? t0 - s : 0, kz = t1 > s ? t1 - s : 0;
-        float *m = parts + tid * 4 * C, *s0 = m + C, *s1 = m + 2 * C, *bm = m + 3 * C;
+        /* Thread i starts from the keys [0, t0_i - s). The longest such prefix
+         * (the last thread's) is cut into n equal pieces, one per thread;
+         * thread i merges the pieces inside its prefix and sums the rest of
+         * it, part of one piece, itself. */
+        size_t tl = T * (n - 1) / n, P = tl > s ? tl - s : 0, need = t0 > s ? t0 - s : 0;
+        size_t p0 = P * tid / n, p1 = P * (tid + 1) / n, full = 0;
+        while (full < n && P * (full + 1) / n <= need) full++;
+        size_t rest0 = P * full / n;
+        float *m = parts + tid * 4 * C, *r = parts + (n + tid) * 4 * C;
         for (size_t b = 0; b < B; b++) {
             #pragma omp barrier
             if (failed || bad) break;
             const float *qb = q + b * T * ldq, *kb = k + b * T * ldk, *vb = v + b * T * ldv;
             float *ob = out + b * T * C;
-            /* the keys this thread's rows add to the left sum */
-            if (running_sums(kb, ldk, vb, ldv, ka, kz, C, m, s0, s1, bm)) {
+            if (running_sums(kb, ldk, vb, ldv, p0, p1, C, m, m + C, m + 2 * C, m + 3 * C)) {
                 #pragma omp atomic write
                 bad = 1;
             }
             #pragma omp barrier
             if (bad) break;
+            /* keys [rest0, need) lie in a piece checked above */
+            (void)running_sums(kb, ldk, vb, ldv, rest0, need > rest0 ? need : rest0, C, r, r + C, r + 2 * C,
+                               r + 3 * C);
             for (size_t c0 = 0; c0 < C; c0 += cwr) {
                 size_t cw = C - c0 < cwr ? C - c0 : cwr;
                 for (size_t c = 0; c < cw; c++) {
-                    merge_sums(parts, 4 * C, tid, C, c0 + c, &sc.pst[c], &sc.p0[c], &sc.p1[c]);
-                    sc.pmax[c] = sc.pst[c];
+                    float M, a0, a1;
+                    merge_sums(parts, 4 * C, full, C, c0 + c, &M, &a0, &a1);
+                    /* and the remainder */
+                    float mr = r[c0 + c], Z = mr > M ? mr : M;
+                    float fa = M == -INFINITY ? 0.0f : aft_expf(M - Z);
+                    float fr = mr == -INFINITY ? 0.0f : aft_expf(mr - Z);
+                    sc.pst[c] = Z;
+                    sc.pmax[c] = Z;
+                    sc.p0[c] = a0 * fa + r[C + c0 + c] * fr;
+                    sc.p1[c] = a1 * fa + r[2 * C + c0 + c] * fr;
                 }
                 band_task(ob, qb, kb, vb, ws, 0, c0, cw, s, zero_bias, &sc, t0, t1, 1);
             }
