@@ -234,6 +234,8 @@ static float *seeded_matrix(uint64_t seed, unsigned id, size_t rows, size_t cols
 
 struct timing {
     double load, write, total, compute_med, compute_min;
+    int layer;              /* phases apply: a layer run, not the bare operator */
+    aft_layer_times phases; /* of the fastest run */
 };
 
 static int write_timing(aft_out *out, const struct run_opts *o, size_t B, size_t T, size_t D, size_t C,
@@ -265,6 +267,12 @@ static int write_timing(aft_out *out, const struct run_opts *o, size_t B, size_t
     cJSON_AddNumberToObject(t, "compute_min", tm->compute_min);
     cJSON_AddNumberToObject(t, "write", tm->write);
     cJSON_AddNumberToObject(t, "total", tm->total);
+    if (tm->layer) {
+        cJSON *ph = cJSON_AddObjectToObject(t, "phases_of_fastest");
+        cJSON_AddNumberToObject(ph, "projections", tm->phases.projections);
+        cJSON_AddNumberToObject(ph, "operator", tm->phases.op);
+        cJSON_AddNumberToObject(ph, "output", tm->phases.output);
+    }
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
@@ -543,6 +551,8 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
     double t_loaded = aft_now_ms();
+    aft_layer_times ph, best_ph = {0, 0, 0};
+    double best = -1.0;
     cli_progress_start("aft run: %s T=%zu B=%zu", aft_variant_name(o.cfg.variant), T, B);
     for (size_t r = 0; r < o.repeat; r++) {
         if (o.repeat > 1)
@@ -550,8 +560,12 @@ int cmd_run(int argc, char **argv)
                                r + 1, o.repeat);
         double t0 = aft_now_ms();
         aft_status st = bare ? aft_op_forward(y, q, k, v, &p->bias, &run_cfg, B, T, C, KC, &err)
-                             : aft_layer_forward(y, x, p, &run_cfg, B, T, &err);
+                             : aft_layer_forward_timed(y, x, p, &run_cfg, B, T, &ph, &err);
         times[r] = aft_now_ms() - t0;
+        if (!bare && (best < 0 || times[r] < best)) {
+            best = times[r];
+            best_ph = ph;
+        }
         if (st != AFT_OK) {
             cli_progress_stop();
             free(times);
@@ -563,6 +577,8 @@ int cmd_run(int argc, char **argv)
     cli_progress_stop();
     qsort(times, o.repeat, sizeof(double), cmp_double);
     struct timing tm = {0};
+    tm.layer = !bare;
+    tm.phases = best_ph;
     tm.compute_min = times[0];
     tm.compute_med = o.repeat % 2 ? times[o.repeat / 2] : 0.5 * (times[o.repeat / 2 - 1] + times[o.repeat / 2]);
     free(times);

@@ -22,7 +22,7 @@ _aft_options()
     compare) echo "--rtol --atol --equal-nan --json -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
-                "--threads --repeat --impl --json --plot -h --help" ;;
+                "--threads --repeat --impl --json --no-ceiling --plot -h --help" ;;
     esac
 }
 

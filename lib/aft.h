@@ -241,6 +241,18 @@ aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
                              const aft_config *cfg, size_t B, size_t T,
                              aft_error *err);
 
+/* Where one call spent its time, in milliseconds. */
+typedef struct {
+    double projections;   /* Q, K and V from x */
+    double op;            /* the AFT operator */
+    double output;        /* the output projection */
+} aft_layer_times;
+
+/* aft_layer_forward, also filling *times (when not NULL) */
+aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p,
+                                   const aft_config *cfg, size_t B, size_t T,
+                                   aft_layer_times *times, aft_error *err);
+
 /* ---------------------------------------------------------------- weights from a file */
 
 /* A layer's parameters found in a .safetensors file, converted to float32.

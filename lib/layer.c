@@ -28,6 +28,15 @@ static void linear_ref(float *y, const float *x, const float *w, const float *b,
 aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
                              const aft_config *cfg, size_t B, size_t T, aft_error *err)
 {
+    return aft_layer_forward_timed(y, x, p, cfg, B, T, NULL, err);
+}
+
+aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p,
+                                   const aft_config *cfg, size_t B, size_t T,
+                                   aft_layer_times *times, aft_error *err)
+{
+    aft_layer_times tm = {0, 0, 0};
+    if (times) *times = tm;
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C;
     if (!p->wq || !p->wk || !p->wv || !p->wo)
         return aft_fail(err, AFT_ERR_ARG, "the layer needs query, key, value and output weights");
@@ -53,11 +62,16 @@ aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
             free(q); free(k); free(v); free(h);
             return aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, C);
         }
+        double t0 = aft_now_ms();
         linear_ref(q, x, p->wq, p->bq, N, D, C);
         linear_ref(k, x, p->wk, p->bk, N, D, KC);
         linear_ref(v, x, p->wv, p->bv, N, D, C);
+        double t1 = aft_now_ms();
         st = aft_op_forward(h, q, k, v, &p->bias, cfg, B, T, C, KC, err);
+        double t2 = aft_now_ms();
         if (st == AFT_OK) linear_ref(y, h, p->wo, p->bo, N, C, D);
+        tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
+        if (times) *times = tm;
         free(q); free(k); free(v); free(h);
         return st;
     }
@@ -86,11 +100,16 @@ aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
         else memset(bcat + off, 0, bn[i] * sizeof(float));
         off += bn[i];
     }
+    double t0 = aft_now_ms();
     linear_fast(qkv, x, wcat, any_bias ? bcat : NULL, N, D, W);
+    double t1 = aft_now_ms();
     free(wcat);
     free(bcat);
     st = aft_op_forward_ld(h, qkv, W, qkv + C, W, qkv + C + KC, W, &p->bias, cfg, B, T, C, KC, err);
+    double t2 = aft_now_ms();
     if (st == AFT_OK) linear_fast(y, h, p->wo, p->bo, N, C, D);
+    tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
+    if (times) *times = tm;
     free(qkv);
     free(h);
     return st;

@@ -962,6 +962,17 @@ static void test_timing_json(void **state)
     }
     assert_true(v[2] <= v[1]);            /* fastest <= median */
     assert_true(v[2] <= v[4] && v[0] <= v[4] && v[3] <= v[4]);   /* parts <= total */
+    /* a layer run: where the fastest run spent its time, inside its time */
+    const cJSON *ph = field(tm, "phases_of_fastest");
+    assert_true(cJSON_IsObject(ph));
+    double sum = 0;
+    static const char *phases[3] = {"projections", "operator", "output"};
+    for (int i = 0; i < 3; i++) {
+        double pv = num_field(ph, phases[i]);
+        assert_true(isfinite(pv) && pv >= 0);
+        sum += pv;
+    }
+    assert_true(sum <= v[2]);
     cJSON_Delete(j);
 
     /* conv with heads, the defaults otherwise; output on stdout */
@@ -1104,6 +1115,14 @@ static void test_bare_simple(void **state)
     assert_close_d("bare simple 2-D", &got, want);
     free(want);
     aft_tensor_free(&got);
+
+    /* --timing for the bare operator: no projections, so no phases */
+    char *tj = tmp("bare_timing.json");
+    run_opts(OPTS("--variant", "simple", "--timing", tj), p2, out);
+    cJSON *j = read_json(tj);
+    assert_null(cJSON_GetObjectItemCaseSensitive(field(j, "timing_ms"), "phases_of_fastest"));
+    cJSON_Delete(j);
+    free(tj);
     free(p2);
     free(out);
     bare_free(&in);

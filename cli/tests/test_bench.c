@@ -1,0 +1,186 @@
+/* test_bench.c - `aft bench`: the JSON lines and the table it prints for a
+ * sweep, the phases of the fastest run, --impl both against the float64
+ * reference, --no-ceiling, and its usage errors.
+ *
+ * bench runs each configuration in a child, started through
+ * /proc/self/exe; under valgrind that names valgrind's own binary, so these
+ * tests are skipped when $AFT_BIN is the valgrind wrapper (the kernels they
+ * would run are covered under memcheck by cli_test_run).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "aft.h"
+#include "harness.h"
+
+static void skip_under_valgrind(void)
+{
+    if (strstr(harness_aft_bin(), "valgrind")) {
+        print_message("skipped: aft bench starts its children through /proc/self/exe (valgrind's binary)\n");
+        skip();
+    }
+}
+
+static double num(const cJSON *j, const char *key)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsNumber(f)) fail_msg("JSON field %s missing or not a number", key);
+    return f->valuedouble;
+}
+
+/* one JSON object per configuration, every combination, each with sane
+ * figures: phases of the fastest run add up to no more than its time */
+static void test_json_sweep(void **state)
+{
+    (void)state;
+    skip_under_valgrind();
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "33,64", "--d-model", "16", "--variant",
+                                 "full,local,simple,conv", "--window", "4", "--heads", "2", "--repeat", "2",
+                                 "--threads", "2", "--no-ceiling", "--json"),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(harness_count_lines(r.out), 8);
+    int seen[4][2] = {{0}};
+    static const char *const names[4] = {"full", "local", "simple", "conv"};
+    char *save = NULL;
+    for (char *line = strtok_r(r.out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "variant");
+        assert_true(cJSON_IsString(v));
+        int vi = -1;
+        for (int i = 0; i < 4; i++)
+            if (strcmp(v->valuestring, names[i]) == 0) vi = i;
+        assert_true(vi >= 0);
+        double T = num(j, "seq_len");
+        assert_true(T == 33 || T == 64);
+        seen[vi][T == 64]++;
+        assert_true(num(j, "d_model") == 16 && num(j, "d_hidden") == 16 && num(j, "batch") == 1);
+        assert_true(num(j, "threads") == 2);
+        double ms = num(j, "ms"), ms_min = num(j, "ms_min");
+        assert_true(ms_min > 0 && ms_min <= ms);
+        double p = num(j, "ms_projections"), o = num(j, "ms_operator"), out = num(j, "ms_output");
+        assert_true(p >= 0 && o >= 0 && out >= 0);
+        assert_true(p + o + out <= ms_min);
+        assert_true(num(j, "gflop") > 0);
+        assert_true(fabs(num(j, "gflops") - num(j, "gflop") / (ms * 1e-3)) <= 1e-6 * num(j, "gflops"));
+        assert_true(fabs(num(j, "tokens_per_s") - T / (ms * 1e-3)) <= 1e-6 * num(j, "tokens_per_s"));
+        assert_true(num(j, "peak_bytes") > 0);
+        /* --no-ceiling: no ceiling figures */
+        assert_null(cJSON_GetObjectItemCaseSensitive(j, "sgemm_ceiling_gflops"));
+        assert_null(cJSON_GetObjectItemCaseSensitive(j, "ceiling_fraction"));
+        cJSON_Delete(j);
+    }
+    for (int i = 0; i < 4; i++) assert_true(seen[i][0] == 1 && seen[i][1] == 1);
+    harness_result_free(&r);
+}
+
+/* --impl both: the fast layer against the float64 reference, within the
+ * accuracy the library promises */
+static void test_impl_both(void **state)
+{
+    (void)state;
+    skip_under_valgrind();
+    static const char *const variants[] = {"full", "local", "simple", "conv"};
+    for (size_t i = 0; i < 4; i++) {
+        harness_result r;
+        assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "40", "--d-model", "24", "--variant", variants[i],
+                                     "--window", "5", "--heads", "3", "--causal", "--repeat", "1", "--impl", "both",
+                                     "--no-ceiling", "--json"),
+                         0);
+        assert_int_equal(r.exit_code, 0);
+        cJSON *j = cJSON_Parse(r.out);
+        assert_non_null(j);
+        double diff = num(j, "max_diff_vs_reference"), ref = num(j, "max_abs_reference");
+        assert_true(ref > 0);
+        if (!(diff <= 2e-5 * (ref > 1 ? ref : 1)))
+            fail_msg("%s: max |fast - reference| %g (max |reference| %g)", variants[i], diff, ref);
+        cJSON_Delete(j);
+        harness_result_free(&r);
+    }
+}
+
+/* the table: a header, the columns named in --help, one row per
+ * configuration; with --no-ceiling the ceiling is "not measured" and its
+ * column "-" */
+static void test_table(void **state)
+{
+    (void)state;
+    skip_under_valgrind();
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "20,30,50", "--d-model", "8", "--variant", "simple",
+                                 "--repeat", "1", "--threads", "1", "--no-ceiling"),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(harness_count_lines(r.out), 5);
+    assert_non_null(strstr(r.out, "1 thread; sgemm ceiling not measured\n"));
+    static const char *const cols[] = {"variant", "causal", "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil",
+                                       "proj"};
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) assert_non_null(strstr(r.out, cols[i]));
+    size_t rows = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(r.out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "simple ", 7) != 0) continue;
+        rows++;
+        char variant[16], causal[8], ceil_txt[8];
+        size_t T, B, d;
+        double ms, ms_min, gf, tok, mib, proj;
+        assert_int_equal(sscanf(line, "%15s %7s %zu %zu %zu %lf %lf %lf %lf %lf %7s %lf%%", variant, causal, &T, &B,
+                                &d, &ms, &ms_min, &gf, &tok, &mib, ceil_txt, &proj),
+                         12);
+        assert_string_equal(causal, "no");
+        assert_true(T == 20 || T == 30 || T == 50);
+        assert_true(B == 1 && d == 8);
+        assert_true(ms_min > 0 && ms_min <= ms && mib > 0);
+        assert_string_equal(ceil_txt, "-");
+        assert_true(proj >= 0 && proj <= 100);
+    }
+    assert_int_equal(rows, 3);
+    harness_result_free(&r);
+}
+
+/* usage errors: exit 2, one line naming the problem, nothing on stdout */
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    const char *const cases[][4] = {
+        {"--repeat", "0", NULL, "--repeat"},
+        {"--variant", "fast", NULL, "--variant"},
+        {"--threads", "5000", NULL, "--threads"},
+        {"--seq-len", "12,x", NULL, "--seq-len"},
+        {"--window", "0", NULL, "--window"},
+        {"--impl", "quick", NULL, "--impl"},
+        {"--frobnicate", NULL, NULL, "--frobnicate"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        harness_result r;
+        const char *args[] = {"bench", cases[i][0], cases[i][1], NULL};
+        assert_int_equal(harness_run(&r, args, NULL, 0), 0);
+        if (r.exit_code != 2 || r.out_len != 0 || !strstr(r.err, cases[i][3]))
+            fail_msg("bench %s %s: exit %d, stderr '%s'", cases[i][0], cases[i][1] ? cases[i][1] : "", r.exit_code,
+                     r.err);
+        assert_true(harness_count_lines(r.err) <= 2);   /* the message, and maybe "Try 'aft bench --help'" */
+        harness_result_free(&r);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_sweep),
+        cmocka_unit_test(test_impl_both),
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_usage_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
