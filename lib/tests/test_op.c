@@ -1260,7 +1260,7 @@ typedef struct {
 
 /* weights ~ U[-1,1] / sqrt(fan in), so activations stay O(1) */
 static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D, size_t C,
-                          int with_biases, int causal, mask_mode mask, uint64_t seed,
+                          int with_biases, int causal, mask_mode mask, uint64_t seed, int threads,
                           int *reports)
 {
     rng r = {seed};
@@ -1304,6 +1304,7 @@ static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D,
     p.bias.mask = m;
     p.bias.mask_batched = mask == MASK_BATCHED;
     aft_config cfg = make_cfg(lv->variant, lv->window, lv->heads, causal);
+    cfg.threads = threads;
 
     size_t n = B * T * D;
     double *ref = xmalloc(n * sizeof *ref);
@@ -1311,10 +1312,10 @@ static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D,
     char what[512];
     snprintf(what, sizeof what,
              "layer variant=%s bias=%s B=%zu T=%zu D=%zu C=%zu k_out=%zu heads=%zu window=%zu "
-             "causal=%d mask=%s biases=%s seed=%llu",
+             "causal=%d mask=%s biases=%s seed=%llu threads=%d",
              aft_variant_name(lv->variant), kind_names[lv->kind], B, T, D, C, kc, lv->heads,
              lv->window, causal, mask_names[mask], with_biases ? "yes" : "NULL",
-             (unsigned long long)seed);
+             (unsigned long long)seed, threads);
     if (ref_aft_layer(ref, x, &p, &cfg, B, T) != 0) fail_msg("reference refused: %s", what);
     double maxref = 0;
     for (size_t i = 0; i < n; i++)
@@ -1393,9 +1394,37 @@ static void test_layer(void **state)
                     size_t B = (cases & 1) ? 3 : 1, T = Ts[(cases >> 1) & 1];
                     mask_mode mask = (mask_mode)(cases % 3);
                     fails += run_layer_case(&lvs[i], B, T, dims[di][0], dims[di][1], with_biases,
-                                            causal, mask, 2000 + (uint64_t)cases, &reports);
+                                            causal, mask, 2000 + (uint64_t)cases, 0, &reports);
                     cases++;
                 }
+    finish(fails, cases);
+}
+
+/* The layer's products are split over the threads by rows (many rows), by
+ * columns (few rows, wide products) or not at all (both small); each shape
+ * here takes one of those ways for Q/K/V or the output with 2 or 3 threads,
+ * and one thread as the baseline. */
+static void test_layer_products_split(void **state)
+{
+    (void)state;
+    const layer_variant lv[] = {{AFT_LOCAL, AFT_BIAS_DENSE, 0, 3, 0}, {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0}};
+    /* (B, T, D, C): Q/K/V is (B T) x 3C, the output (B T) x D */
+    const size_t shapes[][4] = {
+        {1, 20, 16, 48},    /* 20 rows, 144 columns: Q/K/V split by columns */
+        {1, 9, 100, 12},    /* 9 rows, output 100 columns: split by columns */
+        {2, 70, 24, 20},    /* 140 rows: split by rows */
+        {1, 5, 8, 8},       /* too small to split */
+    };
+    const int th[] = {1, 2, 3};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t si = 0; si < N_OF(shapes); si++)
+        for (size_t li = 0; li < N_OF(lv); li++)
+            for (size_t hi = 0; hi < N_OF(th); hi++) {
+                const size_t *sh = shapes[si];
+                fails += run_layer_case(&lv[li], sh[0], sh[1], sh[2], sh[3], 1, (int)(hi & 1), MASK_NONE,
+                                        2500 + (uint64_t)cases, th[hi], &reports);
+                cases++;
+            }
     finish(fails, cases);
 }
 
@@ -1799,6 +1828,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_causal_rows),
         cmocka_unit_test(test_op_rows_bad_key),
         cmocka_unit_test(test_op_threads),
+        cmocka_unit_test(test_layer_products_split),
         cmocka_unit_test(test_layer),
         cmocka_unit_test(test_op_errors),
         cmocka_unit_test(test_layer_errors),
