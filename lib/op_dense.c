@@ -1,5 +1,6 @@
 /* op_dense.c - AFT with an explicit T x T weight pattern: the full variant,
- * and any variant under an explicit mask. O(T^2 C) time through CBLAS, O(T C)
+ * and any variant under an explicit mask. O(T^2 C) time through CBLAS (or,
+ * causal with one head on AVX-512, a fused product of our own, below), O(T C)
  * extra memory: exp(w) is held for one block of rows at a time.
  *
  * For a block of query rows and a chunk of key columns,
@@ -86,11 +87,34 @@ static void redo_row(const dense_job *jb, size_t h, size_t t, size_t tv, float *
     }
 }
 
+/* rows [i0, i0 + bi) of head h from their sums, (num | den) per row, rows
+ * lda apart: y = sigmoid(q) num / den, and the exact recomputation where den
+ * underflowed */
+static void finish_rows(const dense_job *jb, size_t h, size_t i0, size_t bi, size_t tv, const float *acc,
+                        size_t lda, float *wrow, float *out)
+{
+    const size_t C = jb->ws->C, ldq = jb->ws->ldq, ch = jb->ch;
+    for (size_t i = 0; i < bi; i++) {
+        size_t t = i0 + i;
+        const float *a = acc + i * lda, *qr = jb->q + t * ldq + h * ch;
+        float *yr = out + t * C + h * ch;
+        int bad_row = 0;
+        for (size_t c = 0; c < ch; c++) {
+            float den = a[ch + c];
+            float y = aft_sigmoidf(qr[c]) * (a[c] / den);
+            int bad = !(den >= AFT_DEN_EXACT_BELOW);
+            yr[c] = bad ? NAN : y;
+            bad_row |= bad;
+        }
+        if (bad_row) redo_row(jb, h, t, tv, wrow, yr);
+    }
+}
+
 /* rows [i0, i1) of head h, on the calling thread alone */
 static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, dense_scratch *sc, float *out)
 {
     const aft_wspec *ws = jb->ws;
-    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ch = jb->ch, C2 = 2 * C, chunk = jb->chunk;
+    const size_t T = ws->T, C = ws->C, ch = jb->ch, C2 = 2 * C, chunk = jb->chunk;
     const int causal = ws->causal;
     const uint8_t *mask = jb->mask;
     size_t bi = i1 - i0;
@@ -152,20 +176,136 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
         }
     }
 
-    for (size_t i = 0; i < bi; i++) {
-        size_t t = i0 + i;
-        const float *a = acc + i * 2 * ch, *qr = jb->q + t * ldq + h * ch;
-        float *yr = out + t * C + h * ch;
-        int bad_row = 0;
-        for (size_t c = 0; c < ch; c++) {
-            float den = a[ch + c];
-            float y = aft_sigmoidf(qr[c]) * (a[c] / den);
-            int bad = !(den >= AFT_DEN_EXACT_BELOW);
-            yr[c] = bad ? NAN : y;
-            bad_row |= bad;
-        }
-        if (bad_row) redo_row(jb, h, t, tv, sc->wrow, yr);
+    finish_rows(jb, h, i0, bi, tv, acc, 2 * ch, sc->wrow, out);
+}
+
+/* ---- the fused product (one head, causal). w for a block of rows is made
+ * once; exp(w - r) is then computed 12 rows and 256 keys at a time into the
+ * panel the micro-kernel reads, instead of for whole rows that OpenBLAS then
+ * copies into panels of its own, and the right-hand sides are packed once
+ * for all blocks. The micro-kernel keeps a 12 x 32 tile of sums in registers
+ * (24 16-float vectors) over 256 keys and adds it, times the chunk's
+ * rescaling factor per column, to the block's sums; it reads the 12 rows of
+ * the panel as they are (12 sequential streams), so nothing is transposed. */
+enum { FMR = 12, FNR = 32, FKC = 256 };
+_Static_assert((int)FKC == (int)CAUSAL_CHUNK, "a key chunk of the fused product is a causal chunk");
+
+typedef float fv16 __attribute__((vector_size(64)));
+static inline fv16 fld(const float *p) { fv16 x; memcpy(&x, p, sizeof x); return x; }
+static inline void fst(float *p, fv16 x) { memcpy(p, &x, sizeof x); }
+
+// c (FMR x FNR, rows ldc apart) += f .* (ap (FMR x kc, rows FKC apart) x bp (kc x FNR))
+static void fused_tile(size_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
+                       size_t ldc, const float *restrict f)
+{
+    fv16 z = {0};
+    fv16 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z,
+         c51 = z, c60 = z, c61 = z, c70 = z, c71 = z, c80 = z, c81 = z, c90 = z, c91 = z, ca0 = z, ca1 = z,
+         cb0 = z, cb1 = z;
+    for (size_t k = 0; k < kc; k++) {
+        fv16 b0 = fld(bp + k * FNR), b1 = fld(bp + k * FNR + 16);
+        const float *a = ap + k;
+#define FROW(i, x0, x1) x0 += a[(i) * FKC] * b0; x1 += a[(i) * FKC] * b1;
+        FROW(0, c00, c01) FROW(1, c10, c11) FROW(2, c20, c21) FROW(3, c30, c31)
+        FROW(4, c40, c41) FROW(5, c50, c51) FROW(6, c60, c61) FROW(7, c70, c71)
+        FROW(8, c80, c81) FROW(9, c90, c91) FROW(10, ca0, ca1) FROW(11, cb0, cb1)
+#undef FROW
     }
+    fv16 f0 = fld(f), f1 = fld(f + 16);
+#define FOUT(i, x0, x1) fst(c + (i) * ldc, fld(c + (i) * ldc) + x0 * f0); \
+                        fst(c + (i) * ldc + 16, fld(c + (i) * ldc + 16) + x1 * f1);
+    FOUT(0, c00, c01) FOUT(1, c10, c11) FOUT(2, c20, c21) FOUT(3, c30, c31)
+    FOUT(4, c40, c41) FOUT(5, c50, c51) FOUT(6, c60, c61) FOUT(7, c70, c71)
+    FOUT(8, c80, c81) FOUT(9, c90, c91) FOUT(10, ca0, ca1) FOUT(11, cb0, cb1)
+#undef FOUT
+}
+
+/* Whether the fused product is used: causal (the products then run a chunk
+ * of 256 keys at a time, and at that depth OpenBLAS's own products, each
+ * repacking its operands, were 5-20% slower than this kernel at T = 4096 in
+ * five A/B runs;
+ * on the full-depth products without causality OpenBLAS was as fast or up
+ * to 7% faster, so those stay with it), one head, and a CPU whose vectors
+ * make the 16-float operations single instructions. AFT_DENSE_BLAS=1 forces
+ * OpenBLAS, for comparison and for the tests of that path. */
+static int fused_ok(size_t H, int causal)
+{
+    if (H != 1 || !causal) return 0;
+    const char *e = getenv("AFT_DENSE_BLAS");
+    if (e && strcmp(e, "1") == 0) return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+
+// rows [i0, i1) (one head) with the fused product; bpk: the right-hand
+// sides packed as npan panels of FNR columns, each (T, FNR)
+static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_scratch *sc, float *out,
+                              const float *bpk, size_t npan)
+{
+    const aft_wspec *ws = jb->ws;
+    const size_t T = ws->T, C = ws->C, ch = jb->ch, Np = npan * FNR;
+    const int causal = ws->causal;
+    const uint8_t *mask = jb->mask;
+    size_t bi = i1 - i0, tv = causal ? i1 : T;
+    /* wblk: the block's rows of w (bi, tv), then one panel of exp(w) */
+    float *acc = sc->acc, *wb = sc->wblk, *ap = sc->wblk + bi * tv, *rmax = sc->tmp, *fvec = sc->mrow + C;
+
+    /* w for the block (made once: a seeded or factored bias costs more to
+     * make than to read), each row's maximum over what it sees */
+    for (size_t i = 0; i < bi; i++) {
+        size_t t = i0 + i, nv = causal ? t + 1 : tv;
+        float *wr = wb + i * tv;
+        aft_w_row(ws, 0, t, 0, nv, wr);
+        float r = -INFINITY;
+        if (mask) {
+            const uint8_t *mr = mask + t * T;
+            for (size_t j = 0; j < nv; j++) r = mr[j] && wr[j] > r ? wr[j] : r;
+        } else {
+            r = aft_max_f32(wr, nv);
+        }
+        rmax[i] = r == -INFINITY ? 0.0f : r;   /* nothing visible: the row stays 0 */
+    }
+    /* the block's common key maximum over the chunks its rows see */
+    size_t nc = (tv + FKC - 1) / FKC;
+    float *mrow = sc->mrow;
+    for (size_t c = 0; c < ch; c++) {
+        float M = -INFINITY;
+        for (size_t jc = 0; jc < (causal ? nc : 1); jc++) M = jb->mk[jc * C + c] > M ? jb->mk[jc * C + c] : M;
+        mrow[c] = M;
+    }
+    size_t npanel = (bi + FMR - 1) / FMR;
+    memset(acc, 0, npanel * FMR * Np * sizeof(float));
+    for (size_t jc = 0; jc < nc; jc++) {
+        size_t j0 = jc * FKC, j1 = j0 + FKC < tv ? j0 + FKC : tv, kc = j1 - j0;
+        /* rescaling of this chunk from its own key maximum to the block's */
+        for (size_t c = 0; c < ch; c++) {
+            float f = causal ? aft_expf(jb->mk[jc * C + c] - mrow[c]) : 1.0f;
+            fvec[c] = f;
+            fvec[ch + c] = f;
+        }
+        for (size_t c = 2 * ch; c < Np; c++) fvec[c] = 0.0f;
+        for (size_t mp = 0; mp < npanel; mp++) {
+            for (size_t i = 0; i < FMR; i++) {
+                size_t row = mp * FMR + i, t = i0 + row;
+                float *a = ap + i * FKC;
+                size_t nv = row < bi ? (causal ? (t + 1 > j0 ? t + 1 - j0 : 0) : kc) : 0;
+                nv = nv < kc ? nv : kc;
+                if (nv) {
+                    const float *wr = wb + row * tv + j0;
+                    float r = rmax[row];
+                    for (size_t k = 0; k < nv; k++) a[k] = aft_expf(wr[k] - r);
+                    if (mask) {
+                        const uint8_t *mr = mask + t * T + j0;
+                        for (size_t k = 0; k < nv; k++) a[k] = mr[k] ? a[k] : 0.0f;
+                    }
+                }
+                for (size_t k = nv; k < kc; k++) a[k] = 0.0f;
+            }
+            for (size_t p = 0; p < npan; p++)
+                fused_tile(kc, ap, bpk + (p * T + j0) * FNR, acc + mp * FMR * Np + p * FNR, Np, fvec + p * FNR);
+        }
+    }
+    finish_rows(jb, 0, i0, bi, tv, acc, Np, sc->wrow, out);
 }
 
 // out, q, k, v: (T, C) of one batch   mask: (T, T) or NULL
@@ -182,8 +322,12 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
     const size_t nt = (size_t)aft_get_threads();
 
     /* rhs: (T, 2C), per head [exp(k - mk) v | exp(k - mk)] so a head's two
-     * right-hand sides are adjacent columns; mk: (nchunk, C) */
-    float *rhs = aft_alloc_array(T, C2 * sizeof(float));
+     * right-hand sides are adjacent columns; mk: (nchunk, C). For the fused
+     * product the same columns packed as npan panels of FNR, each (T, FNR),
+     * the last padded with zeros. */
+    const int fused = fused_ok(H, causal);
+    const size_t npan = (C2 + FNR - 1) / FNR, Np = npan * FNR;
+    float *rhs = fused ? aft_calloc_array(T, Np * sizeof(float)) : aft_alloc_array(T, C2 * sizeof(float));
     float *mk = aft_alloc_array(nchunk, C * sizeof(float));
     if (!rhs || !mk) {
         free(rhs); free(mk);
@@ -198,18 +342,37 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
             for (size_t c = 0; c < C; c++) m[c] = k[j * ldk + c] > m[c] ? k[j * ldk + c] : m[c];
         for (size_t c = 0; c < C; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
     }
-    #pragma omp parallel for schedule(static)
-    for (size_t j = 0; j < T; j++) {
-        const float *m = mk + (j / chunk) * C;
-        for (size_t h = 0; h < H; h++) {
-            float *dst = rhs + j * C2 + h * 2 * ch;
-            const float *kr = k + j * ldk + h * ch, *vr = v + j * ldv + h * ch, *mr = m + h * ch;
-            for (size_t c = 0; c < ch; c++) {
-                float e = aft_expf(kr[c] - mr[c]);
-                dst[c] = e * vr[c];
-                dst[ch + c] = e;
+    int no_row = 0;
+    #pragma omp parallel
+    {
+        /* fused: each row's 2C values, then FNR of them to each panel */
+        float *row = fused ? aft_alloc_array(Np, sizeof(float)) : NULL;
+        if (fused && !row) {
+            #pragma omp atomic write
+            no_row = 1;
+        }
+        #pragma omp for schedule(static)
+        for (size_t j = 0; j < T; j++) {
+            const float *m = mk + (j / chunk) * C;
+            for (size_t h = 0; h < H; h++) {
+                float *dst = row ? row : rhs + j * C2 + h * 2 * ch;
+                const float *kr = k + j * ldk + h * ch, *vr = v + j * ldv + h * ch, *mr = m + h * ch;
+                for (size_t c = 0; c < ch; c++) {
+                    float e = aft_expf(kr[c] - mr[c]);
+                    dst[c] = e * vr[c];
+                    dst[ch + c] = e;
+                }
+            }
+            if (row) {
+                for (size_t c = C2; c < Np; c++) row[c] = 0.0f;
+                for (size_t p = 0; p < npan; p++) memcpy(rhs + (p * T + j) * FNR, row + p * FNR, FNR * sizeof(float));
             }
         }
+        free(row);
+    }
+    if (no_row) {
+        free(rhs); free(mk);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full-variant buffers (T = %zu, C = %zu)", T, C);
     }
 
     /* blocks of rows, one thread each; under causality the late blocks are
@@ -222,10 +385,17 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
     #pragma omp parallel
     {
         dense_scratch sc;
-        sc.wblk = aft_alloc_array(rows, T * sizeof(float));
-        sc.acc = aft_alloc_array(rows, C2 * sizeof(float));
-        sc.tmp = aft_alloc_array(rows, C2 * sizeof(float));
-        sc.mrow = aft_alloc_array(C, sizeof(float));
+        if (fused) {   /* wblk: rows of w and one panel; tmp: row maxima; mrow: + factors */
+            sc.wblk = aft_alloc_array(rows * T + FMR * FKC, sizeof(float));
+            sc.acc = aft_alloc_array((rows + FMR - 1) / FMR * FMR, Np * sizeof(float));
+            sc.tmp = aft_alloc_array(rows, sizeof(float));
+            sc.mrow = aft_alloc_array(C + Np, sizeof(float));
+        } else {
+            sc.wblk = aft_alloc_array(rows, T * sizeof(float));
+            sc.acc = aft_alloc_array(rows, C2 * sizeof(float));
+            sc.tmp = aft_alloc_array(rows, C2 * sizeof(float));
+            sc.mrow = aft_alloc_array(C, sizeof(float));
+        }
         sc.wrow = aft_alloc_array(T > C ? T : C, sizeof(float));
         if (!sc.wblk || !sc.acc || !sc.tmp || !sc.mrow || !sc.wrow) {
             #pragma omp atomic write
@@ -238,7 +408,8 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
                 size_t h = task / nblk, b = task % nblk;
                 if (causal) b = nblk - 1 - b;
                 size_t i0 = b * rows, i1 = i0 + rows < T ? i0 + rows : T;
-                dense_block(&jb, h, i0, i1, &sc, out);
+                if (fused) dense_block_fused(&jb, i0, i1, &sc, out, rhs, npan);
+                else dense_block(&jb, h, i0, i1, &sc, out);
             }
         }
         free(sc.wblk); free(sc.acc); free(sc.tmp); free(sc.mrow); free(sc.wrow);

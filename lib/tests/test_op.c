@@ -1194,6 +1194,30 @@ static void test_op_rows_bad_key(void **state)
     free(rq); free(rk); free(rv);
 }
 
+/* Causal with one head, the dense kernel runs its own fused product on
+ * AVX-512 machines (the grids above take that path there); these cases run
+ * the OpenBLAS path it replaces (AFT_DENSE_BLAS=1), which is also what
+ * machines without AVX-512 and several heads use. */
+static void test_op_full_causal_blas(void **state)
+{
+    (void)state;
+    assert_int_equal(setenv("AFT_DENSE_BLAS", "1", 1), 0);
+    const aft_bias_kind kinds[] = {AFT_BIAS_DENSE, AFT_BIAS_FACTORED, AFT_BIAS_SEEDED};
+    const size_t Ts[] = {7, 130, 600};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t ki = 0; ki < N_OF(kinds); ki++)
+        for (size_t ti = 0; ti < N_OF(Ts); ti++)
+            for (int mask = MASK_NONE; mask <= MASK_BATCHED; mask++) {
+                op_case c = {AFT_FULL, kinds[ki], (cases & 1) ? 2 : 1, Ts[ti], (cases & 2) ? 16 : 12, 0, 0, 0, 1,
+                             (mask_mode)mask, (vals_mode)(cases % 4), 1600 + (uint64_t)cases,
+                             (cases & 1) ? 2 : 1};
+                fails += run_case(&c, &reports);
+                cases++;
+            }
+    unsetenv("AFT_DENSE_BLAS");
+    finish(fails, cases);
+}
+
 /* The outputs with cfg.threads = 1, 2 and 0 agree to 1e-6 relative. */
 static void test_op_threads(void **state)
 {
@@ -1827,6 +1851,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_simple_rows),
         cmocka_unit_test(test_op_causal_rows),
         cmocka_unit_test(test_op_rows_bad_key),
+        cmocka_unit_test(test_op_full_causal_blas),
         cmocka_unit_test(test_op_threads),
         cmocka_unit_test(test_layer_products_split),
         cmocka_unit_test(test_layer),
