@@ -41,6 +41,19 @@ static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, s
     return !(causal && j > t) && !(mask && !mask[t * T + j]);
 }
 
+/* the row stabiliser: the largest of w[0..nv) where the mask row (or NULL:
+ * everything) lets it through; 0 when nothing is visible (the row stays 0) */
+static float visible_max(const float *w, size_t nv, const uint8_t *mrow)
+{
+    float r = -INFINITY;
+    if (mrow) {
+        for (size_t j = 0; j < nv; j++) r = mrow[j] && w[j] > r ? w[j] : r;
+    } else {
+        r = aft_max_f32(w, nv);
+    }
+    return r == -INFINITY ? 0.0f : r;
+}
+
 /* one thread's buffers for a block of rows */
 typedef struct {
     float *wblk;   /* (rows, T)  exp(w - r) */
@@ -132,14 +145,7 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
         if (!jb->factored) aft_w_row(ws, h, t, 0, tv, wr);
         /* columns past the diagonal are invisible under causality */
         size_t nv = causal ? t + 1 : tv;
-        float r = -INFINITY;
-        if (mask) {
-            const uint8_t *mr = mask + t * T;
-            for (size_t j = 0; j < nv; j++) r = mr[j] && wr[j] > r ? wr[j] : r;
-        } else {
-            r = aft_max_f32(wr, nv);
-        }
-        if (r == -INFINITY) r = 0.0f;   /* nothing visible: the row stays 0 */
+        float r = visible_max(wr, nv, mask ? mask + t * T : NULL);
         for (size_t j = 0; j < nv; j++) wr[j] = aft_expf(wr[j] - r);
         if (mask) {
             const uint8_t *mr = mask + t * T;
@@ -256,14 +262,7 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
         size_t t = i0 + i, nv = causal ? t + 1 : tv;
         float *wr = wb + i * tv;
         aft_w_row(ws, 0, t, 0, nv, wr);
-        float r = -INFINITY;
-        if (mask) {
-            const uint8_t *mr = mask + t * T;
-            for (size_t j = 0; j < nv; j++) r = mr[j] && wr[j] > r ? wr[j] : r;
-        } else {
-            r = aft_max_f32(wr, nv);
-        }
-        rmax[i] = r == -INFINITY ? 0.0f : r;   /* nothing visible: the row stays 0 */
+        rmax[i] = visible_max(wr, nv, mask ? mask + t * T : NULL);
     }
     /* the block's common key maximum over the chunks its rows see */
     size_t nc = (tv + FKC - 1) / FKC;
