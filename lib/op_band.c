@@ -407,15 +407,6 @@ static void simple_task(float *out, const float *q, const float *k, const float 
     }
 }
 
-/* simple, not causal, all batches: the same sums with the rows split over
- * the threads, so each thread reads whole rows in order (q, k and v share a
- * row in the layer's buffer) instead of every thread striding through all
- * rows for its channels. Each thread keeps per channel a running maximum m
- * and s0 = sum exp(k - m), s1 = sum exp(k - m) v over its rows, raising m a
- * block of SIMPLE_ROWS rows at a time (all factors stay <= 1); the threads'
- * sums are then brought to the largest m and added. Returns 0 when some key
- * is +inf or NaN: the caller then runs simple_task, whose rules for
- * non-finite keys this does not repeat. */
 enum { SIMPLE_ROWS = 64 };
 
 /* Sums over rows [r0, r1) of k and v, channels [0, n): m = the largest key,
@@ -480,6 +471,15 @@ static inline void merge_sums(const float *parts, size_t stride, size_t np, size
     *s1 = a1;
 }
 
+/* simple, not causal, all batches: the same sums with the rows split over
+ * the threads, so each thread reads whole rows in order (q, k and v share a
+ * row in the layer's buffer) instead of every thread striding through all
+ * rows for its channels. Each thread keeps per channel a running maximum m
+ * and s0 = sum exp(k - m), s1 = sum exp(k - m) v over its rows, raising m a
+ * block of SIMPLE_ROWS rows at a time (all factors stay <= 1); the threads'
+ * sums are then brought to the largest m and added. Returns 0 when some key
+ * is +inf or NaN: the caller then runs simple_task, whose rules for
+ * non-finite keys this does not repeat. */
 static int simple_rows_split(float *out, const float *q, const float *k, const float *v, size_t B,
                              const aft_wspec *ws, float *st, size_t nt)
 {
@@ -490,13 +490,13 @@ static int simple_rows_split(float *out, const float *q, const float *k, const f
     for (size_t b = 0; b < B && ok; b++) {
         const float *qb = q + b * T * ldq, *kb = k + b * T * ldk, *vb = v + b * T * ldv;
         float *ob = out + b * T * C;
-        int inf_key = 0;
-        #pragma omp parallel num_threads((int)nt) reduction(|:inf_key)
+        int bad_key = 0;
+        #pragma omp parallel num_threads((int)nt) reduction(|:bad_key)
         {
             size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
             size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
             float *m = st + tid * 4 * C, *s0 = m + C, *s1 = m + 2 * C, *bm = m + 3 * C;
-            inf_key |= running_sums(kb, ldk, vb, ldv, t0, t1, C, m, s0, s1, bm);
+            bad_key |= running_sums(kb, ldk, vb, ldv, t0, t1, C, m, s0, s1, bm);
             #pragma omp barrier
             /* merge: each thread a range of channels */
             size_t c0 = C * tid / n, c1 = C * (tid + 1) / n;
@@ -512,7 +512,7 @@ static int simple_rows_split(float *out, const float *q, const float *k, const f
                 for (size_t c = 0; c < C; c++) yr[c] = aft_sigmoidf(qr[c]) * sv[c];
             }
         }
-        ok = !inf_key;
+        ok = !bad_key;
     }
     return ok;
 }
@@ -649,7 +649,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
         int ok = simple_rows_split(out, q, k, v, B, ws, st, nt);
         free(st);
         if (ok) return AFT_OK;
-        /* a key of +inf: the per-channel kernel below, for all batches */
+        /* a key of +inf or NaN: the per-channel kernel below, for all batches */
     }
     /* a band wider than the sequence is the whole sequence */
     size_t s = zero_bias ? 1 : (ws->window < T ? ws->window : T);
