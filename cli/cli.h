@@ -22,6 +22,9 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 
 /* strict number parsing: whole string, no sign for unsigned, range checked.
  * Return 0 on success, -1 otherwise. */
+/* --opt VALUE or --opt=VALUE at argv[*i]: the value (and *i advanced past
+ * a separate one), or NULL: not this option, or (*missing) it has no value */
+const char *cli_opt_value(int argc, char **argv, int *i, const char *opt, int *missing);
 int cli_parse_size(const char *s, size_t *out);
 int cli_parse_u64(const char *s, uint64_t *out);
 int cli_parse_double(const char *s, double *out);

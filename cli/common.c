@@ -130,3 +130,21 @@ int cli_path_exists(const char *path)
     struct stat st;
     return stat(path, &st) == 0;
 }
+
+/* --opt VALUE or --opt=VALUE: the value, or NULL when argv[*i] is not opt
+ * (then *missing says whether it was opt without a value); advances *i past
+ * a separate value */
+const char *cli_opt_value(int argc, char **argv, int *i, const char *opt, int *missing)
+{
+    size_t n = strlen(opt);
+    const char *a = argv[*i];
+    *missing = 0;
+    if (strncmp(a, opt, n) != 0) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] != 0) return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}

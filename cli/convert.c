@@ -74,8 +74,6 @@ static void report_file(const char *path, const char *msg)
 
 #define CHUNK_BYTES ((size_t)1 << 20)        /* converted data is written 1 MiB at a time */
 #define ST_SIZE_LIMIT 9007199254740992.0     /* 2^53: offsets must be exact in JSON */
-#define NPY_ALIGN 64                         /* numpy starts the data on this boundary */
-#define NPY_GROWTH_DIGITS 21                 /* numpy leaves room for axis 0 to grow */
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define HOST_LITTLE 1
@@ -212,114 +210,6 @@ static int utf8_valid(const char *s)
     return 1;
 }
 
-/* a growing byte string; an allocation failure is remembered, checked once */
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->cap - b->len <= n) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap - b->len <= n) {
-            if (cap > SIZE_MAX / 2) { b->oom = 1; return; }
-            cap *= 2;
-        }
-        char *p = realloc(b->p, cap);
-        if (!p) { b->oom = 1; return; }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s)
-{
-    sb_put(b, s, strlen(s));
-}
-
-static void sb_size(sbuf *b, size_t v)
-{
-    char tmp[32];
-    int k = snprintf(tmp, sizeof tmp, "%zu", v);
-    sb_put(b, tmp, (size_t)k);
-}
-
-
-/* ---------------------------------------------------------------- .npy headers */
-
-static const char *npy_code(aft_dtype dt)
-{
-    switch (dt) {
-    case AFT_F64: return "f8";
-    case AFT_F32: return "f4";
-    case AFT_F16: return "f2";
-    case AFT_BOOL: return "b1";
-    case AFT_U8: return "u1";
-    case AFT_I8: return "i1";
-    case AFT_I16: return "i2";
-    case AFT_U16: return "u2";
-    case AFT_I32: return "i4";
-    case AFT_U32: return "u4";
-    case AFT_I64: return "i8";
-    case AFT_U64: return "u8";
-    default: return NULL;   /* bf16 has no .npy code */
-    }
-}
-
-/* numpy's header for a little-endian C-order array: version 1.0 (2.0 if the
- * dict needs more than a 2-byte length), the dict exactly as numpy writes it,
- * room for axis 0 to grow, then spaces and '\n' so the data starts at a
- * multiple of 64. Returns the length, 0 if cap is too small. */
-static size_t npy_header(char *buf, size_t cap, aft_dtype dt, size_t ndim, const size_t *shape)
-{
-    sbuf d = {0};
-    char head[64];
-    snprintf(head, sizeof head, "{'descr': '%c%s', 'fortran_order': False, 'shape': (",
-             aft_dtype_size(dt) == 1 ? '|' : '<', npy_code(dt));
-    sb_str(&d, head);
-    for (size_t k = 0; k < ndim; k++) {
-        if (k) sb_str(&d, ", ");
-        sb_size(&d, shape[k]);
-    }
-    sb_str(&d, ndim == 1 ? ",), }" : "), }");
-    if (ndim > 0) {
-        int digits = snprintf(NULL, 0, "%zu", shape[0]);
-        for (int i = digits; i < NPY_GROWTH_DIGITS; i++) sb_put(&d, " ", 1);
-    }
-    if (d.oom) {
-        free(d.p);
-        return 0;
-    }
-    /* numpy pads with 1..64 spaces (64 when already aligned) before the '\n' */
-    size_t prefix = 10, pad = NPY_ALIGN - (prefix + d.len + 1) % NPY_ALIGN;
-    int major = 1;
-    if (d.len + pad + 1 > 65535) {
-        major = 2;
-        prefix = 12;
-        pad = NPY_ALIGN - (prefix + d.len + 1) % NPY_ALIGN;
-    }
-    size_t field = d.len + pad + 1, total = prefix + field;
-    if (total > cap) {
-        free(d.p);
-        return 0;
-    }
-    memcpy(buf, "\x93NUMPY", 6);
-    buf[6] = (char)major;
-    buf[7] = 0;
-    for (size_t i = 0; i < prefix - 8; i++) buf[8 + i] = (char)((field >> (8 * i)) & 0xff);
-    memcpy(buf + prefix, d.p, d.len);
-    memset(buf + prefix + d.len, ' ', pad);
-    buf[total - 1] = '\n';
-    free(d.p);
-    return total;
-}
-
 /* Learns a .npy file's dtype and shape from its header alone, so that a
  * .safetensors header can be written before any data is read. Only the plain
  * form numpy writes is understood; anything else returns -1 and the caller
@@ -350,7 +240,7 @@ static int npy_peek(const char *path, aft_dtype *dt, size_t *ndim, size_t *shape
                                     AFT_I16, AFT_U16, AFT_I32, AFT_U32, AFT_I64, AFT_U64};
     int found = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0] && !found; i++)
-        if (memcmp(p + 2, npy_code(all[i]), 2) == 0) {
+        if (memcmp(p + 2, aft_npy_code(all[i]), 2) == 0) {
             *dt = all[i];
             found = 1;
         }
@@ -766,7 +656,7 @@ static int item_data(item *it)
  * 8. 0, or an exit status after reporting. */
 /* The .safetensors header for the job's tensors as they will be written
  * (output dtypes and sizes), built and checked by the library. */
-static int st_header(const job *j, sbuf *h)
+static int st_header(const job *j, char **hp, size_t *hlen)
 {
     const char **names = malloc((j->nitems + 1) * sizeof *names);
     aft_tensor *desc = calloc(j->nitems + 1, sizeof *desc);
@@ -798,7 +688,7 @@ static int st_header(const job *j, sbuf *h)
         desc[i].nbytes = it->nbytes_out;
     }
     aft_error err;
-    aft_status st = aft_st_header(names, desc, j->nitems, (const char *const *)j->meta, j->nmeta, &h->p, &h->len, &err);
+    aft_status st = aft_st_header(names, desc, j->nitems, (const char *const *)j->meta, j->nmeta, hp, hlen, &err);
     free(names);
     free(desc);
     if (st != AFT_OK) {
@@ -816,8 +706,8 @@ static void write_failed(const char *out_path, int e)
 
 static int write_safetensors(job *j, const char *out_path)
 {
-    sbuf h = {0};
-    int rc = st_header(j, &h);
+    struct { char *p; size_t len; } h = {NULL, 0};
+    int rc = st_header(j, &h.p, &h.len);
     if (rc) {
         free(h.p);
         return rc;
@@ -887,10 +777,16 @@ static int write_npy(job *j, const char *out_path)
         return EXIT_DATA;
     }
     char head[4096];
-    size_t hn = npy_header(head, sizeof head, it->out, it->ndim, it->shape);
+    size_t hn;
+    aft_tensor shape_of = {.dtype = it->out, .ndim = it->ndim};
+    memcpy(shape_of.shape, it->shape, it->ndim * sizeof(size_t));
+    aft_error herr;
+    if (aft_npy_header(&shape_of, head, sizeof head, &hn, &herr) != AFT_OK) {
+        cli_error(cmd, "%s", herr.msg);
+        return EXIT_DATA;
+    }
     unsigned char *buf = malloc(CHUNK_BYTES);
-    if (!hn || !buf) {
-        free(buf);
+    if (!buf) {
         cli_error(cmd, "out of memory");
         return EXIT_DATA;
     }
@@ -921,23 +817,6 @@ static int write_npy(job *j, const char *out_path)
 }
 
 /* ---------------------------------------------------------------- the command */
-
-/* --opt VALUE or --opt=VALUE: the value, or NULL when argv[*i] is not opt
- * (then *missing says whether it was opt without a value) */
-static const char *opt_value(int argc, char **argv, int *i, const char *opt, int *missing)
-{
-    size_t n = strlen(opt);
-    const char *a = argv[*i];
-    *missing = 0;
-    if (strncmp(a, opt, n) != 0) return NULL;
-    if (a[n] == '=') return a + n + 1;
-    if (a[n] != 0) return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
 
 int cmd_convert(int argc, char **argv)
 {
@@ -970,24 +849,24 @@ int cmd_convert(int argc, char **argv)
             fputs(usage_text, stdout);
             rc = cli_finish_stdout(cmd);
             goto done;
-        } else if ((val = opt_value(argc, argv, &i, "-o", &missing)) || missing ||
-                   (val = opt_value(argc, argv, &i, "--output", &missing)) || missing) {
+        } else if ((val = cli_opt_value(argc, argv, &i, "-o", &missing)) || missing ||
+                   (val = cli_opt_value(argc, argv, &i, "--output", &missing)) || missing) {
             if (missing) { rc = cli_usage_error(cmd, "%s needs a file", a); goto done; }
             out_path = val;
-        } else if ((val = opt_value(argc, argv, &i, "--dtype", &missing)) || missing) {
+        } else if ((val = cli_opt_value(argc, argv, &i, "--dtype", &missing)) || missing) {
             if (missing) { rc = cli_usage_error(cmd, "--dtype needs a value"); goto done; }
             if (parse_dtype(val, &target) != 0) {
                 rc = cli_usage_error(cmd, "unknown --dtype '%s': want f32, f16, bf16 or f64", val);
                 goto done;
             }
             have_dtype = 1;
-        } else if ((val = opt_value(argc, argv, &i, "--format", &missing)) || missing) {
+        } else if ((val = cli_opt_value(argc, argv, &i, "--format", &missing)) || missing) {
             if (missing || (strcmp(val, "npy") != 0 && strcmp(val, "safetensors") != 0)) {
                 rc = cli_usage_error(cmd, "--format takes npy or safetensors");
                 goto done;
             }
             format = val;
-        } else if ((val = opt_value(argc, argv, &i, "--metadata", &missing)) || missing) {
+        } else if ((val = cli_opt_value(argc, argv, &i, "--metadata", &missing)) || missing) {
             const char *eq = missing ? NULL : strchr(val, '=');
             if (!eq || eq == val) {
                 rc = cli_usage_error(cmd, "--metadata takes KEY=VALUE, not '%s'", missing ? "" : val);

@@ -47,22 +47,6 @@ struct run_opts {
     int strict;
 };
 
-/* --opt VALUE or --opt=VALUE; returns the value or NULL when this argv[i] is
- * not opt. Advances *i past a separate value. */
-static const char *opt_value(int argc, char **argv, int *i, const char *opt, int *missing)
-{
-    size_t n = strlen(opt);
-    const char *a = argv[*i];
-    if (strncmp(a, opt, n) != 0) return NULL;
-    if (a[n] == '=') return a + n + 1;
-    if (a[n] != 0) return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 static int parse_args(int argc, char **argv, struct run_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -87,7 +71,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         }
         if (strcmp(a, "--causal") == 0) { o->cfg.causal = 1; continue; }
         if (strcmp(a, "--strict") == 0) { o->strict = 1; continue; }
-#define OPT(name) ((val = opt_value(argc, argv, &i, name, &missing)) != NULL || missing)
+#define OPT(name) ((val = cli_opt_value(argc, argv, &i, name, &missing)) != NULL || missing)
         if (OPT("--variant")) {
             if (missing || aft_variant_from_name(val, &o->cfg.variant) != 0)
                 return cli_usage_error("run", "--variant takes full, local, simple or conv");

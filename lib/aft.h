@@ -108,6 +108,13 @@ aft_status aft_npy_read_mem(const void *buf, size_t len, aft_tensor *out,
  * path is written atomically (temporary file beside it, renamed on success). */
 aft_status aft_npy_write(const char *path, const aft_tensor *t, aft_error *err);
 aft_status aft_npy_write_fp(FILE *fp, const aft_tensor *t, aft_error *err);
+/* The header aft_npy_write writes for t's dtype and shape (the data is not
+ * looked at), preamble and padding included, into buf (cap bytes; 4096
+ * always suffice): for writers that stream the data themselves. */
+aft_status aft_npy_header(const aft_tensor *t, char *buf, size_t cap, size_t *len, aft_error *err);
+/* numpy's two-character type code without byte order ("f4", "b1", ...);
+ * NULL for a dtype .npy cannot hold (BF16) */
+const char *aft_npy_code(aft_dtype dt);
 
 /* ---------------------------------------------------------------- .safetensors */
 

@@ -27,8 +27,6 @@ void *aft_alloc_array(size_t n, size_t size);
 /* same, zero-filled */
 void *aft_calloc_array(size_t n, size_t size);
 
-#endif
-
 /* ------------------------------------------------------------ numerics */
 
 #include <math.h>
@@ -145,3 +143,5 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
  * (B, T, C) so threads can split batches and channel blocks */
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
                        size_t B, const aft_wspec *ws, aft_error *err);
+
+#endif /* AFT_INTERNAL_H */

@@ -44,7 +44,7 @@ static const struct { const char *code; aft_dtype dt; } npy_types[] = {
 };
 #define N_NPY_TYPES (sizeof npy_types / sizeof npy_types[0])
 
-static const char *npy_code(aft_dtype dt)
+const char *aft_npy_code(aft_dtype dt)
 {
     for (size_t i = 0; i < N_NPY_TYPES; i++)
         if (npy_types[i].dt == dt) return npy_types[i].code;
@@ -598,14 +598,26 @@ static size_t build_header(char *buf, size_t cap, const char *code, const aft_te
     return total;
 }
 
-aft_status aft_npy_write_fp(FILE *fp, const aft_tensor *t, aft_error *err)
+aft_status aft_npy_header(const aft_tensor *t, char *buf, size_t cap, size_t *len, aft_error *err)
 {
-    if (!t || !fp) return aft_fail(err, AFT_ERR_ARG, "NULL tensor or file");
+    if (!t || !buf || !len) return aft_fail(err, AFT_ERR_ARG, "NULL tensor or buffer");
     if (t->dtype == AFT_BF16) return aft_fail(err, AFT_ERR_ARG, "bfloat16 cannot be stored in .npy");
-    const char *code = npy_code(t->dtype);
+    const char *code = aft_npy_code(t->dtype);
     if (!code) return aft_fail(err, AFT_ERR_ARG, "unknown dtype %d", (int)t->dtype);
     if (t->ndim > AFT_MAX_DIMS)
         return aft_fail(err, AFT_ERR_ARG, "too many dimensions: %zu", t->ndim);
+    *len = build_header(buf, cap, code, t);
+    if (!*len) return aft_fail(err, AFT_ERR_ARG, "a .npy header of more than %zu bytes", cap);
+    return AFT_OK;
+}
+
+aft_status aft_npy_write_fp(FILE *fp, const aft_tensor *t, aft_error *err)
+{
+    if (!t || !fp) return aft_fail(err, AFT_ERR_ARG, "NULL tensor or file");
+    char head[4096];
+    size_t hn;
+    aft_status st = aft_npy_header(t, head, sizeof head, &hn, err);
+    if (st != AFT_OK) return st;
 
     /* the tensor's own counts must agree with its shape, or the file would
      * lie; the nonzero dimensions must multiply without overflow, the rule
@@ -625,9 +637,6 @@ aft_status aft_npy_write_fp(FILE *fp, const aft_tensor *t, aft_error *err)
                         "its shape (%zu elements, %zu bytes)", t->nelem, t->nbytes, nelem, nbytes);
     if (nbytes && !t->data) return aft_fail(err, AFT_ERR_ARG, "tensor has no data");
 
-    char head[2048];
-    size_t hn = build_header(head, sizeof head, code, t);
-    if (!hn) return aft_fail(err, AFT_ERR_ARG, "header too long");
     if (fwrite(head, 1, hn, fp) != hn) goto io;
 
     if (size == 1 || HOST_LITTLE) {

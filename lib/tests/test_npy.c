@@ -926,6 +926,49 @@ static void test_write_fp(void **state)
     unlink(tmppath("fp.npy"));
 }
 
+/* aft_npy_header: the first bytes of numpy's own file for every dtype and a
+ * 32-dimension shape, without looking at data; refusals */
+static void test_header_alone(void **state)
+{
+    aft_error err = {{0}};
+    char head[4096];
+    size_t len;
+    for (size_t c = 0; c < NCODES; c++) {
+        char name[64];
+        snprintf(name, sizeof name, "v1_C_%s_%s.npy", codes[c].size == 1 ? "any" : "le", codes[c].code);
+        aft_tensor t = {.dtype = codes[c].dt, .ndim = 3, .shape = {2, 3, 4}};
+        if (aft_npy_header(&t, head, sizeof head, &len, &err)) fail_msg("%s: %s", name, err.msg);
+        size_t n;
+        unsigned char *theirs = slurp(fixture(name), &n);
+        assert_int_equal(n, len + 24 * codes[c].size);
+        if (memcmp(head, theirs, len) != 0) fail_msg("%s: header differs from numpy's", name);
+        free(theirs);
+        assert_string_equal(aft_npy_code(codes[c].dt), codes[c].code);
+    }
+    aft_tensor d32;
+    accept_file("dims32_u1.npy", &d32, NULL);
+    const void *data = d32.data;
+    d32.data = NULL;   /* the header never reads it */
+    assert_int_equal(aft_npy_header(&d32, head, sizeof head, &len, &err), AFT_OK);
+    size_t n;
+    unsigned char *theirs = slurp(fixture("dims32_u1.npy"), &n);
+    assert_int_equal(n, len + d32.nbytes);
+    assert_memory_equal(head, theirs, len);
+    free(theirs);
+    /* too small a buffer, bfloat16, too many dimensions */
+    assert_int_equal(aft_npy_header(&d32, head, 64, &len, &err), AFT_ERR_ARG);
+    assert_string_equal(err.msg, "a .npy header of more than 64 bytes");
+    d32.data = data;
+    aft_tensor_free(&d32);
+    aft_tensor bf = {.dtype = AFT_BF16, .ndim = 1, .shape = {4}};
+    assert_int_equal(aft_npy_header(&bf, head, sizeof head, &len, &err), AFT_ERR_ARG);
+    assert_string_equal(err.msg, "bfloat16 cannot be stored in .npy");
+    assert_null(aft_npy_code(AFT_BF16));
+    aft_tensor many = {.dtype = AFT_F32, .ndim = AFT_MAX_DIMS + 1};
+    assert_int_equal(aft_npy_header(&many, head, sizeof head, &len, &err), AFT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "too many dimensions"));
+}
+
 static void test_write_refusals(void **state)
 {
     uint16_t v[4] = {0};
@@ -999,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_rewrite_identical),
         cmocka_unit_test(test_write_roundtrip),
         cmocka_unit_test(test_write_fp),
+        cmocka_unit_test(test_header_alone),
         cmocka_unit_test(test_write_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
