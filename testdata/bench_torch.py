@@ -22,7 +22,8 @@ float32, batch 1, d_model = d_hidden):
   rish-simple  rish-16's AFTSimple: softmax of K over time, times V, summed
                over time (O(T d)).                 aft: run --variant simple
 
-The modules are written here; nothing is imported from the upstream projects
+The modules are ours, in testdata/torch_aft.py (shared with the fixture
+maker); nothing is imported from the upstream projects
 (testdata/torch/README.md records what they compute).
 
 Every PyTorch measurement runs in its own subprocess (this file, re-invoked
@@ -49,7 +50,6 @@ import re
 import resource
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -68,105 +68,10 @@ MIB = float(1 << 20)
 # =====================================================================
 
 def _modules():
-    """Define the torch modules (imports torch; worker only)."""
-    import torch
-    from torch import nn
-
-    def labml_local_mask(seq_len, s):
-        # labml: ones -> tril(.., s-1) -> triu(.., -(s-1)): True where |t-t'| < s
-        m = torch.ones(seq_len, seq_len, dtype=torch.bool)
-        m = torch.tril(m, s - 1)
-        return torch.triu(m, -(s - 1))
-
-    def labml_subsequent_mask(T):
-        # labml_nn/transformers/utils.py subsequent_mask: [T, T, 1] bool, causal
-        return torch.tril(torch.ones(T, T)).to(torch.bool).unsqueeze(-1)
-
-    class LabmlLocal(nn.Module):
-        """labml AFTLocal's computation; input/output layout [T, B, d]."""
-
-        def __init__(self, d_model, seq_len, local_window_size, bias=True):
-            super().__init__()
-            self.local_window_size = local_window_size
-            self.query = nn.Linear(d_model, d_model, bias=bias)
-            self.key = nn.Linear(d_model, d_model, bias=bias)
-            self.value = nn.Linear(d_model, d_model, bias=bias)
-            self.pos_bias = nn.Parameter(torch.zeros(seq_len, seq_len))
-            self.local_mask = nn.Parameter(labml_local_mask(seq_len, local_window_size),
-                                           requires_grad=False)
-            self.activation = nn.Sigmoid()
-            self.output = nn.Linear(d_model, d_model)
-
-        def forward(self, *, query, key, value, mask):
-            seq_len = query.shape[0]
-            query = self.query(query)
-            key = self.key(key)
-            value = self.value(value)
-            pos_bias = self.pos_bias[:seq_len, :seq_len] * self.local_mask[:seq_len, :seq_len]
-            pos_bias = pos_bias.unsqueeze(-1)
-            pos_bias.masked_fill_(~mask, float("-inf"))
-            max_key = key.max(dim=0, keepdim=True)[0]
-            max_pos_bias = pos_bias.max(dim=1, keepdim=True)[0]
-            exp_key = torch.exp(key - max_key)
-            exp_pos_bias = torch.exp(pos_bias - max_pos_bias)
-            num = torch.einsum("ijb,jbd->ibd", exp_pos_bias, exp_key * value)
-            den = torch.einsum("ijb,jbd->ibd", exp_pos_bias, exp_key)
-            y = self.activation(query) * num / den
-            return self.output(y)
-
-    class RishFull(nn.Module):
-        """rish-16 AFTFull's computation; layout [B, T, dim]. No max is
-        subtracted and exp(w) is evaluated twice, as upstream does."""
-
-        def __init__(self, max_seqlen, dim, hidden_dim):
-            super().__init__()
-            self.dim = dim
-            self.hidden_dim = hidden_dim
-            self.to_q = nn.Linear(dim, hidden_dim)
-            self.to_k = nn.Linear(dim, hidden_dim)
-            self.to_v = nn.Linear(dim, hidden_dim)
-            self.project = nn.Linear(hidden_dim, dim)
-            self.wbias = nn.Parameter(torch.empty(max_seqlen, max_seqlen))
-            nn.init.xavier_uniform_(self.wbias)
-
-        def forward(self, x):
-            B, T, _ = x.shape
-            Q = self.to_q(x).view(B, T, self.hidden_dim)
-            K = self.to_k(x).view(B, T, self.hidden_dim)
-            V = self.to_v(x).view(B, T, self.hidden_dim)
-            temp_wbias = self.wbias[:T, :T].unsqueeze(0)
-            Q_sig = torch.sigmoid(Q)
-            temp = torch.exp(temp_wbias) @ torch.mul(torch.exp(K), V)
-            weighted = temp / (torch.exp(temp_wbias) @ torch.exp(K))
-            Yt = torch.mul(Q_sig, weighted)
-            Yt = Yt.view(B, T, self.hidden_dim)
-            return self.project(Yt)
-
-    class RishSimple(nn.Module):
-        """rish-16 AFTSimple's computation; softmax over the time axis."""
-
-        def __init__(self, max_seqlen, dim, hidden_dim):
-            super().__init__()
-            self.dim = dim
-            self.hidden_dim = hidden_dim
-            self.to_q = nn.Linear(dim, hidden_dim)
-            self.to_k = nn.Linear(dim, hidden_dim)
-            self.to_v = nn.Linear(dim, hidden_dim)
-            self.project = nn.Linear(hidden_dim, dim)
-
-        def forward(self, x):
-            B, T, _ = x.shape
-            Q = self.to_q(x).view(B, T, self.hidden_dim)
-            K = self.to_k(x).view(B, T, self.hidden_dim)
-            V = self.to_v(x).view(B, T, self.hidden_dim)
-            weights = torch.mul(torch.softmax(K, 1), V).sum(dim=1, keepdim=True)
-            Q_sig = torch.sigmoid(Q)
-            Yt = torch.mul(Q_sig, weights)
-            Yt = Yt.view(B, T, self.hidden_dim)
-            return self.project(Yt)
-
-    return dict(LabmlLocal=LabmlLocal, RishFull=RishFull, RishSimple=RishSimple,
-                subsequent_mask=labml_subsequent_mask)
+    """The torch modules, testdata/torch_aft.py (imports torch; worker only)."""
+    sys.path.insert(0, HERE)
+    import torch_aft
+    return torch_aft
 
 
 def _build_case(spec, for_check):
@@ -179,22 +84,22 @@ def _build_case(spec, for_check):
     g = torch.Generator().manual_seed(spec["seed"] + 1)
     case = spec["case"]
     if case == "labml-local":
-        m = M["LabmlLocal"](d, T, s)
+        m = M.LabmlAFTLocal(d, T, s)
         x = torch.randn(T, 1, d, generator=g)              # [T, B, d]
-        mask = M["subsequent_mask"](T)                     # built once, as labml caches it
+        mask = M.labml_causal_mask(T)                      # built once, as labml caches it
 
         def call(mod, xx):
             return mod(query=xx, key=xx, value=xx, mask=mask)
         bias_name = "pos_bias"
     elif case == "rish-full":
-        m = M["RishFull"](T, d, h)
+        m = M.RishAFTFull(T, d, h)
         x = torch.randn(1, T, d, generator=g)
 
         def call(mod, xx):
             return mod(xx)
         bias_name = "wbias"
     elif case == "rish-simple":
-        m = M["RishSimple"](T, d, h)
+        m = M.RishAFTSimple(T, d, h)
         x = torch.randn(1, T, d, generator=g)
 
         def call(mod, xx):
@@ -304,34 +209,6 @@ def worker_bench(spec):
             "blas_core": info.get("core")}
 
 
-def _st_dtype(t):
-    import torch
-    return {torch.float32: ("F32", "<f4"), torch.float64: ("F64", "<f8"),
-            torch.bool: ("BOOL", "|u1")}[t.dtype]
-
-
-def write_safetensors(path, named):
-    """named: [(name, torch tensor)] -> .safetensors (8-byte LE header length,
-    JSON header padded with spaces to a multiple of 8, then the data)."""
-    import numpy as np
-    header = {"__metadata__": {"format": "pt", "written_by": "testdata/bench_torch.py"}}
-    blobs, off = [], 0
-    for name, t in named:
-        st, npdt = _st_dtype(t)
-        raw = np.ascontiguousarray(t.detach().cpu().numpy()).astype(npdt).tobytes()
-        header[name] = {"dtype": st, "shape": list(t.shape),
-                        "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
 def worker_check(spec):
     import copy
     import numpy as np
@@ -343,11 +220,13 @@ def worker_check(spec):
         y64 = call(m64, x.double())
     out = spec["dir"]
     sd = list(m.state_dict().items())
-    write_safetensors(os.path.join(out, "weights.safetensors"), sd)
+    M = _modules()
+    M.write_safetensors(os.path.join(out, "weights.safetensors"), sd,
+                        {"format": "pt", "written_by": "testdata/bench_torch.py"})
     np.save(os.path.join(out, "x.npy"), x.numpy().astype("<f4"))
     np.save(os.path.join(out, "y_torch32.npy"), y32.numpy())
     np.save(os.path.join(out, "y_torch64.npy"), y64.numpy())
-    return {"tensors": [[k, list(v.shape), _st_dtype(v)[0]] for k, v in sd],
+    return {"tensors": [[k, list(v.shape), M.tensor_bytes(v)[0]] for k, v in sd],
             "finite32": bool(torch.isfinite(y32).all())}
 
 

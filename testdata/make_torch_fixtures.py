@@ -6,9 +6,9 @@ Run with Debian's interpreter, which has torch and numpy:
     /usr/bin/python3 testdata/make_torch_fixtures.py          # write fixtures
     /usr/bin/python3 testdata/make_torch_fixtures.py --check  # verify them
 
-The modules below are written for this script. Each one mirrors the
-computation and the parameter names (hence the state_dict keys, shapes, dtypes
-and order) of one public PyTorch class; nothing is imported from those
+The modules (testdata/torch_aft.py, shared with bench_torch.py) each mirror
+the computation and the parameter names (hence the state_dict keys, shapes,
+dtypes and order) of one public PyTorch class; nothing is imported from those
 projects. What each mirrors is stated on the class. See testdata/torch/README.md
 for the cases and the upstream facts they rest on.
 """
@@ -22,7 +22,6 @@ import sys
 
 import numpy as np
 import torch
-from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "torch")
@@ -30,181 +29,9 @@ OUT = os.path.join(HERE, "torch")
 
 # --------------------------------------------------------------------- modules
 
-def band(n, s):
-    """bool (n, n): True where |i - j| < s."""
-    i = torch.arange(n)
-    return (i[:, None] - i[None, :]).abs() < s
-
-
-class LabmlAFTLocal(nn.Module):
-    """Mirrors labml AFTLocal (labmlai/annotated_deep_learning_paper_implementations,
-    labml_nn/transformers/aft/__init__.py).
-
-    Same parameters, registered in the same order: query, key, value
-    (Linear d_model->d_model, bias optional), pos_bias (seq_len, seq_len) float
-    Parameter (upstream initialises it to zeros), local_mask (seq_len, seq_len)
-    BOOL Parameter with requires_grad=False, True where |t - t'| < s (upstream
-    builds it with tril(.., s-1) then triu(.., -(s-1))), output (Linear, always
-    with bias).  Layout [seq, batch, d].  forward(query=, key=, value=, mask=)
-    takes mask of shape [T_q, T_k, batch or 1] (bool, True = visible; upstream
-    applies ~mask unconditionally, so mask=None fails there).  Computation:
-      w   = pos_bias[:T,:T] * local_mask[:T,:T]   (0 outside the window,
-             keys outside the window stay visible)
-      w   = w[..., None] filled with -inf where ~mask
-      ek  = exp(K - max over ALL t' of K)            (per batch, channel)
-      ew  = exp(w - max over t' of w)                (per query row, batch)
-      y   = sigmoid(Q) * einsum(ew, ek*V) / einsum(ew, ek);  output(y)
-    The two maxima are taken separately, not the max of K + w.
-    """
-
-    def __init__(self, d_model, seq_len, local_window_size, bias=True):
-        super().__init__()
-        self.local_window_size = local_window_size
-        self.query = nn.Linear(d_model, d_model, bias=bias)
-        self.key = nn.Linear(d_model, d_model, bias=bias)
-        self.value = nn.Linear(d_model, d_model, bias=bias)
-        self.pos_bias = nn.Parameter(torch.zeros(seq_len, seq_len))
-        self.local_mask = nn.Parameter(band(seq_len, local_window_size),
-                                       requires_grad=False)
-        self.activation = nn.Sigmoid()
-        self.output = nn.Linear(d_model, d_model)
-
-    def forward(self, *, query, key, value, mask):
-        T = query.shape[0]
-        q = self.query(query)
-        k = self.key(key)
-        v = self.value(value)
-        w = (self.pos_bias[:T, :T] * self.local_mask[:T, :T]).unsqueeze(-1)
-        w = w.masked_fill(~mask, float("-inf"))
-        k_max = k.max(dim=0, keepdim=True).values
-        w_max = w.max(dim=1, keepdim=True).values
-        ek = torch.exp(k - k_max)
-        ew = torch.exp(w - w_max)
-        num = torch.einsum("ijb,jbd->ibd", ew, ek * v)
-        den = torch.einsum("ijb,jbd->ibd", ew, ek)
-        return self.output(self.activation(q) * num / den)
-
-
-def labml_causal_mask(T):
-    """What labml_nn/transformers/utils.py subsequent_mask(T) returns:
-    lower-triangular bool, shape [T, T, 1]."""
-    return torch.ones(T, T).tril().bool().unsqueeze(-1)
-
-
-class RishAFTFull(nn.Module):
-    """Mirrors rish-16 AFTFull (rish-16/aft-pytorch, aft_pytorch/aft_pytorch.py).
-
-    Parameters in upstream's order: to_q, to_k, to_v (Linear dim->hidden_dim),
-    project (Linear hidden_dim->dim, present even when dim == hidden_dim),
-    wbias (max_seqlen, max_seqlen), xavier_uniform_ initialised.  Layout
-    [B, T, dim].  Computation, with no max subtracted anywhere:
-      ew = exp(wbias[:T,:T])
-      y  = project(sigmoid(Q) * (ew @ (exp(K) * V)) / (ew @ exp(K)))
-    """
-
-    def __init__(self, max_seqlen, dim, hidden_dim=64):
-        super().__init__()
-        self.dim = dim
-        self.hidden_dim = hidden_dim
-        self.to_q = nn.Linear(dim, hidden_dim)
-        self.to_k = nn.Linear(dim, hidden_dim)
-        self.to_v = nn.Linear(dim, hidden_dim)
-        self.project = nn.Linear(hidden_dim, dim)
-        self.wbias = nn.Parameter(torch.empty(max_seqlen, max_seqlen))
-        nn.init.xavier_uniform_(self.wbias)
-
-    def _core(self, x, w):
-        T = x.shape[1]
-        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
-        ew = torch.exp(w[:T, :T]).unsqueeze(0)
-        num = ew @ (torch.exp(k) * v)
-        den = ew @ torch.exp(k)
-        return self.project(torch.sigmoid(q) * num / den)
-
-    def forward(self, x):
-        return self._core(x, self.wbias)
-
-
-class RishAFTSimple(nn.Module):
-    """Mirrors rish-16 AFTSimple (same file).  Constructor takes max_seqlen but
-    has no position bias.  Parameters: to_q, to_k, to_v, project.
-      y = project(sigmoid(Q) * sum over T of (softmax(K, dim=1) * V))
-    dim=1 is the time axis of [B, T, hidden]; the weighted sum keeps dim, so
-    every t gets the same context vector."""
-
-    def __init__(self, max_seqlen, dim, hidden_dim=64):
-        super().__init__()
-        self.dim = dim
-        self.hidden_dim = hidden_dim
-        self.to_q = nn.Linear(dim, hidden_dim)
-        self.to_k = nn.Linear(dim, hidden_dim)
-        self.to_v = nn.Linear(dim, hidden_dim)
-        self.project = nn.Linear(hidden_dim, dim)
-
-    def forward(self, x):
-        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
-        ctx = (torch.softmax(k, dim=1) * v).sum(dim=1, keepdim=True)
-        return self.project(torch.sigmoid(q) * ctx)
-
-
-class RishAFTLocal(RishAFTFull):
-    """Mirrors rish-16 AFTLocal (same file).  Same parameters as AFTFull plus
-    plain attributes max_seqlen and s.  Upstream forward first REPLACES
-    self.wbias by a new Parameter holding wbias[i][j] where |i - j| < s
-    (math.fabs, symmetric) and 0 elsewhere, over the whole max_seqlen square,
-    then computes exactly as AFTFull with the replaced wbias.  Outside the
-    window w is 0, so those keys still count (exp(K) * 1).
-    Upstream builds the replacement with torch.Tensor(nested list), i.e. in
-    the default dtype (float32) on the CPU, detached from the old parameter;
-    this mirror keeps the old dtype/device so it can also run in float64 --
-    the values are the same."""
-
-    def __init__(self, max_seqlen, dim, hidden_dim=64, s=256):
-        super().__init__(max_seqlen, dim, hidden_dim)
-        self.max_seqlen = max_seqlen
-        self.s = s
-
-    def forward(self, x):
-        keep = band(self.max_seqlen, self.s).to(self.wbias.device)
-        masked = torch.where(keep, self.wbias.detach(),
-                             torch.zeros((), dtype=self.wbias.dtype))
-        self.wbias = nn.Parameter(masked)
-        return self._core(x, self.wbias)
-
-
-# --------------------------------------------------------------- file writers
-
-ST_DTYPE = {torch.float32: ("F32", "<f4"), torch.float64: ("F64", "<f8"),
-            torch.float16: ("F16", "<f2"), torch.bool: ("BOOL", "|b1")}
-
-
-def tensor_bytes(t):
-    """(safetensors dtype, raw little-endian bytes) of a torch tensor."""
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return "BF16", t.view(torch.int16).numpy().astype("<i2").tobytes()
-    name, npdt = ST_DTYPE[t.dtype]
-    return name, t.numpy().astype(npdt).tobytes()
-
-
-def write_safetensors(path, named, metadata=None):
-    """named: list of (name, torch tensor), written in that order."""
-    header, blobs, off = {}, [], 0
-    if metadata:
-        header["__metadata__"] = dict(metadata)
-    for name, t in named:
-        dt, raw = tensor_bytes(t)
-        header[name] = {"dtype": dt, "shape": list(t.shape),
-                        "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+sys.path.insert(0, HERE)
+from torch_aft import (LabmlAFTLocal, RishAFTFull, RishAFTLocal,  # noqa: E402
+                       RishAFTSimple, band, labml_causal_mask, write_safetensors)
 
 
 def sd_list(module):
