@@ -651,11 +651,11 @@ static int item_data(item *it)
     return 0;
 }
 
-/* Builds the .safetensors header: __metadata__ first, then the tensors back
- * to back in order, padded with spaces so the data starts at a multiple of
- * 8. 0, or an exit status after reporting. */
 /* The .safetensors header for the job's tensors as they will be written
- * (output dtypes and sizes), built and checked by the library. */
+ * (output dtypes and sizes), built and checked by the library: __metadata__
+ * first, then the tensors back to back in order, padded with spaces so the
+ * data starts at a multiple of 8. Into *hp (malloc'd) and *hlen; 0, or an
+ * exit status after reporting. */
 static int st_header(const job *j, char **hp, size_t *hlen)
 {
     const char **names = malloc((j->nitems + 1) * sizeof *names);
