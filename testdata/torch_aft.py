@@ -77,7 +77,22 @@ def labml_causal_mask(T):
     return torch.ones(T, T).tril().bool().unsqueeze(-1)
 
 
-class RishAFTFull(nn.Module):
+class _RishProjections(nn.Module):
+    """rish-16's modules all start with to_q, to_k, to_v (Linear
+    dim->hidden_dim) and project (Linear hidden_dim->dim), registered (and
+    initialised) in that order."""
+
+    def __init__(self, dim, hidden_dim):
+        super().__init__()
+        self.dim = dim
+        self.hidden_dim = hidden_dim
+        self.to_q = nn.Linear(dim, hidden_dim)
+        self.to_k = nn.Linear(dim, hidden_dim)
+        self.to_v = nn.Linear(dim, hidden_dim)
+        self.project = nn.Linear(hidden_dim, dim)
+
+
+class RishAFTFull(_RishProjections):
     """Mirrors rish-16 AFTFull (rish-16/aft-pytorch, aft_pytorch/aft_pytorch.py).
 
     Parameters in upstream's order: to_q, to_k, to_v (Linear dim->hidden_dim),
@@ -89,13 +104,7 @@ class RishAFTFull(nn.Module):
     """
 
     def __init__(self, max_seqlen, dim, hidden_dim=64):
-        super().__init__()
-        self.dim = dim
-        self.hidden_dim = hidden_dim
-        self.to_q = nn.Linear(dim, hidden_dim)
-        self.to_k = nn.Linear(dim, hidden_dim)
-        self.to_v = nn.Linear(dim, hidden_dim)
-        self.project = nn.Linear(hidden_dim, dim)
+        super().__init__(dim, hidden_dim)
         self.wbias = nn.Parameter(torch.empty(max_seqlen, max_seqlen))
         nn.init.xavier_uniform_(self.wbias)
 
@@ -112,7 +121,7 @@ class RishAFTFull(nn.Module):
         return self._core(x, self.wbias)
 
 
-class RishAFTSimple(nn.Module):
+class RishAFTSimple(_RishProjections):
     """Mirrors rish-16 AFTSimple (same file).  Constructor takes max_seqlen but
     has no position bias.  Parameters: to_q, to_k, to_v, project.
       y = project(sigmoid(Q) * sum over T of (softmax(K, dim=1) * V))
@@ -120,13 +129,7 @@ class RishAFTSimple(nn.Module):
     every t gets the same context vector."""
 
     def __init__(self, max_seqlen, dim, hidden_dim=64):
-        super().__init__()
-        self.dim = dim
-        self.hidden_dim = hidden_dim
-        self.to_q = nn.Linear(dim, hidden_dim)
-        self.to_k = nn.Linear(dim, hidden_dim)
-        self.to_v = nn.Linear(dim, hidden_dim)
-        self.project = nn.Linear(hidden_dim, dim)
+        super().__init__(dim, hidden_dim)
 
     def forward(self, x):
         q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
