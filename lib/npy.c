@@ -559,7 +559,8 @@ aft_status aft_npy_read(const char *path, aft_tensor *out, aft_npy_info *info, a
  *   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
  * then the spaces numpy reserves for the first axis to grow, then spaces and
  * a final '\n' so that the data starts on a 64-byte boundary. Returns the
- * total length, or 0 if buf is too small (cannot happen for <= 32 dims). */
+ * total length, or 0 if buf is too small (4096 bytes always suffice: at most
+ * 32 dims). */
 static size_t build_header(char *buf, size_t cap, const char *code, const aft_tensor *t)
 {
     char dict[1024];
