@@ -1,0 +1,142 @@
+/*
+ * test_numerics.c - the library's own exponential (aft_expf, lib/internal.h)
+ * against the C library's exp in double, over every float of a regular
+ * sample of the 2^32 bit patterns and at the edges of its range.
+ *
+ * What must hold, for x a float:
+ *   NaN -> NaN; x > 88.72283 (just below ln FLT_MAX) -> +inf;
+ *   x < -86.98 -> 0 (the flush: such terms are below 1.7e-38);
+ *   otherwise a finite normal float within 1.5e-7 relative of exp(x).
+ * Both the scalar code and the loop the compiler vectorises are checked:
+ * the kernels only ever call aft_expf inside such loops.
+ */
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "internal.h"
+
+#define HI 88.72283f
+#define LO -86.98f
+#define REL 1.5e-7
+
+/* the expected class of aft_expf(x): 0 NaN, 1 +inf, 2 zero, 3 normal */
+static int expected(float x)
+{
+    if (isnan(x)) return 0;
+    if (x > HI) return 1;
+    if (x < LO) return 2;
+    return 3;
+}
+
+/* 1 if y is right for x; prints the first few failures */
+static int check_one(float x, float y, int *shown)
+{
+    int ok;
+    switch (expected(x)) {
+    case 0: ok = isnan(y); break;
+    case 1: ok = y == INFINITY; break;
+    case 2: ok = y == 0.0f && !signbit(y); break;
+    default: {
+        double e = exp((double)x);
+        ok = isnormal(y) && fabs((double)y - e) <= REL * e;
+        break;
+    }
+    }
+    if (!ok && (*shown)++ < 5) fprintf(stderr, "aft_expf(%a) = %a, exp = %a\n", x, y, exp((double)x));
+    return ok;
+}
+
+/* the vectorised form: a loop over an array, as in the kernels */
+static void exp_loop(float *restrict y, const float *restrict x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = aft_expf(x[i]);
+}
+
+enum { N = 4096 };
+
+static void test_expf_sampled(void **state)
+{
+    (void)state;
+    static float xs[N], ys[N];
+    int shown = 0;
+    size_t bad = 0, n = 0, normal = 0;
+    /* every 4099th bit pattern: ~1 million floats of both signs, all
+     * exponents, NaNs and infinities included at the end */
+    uint64_t u = 0;
+    while (u <= 0xffffffffu) {
+        size_t m = 0;
+        for (; m < N && u <= 0xffffffffu; m++, u += 4099) {
+            uint32_t b = (uint32_t)u;
+            memcpy(&xs[m], &b, sizeof b);
+        }
+        exp_loop(ys, xs, m);
+        for (size_t i = 0; i < m; i++) {
+            bad += !check_one(xs[i], ys[i], &shown);
+            bad += !check_one(xs[i], aft_expf(xs[i]), &shown);
+            normal += expected(xs[i]) == 3;
+        }
+        n += m;
+    }
+    fprintf(stderr, "%zu floats, %zu in the normal range, %zu wrong\n", n, normal, bad);
+    assert_true(normal > 10000);
+    assert_int_equal(bad, 0);
+}
+
+static void test_expf_edges(void **state)
+{
+    (void)state;
+    /* the thresholds, their neighbours, the points where the scale 2^n
+     * changes most (n = -125 and n = 128), and exact values */
+    float xs[] = {INFINITY, -INFINITY, NAN, -NAN, 0.0f, -0.0f, 1.0f, -1.0f,
+                  HI, nextafterf(HI, 0.0f), nextafterf(HI, INFINITY), 88.7228391f, 88.0f,
+                  LO, nextafterf(LO, 0.0f), nextafterf(LO, -INFINITY), -86.6f, -86.9f,
+                  -87.3f, -100.0f, -1e30f, 1e30f, 0.34657359f, -0.34657359f,
+                  1e-8f, -1e-8f, 1e-40f, -1e-40f};
+    size_t n = sizeof xs / sizeof xs[0];
+    float ys[32];
+    exp_loop(ys, xs, n);
+    int shown = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(check_one(xs[i], ys[i], &shown));
+        assert_true(check_one(xs[i], aft_expf(xs[i]), &shown));
+    }
+    assert_true(aft_expf(0.0f) == 1.0f);
+    assert_true(aft_expf(HI) <= FLT_MAX && aft_expf(HI) > 3.3e38f);
+    /* the smallest kept result is a normal float near 1.7e-38 */
+    assert_true(aft_expf(LO) >= FLT_MIN && aft_expf(LO) < 1.8e-38f);
+}
+
+/* every normal result x -> exp(x) is non-decreasing over a dense run of
+ * floats (a wrong scale at a change of n would show as a step down) */
+static void test_expf_monotone(void **state)
+{
+    (void)state;
+    float prev = 0.0f;
+    size_t steps = 0;
+    for (float x = LO; x <= HI; x = nextafterf(x + 0.0009765625f, INFINITY)) {
+        float y = aft_expf(x);
+        if (y < prev) fprintf(stderr, "aft_expf(%a) = %a < previous %a\n", x, y, prev);
+        assert_true(y >= prev);
+        prev = y;
+        steps++;
+    }
+    assert_true(steps > 100000);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_expf_sampled),
+        cmocka_unit_test(test_expf_edges),
+        cmocka_unit_test(test_expf_monotone),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
