@@ -1,7 +1,8 @@
 /* op_dense.c - AFT with an explicit T x T weight pattern: the full variant,
  * and any variant under an explicit mask. O(T^2 C) time through CBLAS (or,
- * causal with one head on AVX-512, a fused product of our own, below), O(T C)
- * extra memory: exp(w) is held for one block of rows at a time.
+ * with one head on AVX-512, a fused product of our own, below), O(T C)
+ * extra memory: exp(w) is held for one block of rows at a time (the fused
+ * product: one panel of 12 rows and 256 keys).
  *
  * For a block of query rows and a chunk of key columns,
  *   num = exp(w - r) @ (exp(k - mk) * v),   den = exp(w - r) @ exp(k - mk)
@@ -41,16 +42,21 @@ static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, s
     return !(causal && j > t) && !(mask && !mask[t * T + j]);
 }
 
-/* the row stabiliser: the largest of w[0..nv) where the mask row (or NULL:
- * everything) lets it through; 0 when nothing is visible (the row stays 0) */
+/* the largest of w[0..nv) where the mask row (or NULL: everything) lets it
+ * through; -inf when nothing does */
+static float visible_max_raw(const float *w, size_t nv, const uint8_t *mrow)
+{
+    if (!mrow) return aft_max_f32(w, nv);
+    float r = -INFINITY;
+    for (size_t j = 0; j < nv; j++) r = mrow[j] && w[j] > r ? w[j] : r;
+    return r;
+}
+
+/* the row stabiliser: visible_max_raw, but 0 when nothing is visible (the
+ * row then stays 0) */
 static float visible_max(const float *w, size_t nv, const uint8_t *mrow)
 {
-    float r = -INFINITY;
-    if (mrow) {
-        for (size_t j = 0; j < nv; j++) r = mrow[j] && w[j] > r ? w[j] : r;
-    } else {
-        r = aft_max_f32(w, nv);
-    }
+    float r = visible_max_raw(w, nv, mrow);
     return r == -INFINITY ? 0.0f : r;
 }
 
@@ -185,14 +191,19 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
     finish_rows(jb, h, i0, bi, tv, acc, 2 * ch, sc->wrow, out);
 }
 
-/* ---- the fused product (one head, causal). w for a block of rows is made
- * once; exp(w - r) is then computed 12 rows and 256 keys at a time into the
- * panel the micro-kernel reads, instead of for whole rows that OpenBLAS then
- * copies into panels of its own, and the right-hand sides are packed once
- * for all blocks. The micro-kernel keeps a 12 x 32 tile of sums in registers
- * (24 16-float vectors) over 256 keys and adds it, times the chunk's
- * rescaling factor per column, to the block's sums; it reads the 12 rows of
- * the panel as they are (12 sequential streams), so nothing is transposed. */
+/* ---- the fused product (one head). exp(w - r) is computed 12 rows and 256
+ * keys at a time straight into the panel the micro-kernel reads, instead of
+ * for whole rows that OpenBLAS then copies into panels of its own, and the
+ * right-hand sides are packed once for all blocks. w itself is made a panel
+ * at a time too, so no block of rows of w is ever held: r is each row's
+ * running maximum over the keys seen so far, and when a later chunk raises
+ * it, the row's sums so far are brought down by exp(r_old - r_new) (<= 1,
+ * nothing overflows; what that factor underflows is below FLT_MIN times the
+ * row's largest term, the same as computing with the final maximum from the
+ * start). The micro-kernel keeps a 12 x 32 tile of sums in registers (24
+ * 16-float vectors) over 256 keys and adds it, times the chunk's rescaling
+ * factor per column, to the block's sums; it reads the 12 rows of the panel
+ * as they are (12 sequential streams), so nothing is transposed. */
 enum { FMR = 12, FNR = 32, FKC = 256 };
 _Static_assert((int)FKC == (int)CAUSAL_CHUNK, "a key chunk of the fused product is a causal chunk");
 
@@ -226,21 +237,37 @@ static void fused_tile(size_t kc, const float *restrict ap, const float *restric
 #undef FOUT
 }
 
-/* Whether the fused product is used: causal (the products then run a chunk
- * of 256 keys at a time, and at that depth OpenBLAS's own products, each
- * repacking its operands, were 5-20% slower than this kernel at T = 4096 in
- * five A/B runs;
- * on the full-depth products without causality OpenBLAS was as fast or up
- * to 7% faster, so those stay with it), one head, and a CPU whose vectors
- * make the 16-float operations single instructions. AFT_DENSE_BLAS=1 forces
- * OpenBLAS, for comparison and for the tests of that path. */
-static int fused_ok(size_t H, int causal)
+/* Whether the fused product is used: one head, and a CPU whose vectors make
+ * the 16-float operations single instructions. Causal, the products run a
+ * chunk of 256 keys at a time, and at that depth OpenBLAS's own products,
+ * each repacking its operands, were 5-20% slower than this kernel at
+ * T = 4096 in five A/B runs. Without causality OpenBLAS's full-depth
+ * products were as fast as the fused kernel while it still made w a block
+ * of rows at a time; made a panel at a time, as now, the fused product is
+ * faster (see the README). AFT_DENSE_BLAS=1 forces OpenBLAS, for comparison
+ * and for the tests of that path. */
+static int fused_ok(size_t H)
 {
-    if (H != 1 || !causal) return 0;
+    if (H != 1) return 0;
     const char *e = getenv("AFT_DENSE_BLAS");
     if (e && strcmp(e, "1") == 0) return 0;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f");
+}
+
+/* the rows of w for one panel: rows t0 .. t0 + nr - 1, keys [j0, j0 + kc),
+ * into ap (rows FKC apart); nv[i]: how many of row i's keys it sees */
+static void panel_w(const dense_job *jb, size_t t0, size_t nr, size_t j0, size_t kc, const size_t *nv, float *ap)
+{
+    const aft_wspec *ws = jb->ws;
+    if (jb->factored) {   /* u v^T, one small product */
+        const size_t rank = ws->bias->rank;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nr, (int)kc, (int)rank, 1.0f,
+                    ws->bias->u + t0 * rank, (int)rank, ws->bias->v + j0 * rank, (int)rank, 0.0f, ap, FKC);
+        return;
+    }
+    for (size_t i = 0; i < nr; i++)
+        if (nv[i]) aft_w_row(ws, 0, t0 + i, j0, j0 + nv[i], ap + i * FKC);
 }
 
 // rows [i0, i1) (one head) with the fused product; bpk: the right-hand
@@ -253,17 +280,11 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
     const int causal = ws->causal;
     const uint8_t *mask = jb->mask;
     size_t bi = i1 - i0, tv = causal ? i1 : T;
-    /* wblk: the block's rows of w (bi, tv), then one panel of exp(w) */
-    float *acc = sc->acc, *wb = sc->wblk, *ap = sc->wblk + bi * tv, *rmax = sc->tmp, *fvec = sc->mrow + C;
+    /* ap: one panel; rmax: each row's running maximum of w */
+    float *acc = sc->acc, *ap = sc->wblk, *rmax = sc->tmp, *fvec = sc->mrow + C;
+    size_t npanel = (bi + FMR - 1) / FMR;
+    for (size_t i = 0; i < npanel * FMR; i++) rmax[i] = -INFINITY;
 
-    /* w for the block (made once: a seeded or factored bias costs more to
-     * make than to read), each row's maximum over what it sees */
-    for (size_t i = 0; i < bi; i++) {
-        size_t t = i0 + i, nv = causal ? t + 1 : tv;
-        float *wr = wb + i * tv;
-        aft_w_row(ws, 0, t, 0, nv, wr);
-        rmax[i] = visible_max(wr, nv, mask ? mask + t * T : NULL);
-    }
     /* the block's common key maximum over the chunks its rows see */
     size_t nc = (tv + FKC - 1) / FKC;
     float *mrow = sc->mrow;
@@ -272,7 +293,6 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
         for (size_t jc = 0; jc < (causal ? nc : 1); jc++) M = jb->mk[jc * C + c] > M ? jb->mk[jc * C + c] : M;
         mrow[c] = M;
     }
-    size_t npanel = (bi + FMR - 1) / FMR;
     memset(acc, 0, npanel * FMR * Np * sizeof(float));
     for (size_t jc = 0; jc < nc; jc++) {
         size_t j0 = jc * FKC, j1 = j0 + FKC < tv ? j0 + FKC : tv, kc = j1 - j0;
@@ -284,21 +304,34 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
         }
         for (size_t c = 2 * ch; c < Np; c++) fvec[c] = 0.0f;
         for (size_t mp = 0; mp < npanel; mp++) {
+            size_t nv[FMR], nr = 0;
+            for (size_t i = 0; i < FMR; i++) {
+                size_t row = mp * FMR + i, t = i0 + row;
+                size_t n = row < bi ? (causal ? (t + 1 > j0 ? t + 1 - j0 : 0) : kc) : 0;
+                nv[i] = n < kc ? n : kc;
+                nr = nv[i] ? i + 1 : nr;
+            }
+            panel_w(jb, i0 + mp * FMR, nr, j0, kc, nv, ap);
             for (size_t i = 0; i < FMR; i++) {
                 size_t row = mp * FMR + i, t = i0 + row;
                 float *a = ap + i * FKC;
-                size_t nv = row < bi ? (causal ? (t + 1 > j0 ? t + 1 - j0 : 0) : kc) : 0;
-                nv = nv < kc ? nv : kc;
-                if (nv) {
-                    const float *wr = wb + row * tv + j0;
-                    float r = rmax[row];
-                    for (size_t k = 0; k < nv; k++) a[k] = aft_expf(wr[k] - r);
-                    if (mask) {
-                        const uint8_t *mr = mask + t * T + j0;
-                        for (size_t k = 0; k < nv; k++) a[k] = mr[k] ? a[k] : 0.0f;
+                size_t n = nv[i];
+                const uint8_t *mr = mask && n ? mask + t * T + j0 : NULL;
+                float m = n ? visible_max_raw(a, n, mr) : -INFINITY;
+                if (m > rmax[row]) {
+                    /* a larger maximum: the row's sums so far come down to it */
+                    if (rmax[row] != -INFINITY) {
+                        float f = aft_expf(rmax[row] - m), *ar = acc + row * Np;
+                        for (size_t c = 0; c < Np; c++) ar[c] *= f;
                     }
+                    rmax[row] = m;
                 }
-                for (size_t k = nv; k < kc; k++) a[k] = 0.0f;
+                float r = rmax[row];
+                if (r == -INFINITY) n = 0;   /* nothing visible yet */
+                for (size_t k = 0; k < n; k++) a[k] = aft_expf(a[k] - r);
+                if (mr)
+                    for (size_t k = 0; k < n; k++) a[k] = mr[k] ? a[k] : 0.0f;
+                for (size_t k = n; k < kc; k++) a[k] = 0.0f;
             }
             for (size_t p = 0; p < npan; p++)
                 fused_tile(kc, ap, bpk + (p * T + j0) * FNR, acc + mp * FMR * Np + p * FNR, Np, fvec + p * FNR);
@@ -324,7 +357,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
      * right-hand sides are adjacent columns; mk: (nchunk, C). For the fused
      * product the same columns packed as npan panels of FNR, each (T, FNR),
      * the last padded with zeros. */
-    const int fused = fused_ok(H, causal);
+    const int fused = fused_ok(H);
     const size_t npan = (C2 + FNR - 1) / FNR, Np = npan * FNR;
     float *rhs = fused ? aft_calloc_array(T, Np * sizeof(float)) : aft_alloc_array(T, C2 * sizeof(float));
     float *mk = aft_alloc_array(nchunk, C * sizeof(float));
@@ -384,10 +417,11 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
     #pragma omp parallel
     {
         dense_scratch sc;
-        if (fused) {   /* wblk: rows of w and one panel; tmp: row maxima; mrow: + factors */
-            sc.wblk = aft_alloc_array(rows * T + FMR * FKC, sizeof(float));
-            sc.acc = aft_alloc_array((rows + FMR - 1) / FMR * FMR, Np * sizeof(float));
-            sc.tmp = aft_alloc_array(rows, sizeof(float));
+        if (fused) {   /* wblk: one panel; tmp: row maxima; mrow: + factors */
+            size_t prows = (rows + FMR - 1) / FMR * FMR;
+            sc.wblk = aft_alloc_array(FMR * FKC, sizeof(float));
+            sc.acc = aft_alloc_array(prows, Np * sizeof(float));
+            sc.tmp = aft_alloc_array(prows, sizeof(float));
             sc.mrow = aft_alloc_array(C + Np, sizeof(float));
         } else {
             sc.wblk = aft_alloc_array(rows, T * sizeof(float));

@@ -104,8 +104,11 @@ typedef enum {
                       * the largest key (~500) sits where w is most negative
                       * (k + w ~ 250) while k + w peaks (~500) where k is ~250
                       * below its maximum: exp(k - max k) underflows in float */
+    VALS_RISING,     /* dense bias only: w[t,j] ~ U[-1,1] + 5 (j / 256), + 100
+                      * from j = 768 on; q, k ~ N(0,1): each 256-key chunk
+                      * raises every row's maximum of w, by 100 nats once */
 } vals_mode;
-static const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial"};
+static const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial", "rising"};
 static const char *const kind_names[] = {"none", "dense", "factored", "seeded", "conv"};
 
 typedef struct {
@@ -163,7 +166,7 @@ static void build_case(case_data *d, const op_case *c)
     size_t B = c->B, T = c->T, C = c->C;
     d->kc = c->variant == AFT_CONV && c->shared_keys ? c->heads : C;
     rng r = {c->seed * 0x2545F4914F6CDD1Dull + T * 131 + C * 7 + B};
-    int extreme = c->vals != VALS_NORMAL;
+    int extreme = c->vals != VALS_NORMAL && c->vals != VALS_RISING;
     double span = extreme ? 250.0 : 1.0;
 
     d->cfg.variant = c->variant;
@@ -179,8 +182,13 @@ static void build_case(case_data *d, const op_case *c)
         /* tmax > T, so a kernel that uses T as the row stride is caught */
         size_t tmax = T + 3;
         d->dense = xmalloc(tmax * tmax * sizeof *d->dense);
-        for (size_t i = 0; i < tmax * tmax; i++)
-            d->dense[i] = extreme ? on_grid(span * rng_sym(&r), 0x1p-8) : (float)rng_sym(&r);
+        for (size_t i = 0; i < tmax * tmax; i++) {
+            size_t j = i % tmax;
+            double rise = 5.0 * (double)(j / 256) + (j >= 768 ? 100.0 : 0.0);
+            d->dense[i] = extreme ? on_grid(span * rng_sym(&r), 0x1p-8)
+                          : c->vals == VALS_RISING ? on_grid(rise + rng_sym(&r), 0x1p-8)
+                                                   : (float)rng_sym(&r);
+        }
         d->bias.dense = d->dense;
         d->bias.tmax = tmax;
         break;
@@ -238,6 +246,7 @@ static void build_case(case_data *d, const op_case *c)
                 float *kk = &d->k[(b * T + t2) * d->kc + j];
                 switch (c->vals) {
                 case VALS_NORMAL:
+                case VALS_RISING:
                     *kk = (float)rng_normal(&r);
                     break;
                 case VALS_WIDE:
@@ -1194,27 +1203,54 @@ static void test_op_rows_bad_key(void **state)
     free(rq); free(rk); free(rv);
 }
 
-/* Causal with one head, the dense kernel runs its own fused product on
- * AVX-512 machines (the grids above take that path there); these cases run
- * the OpenBLAS path it replaces (AFT_DENSE_BLAS=1), which is also what
- * machines without AVX-512 and several heads use. */
-static void test_op_full_causal_blas(void **state)
+/* With one head the dense kernel runs its own fused product on AVX-512
+ * machines (the grids above take that path there); these cases run the
+ * OpenBLAS path it replaces (AFT_DENSE_BLAS=1), causal and not, which is
+ * also what machines without AVX-512 and several heads use. */
+static void test_op_full_blas(void **state)
 {
     (void)state;
     assert_int_equal(setenv("AFT_DENSE_BLAS", "1", 1), 0);
     const aft_bias_kind kinds[] = {AFT_BIAS_DENSE, AFT_BIAS_FACTORED, AFT_BIAS_SEEDED};
     const size_t Ts[] = {7, 130, 600};
     int fails = 0, cases = 0, reports = 0;
-    for (size_t ki = 0; ki < N_OF(kinds); ki++)
-        for (size_t ti = 0; ti < N_OF(Ts); ti++)
-            for (int mask = MASK_NONE; mask <= MASK_BATCHED; mask++) {
-                op_case c = {AFT_FULL, kinds[ki], (cases & 1) ? 2 : 1, Ts[ti], (cases & 2) ? 16 : 12, 0, 0, 0, 1,
-                             (mask_mode)mask, (vals_mode)(cases % 4), 1600 + (uint64_t)cases,
-                             (cases & 1) ? 2 : 1};
+    for (int causal = 0; causal <= 1; causal++)
+        for (size_t ki = 0; ki < N_OF(kinds); ki++)
+            for (size_t ti = 0; ti < N_OF(Ts); ti++)
+                for (int mask = MASK_NONE; mask <= MASK_BATCHED; mask++) {
+                    op_case c = {AFT_FULL, kinds[ki], (cases & 1) ? 2 : 1, Ts[ti], (cases & 2) ? 16 : 12, 0, 0, 0,
+                                 causal, (mask_mode)mask, (vals_mode)(cases % 4), 1600 + (uint64_t)cases,
+                                 (cases & 1) ? 2 : 1};
+                    fails += run_case(&c, &reports);
+                    cases++;
+                }
+    unsetenv("AFT_DENSE_BLAS");
+    finish(fails, cases);
+}
+
+/* A bias whose row maxima rise with every 256-key chunk (once by 100 nats):
+ * the fused product keeps a running maximum per row and brings the sums so
+ * far down each time it rises, by factors from exp(-5) to below FLT_MIN;
+ * each chunk still matters to the output at 1e-2 to 1e-9 relative, so a
+ * factor missed or misapplied shows. Fused and OpenBLAS paths, causal and
+ * not, lengths across one to five chunks, masks, B > 1. */
+static void test_op_full_rising_bias(void **state)
+{
+    (void)state;
+    const size_t Ts[] = {255, 257, 600, 1031};
+    int fails = 0, cases = 0, reports = 0;
+    for (int blas = 0; blas <= 1; blas++) {
+        if (blas) assert_int_equal(setenv("AFT_DENSE_BLAS", "1", 1), 0);
+        for (int causal = 0; causal <= 1; causal++)
+            for (size_t ti = 0; ti < N_OF(Ts); ti++) {
+                mask_mode mask = ti == 2 ? MASK_SHARED : MASK_NONE;
+                op_case c = {AFT_FULL, AFT_BIAS_DENSE, ti == 1 ? 2 : 1, Ts[ti], 16, 0, 0, 0, causal, mask,
+                             VALS_RISING, 2100 + (uint64_t)cases, (cases & 1) ? 2 : 1};
                 fails += run_case(&c, &reports);
                 cases++;
             }
-    unsetenv("AFT_DENSE_BLAS");
+        unsetenv("AFT_DENSE_BLAS");
+    }
     finish(fails, cases);
 }
 
@@ -1851,7 +1887,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_simple_rows),
         cmocka_unit_test(test_op_causal_rows),
         cmocka_unit_test(test_op_rows_bad_key),
-        cmocka_unit_test(test_op_full_causal_blas),
+        cmocka_unit_test(test_op_full_blas),
+        cmocka_unit_test(test_op_full_rising_bias),
         cmocka_unit_test(test_op_threads),
         cmocka_unit_test(test_layer_products_split),
         cmocka_unit_test(test_layer),
