@@ -1,6 +1,7 @@
 /* test_bench.c - `aft bench`: the JSON lines and the table it prints for a
  * sweep, the phases of the fastest run, --impl both against the float64
- * reference, --no-ceiling, and its usage errors.
+ * reference, --no-ceiling, the peak memory being the configuration's own,
+ * and its usage errors.
  *
  * bench runs each configuration in a child, started through
  * /proc/self/exe; under valgrind that names valgrind's own binary, so these
@@ -82,6 +83,35 @@ static void test_json_sweep(void **state)
         cJSON_Delete(j);
     }
     for (int i = 0; i < 4; i++) assert_true(seen[i][0] == 1 && seen[i][1] == 1);
+    harness_result_free(&r);
+}
+
+/* The peak memory of a configuration is its own: children are forked from
+ * the process that just ran the 2048^3 ceiling product (48 MiB of buffers),
+ * and a child starts with its parent's resident pages counted, so those
+ * must have gone back to the kernel. A tiny configuration stays far below
+ * 48 MiB. (A sanitizer build's shadow memory would swamp the figure.) */
+static void test_peak_is_the_runs_own(void **state)
+{
+    (void)state;
+    skip_under_valgrind();
+    if (getenv("ASAN_OPTIONS")) {
+        print_message("skipped: a sanitizer build's resident memory is mostly its own\n");
+        skip();
+    }
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "32", "--d-model", "16", "--variant", "simple",
+                                 "--repeat", "1", "--threads", "2", "--json"),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    cJSON *j = cJSON_Parse(r.out);
+    assert_non_null(j);
+    assert_true(num(j, "sgemm_ceiling_gflops") > 0);
+    double peak = num(j, "peak_bytes");
+    print_message("peak of T = 32, d = 16: %.1f MiB\n", peak / 1048576.0);
+    assert_true(peak > 0);
+    assert_true(peak < 40.0 * 1048576.0);
+    cJSON_Delete(j);
     harness_result_free(&r);
 }
 
@@ -179,6 +209,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_sweep),
         cmocka_unit_test(test_impl_both),
+        cmocka_unit_test(test_peak_is_the_runs_own),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_usage_errors),
     };
