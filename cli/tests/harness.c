@@ -28,6 +28,16 @@ const char *harness_aft_bin(void)
     return s && *s ? s : "./aft";
 }
 
+int harness_aft_is_binary(void)
+{
+    char magic[4] = {0};
+    FILE *fp = fopen(harness_aft_bin(), "rb");
+    if (!fp) return 0;
+    if (fread(magic, 1, 4, fp) != 4) magic[0] = 0;
+    fclose(fp);
+    return memcmp(magic, "\x7f" "ELF", 4) == 0;
+}
+
 const char *harness_testdata(void)
 {
     const char *s = getenv("AFT_TESTDATA");

@@ -61,6 +61,10 @@ void harness_result_free(harness_result *r);
 /* $AFT_BIN or "./aft"; $AFT_TESTDATA or "./testdata" */
 const char *harness_aft_bin(void);
 const char *harness_testdata(void);
+/* 1 if $AFT_BIN is an ELF executable itself, 0 if it is a wrapper (make
+ * test-valgrind's script) or unreadable: measurements of the child's memory
+ * then describe the wrapper, not aft */
+int harness_aft_is_binary(void);
 
 /* Number of '\n' in s (so a message of one complete line counts 1). */
 size_t harness_count_lines(const char *s);
