@@ -27,7 +27,8 @@ size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, 
         op = sat_mul(T, 3 * f);
     } else if (cfg->variant == AFT_FULL) {
         /* (T, 2C) right-hand sides, a block of exp(w) rows per thread,
-         * chunk maxima */
+         * chunk maxima (the OpenBLAS path; the fused product holds one
+         * panel of exp(w) instead of a block, so this bounds both) */
         size_t blk = sat_mul(sat_mul(aft_dense_rows(T, threads), T), f);
         op = sat_add(sat_mul(sat_mul(T, 2 * C), f), sat_mul(blk, threads));
         op = sat_add(op, sat_mul(sat_mul(T, C), f));
