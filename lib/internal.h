@@ -118,6 +118,8 @@ typedef struct {
     size_t T, C, heads, window;
     int causal;
     size_t ldq, ldk, ldv;   /* row strides of q, k, v (C when contiguous) */
+    size_t t_off;           /* row t of q, k, v is row t_off + t of the sequence
+                             * (the layer's streamed path; 0 otherwise) */
 } aft_wspec;
 
 /* raw bias entry b(t, t2) of a full/local bias (dense, factored, seeded, none) */
@@ -130,6 +132,17 @@ void aft_w_row(const aft_wspec *ws, size_t h, size_t t, size_t j0, size_t j1, fl
 aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float *k, size_t ldk,
                              const float *v, size_t ldv, const aft_bias *bias, const aft_config *cfg,
                              size_t B, size_t T, size_t C, size_t kc, aft_error *err);
+
+/* rows per chunk of the layer's streamed causal path (layer.c) */
+#ifndef AFT_LAYER_CHUNK_ROWS
+#define AFT_LAYER_CHUNK_ROWS 2048
+#endif
+/* aft_layer_forward_timed with chunks of `chunk` rows for the streamed
+ * causal path (0: never streamed); *streamed_out (when not NULL) = 1 when
+ * that path produced y. Tests pass small chunks. */
+aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params *p,
+                                     const aft_config *cfg, size_t B, size_t T, size_t chunk,
+                                     aft_layer_times *times, int *streamed_out, aft_error *err);
 
 /* C (M x N) = A (M x K) op(B) (+ bias, one value per column, when not NULL);
  * op(B) = B (K x N, rows ldb apart) or, trans_b, B^T with B (N x K). Row-major.
@@ -151,5 +164,23 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
  * (B, T, C) so threads can split batches and channel blocks */
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
                        size_t B, const aft_wspec *ws, aft_error *err);
+
+/* The streamed causal path of the layer (one head, causal, no mask): rows
+ * [r0, r1) of one sequence whose rows [0, r1) (r1 <= ws->T) are in q, k, v,
+ * row t being row ws->t_off + t of the sequence; rows before r0 must be at
+ * least aft_op_band_halo(ws) of them unless t_off is 0. carry_in (NULL
+ * when t_off is 0) and carry_out are 4 ws->C floats: the left running sum of
+ * the keys before local row 0, and after this call before row r1 - halo.
+ * *bad_key = 1 when a key was +inf or NaN: nothing usable was written, the
+ * caller must run the whole sequence through aft_op_forward_ld. */
+size_t aft_op_band_halo(const aft_wspec *ws);
+aft_status aft_op_band_rows(float *out, const float *q, const float *k, const float *v,
+                            const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in,
+                            float *carry_out, int *bad_key, aft_error *err);
+/* 1 when aft_op_forward_ld would take the fast causal one-head band kernel
+ * for this configuration and every argument check passes; *ws is then the
+ * kernel's description of it (ldq, ldk, ldv still to set) */
+int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
+                        aft_wspec *ws);
 
 #endif /* AFT_INTERNAL_H */

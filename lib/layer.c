@@ -25,6 +25,70 @@ static void linear_ref(float *y, const float *x, const float *w, const float *b,
         }
 }
 
+/* The streamed causal path: one head, causal, no mask, and a window that
+ * fits in a chunk. Each sequence goes through in chunks of rows: Q, K, V of
+ * the chunk (one product), the operator on its rows, the output projection
+ * of its rows. The chunk's Q, K, V and operator output stay in the caches
+ * between the three steps, and the buffers stay small (the chunk plus the
+ * window's halo of earlier rows) whatever T is, so a long sequence neither
+ * streams 3 x T x C floats through memory twice nor faults fresh pages in
+ * for them on every call. The left running sums carry from chunk to chunk.
+ * Returns 1 when done, 0 when not applicable or when a key was +inf or NaN
+ * (then the whole-sequence path runs: y is written again), -1 on error (*st). */
+static int layer_streamed(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
+                          size_t T, size_t chunk, const float *wcat, const float *bcat, aft_layer_times *tm,
+                          aft_status *st, aft_error *err)
+{
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
+    aft_wspec ws;
+    if (chunk == 0 || T <= chunk || !aft_op_band_rows_ok(&p->bias, cfg, B, T, C, KC, &ws)) return 0;
+    size_t halo = aft_op_band_halo(&ws);
+    if (halo > chunk) return 0;
+    float *qkv = aft_alloc_array(chunk + halo, W * sizeof(float));
+    float *h = aft_alloc_array(chunk + halo, C * sizeof(float));
+    float *carry = aft_alloc_array(8, C * sizeof(float));
+    if (!qkv || !h || !carry) {
+        free(qkv); free(h); free(carry);
+        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a chunk of %zu rows of Q, K, V (%zu wide)", chunk, W);
+        return -1;
+    }
+    ws.ldq = ws.ldk = ws.ldv = W;
+    int ret = 1;
+    for (size_t b = 0; b < B && ret == 1; b++) {
+        float *cin = carry, *cout = carry + 4 * C;
+        size_t held = 0;   /* rows in qkv from the chunk before */
+        for (size_t R0 = 0; R0 < T && ret == 1; R0 += chunk) {
+            size_t len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
+            if (hl) memmove(qkv, qkv + (held - hl) * W, hl * W * sizeof(float));
+            double t0 = aft_now_ms();
+            linear_fast(qkv + hl * W, x + (b * T + R0) * D, wcat, bcat, len, D, W);
+            double t1 = aft_now_ms();
+            ws.T = hl + len;
+            ws.t_off = R0 - hl;
+            int bad = 0;
+            *st = aft_op_band_rows(h, qkv, qkv + C, qkv + C + KC, &ws, hl, hl + len, R0 ? cin : NULL, cout, &bad,
+                                   err);
+            if (*st != AFT_OK)
+                ret = -1;
+            else if (bad)
+                ret = 0;
+            double t2 = aft_now_ms();
+            if (ret == 1) linear_fast(y + (b * T + R0) * D, h + hl * C, p->wo, p->bo, len, C, D);
+            tm->projections += t1 - t0;
+            tm->op += t2 - t1;
+            tm->output += aft_now_ms() - t2;
+            float *tmp = cin;
+            cin = cout;
+            cout = tmp;
+            held = hl + len;
+        }
+    }
+    free(qkv);
+    free(h);
+    free(carry);
+    return ret;
+}
+
 aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
                              const aft_config *cfg, size_t B, size_t T, aft_error *err)
 {
@@ -35,6 +99,14 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
                                    const aft_config *cfg, size_t B, size_t T,
                                    aft_layer_times *times, aft_error *err)
 {
+    return aft_layer_forward_chunked(y, x, p, cfg, B, T, AFT_LAYER_CHUNK_ROWS, times, NULL, err);
+}
+
+aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params *p,
+                                     const aft_config *cfg, size_t B, size_t T, size_t chunk,
+                                     aft_layer_times *times, int *streamed_out, aft_error *err)
+{
+    if (streamed_out) *streamed_out = 0;
     aft_layer_times tm = {0, 0, 0};
     if (times) *times = tm;
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C;
@@ -83,11 +155,9 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
     size_t W = 2 * C + KC;
     float *wcat = aft_alloc_array(W, D * sizeof(float));
     float *bcat = aft_alloc_array(W, sizeof(float));
-    float *qkv = aft_alloc_array(N, W * sizeof(float));
-    float *h = aft_alloc_array(N, C * sizeof(float));
-    if (!wcat || !bcat || !qkv || !h) {
-        free(wcat); free(bcat); free(qkv); free(h);
-        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, W);
+    if (!wcat || !bcat) {
+        free(wcat); free(bcat);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the stacked weights (%zu x %zu)", W, D);
     }
     memcpy(wcat, p->wq, C * D * sizeof(float));
     memcpy(wcat + C * D, p->wk, KC * D * sizeof(float));
@@ -99,6 +169,21 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
         if (bs[i]) memcpy(bcat + off, bs[i], bn[i] * sizeof(float));
         else memset(bcat + off, 0, bn[i] * sizeof(float));
         off += bn[i];
+    }
+    st = AFT_OK;
+    int streamed = layer_streamed(y, x, p, cfg, B, T, chunk, wcat, any_bias ? bcat : NULL, &tm, &st, err);
+    if (streamed_out) *streamed_out = streamed > 0;
+    if (streamed != 0) {
+        free(wcat); free(bcat);
+        if (times) *times = tm;
+        return st;
+    }
+    tm = (aft_layer_times){0, 0, 0};
+    float *qkv = aft_alloc_array(N, W * sizeof(float));
+    float *h = aft_alloc_array(N, C * sizeof(float));
+    if (!qkv || !h) {
+        free(wcat); free(bcat); free(qkv); free(h);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, W);
     }
     double t0 = aft_now_ms();
     linear_fast(qkv, x, wcat, any_bias ? bcat : NULL, N, D, W);

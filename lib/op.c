@@ -84,7 +84,7 @@ aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float
     if (cfg->threads != aft_get_threads() || cfg->threads == 0) aft_set_threads(cfg->threads);
 
     aft_wspec ws = {bias, cfg->variant, T, C, cfg->variant == AFT_CONV ? (cfg->heads ? cfg->heads : 1) : 1,
-                    cfg->window, cfg->causal, ldq, ldk, ldv};
+                    cfg->window, cfg->causal, ldq, ldk, ldv, 0};
     size_t TC = T * C;
 
     /* one key channel per head (the paper's conv): widen to one per channel */
@@ -133,6 +133,17 @@ aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float
     }
     free(kwide);
     return st;
+}
+
+int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
+                        aft_wspec *ws)
+{
+    if (check_args(bias, cfg, B, T, C, kc, NULL) != AFT_OK || B == 0 || T == 0 || C == 0) return 0;
+    if (cfg->impl != AFT_IMPL_FAST || !cfg->causal || bias->mask || kc != C || cfg->variant == AFT_FULL ||
+        (cfg->variant == AFT_CONV && cfg->heads != 1))
+        return 0;
+    *ws = (aft_wspec){bias, cfg->variant, T, C, 1, cfg->window, 1, C, C, C, 0};
+    return 1;
 }
 
 aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,

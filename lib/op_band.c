@@ -304,7 +304,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     if (zero_bias) {
                         for (size_t j = 0; j < nw; j++) w[j] = 0.0f;
                     } else {
-                        aft_w_row(ws, h, t, lo, hi, w);
+                        aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
                         r = aft_max_f32(w, nw);
                         if (!isfinite(r)) r = 0.0f;
                     }
@@ -554,22 +554,31 @@ static void scratch_free(band_scratch *sc, float *blk)
     free(sc->redo);
 }
 
-/* Causal, one head (local, or simple with causality): the rows split over
- * the threads, each thread all channels of its rows (whole rows read in
- * order; splitting channels made every thread stride through every row and
- * wait on memory). A thread starting at row t0 needs the left running sum
- * of the keys before t0 - s: the threads first sum those keys in equal
- * pieces (running_sums), then each starts from the merged sums of the
- * pieces before its t0 - s. Channels go in blocks of ROW_SPLIT_CH.
+/* Causal, one head (local, or simple with causality), rows [r0, r1) of one
+ * sequence: the rows split over the threads, each thread all channels of its
+ * rows (whole rows read in order; splitting channels made every thread stride
+ * through every row and wait on memory). A thread starting at row t0 needs
+ * the left running sum of the keys before t0 - s: the threads first sum
+ * those keys in equal pieces (running_sums), then each starts from the
+ * merged sums of the pieces before its t0 - s. Channels go in blocks of
+ * ROW_SPLIT_CH.
+ *
+ * carry_in (or NULL: none) holds, as (stabiliser, s0, s1, key maximum) of C
+ * floats each, the left running sum of keys that come before the rows held
+ * in q, k, v: the layer's streamed path (aft_op_band_rows) passes the
+ * sequence a chunk of rows at a time. carry_out (or NULL) gets the same for
+ * every key before r1 - s: the last thread's left sum once it is done.
+ *
  * Returns 1 when done, 0 when some key is +inf or NaN (the caller runs the
  * channel-split kernel, whose handling of those this does not repeat), -1
  * when out of memory. */
 enum { ROW_SPLIT_CH = 512 };
 
-static int band_rows_split(float *out, const float *q, const float *k, const float *v, size_t B,
-                           const aft_wspec *ws, size_t s, int zero_bias, size_t nt)
+static int band_rows_split(float *out, const float *q, const float *k, const float *v,
+                           const aft_wspec *ws, size_t s, int zero_bias, size_t nt, size_t r0, size_t r1,
+                           const float *carry_in, float *carry_out)
 {
-    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
+    const size_t C = ws->C, ldk = ws->ldk, ldv = ws->ldv;
     const size_t cwr = C < ROW_SPLIT_CH ? C : ROW_SPLIT_CH;
     /* slots of (m, s0, s1, scratch), 4C each: n pieces, then one remainder
      * per thread */
@@ -585,45 +594,53 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
             failed = 1;
         }
         size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
-        size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
+        size_t len = r1 - r0, t0 = r0 + len * tid / n, t1 = r0 + len * (tid + 1) / n;
         /* Thread i starts from the keys [0, t0_i - s). The longest such prefix
          * (the last thread's) is cut into n equal pieces, one per thread;
          * thread i merges the pieces inside its prefix and sums the rest of
          * it, part of one piece, itself. */
-        size_t tl = T * (n - 1) / n, P = tl > s ? tl - s : 0, need = t0 > s ? t0 - s : 0;
+        size_t tl = r0 + len * (n - 1) / n, P = tl > s ? tl - s : 0, need = t0 > s ? t0 - s : 0;
         size_t p0 = P * tid / n, p1 = P * (tid + 1) / n, full = 0;
         while (full < n && P * (full + 1) / n <= need) full++;
         size_t rest0 = P * full / n;
         float *m = parts + tid * 4 * C, *r = parts + (n + tid) * 4 * C;
-        for (size_t b = 0; b < B; b++) {
-            #pragma omp barrier
-            if (failed || bad) break;
-            const float *qb = q + b * T * ldq, *kb = k + b * T * ldk, *vb = v + b * T * ldv;
-            float *ob = out + b * T * C;
-            if (running_sums(kb, ldk, vb, ldv, p0, p1, C, m, m + C, m + 2 * C, m + 3 * C)) {
-                #pragma omp atomic write
-                bad = 1;
-            }
-            #pragma omp barrier
-            if (bad) break;
+        #pragma omp barrier
+        if (!failed && running_sums(k, ldk, v, ldv, p0, p1, C, m, m + C, m + 2 * C, m + 3 * C)) {
+            #pragma omp atomic write
+            bad = 1;
+        }
+        #pragma omp barrier
+        if (!failed && !bad) {
             /* keys [rest0, need) lie in a piece checked above */
-            (void)running_sums(kb, ldk, vb, ldv, rest0, need > rest0 ? need : rest0, C, r, r + C, r + 2 * C,
+            (void)running_sums(k, ldk, v, ldv, rest0, need > rest0 ? need : rest0, C, r, r + C, r + 2 * C,
                                r + 3 * C);
             for (size_t c0 = 0; c0 < C; c0 += cwr) {
                 size_t cw = C - c0 < cwr ? C - c0 : cwr;
                 for (size_t c = 0; c < cw; c++) {
                     float M, a0, a1;
                     merge_sums(parts, 4 * C, full, C, c0 + c, &M, &a0, &a1);
-                    /* and the remainder */
-                    float mr = r[c0 + c], Z = mr > M ? mr : M;
+                    /* and the remainder, and what came before the rows held */
+                    float mr = r[c0 + c], mc = carry_in ? carry_in[c0 + c] : -INFINITY;
+                    float kmax = M > mr ? M : mr;
+                    float Z = kmax > mc ? kmax : mc;
                     float fa = M == -INFINITY ? 0.0f : aft_expf(M - Z);
                     float fr = mr == -INFINITY ? 0.0f : aft_expf(mr - Z);
+                    float fc = mc == -INFINITY ? 0.0f : aft_expf(mc - Z);
+                    float c0s = carry_in ? carry_in[C + c0 + c] : 0.0f;
+                    float c1s = carry_in ? carry_in[2 * C + c0 + c] : 0.0f;
+                    float cmax = carry_in ? carry_in[3 * C + c0 + c] : -INFINITY;
                     sc.pst[c] = Z;
-                    sc.pmax[c] = Z;
-                    sc.p0[c] = a0 * fa + r[C + c0 + c] * fr;
-                    sc.p1[c] = a1 * fa + r[2 * C + c0 + c] * fr;
+                    sc.pmax[c] = kmax > cmax ? kmax : cmax;
+                    sc.p0[c] = a0 * fa + r[C + c0 + c] * fr + c0s * fc;
+                    sc.p1[c] = a1 * fa + r[2 * C + c0 + c] * fr + c1s * fc;
                 }
-                band_task(ob, qb, kb, vb, ws, 0, c0, cw, s, zero_bias, &sc, t0, t1, 1);
+                band_task(out, q, k, v, ws, 0, c0, cw, s, zero_bias, &sc, t0, t1, 1);
+                if (carry_out && tid == n - 1) {
+                    memcpy(carry_out + c0, sc.pst, cw * sizeof(float));
+                    memcpy(carry_out + C + c0, sc.p0, cw * sizeof(float));
+                    memcpy(carry_out + 2 * C + c0, sc.p1, cw * sizeof(float));
+                    memcpy(carry_out + 3 * C + c0, sc.pmax, cw * sizeof(float));
+                }
             }
         }
         if (blk) scratch_free(&sc, blk);
@@ -632,15 +649,48 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
     return failed ? -1 : bad ? 0 : 1;
 }
 
+/* the window the band kernel uses, and whether w is zero everywhere */
+static size_t band_window(const aft_wspec *ws, int *zero_bias)
+{
+    *zero_bias = ws->variant == AFT_SIMPLE || ws->window == 0 ||
+                 (ws->variant == AFT_CONV ? ws->bias->kind != AFT_BIAS_CONV
+                                          : ws->bias->kind == AFT_BIAS_NONE);
+    /* a band wider than the sequence is the whole sequence */
+    return *zero_bias ? 1 : (ws->window < ws->T ? ws->window : ws->T);
+}
+
+size_t aft_op_band_halo(const aft_wspec *ws)
+{
+    int zero_bias;
+    aft_wspec w = *ws;
+    w.T = SIZE_MAX;
+    return band_window(&w, &zero_bias);
+}
+
+aft_status aft_op_band_rows(float *out, const float *q, const float *k, const float *v,
+                            const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in,
+                            float *carry_out, int *bad_key, aft_error *err)
+{
+    int zero_bias;
+    size_t s = band_window(ws, &zero_bias);
+    *bad_key = 0;
+    if (!ws->causal || (ws->variant == AFT_CONV && ws->heads > 1) || r1 > ws->T || r0 > r1)
+        return aft_fail(err, AFT_ERR_ARG, "the row-range band kernel needs one head, causality and rows in range");
+    int r = band_rows_split(out, q, k, v, ws, s, zero_bias, (size_t)aft_get_threads(), r0, r1, carry_in,
+                            carry_out);
+    if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (C = %zu)", ws->C);
+    *bad_key = r == 0;
+    return AFT_OK;
+}
+
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
                        size_t B, const aft_wspec *ws, aft_error *err)
 {
     const size_t T = ws->T, C = ws->C;
     const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
     if (T == 0 || C == 0 || B == 0) return AFT_OK;
-    int zero_bias = ws->variant == AFT_SIMPLE || ws->window == 0 ||
-                    (ws->variant == AFT_CONV ? ws->bias->kind != AFT_BIAS_CONV
-                                             : ws->bias->kind == AFT_BIAS_NONE);
+    int zero_bias;
+    size_t s = band_window(ws, &zero_bias);
     int global_simple = zero_bias && !ws->causal;
     if (global_simple && T >= 2 * SIMPLE_ROWS) {
         size_t nt = (size_t)aft_get_threads();
@@ -651,13 +701,14 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
         if (ok) return AFT_OK;
         /* a key of +inf or NaN: the per-channel kernel below, for all batches */
     }
-    /* a band wider than the sequence is the whole sequence */
-    size_t s = zero_bias ? 1 : (ws->window < T ? ws->window : T);
     if (ws->causal && H == 1) {
-        int r = band_rows_split(out, q, k, v, B, ws, s, zero_bias, (size_t)aft_get_threads());
+        int r = 1;
+        for (size_t b = 0; b < B && r > 0; b++)
+            r = band_rows_split(out + b * T * C, q + b * T * ws->ldq, k + b * T * ws->ldk, v + b * T * ws->ldv,
+                                ws, s, zero_bias, (size_t)aft_get_threads(), 0, T, NULL, NULL);
         if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (T = %zu)", T);
         if (r > 0) return AFT_OK;
-        /* a key of +inf or NaN: the channel-split kernel below */
+        /* a key of +inf or NaN: the channel-split kernel below, for all batches */
     }
     /* channel blocks as wide as BAND_CH (per-row work is shared by a block's
      * channels), narrower when that leaves threads without a block */

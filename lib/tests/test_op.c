@@ -32,6 +32,7 @@
 #include <cmocka.h>
 
 #include "aft.h"
+#include "internal.h"   /* aft_layer_forward_chunked */
 #include "ref_aft.h"
 
 #define TOL_REL 2e-5       /* the comparison tolerance, relative to max(1, max|ref|) */
@@ -1318,6 +1319,13 @@ typedef struct {
     int shared_keys;
 } layer_variant;
 
+/* the streamed causal path (test_layer_streamed): chunks of this many rows
+ * for the fast impl, which must then take that path (0: aft_layer_forward);
+ * and the scale of the key biases (large ones make the left sums' maxima
+ * jump at chunk boundaries) */
+static size_t g_chunk = 0;
+static double g_key_bias = 0.5;
+
 /* weights ~ U[-1,1] / sqrt(fan in), so activations stay O(1) */
 static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D, size_t C,
                           int with_biases, int causal, mask_mode mask, uint64_t seed, int threads,
@@ -1328,7 +1336,7 @@ static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D,
     float *x = randf(&r, B * T * D, 1.5);
     float *wq = randf(&r, C * D, 1 / sqrt((double)D)), *wk = randf(&r, kc * D, 2 / sqrt((double)D)),
           *wv = randf(&r, C * D, 1 / sqrt((double)D)), *wo = randf(&r, D * C, 1 / sqrt((double)C));
-    float *bq = randf(&r, C, 0.5), *bk = randf(&r, kc, 0.5), *bv = randf(&r, C, 0.5),
+    float *bq = randf(&r, C, 0.5), *bk = randf(&r, kc, g_key_bias), *bv = randf(&r, C, 0.5),
           *bo = randf(&r, D, 0.5);
     /* bias storage: big enough for every kind used below */
     size_t tmax = T + 1;
@@ -1388,7 +1396,16 @@ static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D,
         cfg.impl = impls[ii];
         for (size_t i = 0; i < n; i++) y[i] = NAN;
         aft_error err = {{0}};
-        aft_status st = aft_layer_forward(y, x, &p, &cfg, B, T, &err);
+        int streamed = 0, chunked = g_chunk && impls[ii] == AFT_IMPL_FAST;
+        aft_status st = chunked ? aft_layer_forward_chunked(y, x, &p, &cfg, B, T, g_chunk, NULL, &streamed, &err)
+                                : aft_layer_forward(y, x, &p, &cfg, B, T, &err);
+        if (st == AFT_OK && chunked && !streamed) {
+            if ((*reports)++ < MAX_REPORTS)
+                print_message("FAIL [%s] chunks of %zu rows: the streamed path was not taken: %s\n",
+                              impl_name(impls[ii]), g_chunk, what);
+            fails++;
+            continue;
+        }
         if (st != AFT_OK) {
             if ((*reports)++ < MAX_REPORTS)
                 print_message("FAIL [%s] status %d (%s): %s\n", impl_name(impls[ii]), (int)st,
@@ -1486,6 +1503,89 @@ static void test_layer_products_split(void **state)
                 cases++;
             }
     finish(fails, cases);
+}
+
+/* The streamed causal path (layer.c): one head, causal, no mask; the
+ * sequence goes through in chunks of rows, the window's last rows kept as a
+ * halo and the left running sums carried from chunk to chunk. Small chunks
+ * put many boundaries in short sequences: T not a multiple of the chunk, a
+ * chunk as wide as the window, B > 1, 1-3 threads, and key biases up to 200
+ * (the left sums' maxima jump at boundaries). */
+static void test_layer_streamed(void **state)
+{
+    (void)state;
+    const layer_variant lvs[] = {
+        {AFT_LOCAL, AFT_BIAS_DENSE, 0, 3, 0},   {AFT_LOCAL, AFT_BIAS_SEEDED, 0, 5, 0},
+        {AFT_LOCAL, AFT_BIAS_FACTORED, 0, 2, 0}, {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 0, 0, 0},   {AFT_CONV, AFT_BIAS_CONV, 1, 4, 0},
+    };
+    const size_t chunks[] = {5, 8, 16};
+    const size_t Ts[] = {37, 64, 17};
+    const double kb[] = {0.5, 200.0};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(lvs); i++)
+        for (size_t ci = 0; ci < N_OF(chunks); ci++)
+            for (size_t ki = 0; ki < N_OF(kb); ki++) {
+                if (chunks[ci] < lvs[i].window) continue;
+                size_t B = (cases & 1) ? 2 : 1, T = Ts[cases % 3];
+                g_chunk = chunks[ci];
+                g_key_bias = kb[ki];
+                fails += run_layer_case(&lvs[i], B, T, 12, 8, 1, 1, MASK_NONE, 3000 + (uint64_t)cases,
+                                        1 + cases % 3, &reports);
+                cases++;
+            }
+    g_chunk = 0;
+    g_key_bias = 0.5;
+    finish(fails, cases);
+}
+
+/* A key of +inf or NaN stops the streamed path; the layer then runs the
+ * whole sequence the usual way and must give exactly what that gives. Too
+ * small a chunk for the window, a mask, no causality or several heads keep
+ * the usual path too. */
+static void test_layer_streamed_falls_back(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 40, D = 6, C = 4;
+    rng r = {77};
+    float *x = randf(&r, B * T * D, 1.0), *wq = randf(&r, C * D, 0.4), *wk = randf(&r, C * D, 0.4),
+          *wv = randf(&r, C * D, 0.4), *wo = randf(&r, D * C, 0.4), *dense = randf(&r, T * T, 1.0);
+    aft_params p;
+    memset(&p, 0, sizeof p);
+    p.d_model = D;
+    p.d_hidden = C;
+    p.wq = wq;
+    p.wk = wk;
+    p.wv = wv;
+    p.wo = wo;
+    p.bias.kind = AFT_BIAS_DENSE;
+    p.bias.dense = dense;
+    p.bias.tmax = T;
+    aft_config cfg = make_cfg(AFT_LOCAL, 3, 0, 1);
+    cfg.impl = AFT_IMPL_FAST;
+    float *y0 = xmalloc(B * T * D * sizeof(float)), *y1 = xmalloc(B * T * D * sizeof(float));
+    aft_error err = {{0}};
+    int streamed = -1;
+    /* the usual path is taken, and streaming works, before the key goes bad */
+    assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
+    assert_int_equal(streamed, 1);
+    x[(1 * T + 21) * D + 2] = INFINITY;   /* batch 1, row 21: the third chunk */
+    assert_int_equal(aft_layer_forward_chunked(y0, x, &p, &cfg, B, T, 0, NULL, &streamed, &err), AFT_OK);
+    assert_int_equal(streamed, 0);
+    for (size_t i = 0; i < B * T * D; i++) y1[i] = 12345.0f;
+    assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
+    assert_int_equal(streamed, 0);
+    assert_memory_equal(y0, y1, B * T * D * sizeof(float));
+    x[(1 * T + 21) * D + 2] = 0.5f;
+    /* chunk narrower than the window; not causal */
+    cfg.window = 9;
+    assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
+    assert_int_equal(streamed, 0);
+    cfg.window = 3;
+    cfg.causal = 0;
+    assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
+    assert_int_equal(streamed, 0);
+    free(x); free(wq); free(wk); free(wv); free(wo); free(dense); free(y0); free(y1);
 }
 
 /* ---------------------------------------------------------------- argument errors */
@@ -1892,6 +1992,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_threads),
         cmocka_unit_test(test_layer_products_split),
         cmocka_unit_test(test_layer),
+        cmocka_unit_test(test_layer_streamed),
+        cmocka_unit_test(test_layer_streamed_falls_back),
         cmocka_unit_test(test_op_errors),
         cmocka_unit_test(test_layer_errors),
         cmocka_unit_test(test_op_errors_null_overflow),
