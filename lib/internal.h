@@ -177,9 +177,20 @@ size_t aft_op_band_halo(const aft_wspec *ws);
 aft_status aft_op_band_rows(float *out, const float *q, const float *k, const float *v,
                             const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in,
                             float *carry_out, int *bad_key, aft_error *err);
+/* 1 when w is zero everywhere for the band kernel (simple, window 0, no bias) */
+int aft_op_band_zero_bias(const aft_wspec *ws);
+/* The streamed path for simple without causality (w = 0, no mask): rows
+ * [0, n) of one sequence's q, k, v. sq (n x C, contiguous) gets sigmoid(q);
+ * sums = (m, s0, s1), C floats each, the softmax sums of the keys and values
+ * before (m = -inf, s0 = s1 = 0 at the start), takes these rows in: s0 =
+ * sum exp(k - m), s1 = sum exp(k - m) v. Returns 1; 0 when a key was +inf or
+ * NaN (the caller runs the whole-sequence path); -1 when out of memory. */
+int aft_op_simple_rows(float *sq, const float *q, const float *k, const float *v, const aft_wspec *ws,
+                       size_t n, float *sums);
 /* 1 when aft_op_forward_ld would take the fast causal one-head band kernel
- * for this configuration and every argument check passes; *ws is then the
- * kernel's description of it (ldq, ldk, ldv still to set) */
+ * for this configuration and every argument check passes, 2 when it would
+ * take the global softmax of simple without causality, else 0; *ws is then
+ * the kernel's description of it (ldq, ldk, ldv still to set) */
 int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
                         aft_wspec *ws);
 

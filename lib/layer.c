@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 
 // y: (N, out)   x: (N, in)   w: (out, in) like PyTorch's Linear   b: (out) or NULL
@@ -25,6 +26,66 @@ static void linear_ref(float *y, const float *x, const float *w, const float *b,
         }
 }
 
+/* The streamed path of simple without causality: Y = sigmoid(Q) * g, g the
+ * softmax average of V over the whole sequence. The sequence goes through in
+ * chunks of rows once: Q, K, V of a chunk (one product), sigmoid(Q) kept
+ * (T x C), the keys and values taken into running softmax sums. Then g is
+ * folded into the output weights (Wo diag(g)) and one product gives the
+ * output. Q, K, V are never held for the whole sequence. Returns as
+ * layer_streamed. */
+static int layer_streamed_simple(float *y, const float *x, const aft_params *p, aft_wspec *ws, size_t B,
+                                 size_t T, size_t chunk, const float *wcat, const float *bcat,
+                                 aft_layer_times *tm, aft_status *st, aft_error *err)
+{
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
+    float *qkv = aft_alloc_array(chunk, W * sizeof(float));
+    float *sq = aft_alloc_array(T, C * sizeof(float));
+    float *sums = aft_alloc_array(3, C * sizeof(float));
+    float *wog = aft_alloc_array(D, C * sizeof(float));
+    if (!qkv || !sq || !sums || !wog) {
+        free(qkv); free(sq); free(sums); free(wog);
+        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a chunk of %zu rows of Q, K, V (%zu wide)", chunk, W);
+        return -1;
+    }
+    ws->ldq = ws->ldk = ws->ldv = W;
+    int ret = 1;
+    for (size_t b = 0; b < B && ret == 1; b++) {
+        for (size_t c = 0; c < C; c++) {
+            sums[c] = -INFINITY;
+            sums[C + c] = 0.0f;
+            sums[2 * C + c] = 0.0f;
+        }
+        for (size_t R0 = 0; R0 < T && ret == 1; R0 += chunk) {
+            size_t len = T - R0 < chunk ? T - R0 : chunk;
+            double t0 = aft_now_ms();
+            linear_fast(qkv, x + (b * T + R0) * D, wcat, bcat, len, D, W);
+            double t1 = aft_now_ms();
+            int r = aft_op_simple_rows(sq + R0 * C, qkv, qkv + C, qkv + C + KC, ws, len, sums);
+            if (r < 0) {
+                *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for softmax sums (C = %zu)", C);
+                ret = -1;
+            } else if (r == 0) {
+                ret = 0;
+            }
+            tm->projections += t1 - t0;
+            tm->op += aft_now_ms() - t1;
+        }
+        if (ret != 1) break;
+        double t2 = aft_now_ms();
+        float *g = sums;   /* the softmax average of v per channel */
+        for (size_t c = 0; c < C; c++) g[c] = sums[C + c] > 0.0f ? sums[2 * C + c] / sums[C + c] : 0.0f;
+        for (size_t d = 0; d < D; d++)
+            for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * g[c];
+        linear_fast(y + b * T * D, sq, wog, p->bo, T, C, D);
+        tm->output += aft_now_ms() - t2;
+    }
+    free(qkv);
+    free(sq);
+    free(sums);
+    free(wog);
+    return ret;
+}
+
 /* The streamed causal path: one head, causal, no mask, and a window that
  * fits in a chunk. Each sequence goes through in chunks of rows: Q, K, V of
  * the chunk (one product), the operator on its rows, the output projection
@@ -41,7 +102,10 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
 {
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
     aft_wspec ws;
-    if (chunk == 0 || T <= chunk || !aft_op_band_rows_ok(&p->bias, cfg, B, T, C, KC, &ws)) return 0;
+    if (chunk == 0 || T <= chunk) return 0;
+    int kind = aft_op_band_rows_ok(&p->bias, cfg, B, T, C, KC, &ws);
+    if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, wcat, bcat, tm, st, err);
+    if (kind != 1) return 0;
     size_t halo = aft_op_band_halo(&ws);
     if (halo > chunk) return 0;
     float *qkv = aft_alloc_array(chunk + halo, W * sizeof(float));

@@ -139,11 +139,12 @@ int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, s
                         aft_wspec *ws)
 {
     if (check_args(bias, cfg, B, T, C, kc, NULL) != AFT_OK || B == 0 || T == 0 || C == 0) return 0;
-    if (cfg->impl != AFT_IMPL_FAST || !cfg->causal || bias->mask || kc != C || cfg->variant == AFT_FULL ||
+    if (cfg->impl != AFT_IMPL_FAST || bias->mask || kc != C || cfg->variant == AFT_FULL ||
         (cfg->variant == AFT_CONV && cfg->heads != 1))
         return 0;
-    *ws = (aft_wspec){bias, cfg->variant, T, C, 1, cfg->window, 1, C, C, C, 0};
-    return 1;
+    *ws = (aft_wspec){bias, cfg->variant, T, C, 1, cfg->window, cfg->causal != 0, C, C, C, 0};
+    if (cfg->causal) return 1;
+    return aft_op_band_zero_bias(ws) ? 2 : 0;
 }
 
 aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,

@@ -1505,12 +1505,13 @@ static void test_layer_products_split(void **state)
     finish(fails, cases);
 }
 
-/* The streamed causal path (layer.c): one head, causal, no mask; the
- * sequence goes through in chunks of rows, the window's last rows kept as a
- * halo and the left running sums carried from chunk to chunk. Small chunks
- * put many boundaries in short sequences: T not a multiple of the chunk, a
- * chunk as wide as the window, B > 1, 1-3 threads, and key biases up to 200
- * (the left sums' maxima jump at boundaries). */
+/* The streamed paths (layer.c): causal with one head and no mask (the
+ * window's last rows kept as a halo, the left running sums carried from
+ * chunk to chunk), and simple without causality (softmax sums carried,
+ * folded into the output weights at the end). Small chunks put many
+ * boundaries in short sequences: T not a multiple of the chunk, a chunk as
+ * wide as the window, B > 1, 1-3 threads, and key biases up to 200 (the
+ * sums' maxima jump at boundaries). */
 static void test_layer_streamed(void **state)
 {
     (void)state;
@@ -1533,16 +1534,22 @@ static void test_layer_streamed(void **state)
                 fails += run_layer_case(&lvs[i], B, T, 12, 8, 1, 1, MASK_NONE, 3000 + (uint64_t)cases,
                                         1 + cases % 3, &reports);
                 cases++;
+                /* w = 0 everywhere: without causality too (a global softmax) */
+                if (lvs[i].variant == AFT_SIMPLE || lvs[i].window == 0) {
+                    fails += run_layer_case(&lvs[i], B, T, 12, 8, 1, 0, MASK_NONE, 3000 + (uint64_t)cases,
+                                            1 + cases % 3, &reports);
+                    cases++;
+                }
             }
     g_chunk = 0;
     g_key_bias = 0.5;
     finish(fails, cases);
 }
 
-/* A key of +inf or NaN stops the streamed path; the layer then runs the
+/* A key of +inf or NaN stops a streamed path; the layer then runs the
  * whole sequence the usual way and must give exactly what that gives. Too
- * small a chunk for the window, a mask, no causality or several heads keep
- * the usual path too. */
+ * small a chunk for the window, or local without causality, keep the usual
+ * path too. */
 static void test_layer_streamed_falls_back(void **state)
 {
     (void)state;
@@ -1576,8 +1583,18 @@ static void test_layer_streamed_falls_back(void **state)
     assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
     assert_int_equal(streamed, 0);
     assert_memory_equal(y0, y1, B * T * D * sizeof(float));
+    /* the same for simple without causality */
+    aft_config sc = make_cfg(AFT_SIMPLE, 0, 0, 0);
+    sc.impl = AFT_IMPL_FAST;
+    assert_int_equal(aft_layer_forward_chunked(y0, x, &p, &sc, B, T, 0, NULL, &streamed, &err), AFT_OK);
+    for (size_t i = 0; i < B * T * D; i++) y1[i] = 12345.0f;
+    assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &sc, B, T, 8, NULL, &streamed, &err), AFT_OK);
+    assert_int_equal(streamed, 0);
+    assert_memory_equal(y0, y1, B * T * D * sizeof(float));
     x[(1 * T + 21) * D + 2] = 0.5f;
-    /* chunk narrower than the window; not causal */
+    assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &sc, B, T, 8, NULL, &streamed, &err), AFT_OK);
+    assert_int_equal(streamed, 1);
+    /* chunk narrower than the window; local not causal */
     cfg.window = 9;
     assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
     assert_int_equal(streamed, 0);
