@@ -120,6 +120,9 @@ typedef struct {
     size_t ldq, ldk, ldv;   /* row strides of q, k, v (C when contiguous) */
     size_t t_off;           /* row t of q, k, v is row t_off + t of the sequence
                              * (the layer's streamed path; 0 otherwise) */
+    size_t q_row0;          /* the band kernel's q and out hold rows from this
+                             * row on (the streamed path without causality
+                             * holds one chunk of them; 0 otherwise) */
 } aft_wspec;
 
 /* raw bias entry b(t, t2) of a full/local bias (dense, factored, seeded, none) */
@@ -165,18 +168,27 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
                        size_t B, const aft_wspec *ws, aft_error *err);
 
-/* The streamed causal path of the layer (one head, causal, no mask): rows
- * [r0, r1) of one sequence whose rows [0, r1) (r1 <= ws->T) are in q, k, v,
+/* The streamed path of the layer (one head, no mask, a band): rows [r0, r1)
+ * of one sequence whose rows [0, ws->T) have their keys and values in k, v,
  * row t being row ws->t_off + t of the sequence; rows before r0 must be at
- * least aft_op_band_halo(ws) of them unless t_off is 0. carry_in (NULL
- * when t_off is 0) and carry_out are 4 ws->C floats: the left running sum of
+ * least aft_op_band_halo(ws) of them unless t_off is 0. q and out hold rows
+ * from ws->q_row0 on. carry_in (NULL when t_off is 0) and carry_out are
+ * 4 ws->C floats (stabiliser, s0, s1, key maximum): the left running sum of
  * the keys before local row 0, and after this call before row r1 - halo.
- * *bad_key = 1 when a key was +inf or NaN: nothing usable was written, the
- * caller must run the whole sequence through aft_op_forward_ld. */
+ * Without causality k and v must hold the rows up to r1 + halo (or to the
+ * end, ws->T), and right_in (NULL: none) holds the same four arrays for the
+ * keys from r1 + halo on. *bad_key = 1 when a key was +inf or NaN: nothing
+ * usable was written, the caller must run the whole sequence through
+ * aft_op_forward_ld. */
 size_t aft_op_band_halo(const aft_wspec *ws);
 aft_status aft_op_band_rows(float *out, const float *q, const float *k, const float *v,
                             const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in,
-                            float *carry_out, int *bad_key, aft_error *err);
+                            float *carry_out, const float *right_in, int *bad_key, aft_error *err);
+/* The softmax sums of keys [r0, r1) (n channels, rows ldk and ldv apart):
+ * m = their maximum per channel (-inf: none), s0 = sum exp(k - m), s1 =
+ * sum exp(k - m) v; scratch n floats. Returns 1 when a key is +inf or NaN. */
+int aft_running_sums(const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1, size_t n,
+                     float *m, float *s0, float *s1, float *scratch);
 /* 1 when w is zero everywhere for the band kernel (simple, window 0, no bias) */
 int aft_op_band_zero_bias(const aft_wspec *ws);
 /* The streamed path for simple without causality (w = 0, no mask): rows
@@ -189,7 +201,8 @@ int aft_op_simple_rows(float *sq, const float *q, const float *k, const float *v
                        size_t n, float *sums);
 /* 1 when aft_op_forward_ld would take the fast causal one-head band kernel
  * for this configuration and every argument check passes, 2 when it would
- * take the global softmax of simple without causality, else 0; *ws is then
+ * take the global softmax of simple without causality, 3 for the one-head
+ * band kernel without causality (local, conv with one head), else 0; *ws is then
  * the kernel's description of it (ldq, ldk, ldv still to set) */
 int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
                         aft_wspec *ws);

@@ -1,6 +1,8 @@
 /* layer.c - the AFT layer: projections, the operator, the output projection. */
 #include "internal.h"
 
+#include <omp.h>
+
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
@@ -86,6 +88,117 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
     return ret;
 }
 
+/* (m, s0, s1, kmax) += (m2, s0', s1', kmax2), C floats each: the running
+ * sums of two sets of keys as one, at the larger stabiliser */
+static void merge_into(float *a, const float *b, size_t C)
+{
+    for (size_t c = 0; c < C; c++) {
+        float ma = a[c], mb = b[c], Z = ma > mb ? ma : mb;
+        float fa = ma == -INFINITY ? 0.0f : aft_expf(ma - Z);
+        float fb = mb == -INFINITY ? 0.0f : aft_expf(mb - Z);
+        a[c] = Z;
+        a[C + c] = a[C + c] * fa + b[C + c] * fb;
+        a[2 * C + c] = a[2 * C + c] * fa + b[2 * C + c] * fb;
+        a[3 * C + c] = a[3 * C + c] > b[3 * C + c] ? a[3 * C + c] : b[3 * C + c];
+    }
+}
+
+/* The streamed path without causality: one head, no mask, a band (local, or
+ * conv with one head). K and V of the whole sequence come first (one
+ * product, 2 x T x C floats); then the keys' running sums in pieces that end
+ * where each chunk's right part starts (r1 + halo), added up from the end so
+ * that chunk j knows the sum of every key from its r1 + halo on; then each
+ * chunk: its Q, the band kernel on its rows (the left sums carried from the
+ * chunk before, the right sums from the pieces), its output projection. Q,
+ * the operator's output and the right part's per-row sums are a chunk's
+ * worth, not the sequence's. Returns as layer_streamed. */
+static int layer_streamed_both(float *y, const float *x, const aft_params *p, aft_wspec ws, size_t B, size_t T,
+                               size_t chunk, size_t halo, const float *wcat, const float *bcat,
+                               aft_layer_times *tm, aft_status *st, aft_error *err)
+{
+    size_t D = p->d_model, C = p->d_hidden, nch = (T + chunk - 1) / chunk;
+    float *kv = aft_alloc_array(T, 2 * C * sizeof(float));
+    float *q = aft_alloc_array(chunk, C * sizeof(float));
+    float *h = aft_alloc_array(chunk, C * sizeof(float));
+    float *right = aft_alloc_array(nch, 4 * C * sizeof(float));
+    float *carry = aft_alloc_array(8, C * sizeof(float));
+    int nt = aft_get_threads();
+    float *bm = aft_alloc_array((size_t)nt, C * sizeof(float));
+    if (!kv || !q || !h || !right || !carry || !bm) {
+        free(kv); free(q); free(h); free(right); free(carry); free(bm);
+        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for K, V of %zu x %zu", T, C);
+        return -1;
+    }
+    ws.ldq = C;
+    ws.ldk = ws.ldv = 2 * C;
+    int ret = 1;
+    for (size_t b = 0; b < B && ret == 1; b++) {
+        double t0 = aft_now_ms();
+        /* the stacked weights hold Q, K, V in that order: K and V are the
+         * rows from C on */
+        linear_fast(kv, x + b * T * D, wcat + C * D, bcat ? bcat + C : NULL, T, D, 2 * C);
+        double t1 = aft_now_ms();
+        /* piece j: the keys [e(j-1), e(j)) with e(j) = min(r1_j + halo, T),
+         * e(-1) = 0; right[j] becomes the sum of pieces j+1 .. nch-1 */
+        int bad = 0;
+        #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(|:bad)
+        for (size_t j = 0; j < nch; j++) {
+            size_t e0 = j ? j * chunk + halo : 0, e1 = (j + 1) * chunk + halo;
+            e0 = e0 < T ? e0 : T;
+            e1 = e1 < T ? e1 : T;
+            float *r = right + j * 4 * C;
+            bad |= aft_running_sums(kv, 2 * C, kv + C, 2 * C, e0, e1, C, r, r + C, r + 2 * C,
+                                    bm + (size_t)omp_get_thread_num() * C);
+            for (size_t c = 0; c < C; c++) r[3 * C + c] = r[c];
+        }
+        if (bad) {
+            ret = 0;
+            break;
+        }
+        /* suffix sums, from the end: right[j] = pieces after j */
+        float *acc = carry;   /* 4C, the sum of the pieces seen so far */
+        for (size_t c = 0; c < C; c++) {
+            acc[c] = -INFINITY; acc[C + c] = 0.0f; acc[2 * C + c] = 0.0f; acc[3 * C + c] = -INFINITY;
+        }
+        for (size_t j = nch; j-- > 0;) {
+            float *r = right + j * 4 * C;
+            for (size_t i = 0; i < 4 * C; i++) { float tmp = r[i]; r[i] = acc[i]; acc[i] = tmp; }
+            merge_into(acc, r, C);   /* acc = piece j + pieces after it */
+        }
+        tm->projections += t1 - t0;
+        tm->op += aft_now_ms() - t1;
+        float *cin = carry, *cout = carry + 4 * C;
+        for (size_t R0 = 0, j = 0; R0 < T && ret == 1; R0 += chunk, j++) {
+            size_t len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
+            double u0 = aft_now_ms();
+            linear_fast(q, x + (b * T + R0) * D, wcat, bcat, len, D, C);
+            double u1 = aft_now_ms();
+            aft_wspec w = ws;
+            w.T = T - (R0 - hl);
+            w.t_off = R0 - hl;
+            w.q_row0 = hl;
+            const float *kr = kv + (R0 - hl) * 2 * C;
+            int badk = 0;
+            *st = aft_op_band_rows(h, q, kr, kr + C, &w, hl, hl + len, R0 ? cin : NULL, cout,
+                                   j + 1 < nch ? right + j * 4 * C : NULL, &badk, err);
+            if (*st != AFT_OK)
+                ret = -1;
+            else if (badk)
+                ret = 0;
+            double u2 = aft_now_ms();
+            if (ret == 1) linear_fast(y + (b * T + R0) * D, h, p->wo, p->bo, len, C, D);
+            tm->projections += u1 - u0;
+            tm->op += u2 - u1;
+            tm->output += aft_now_ms() - u2;
+            float *tmp = cin;
+            cin = cout;
+            cout = tmp;
+        }
+    }
+    free(kv); free(q); free(h); free(right); free(carry); free(bm);
+    return ret;
+}
+
 /* The streamed causal path: one head, causal, no mask, and a window that
  * fits in a chunk. Each sequence goes through in chunks of rows: Q, K, V of
  * the chunk (one product), the operator on its rows, the output projection
@@ -105,9 +218,10 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
     if (chunk == 0 || T <= chunk) return 0;
     int kind = aft_op_band_rows_ok(&p->bias, cfg, B, T, C, KC, &ws);
     if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, wcat, bcat, tm, st, err);
-    if (kind != 1) return 0;
+    if (kind != 1 && kind != 3) return 0;
     size_t halo = aft_op_band_halo(&ws);
     if (halo > chunk) return 0;
+    if (kind == 3) return layer_streamed_both(y, x, p, ws, B, T, chunk, halo, wcat, bcat, tm, st, err);
     float *qkv = aft_alloc_array(chunk + halo, W * sizeof(float));
     float *h = aft_alloc_array(chunk + halo, C * sizeof(float));
     float *carry = aft_alloc_array(8, C * sizeof(float));
@@ -130,8 +244,8 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
             ws.T = hl + len;
             ws.t_off = R0 - hl;
             int bad = 0;
-            *st = aft_op_band_rows(h, qkv, qkv + C, qkv + C + KC, &ws, hl, hl + len, R0 ? cin : NULL, cout, &bad,
-                                   err);
+            *st = aft_op_band_rows(h, qkv, qkv + C, qkv + C + KC, &ws, hl, hl + len, R0 ? cin : NULL, cout, NULL,
+                                   &bad, err);
             if (*st != AFT_OK)
                 ret = -1;
             else if (bad)

@@ -84,7 +84,7 @@ aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float
     if (cfg->threads != aft_get_threads() || cfg->threads == 0) aft_set_threads(cfg->threads);
 
     aft_wspec ws = {bias, cfg->variant, T, C, cfg->variant == AFT_CONV ? (cfg->heads ? cfg->heads : 1) : 1,
-                    cfg->window, cfg->causal, ldq, ldk, ldv, 0};
+                    cfg->window, cfg->causal, ldq, ldk, ldv, 0, 0};
     size_t TC = T * C;
 
     /* one key channel per head (the paper's conv): widen to one per channel */
@@ -142,9 +142,9 @@ int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, s
     if (cfg->impl != AFT_IMPL_FAST || bias->mask || kc != C || cfg->variant == AFT_FULL ||
         (cfg->variant == AFT_CONV && cfg->heads != 1))
         return 0;
-    *ws = (aft_wspec){bias, cfg->variant, T, C, 1, cfg->window, cfg->causal != 0, C, C, C, 0};
+    *ws = (aft_wspec){bias, cfg->variant, T, C, 1, cfg->window, cfg->causal != 0, C, C, C, 0, 0};
     if (cfg->causal) return 1;
-    return aft_op_band_zero_bias(ws) ? 2 : 0;
+    return aft_op_band_zero_bias(ws) ? 2 : 3;
 }
 
 aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,

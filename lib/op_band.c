@@ -40,7 +40,9 @@ enum { BAND_ROWS = 128, BAND_CH = 128, GROUP = 4 };   /* GROUP: rows whose band 
 
 typedef struct {
     float *ek, *ekv;              /* band block: (BAND_ROWS + 2s, cw) */
-    float *rs0, *rs1, *rst;       /* right part per row: (T, cw) each */
+    float *rs0, *rs1, *rst;       /* right part per row of [r0, r1): (r1 - r0, cw) each */
+    float *qst, *q0, *q1, *qmax;  /* the right part's running sum, cw each */
+    float *rin;                   /* (st, s0, s1, smax) of the keys from r1 + s on, 4 cw */
     float *w, *ew;                /* GROUP rows' band: (GROUP, 2s), (2s + GROUP, GROUP) */
     float r[GROUP];               /* their band maxima */
     float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *first, *zeros;  /* cw each */
@@ -207,20 +209,29 @@ static inline int band_row_out(float *restrict yr, unsigned char *restrict redo,
 // r0 - s, else it starts empty
 static void band_task(float *out, const float *q, const float *k, const float *v,
                       const aft_wspec *ws, size_t h, size_t c0, size_t cw, size_t s,
-                      int zero_bias, band_scratch *sc, size_t r0, size_t r1, int have_left)
+                      int zero_bias, band_scratch *sc, size_t r0, size_t r1, int have_left, int have_right)
 {
     const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
     const int causal = ws->causal;
     k += c0; v += c0; q += c0; out += c0;   /* this task's channels */
+    /* rows of q and out are held from row q_row0 on; rs0, rs1, rst from r0 */
 
-    /* ---- right part, from the end: row t holds the keys t' >= t + s, in
-     * (rs0, rs1) scaled by exp(-rst) */
+    /* ---- right part, from row r1 - 1 back to r0: row t holds the keys
+     * t' >= t + s, in (rs0, rs1) scaled by exp(-rst); it starts from the
+     * keys from r1 + s on (sc->rin) when have_right, from nothing otherwise */
     if (!causal) {
-        float *st = sc->pst, *s0 = sc->p0, *s1 = sc->p1, *smax = sc->pmax;
-        for (size_t c = 0; c < cw; c++) { st[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; smax[c] = -INFINITY; }
-        size_t nblk = (T + BAND_ROWS - 1) / BAND_ROWS;
+        float *st = sc->qst, *s0 = sc->q0, *s1 = sc->q1, *smax = sc->qmax;
+        if (have_right) {
+            memcpy(st, sc->rin, cw * sizeof(float));
+            memcpy(s0, sc->rin + cw, cw * sizeof(float));
+            memcpy(s1, sc->rin + 2 * cw, cw * sizeof(float));
+            memcpy(smax, sc->rin + 3 * cw, cw * sizeof(float));
+        } else {
+            for (size_t c = 0; c < cw; c++) { st[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; smax[c] = -INFINITY; }
+        }
+        size_t nblk = (r1 - r0 + BAND_ROWS - 1) / BAND_ROWS;
         for (size_t bi = nblk; bi-- > 0;) {
-            size_t i0 = bi * BAND_ROWS, i1 = i0 + BAND_ROWS < T ? i0 + BAND_ROWS : T;
+            size_t i0 = r0 + bi * BAND_ROWS, i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
             /* keys joining while t runs i1-1 .. i0: t + s for t + s < T */
             long j0 = (long)(i1 - 1 + s), j1 = (long)(i0 + s) - 1;
             if (j0 > (long)T - 1) j0 = (long)T - 1;
@@ -233,9 +244,9 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     else add_exact(st, s0, s1, kr, vr, cw);
                     for (size_t c = 0; c < cw; c++) smax[c] = kr[c] > smax[c] ? kr[c] : smax[c];
                 }
-                memcpy(sc->rs0 + t * cw, s0, cw * sizeof(float));
-                memcpy(sc->rs1 + t * cw, s1, cw * sizeof(float));
-                memcpy(sc->rst + t * cw, st, cw * sizeof(float));
+                memcpy(sc->rs0 + (t - r0) * cw, s0, cw * sizeof(float));
+                memcpy(sc->rs1 + (t - r0) * cw, s1, cw * sizeof(float));
+                memcpy(sc->rst + (t - r0) * cw, st, cw * sizeof(float));
             }
         }
     }
@@ -276,7 +287,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         }
         if (!causal)
             for (size_t t = i0 + 1; t < i1 && fixed; t++)
-                fixed = memcmp(sc->rst + t * cw, sc->rst + i0 * cw, cw * sizeof(float)) == 0;
+                fixed = memcmp(sc->rst + (t - r0) * cw, sc->rst + (i0 - r0) * cw, cw * sizeof(float)) == 0;
         if (fixed && i1 > s) restabilise(pst, p0, p1, sc->fs, cw);
 
         /* segments share all stabilisers: the whole block, or single rows */
@@ -286,7 +297,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                 add_exact(pst, p0, p1, k + (g0 - s) * ldk, v + (g0 - s) * ldv, cw);
                 for (size_t c = 0; c < cw; c++) pmax[c] = pst[c];
             }
-            const float *rst = causal ? NULL : sc->rst + g0 * cw;
+            const float *rst = causal ? NULL : sc->rst + (g0 - r0) * cw;
             for (size_t c = 0; c < cw; c++) {
                 float zc = fmax3(mk[c], pst[c], causal ? -INFINITY : rst[c]);
                 sc->fe[c] = aft_expf(mk[c] - zc);
@@ -339,11 +350,11 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     /* everything in units of exp(zc + zr): no exponential per entry */
                     float zr = r > 0.0f ? r : 0.0f;
                     float fr = aft_expf(r - zr), fz = aft_expf(-zr);
-                    const float *qr = q + t * ldq;
-                    float *yr = out + t * C;
+                    const float *qr = q + (t - ws->q_row0) * ldq;
+                    float *yr = out + (t - ws->q_row0) * C;
                     /* causal: no right part; zeros keep the loop branch-free */
-                    const float *rs0 = causal ? sc->zeros : sc->rs0 + t * cw;
-                    const float *rs1 = causal ? sc->zeros : sc->rs1 + t * cw;
+                    const float *rs0 = causal ? sc->zeros : sc->rs0 + (t - r0) * cw;
+                    const float *rs1 = causal ? sc->zeros : sc->rs1 + (t - r0) * cw;
                     int any_redo = band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe, sc->fp,
                                                 sc->fs, fr, fz, cw);
                     if (!any_redo) continue;
@@ -459,6 +470,12 @@ static int running_sums(const float *k, size_t ldk, const float *v, size_t ldv, 
     return bad;
 }
 
+int aft_running_sums(const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1, size_t n,
+                     float *m, float *s0, float *s1, float *scratch)
+{
+    return running_sums(k, ldk, v, ldv, r0, r1, n, m, s0, s1, scratch);
+}
+
 /* parts 0 .. np-1 of running sums, part i at parts + i * stride as (m, s0,
  * s1) of n channels each: channel c brought to the largest m and added */
 static inline void merge_sums(const float *parts, size_t stride, size_t np, size_t n, size_t c,
@@ -535,10 +552,11 @@ static float *scratch_alloc(band_scratch *sc, size_t n_right, size_t s, size_t c
     memset(sc, 0, sizeof *sc);
     size_t nr = n_right * cw, nb = s ? (BAND_ROWS + 2 * s) * cw : 0;
     const size_t sizes[] = {nr, nr, nr, nb, nb, GROUP * 2 * s, GROUP * (2 * s + GROUP),
-                            cw, cw, cw, cw, cw, cw, cw, cw, GROUP * cw, GROUP * cw, cw, cw};
+                            cw, cw, cw, cw, cw, cw, cw, cw, GROUP * cw, GROUP * cw, cw, cw,
+                            cw, cw, cw, cw, 4 * cw};
     float **arrays[] = {&sc->rs0, &sc->rs1, &sc->rst, &sc->ek, &sc->ekv, &sc->w, &sc->ew, &sc->mk, &sc->pst,
                         &sc->pmax, &sc->p0, &sc->p1, &sc->fe, &sc->fp, &sc->fs, &sc->b0, &sc->b1, &sc->first,
-                        &sc->zeros};
+                        &sc->zeros, &sc->qst, &sc->q0, &sc->q1, &sc->qmax, &sc->rin};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
@@ -564,8 +582,8 @@ static void scratch_free(band_scratch *sc, float *blk)
     free(sc->redo);
 }
 
-/* Causal, one head (local, or simple with causality), rows [r0, r1) of one
- * sequence: the rows split over the threads, each thread all channels of its
+/* One head (local, conv with one head, or simple with causality), rows
+ * [r0, r1) of one sequence: the rows split over the threads, each thread all channels of its
  * rows (whole rows read in order; splitting channels made every thread stride
  * through every row and wait on memory). A thread starting at row t0 needs
  * the left running sum of the keys before t0 - s: the threads first sum
@@ -579,6 +597,11 @@ static void scratch_free(band_scratch *sc, float *blk)
  * sequence a chunk of rows at a time. carry_out (or NULL) gets the same for
  * every key before r1 - s: the last thread's left sum once it is done.
  *
+ * Without causality a thread ending at row t1 also needs the right sum of the
+ * keys from t1 + s on: it sums the keys [t1 + s, r1 + s) itself and adds
+ * right_in (or NULL: none), the same four arrays for the keys from r1 + s on
+ * (which need not be in k, v: ws->T may end before them).
+ *
  * Returns 1 when done, 0 when some key is +inf or NaN (the caller runs the
  * channel-split kernel, whose handling of those this does not repeat), -1
  * when out of memory. */
@@ -586,19 +609,21 @@ enum { ROW_SPLIT_CH = 512 };
 
 static int band_rows_split(float *out, const float *q, const float *k, const float *v,
                            const aft_wspec *ws, size_t s, int zero_bias, size_t nt, size_t r0, size_t r1,
-                           const float *carry_in, float *carry_out)
+                           const float *carry_in, float *carry_out, const float *right_in)
 {
-    const size_t C = ws->C, ldk = ws->ldk, ldv = ws->ldv;
+    const size_t C = ws->C, ldk = ws->ldk, ldv = ws->ldv, T = ws->T;
     const size_t cwr = C < ROW_SPLIT_CH ? C : ROW_SPLIT_CH;
+    const int causal = ws->causal;
     /* slots of (m, s0, s1, scratch), 4C each: n pieces, then one remainder
-     * per thread */
-    float *parts = aft_alloc_array(nt * 8, C * sizeof(float));
+     * per thread, then one right sum per thread */
+    float *parts = aft_alloc_array(nt * 12, C * sizeof(float));
     if (!parts) return -1;
     int failed = 0, bad = 0;
     #pragma omp parallel num_threads((int)nt)
     {
         band_scratch sc;
-        float *blk = scratch_alloc(&sc, 0, s, cwr);
+        size_t nright = causal ? 0 : (r1 - r0) / nt + 1;   /* rows per thread, at most */
+        float *blk = scratch_alloc(&sc, nright, s, cwr);
         if (!blk) {
             #pragma omp atomic write
             failed = 1;
@@ -613,9 +638,14 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
         size_t p0 = P * tid / n, p1 = P * (tid + 1) / n, full = 0;
         while (full < n && P * (full + 1) / n <= need) full++;
         size_t rest0 = P * full / n;
-        float *m = parts + tid * 4 * C, *r = parts + (n + tid) * 4 * C;
+        float *m = parts + tid * 4 * C, *r = parts + (n + tid) * 4 * C, *rt = parts + (2 * n + tid) * 4 * C;
+        size_t q0 = t1 + s < T ? t1 + s : T, q1 = r1 + s < T ? r1 + s : T;
         #pragma omp barrier
         if (!failed && running_sums(k, ldk, v, ldv, p0, p1, C, m, m + C, m + 2 * C, m + 3 * C)) {
+            #pragma omp atomic write
+            bad = 1;
+        }
+        if (!failed && !causal && running_sums(k, ldk, v, ldv, q0, q1, C, rt, rt + C, rt + 2 * C, rt + 3 * C)) {
             #pragma omp atomic write
             bad = 1;
         }
@@ -643,8 +673,19 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                     sc.pmax[c] = kmax > cmax ? kmax : cmax;
                     sc.p0[c] = a0 * fa + r[C + c0 + c] * fr + c0s * fc;
                     sc.p1[c] = a1 * fa + r[2 * C + c0 + c] * fr + c1s * fc;
+                    if (causal) continue;
+                    /* the right sum: this thread's keys and those after r1 + s */
+                    float mo = rt[c0 + c], mi = right_in ? right_in[c0 + c] : -INFINITY;
+                    float Zr = mo > mi ? mo : mi;
+                    float fo = mo == -INFINITY ? 0.0f : aft_expf(mo - Zr);
+                    float fi = mi == -INFINITY ? 0.0f : aft_expf(mi - Zr);
+                    float imax = right_in ? right_in[3 * C + c0 + c] : -INFINITY;
+                    sc.rin[c] = Zr;
+                    sc.rin[cw + c] = rt[C + c0 + c] * fo + (right_in ? right_in[C + c0 + c] * fi : 0.0f);
+                    sc.rin[2 * cw + c] = rt[2 * C + c0 + c] * fo + (right_in ? right_in[2 * C + c0 + c] * fi : 0.0f);
+                    sc.rin[3 * cw + c] = mo > imax ? mo : imax;
                 }
-                band_task(out, q, k, v, ws, 0, c0, cw, s, zero_bias, &sc, t0, t1, 1);
+                band_task(out, q, k, v, ws, 0, c0, cw, s, zero_bias, &sc, t0, t1, 1, !causal);
                 if (carry_out && tid == n - 1) {
                     memcpy(carry_out + c0, sc.pst, cw * sizeof(float));
                     memcpy(carry_out + C + c0, sc.p0, cw * sizeof(float));
@@ -724,15 +765,15 @@ size_t aft_op_band_halo(const aft_wspec *ws)
 
 aft_status aft_op_band_rows(float *out, const float *q, const float *k, const float *v,
                             const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in,
-                            float *carry_out, int *bad_key, aft_error *err)
+                            float *carry_out, const float *right_in, int *bad_key, aft_error *err)
 {
     int zero_bias;
     size_t s = band_window(ws, &zero_bias);
     *bad_key = 0;
-    if (!ws->causal || (ws->variant == AFT_CONV && ws->heads > 1) || r1 > ws->T || r0 > r1)
-        return aft_fail(err, AFT_ERR_ARG, "the row-range band kernel needs one head, causality and rows in range");
+    if ((ws->variant == AFT_CONV && ws->heads > 1) || r1 > ws->T || r0 > r1 || (!ws->causal && zero_bias))
+        return aft_fail(err, AFT_ERR_ARG, "the row-range band kernel needs one head, a band and rows in range");
     int r = band_rows_split(out, q, k, v, ws, s, zero_bias, (size_t)aft_get_threads(), r0, r1, carry_in,
-                            carry_out);
+                            carry_out, ws->causal ? NULL : right_in);
     if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (C = %zu)", ws->C);
     *bad_key = r == 0;
     return AFT_OK;
@@ -760,7 +801,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
         int r = 1;
         for (size_t b = 0; b < B && r > 0; b++)
             r = band_rows_split(out + b * T * C, q + b * T * ws->ldq, k + b * T * ws->ldk, v + b * T * ws->ldv,
-                                ws, s, zero_bias, (size_t)aft_get_threads(), 0, T, NULL, NULL);
+                                ws, s, zero_bias, (size_t)aft_get_threads(), 0, T, NULL, NULL, NULL);
         if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (T = %zu)", T);
         if (r > 0) return AFT_OK;
         /* a key of +inf or NaN: the channel-split kernel below, for all batches */
@@ -799,7 +840,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
                 if (global_simple)
                     simple_task(ob, qb, kb, vb, ws, c0, cw, sc.mk, sc.p0, sc.p1);
                 else
-                    band_task(ob, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc, 0, T, 0);
+                    band_task(ob, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc, 0, T, 0, 0);
             }
         }
         scratch_free(&sc, blk);

@@ -1534,12 +1534,11 @@ static void test_layer_streamed(void **state)
                 fails += run_layer_case(&lvs[i], B, T, 12, 8, 1, 1, MASK_NONE, 3000 + (uint64_t)cases,
                                         1 + cases % 3, &reports);
                 cases++;
-                /* w = 0 everywhere: without causality too (a global softmax) */
-                if (lvs[i].variant == AFT_SIMPLE || lvs[i].window == 0) {
-                    fails += run_layer_case(&lvs[i], B, T, 12, 8, 1, 0, MASK_NONE, 3000 + (uint64_t)cases,
-                                            1 + cases % 3, &reports);
-                    cases++;
-                }
+                /* without causality: a global softmax where w = 0 everywhere,
+                 * else K, V whole and the right sums carried in from the end */
+                fails += run_layer_case(&lvs[i], B, T, 12, 8, 1, 0, MASK_NONE, 3000 + (uint64_t)cases,
+                                        1 + cases % 3, &reports);
+                cases++;
             }
     g_chunk = 0;
     g_key_bias = 0.5;
@@ -1548,8 +1547,7 @@ static void test_layer_streamed(void **state)
 
 /* A key of +inf or NaN stops a streamed path; the layer then runs the
  * whole sequence the usual way and must give exactly what that gives. Too
- * small a chunk for the window, or local without causality, keep the usual
- * path too. */
+ * small a chunk for the window, or the full variant, keep the usual path. */
 static void test_layer_streamed_falls_back(void **state)
 {
     (void)state;
@@ -1594,12 +1592,28 @@ static void test_layer_streamed_falls_back(void **state)
     x[(1 * T + 21) * D + 2] = 0.5f;
     assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &sc, B, T, 8, NULL, &streamed, &err), AFT_OK);
     assert_int_equal(streamed, 1);
-    /* chunk narrower than the window; local not causal */
+    /* the same for local without causality: the bad key in the last chunk,
+     * then in the first (found while the right sums are made) */
+    aft_config nc = make_cfg(AFT_LOCAL, 3, 0, 0);
+    nc.impl = AFT_IMPL_FAST;
+    const size_t bad_rows[] = {1 * T + 37, 0 * T + 2};
+    for (size_t i = 0; i < N_OF(bad_rows); i++) {
+        x[bad_rows[i] * D + 1] = INFINITY;
+        assert_int_equal(aft_layer_forward_chunked(y0, x, &p, &nc, B, T, 0, NULL, &streamed, &err), AFT_OK);
+        for (size_t j = 0; j < B * T * D; j++) y1[j] = 12345.0f;
+        assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &nc, B, T, 8, NULL, &streamed, &err), AFT_OK);
+        assert_int_equal(streamed, 0);
+        assert_memory_equal(y0, y1, B * T * D * sizeof(float));
+        x[bad_rows[i] * D + 1] = 0.25f;
+    }
+    assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &nc, B, T, 8, NULL, &streamed, &err), AFT_OK);
+    assert_int_equal(streamed, 1);
+    /* chunk narrower than the window; the full variant */
     cfg.window = 9;
     assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
     assert_int_equal(streamed, 0);
-    cfg.window = 3;
-    cfg.causal = 0;
+    cfg = make_cfg(AFT_FULL, 0, 0, 0);
+    cfg.impl = AFT_IMPL_FAST;
     assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
     assert_int_equal(streamed, 0);
     free(x); free(wq); free(wk); free(wv); free(wo); free(dense); free(y0); free(y1);
