@@ -40,7 +40,8 @@ enum { BAND_ROWS = 128, BAND_CH = 128, GROUP = 4 };   /* GROUP: rows whose band 
 
 typedef struct {
     float *ek, *ekv;              /* band block: (BAND_ROWS + 2s, cw) */
-    float *rs0, *rs1, *rst;       /* right part per row of [r0, r1): (r1 - r0, cw) each */
+    float *rs0, *rs1, *rst;       /* right part per row of a block: (BAND_ROWS, cw) each */
+    float *snap;                  /* the right sum at each block's end: (blocks, 4 cw) */
     float *qst, *q0, *q1, *qmax;  /* the right part's running sum, cw each */
     float *rin;                   /* (st, s0, s1, smax) of the keys from r1 + s on, 4 cw */
     float *w, *ew;                /* GROUP rows' band: (GROUP, 2s), (2s + GROUP, GROUP) */
@@ -204,9 +205,37 @@ static inline int band_row_out(float *restrict yr, unsigned char *restrict redo,
     return any;
 }
 
-// rows [r0, r1) of channels [c0, c0 + cw); with have_left (causal only) the
-// left running sum in sc (pst, p0, p1, pmax) already holds the keys before
-// r0 - s, else it starts empty
+/* The right part's block [i0, i1): the keys t + s (t + s < T) join the
+ * running sum (sc->qst, q0, q1, qmax) as t runs i1 - 1 .. i0. With store,
+ * row t's sum (keys t' >= t + s, scaled by exp(-rst)) goes to rs0, rs1, rst
+ * at row t - i0. */
+static void right_block(band_scratch *sc, const float *k, const float *v, size_t ldk, size_t ldv, size_t T,
+                        size_t s, size_t i0, size_t i1, size_t cw, int store)
+{
+    float *st = sc->qst, *s0 = sc->q0, *s1 = sc->q1, *smax = sc->qmax;
+    long j0 = (long)(i1 - 1 + s), j1 = (long)(i0 + s) - 1;
+    if (j0 > (long)T - 1) j0 = (long)T - 1;
+    int fixed = plan_block(sc->fs, sc->first, smax, k, ldk, j0, j0 < j1 ? j0 : j1, -1, cw);
+    if (fixed) restabilise(st, s0, s1, sc->fs, cw);
+    for (size_t t = i1; t-- > i0;) {
+        if (t + s < T) {
+            const float *kr = k + (t + s) * ldk, *vr = v + (t + s) * ldv;
+            if (fixed) add_fixed(s0, s1, st, kr, vr, cw);
+            else add_exact(st, s0, s1, kr, vr, cw);
+            for (size_t c = 0; c < cw; c++) smax[c] = kr[c] > smax[c] ? kr[c] : smax[c];
+        }
+        if (store) {
+            memcpy(sc->rs0 + (t - i0) * cw, s0, cw * sizeof(float));
+            memcpy(sc->rs1 + (t - i0) * cw, s1, cw * sizeof(float));
+            memcpy(sc->rst + (t - i0) * cw, st, cw * sizeof(float));
+        }
+    }
+}
+
+// rows [r0, r1) of channels [c0, c0 + cw); with have_left the left running
+// sum in sc (pst, p0, p1, pmax) already holds the keys before r0 - s, else
+// it starts empty; without causality, with have_right the right one starts
+// from sc->rin (the keys from r1 + s on), else from nothing
 static void band_task(float *out, const float *q, const float *k, const float *v,
                       const aft_wspec *ws, size_t h, size_t c0, size_t cw, size_t s,
                       int zero_bias, band_scratch *sc, size_t r0, size_t r1, int have_left, int have_right)
@@ -214,11 +243,13 @@ static void band_task(float *out, const float *q, const float *k, const float *v
     const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
     const int causal = ws->causal;
     k += c0; v += c0; q += c0; out += c0;   /* this task's channels */
-    /* rows of q and out are held from row q_row0 on; rs0, rs1, rst from r0 */
+    /* rows of q and out are held from row q_row0 on */
 
-    /* ---- right part, from row r1 - 1 back to r0: row t holds the keys
-     * t' >= t + s, in (rs0, rs1) scaled by exp(-rst); it starts from the
-     * keys from r1 + s on (sc->rin) when have_right, from nothing otherwise */
+    /* ---- right part: row t needs the keys t' >= t + s, which join as t
+     * runs backwards. One pass from r1 - 1 back to r0 keeps only the running
+     * sum at the end of each block (sc->snap); the forward pass below takes a
+     * block's rows' sums up again from there, into rs0, rs1, rst (one block,
+     * in the caches, instead of T rows of them in memory), the same sums. */
     if (!causal) {
         float *st = sc->qst, *s0 = sc->q0, *s1 = sc->q1, *smax = sc->qmax;
         if (have_right) {
@@ -232,22 +263,12 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         size_t nblk = (r1 - r0 + BAND_ROWS - 1) / BAND_ROWS;
         for (size_t bi = nblk; bi-- > 0;) {
             size_t i0 = r0 + bi * BAND_ROWS, i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
-            /* keys joining while t runs i1-1 .. i0: t + s for t + s < T */
-            long j0 = (long)(i1 - 1 + s), j1 = (long)(i0 + s) - 1;
-            if (j0 > (long)T - 1) j0 = (long)T - 1;
-            int fixed = plan_block(sc->fs, sc->first, smax, k, ldk, j0, j0 < j1 ? j0 : j1, -1, cw);
-            if (fixed) restabilise(st, s0, s1, sc->fs, cw);
-            for (size_t t = i1; t-- > i0;) {
-                if (t + s < T) {
-                    const float *kr = k + (t + s) * ldk, *vr = v + (t + s) * ldv;
-                    if (fixed) add_fixed(s0, s1, st, kr, vr, cw);
-                    else add_exact(st, s0, s1, kr, vr, cw);
-                    for (size_t c = 0; c < cw; c++) smax[c] = kr[c] > smax[c] ? kr[c] : smax[c];
-                }
-                memcpy(sc->rs0 + (t - r0) * cw, s0, cw * sizeof(float));
-                memcpy(sc->rs1 + (t - r0) * cw, s1, cw * sizeof(float));
-                memcpy(sc->rst + (t - r0) * cw, st, cw * sizeof(float));
-            }
+            float *sn = sc->snap + bi * 4 * cw;
+            memcpy(sn, st, cw * sizeof(float));
+            memcpy(sn + cw, s0, cw * sizeof(float));
+            memcpy(sn + 2 * cw, s1, cw * sizeof(float));
+            memcpy(sn + 3 * cw, smax, cw * sizeof(float));
+            right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 0);
         }
     }
 
@@ -258,6 +279,14 @@ static void band_task(float *out, const float *q, const float *k, const float *v
 
     for (size_t i0 = r0; i0 < r1; i0 += BAND_ROWS) {
         size_t i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
+        if (!causal) {   /* this block's right sums, from its snapshot */
+            const float *sn = sc->snap + (i0 - r0) / BAND_ROWS * 4 * cw;
+            memcpy(sc->qst, sn, cw * sizeof(float));
+            memcpy(sc->q0, sn + cw, cw * sizeof(float));
+            memcpy(sc->q1, sn + 2 * cw, cw * sizeof(float));
+            memcpy(sc->qmax, sn + 3 * cw, cw * sizeof(float));
+            right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 1);
+        }
         size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0;
         size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
 
@@ -287,7 +316,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         }
         if (!causal)
             for (size_t t = i0 + 1; t < i1 && fixed; t++)
-                fixed = memcmp(sc->rst + (t - r0) * cw, sc->rst + (i0 - r0) * cw, cw * sizeof(float)) == 0;
+                fixed = memcmp(sc->rst + (t - i0) * cw, sc->rst, cw * sizeof(float)) == 0;
         if (fixed && i1 > s) restabilise(pst, p0, p1, sc->fs, cw);
 
         /* segments share all stabilisers: the whole block, or single rows */
@@ -297,7 +326,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                 add_exact(pst, p0, p1, k + (g0 - s) * ldk, v + (g0 - s) * ldv, cw);
                 for (size_t c = 0; c < cw; c++) pmax[c] = pst[c];
             }
-            const float *rst = causal ? NULL : sc->rst + (g0 - r0) * cw;
+            const float *rst = causal ? NULL : sc->rst + (g0 - i0) * cw;
             for (size_t c = 0; c < cw; c++) {
                 float zc = fmax3(mk[c], pst[c], causal ? -INFINITY : rst[c]);
                 sc->fe[c] = aft_expf(mk[c] - zc);
@@ -353,8 +382,8 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     const float *qr = q + (t - ws->q_row0) * ldq;
                     float *yr = out + (t - ws->q_row0) * C;
                     /* causal: no right part; zeros keep the loop branch-free */
-                    const float *rs0 = causal ? sc->zeros : sc->rs0 + (t - r0) * cw;
-                    const float *rs1 = causal ? sc->zeros : sc->rs1 + (t - r0) * cw;
+                    const float *rs0 = causal ? sc->zeros : sc->rs0 + (t - i0) * cw;
+                    const float *rs1 = causal ? sc->zeros : sc->rs1 + (t - i0) * cw;
                     int any_redo = band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe, sc->fp,
                                                 sc->fs, fr, fz, cw);
                     if (!any_redo) continue;
@@ -544,19 +573,20 @@ static int simple_rows_split(float *out, const float *q, const float *k, const f
     return ok;
 }
 
-/* One thread's scratch: right-part rows for n_right rows (0 when causal),
+/* One thread's scratch: right-part sums for a range of n_right rows (0 when causal),
  * a band block for window s (0: none), cw channels. Returns the block to
  * pass to scratch_free, NULL when out of memory (nothing to free then). */
 static float *scratch_alloc(band_scratch *sc, size_t n_right, size_t s, size_t cw)
 {
     memset(sc, 0, sizeof *sc);
-    size_t nr = n_right * cw, nb = s ? (BAND_ROWS + 2 * s) * cw : 0;
+    size_t nr = n_right ? BAND_ROWS * cw : 0, nb = s ? (BAND_ROWS + 2 * s) * cw : 0;
+    size_t nsnap = (n_right + BAND_ROWS - 1) / BAND_ROWS * 4 * cw;
     const size_t sizes[] = {nr, nr, nr, nb, nb, GROUP * 2 * s, GROUP * (2 * s + GROUP),
                             cw, cw, cw, cw, cw, cw, cw, cw, GROUP * cw, GROUP * cw, cw, cw,
-                            cw, cw, cw, cw, 4 * cw};
+                            cw, cw, cw, cw, 4 * cw, nsnap};
     float **arrays[] = {&sc->rs0, &sc->rs1, &sc->rst, &sc->ek, &sc->ekv, &sc->w, &sc->ew, &sc->mk, &sc->pst,
                         &sc->pmax, &sc->p0, &sc->p1, &sc->fe, &sc->fp, &sc->fs, &sc->b0, &sc->b1, &sc->first,
-                        &sc->zeros, &sc->qst, &sc->q0, &sc->q1, &sc->qmax, &sc->rin};
+                        &sc->zeros, &sc->qst, &sc->q0, &sc->q1, &sc->qmax, &sc->rin, &sc->snap};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
