@@ -168,7 +168,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
                        size_t B, const aft_wspec *ws, aft_error *err);
 
-/* The streamed path of the layer (one head, no mask, a band): rows [r0, r1)
+/* The streamed path of the layer (no mask, a band): rows [r0, r1)
  * of one sequence whose rows [0, ws->T) have their keys and values in k, v,
  * row t being row ws->t_off + t of the sequence; rows before r0 must be at
  * least aft_op_band_halo(ws) of them unless t_off is 0. q and out hold rows
@@ -199,10 +199,11 @@ int aft_op_band_zero_bias(const aft_wspec *ws);
  * NaN (the caller runs the whole-sequence path); -1 when out of memory. */
 int aft_op_simple_rows(float *sq, const float *q, const float *k, const float *v, const aft_wspec *ws,
                        size_t n, float *sums);
-/* 1 when aft_op_forward_ld would take the fast causal one-head band kernel
+/* 1 when aft_op_forward_ld would take the fast causal band kernel
  * for this configuration and every argument check passes, 2 when it would
- * take the global softmax of simple without causality, 3 for the one-head
- * band kernel without causality (local, conv with one head), else 0; *ws is then
+ * take the global softmax of simple without causality, 3 for the band
+ * kernel without causality (local, conv), all with as many key channels as
+ * value channels and no mask, else 0; *ws is then
  * the kernel's description of it (ldq, ldk, ldv still to set) */
 int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
                         aft_wspec *ws);

@@ -103,8 +103,8 @@ static void merge_into(float *a, const float *b, size_t C)
     }
 }
 
-/* The streamed path without causality: one head, no mask, a band (local, or
- * conv with one head). K and V of the whole sequence come first (one
+/* The streamed path without causality: no mask, a band (local, or conv,
+ * keys of one channel per value channel). K and V of the whole sequence come first (one
  * product, 2 x T x C floats); then the keys' running sums in pieces that end
  * where each chunk's right part starts (r1 + halo), added up from the end so
  * that chunk j knows the sum of every key from its r1 + halo on; then each
@@ -199,8 +199,10 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     return ret;
 }
 
-/* The streamed causal path: one head, causal, no mask, and a window that
- * fits in a chunk. Each sequence goes through in chunks of rows: Q, K, V of
+/* The streamed causal path: causal, no mask, keys of one channel per value
+ * channel, and a window that fits in a chunk (other cases: simple without
+ * causality and the band without it, above). Each sequence goes through in
+ * chunks of rows: Q, K, V of
  * the chunk (one product), the operator on its rows, the output projection
  * of its rows. The chunk's Q, K, V and operator output stay in the caches
  * between the three steps, and the buffers stay small (the chunk plus the

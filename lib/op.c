@@ -139,10 +139,9 @@ int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, s
                         aft_wspec *ws)
 {
     if (check_args(bias, cfg, B, T, C, kc, NULL) != AFT_OK || B == 0 || T == 0 || C == 0) return 0;
-    if (cfg->impl != AFT_IMPL_FAST || bias->mask || kc != C || cfg->variant == AFT_FULL ||
-        (cfg->variant == AFT_CONV && cfg->heads != 1))
-        return 0;
-    *ws = (aft_wspec){bias, cfg->variant, T, C, 1, cfg->window, cfg->causal != 0, C, C, C, 0, 0};
+    if (cfg->impl != AFT_IMPL_FAST || bias->mask || kc != C || cfg->variant == AFT_FULL) return 0;
+    size_t H = cfg->variant == AFT_CONV && cfg->heads ? cfg->heads : 1;
+    *ws = (aft_wspec){bias, cfg->variant, T, C, H, cfg->window, cfg->causal != 0, C, C, C, 0, 0};
     if (cfg->causal) return 1;
     return aft_op_band_zero_bias(ws) ? 2 : 3;
 }

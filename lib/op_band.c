@@ -612,7 +612,7 @@ static void scratch_free(band_scratch *sc, float *blk)
     free(sc->redo);
 }
 
-/* One head (local, conv with one head, or simple with causality), rows
+/* Local, conv (each head's channels in turn) or simple with causality, rows
  * [r0, r1) of one sequence: the rows split over the threads, each thread all channels of its
  * rows (whole rows read in order; splitting channels made every thread stride
  * through every row and wait on memory). A thread starting at row t0 needs
@@ -642,7 +642,8 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                            const float *carry_in, float *carry_out, const float *right_in)
 {
     const size_t C = ws->C, ldk = ws->ldk, ldv = ws->ldv, T = ws->T;
-    const size_t cwr = C < ROW_SPLIT_CH ? C : ROW_SPLIT_CH;
+    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    const size_t cwr = ch < ROW_SPLIT_CH ? ch : ROW_SPLIT_CH;
     const int causal = ws->causal;
     /* slots of (m, s0, s1, scratch), 4C each: n pieces, then one remainder
      * per thread, then one right sum per thread */
@@ -684,8 +685,10 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
             /* keys [rest0, need) lie in a piece checked above */
             (void)running_sums(k, ldk, v, ldv, rest0, need > rest0 ? need : rest0, C, r, r + C, r + 2 * C,
                                r + 3 * C);
-            for (size_t c0 = 0; c0 < C; c0 += cwr) {
-                size_t cw = C - c0 < cwr ? C - c0 : cwr;
+            /* each head's channels in blocks (conv's heads differ in w only) */
+            for (size_t c0 = 0, cw = 0; c0 < C; c0 += cw) {
+                size_t hh = c0 / ch, hend = (hh + 1) * ch;
+                cw = hend - c0 < cwr ? hend - c0 : cwr;
                 for (size_t c = 0; c < cw; c++) {
                     float M, a0, a1;
                     merge_sums(parts, 4 * C, full, C, c0 + c, &M, &a0, &a1);
@@ -715,7 +718,7 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                     sc.rin[2 * cw + c] = rt[2 * C + c0 + c] * fo + (right_in ? right_in[2 * C + c0 + c] * fi : 0.0f);
                     sc.rin[3 * cw + c] = mo > imax ? mo : imax;
                 }
-                band_task(out, q, k, v, ws, 0, c0, cw, s, zero_bias, &sc, t0, t1, 1, !causal);
+                band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, !causal);
                 if (carry_out && tid == n - 1) {
                     memcpy(carry_out + c0, sc.pst, cw * sizeof(float));
                     memcpy(carry_out + C + c0, sc.p0, cw * sizeof(float));
@@ -800,8 +803,8 @@ aft_status aft_op_band_rows(float *out, const float *q, const float *k, const fl
     int zero_bias;
     size_t s = band_window(ws, &zero_bias);
     *bad_key = 0;
-    if ((ws->variant == AFT_CONV && ws->heads > 1) || r1 > ws->T || r0 > r1 || (!ws->causal && zero_bias))
-        return aft_fail(err, AFT_ERR_ARG, "the row-range band kernel needs one head, a band and rows in range");
+    if (r1 > ws->T || r0 > r1 || (!ws->causal && zero_bias))
+        return aft_fail(err, AFT_ERR_ARG, "the row-range band kernel needs a band and rows in range");
     int r = band_rows_split(out, q, k, v, ws, s, zero_bias, (size_t)aft_get_threads(), r0, r1, carry_in,
                             carry_out, ws->causal ? NULL : right_in);
     if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (C = %zu)", ws->C);

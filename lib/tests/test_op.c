@@ -1519,6 +1519,7 @@ static void test_layer_streamed(void **state)
         {AFT_LOCAL, AFT_BIAS_DENSE, 0, 3, 0},   {AFT_LOCAL, AFT_BIAS_SEEDED, 0, 5, 0},
         {AFT_LOCAL, AFT_BIAS_FACTORED, 0, 2, 0}, {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0},
         {AFT_LOCAL, AFT_BIAS_DENSE, 0, 0, 0},   {AFT_CONV, AFT_BIAS_CONV, 1, 4, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 2, 3, 0},     {AFT_CONV, AFT_BIAS_CONV, 4, 2, 0},
     };
     const size_t chunks[] = {5, 8, 16};
     const size_t Ts[] = {37, 64, 17};
