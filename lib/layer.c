@@ -88,6 +88,24 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
     return ret;
 }
 
+/* A chunk's end in the streamed band paths: the kernel's status into *ret
+ * (-1 error, 0 a bad key: back to the whole-sequence path), then, if all is
+ * well, the output projection of the chunk's len rows of h into y; the
+ * times of the three steps (projections from t0, the kernel from t1). */
+static void chunk_end(int *ret, aft_status st, int bad_key, float *y, const float *h, const aft_params *p,
+                      size_t len, double t0, double t1, aft_layer_times *tm)
+{
+    if (st != AFT_OK)
+        *ret = -1;
+    else if (bad_key)
+        *ret = 0;
+    double t2 = aft_now_ms();
+    if (*ret == 1) linear_fast(y, h, p->wo, p->bo, len, p->d_hidden, p->d_model);
+    tm->projections += t1 - t0;
+    tm->op += t2 - t1;
+    tm->output += aft_now_ms() - t2;
+}
+
 /* (m, s0, s1, kmax) += (m2, s0', s1', kmax2), C floats each: the running
  * sums of two sets of keys as one, at the larger stabiliser */
 static void merge_into(float *a, const float *b, size_t C)
@@ -103,9 +121,10 @@ static void merge_into(float *a, const float *b, size_t C)
     }
 }
 
-/* The streamed path without causality: no mask, a band (local, or conv,
- * keys of one channel per value channel). K and V of the whole sequence come first (one
- * product, 2 x T x C floats); then the keys' running sums in pieces that end
+/* The streamed path without causality: no mask, a band (local, or conv
+ * with keys of one channel per value channel). K and V of the whole
+ * sequence come first (one product, 2 x T x C floats); then the keys'
+ * running sums in pieces that end
  * where each chunk's right part starts (r1 + halo), added up from the end so
  * that chunk j knows the sum of every key from its r1 + halo on; then each
  * chunk: its Q, the band kernel on its rows (the left sums carried from the
@@ -181,15 +200,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
             int badk = 0;
             *st = aft_op_band_rows(h, q, kr, kr + C, &w, hl, hl + len, R0 ? cin : NULL, cout,
                                    j + 1 < nch ? right + j * 4 * C : NULL, &badk, err);
-            if (*st != AFT_OK)
-                ret = -1;
-            else if (badk)
-                ret = 0;
-            double u2 = aft_now_ms();
-            if (ret == 1) linear_fast(y + (b * T + R0) * D, h, p->wo, p->bo, len, C, D);
-            tm->projections += u1 - u0;
-            tm->op += u2 - u1;
-            tm->output += aft_now_ms() - u2;
+            chunk_end(&ret, *st, badk, y + (b * T + R0) * D, h, p, len, u0, u1, tm);
             float *tmp = cin;
             cin = cout;
             cout = tmp;
@@ -248,15 +259,7 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
             int bad = 0;
             *st = aft_op_band_rows(h, qkv, qkv + C, qkv + C + KC, &ws, hl, hl + len, R0 ? cin : NULL, cout, NULL,
                                    &bad, err);
-            if (*st != AFT_OK)
-                ret = -1;
-            else if (bad)
-                ret = 0;
-            double t2 = aft_now_ms();
-            if (ret == 1) linear_fast(y + (b * T + R0) * D, h + hl * C, p->wo, p->bo, len, C, D);
-            tm->projections += t1 - t0;
-            tm->op += t2 - t1;
-            tm->output += aft_now_ms() - t2;
+            chunk_end(&ret, *st, bad, y + (b * T + R0) * D, h + hl * C, p, len, t0, t1, tm);
             float *tmp = cin;
             cin = cout;
             cout = tmp;

@@ -755,6 +755,44 @@ static void test_impl_reference_vs_fast(void **state)
     free(x); free(fast); free(ref); free(tj);
 }
 
+/* Sequences longer than a chunk (2048 rows) go through the streamed paths
+ * of the layer; from the command line they must agree with the reference
+ * kernels too, across the chunk boundary (T = 2100: two chunks, the second
+ * short), causal and not, with several heads */
+static void test_long_sequence_chunks(void **state)
+{
+    (void)state;
+    char *x = tmp("long_x.npy"), *fast = tmp("long_fast.npy"), *ref = tmp("long_ref.npy");
+    free(write_x(x, 1, 2100, 8, 21));
+    const char *const *configs[] = {
+        OPTS("--variant", "local", "--window", "6", "--causal"),
+        OPTS("--variant", "local", "--window", "9"),
+        OPTS("--variant", "conv", "--window", "5", "--heads", "2"),
+    };
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        const char *opts[16];
+        size_t n = 0;
+        for (size_t i = 0; configs[c][i]; i++) opts[n++] = configs[c][i];
+        opts[n] = NULL;
+        run_opts(opts, x, fast);
+        opts[n++] = "--impl";
+        opts[n++] = "reference";
+        opts[n] = NULL;
+        run_opts(opts, x, ref);
+        aft_tensor a, b;
+        read_out(fast, &a);
+        read_out(ref, &b);
+        check_shape(&a, SHAPE(1, 2100, 8));
+        char *what = fmt("T = 2100, fast vs reference, config %zu (%s %s)", c, configs[c][0], configs[c][1]);
+        assert_close_f(what, &a, &b);
+        free(what);
+        assert_true(max_abs_f(F(&b), b.nelem) > 0.01);
+        aft_tensor_free(&a);
+        aft_tensor_free(&b);
+    }
+    free(x); free(fast); free(ref);
+}
+
 /* local and conv with --window 0 are simple */
 static void test_window_zero_is_simple(void **state)
 {
@@ -2029,6 +2067,7 @@ int main(void)
         cmocka_unit_test(test_torch_input_encodings),
         cmocka_unit_test(test_torch_preforward),
         cmocka_unit_test(test_impl_reference_vs_fast),
+        cmocka_unit_test(test_long_sequence_chunks),
         cmocka_unit_test(test_window_zero_is_simple),
         cmocka_unit_test(test_layout_tbd),
         cmocka_unit_test(test_rank2_input),

@@ -1505,10 +1505,12 @@ static void test_layer_products_split(void **state)
     finish(fails, cases);
 }
 
-/* The streamed paths (layer.c): causal with one head and no mask (the
- * window's last rows kept as a halo, the left running sums carried from
- * chunk to chunk), and simple without causality (softmax sums carried,
- * folded into the output weights at the end). Small chunks put many
+/* The streamed paths (layer.c): causal local, simple and conv with no mask
+ * (the window's last rows kept as a halo, the left running sums carried
+ * from chunk to chunk); the same without causality (K, V whole, the right
+ * sums of the keys after each chunk added up from the end); and simple
+ * without causality (softmax sums carried, folded into the output weights
+ * at the end). Small chunks put many
  * boundaries in short sequences: T not a multiple of the chunk, a chunk as
  * wide as the window, B > 1, 1-3 threads, and key biases up to 200 (the
  * sums' maxima jump at boundaries). */
