@@ -175,7 +175,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
  * from ws->q_row0 on. carry_in (NULL when t_off is 0) and carry_out are
  * 4 ws->C floats (stabiliser, s0, s1, key maximum): the left running sum of
  * the keys before local row 0, and after this call before row r1 - halo.
- * Without causality k and v must hold the rows up to r1 + halo (or to the
+ * Without causality k and v must hold every row before r1 + halo (or to the
  * end, ws->T), and right_in (NULL: none) holds the same four arrays for the
  * keys from r1 + halo on. *bad_key = 1 when a key was +inf or NaN: nothing
  * usable was written, the caller must run the whole sequence through

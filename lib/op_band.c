@@ -573,8 +573,8 @@ static int simple_rows_split(float *out, const float *q, const float *k, const f
     return ok;
 }
 
-/* One thread's scratch: right-part sums for a range of n_right rows (0 when causal),
- * a band block for window s (0: none), cw channels. Returns the block to
+/* One thread's scratch: right-part sums for a range of n_right rows (0 when
+ * causal), a band block for window s (0: none), cw channels. Returns the block to
  * pass to scratch_free, NULL when out of memory (nothing to free then). */
 static float *scratch_alloc(band_scratch *sc, size_t n_right, size_t s, size_t cw)
 {
@@ -613,8 +613,9 @@ static void scratch_free(band_scratch *sc, float *blk)
 }
 
 /* Local, conv (each head's channels in turn) or simple with causality, rows
- * [r0, r1) of one sequence: the rows split over the threads, each thread all channels of its
- * rows (whole rows read in order; splitting channels made every thread stride
+ * [r0, r1) of one sequence: the rows split over the threads, each thread
+ * all channels of its rows (whole rows read in order; splitting channels
+ * made every thread stride
  * through every row and wait on memory). A thread starting at row t0 needs
  * the left running sum of the keys before t0 - s: the threads first sum
  * those keys in equal pieces (running_sums), then each starts from the
