@@ -709,6 +709,44 @@ static int bool_field(const cJSON *o, const char *key)
     return cJSON_IsTrue(v);
 }
 
+/* aft run with the options opts (NULL-ended) on x, the fast kernels into
+ * fast and --impl reference into ref (its --timing into tj, when given,
+ * must name the reference kernels): the outputs (B, T, D) agree, and are
+ * not all near 0 */
+static void check_fast_vs_reference(const char *const *opts0, const char *x, const char *fast, const char *ref,
+                                    const char *tj, size_t B, size_t T, size_t D, const char *what)
+{
+    const char *opts[20];
+    size_t n = 0;
+    for (size_t i = 0; opts0[i]; i++) {
+        assert_true(n < 14);   /* room for the four added below and NULL */
+        opts[n++] = opts0[i];
+    }
+    opts[n] = NULL;
+    run_opts(opts, x, fast);
+    opts[n++] = "--impl";
+    opts[n++] = "reference";
+    if (tj) {
+        opts[n++] = "--timing";
+        opts[n++] = tj;
+    }
+    opts[n] = NULL;
+    run_opts(opts, x, ref);
+    aft_tensor a, b;
+    read_out(fast, &a);
+    read_out(ref, &b);
+    check_shape(&a, SHAPE(B, T, D));
+    assert_close_f(what, &a, &b);
+    assert_true(max_abs_f(F(&b), b.nelem) > 0.01);
+    if (tj) {   /* the reference kernels were the ones that ran */
+        cJSON *j = read_json(tj);
+        assert_string_equal(str_field(j, "impl"), "reference");
+        cJSON_Delete(j);
+    }
+    aft_tensor_free(&a);
+    aft_tensor_free(&b);
+}
+
 /* --impl reference (the float64 kernels) and the fast kernels agree */
 static void test_impl_reference_vs_fast(void **state)
 {
@@ -726,31 +764,9 @@ static void test_impl_reference_vs_fast(void **state)
         OPTS("--variant", "simple", "--causal"),
     };
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
-        const char *opts[16];
-        size_t n = 0;
-        for (size_t i = 0; configs[c][i]; i++) opts[n++] = configs[c][i];
-        opts[n] = NULL;
-        run_opts(opts, x, fast);
-        opts[n++] = "--impl";
-        opts[n++] = "reference";
-        opts[n++] = "--timing";
-        opts[n++] = tj;
-        opts[n] = NULL;
-        run_opts(opts, x, ref);
-        aft_tensor a, b;
-        read_out(fast, &a);
-        read_out(ref, &b);
-        check_shape(&a, SHAPE(2, 33, 12));
         char *what = fmt("fast vs reference, config %zu (%s %s)", c, configs[c][0], configs[c][1]);
-        assert_close_f(what, &a, &b);
+        check_fast_vs_reference(configs[c], x, fast, ref, tj, 2, 33, 12, what);
         free(what);
-        assert_true(max_abs_f(F(&b), b.nelem) > 0.01);
-        /* the reference kernels were the ones that ran */
-        cJSON *j = read_json(tj);
-        assert_string_equal(str_field(j, "impl"), "reference");
-        cJSON_Delete(j);
-        aft_tensor_free(&a);
-        aft_tensor_free(&b);
     }
     free(x); free(fast); free(ref); free(tj);
 }
@@ -770,25 +786,9 @@ static void test_long_sequence_chunks(void **state)
         OPTS("--variant", "conv", "--window", "5", "--heads", "2"),
     };
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
-        const char *opts[16];
-        size_t n = 0;
-        for (size_t i = 0; configs[c][i]; i++) opts[n++] = configs[c][i];
-        opts[n] = NULL;
-        run_opts(opts, x, fast);
-        opts[n++] = "--impl";
-        opts[n++] = "reference";
-        opts[n] = NULL;
-        run_opts(opts, x, ref);
-        aft_tensor a, b;
-        read_out(fast, &a);
-        read_out(ref, &b);
-        check_shape(&a, SHAPE(1, 2100, 8));
         char *what = fmt("T = 2100, fast vs reference, config %zu (%s %s)", c, configs[c][0], configs[c][1]);
-        assert_close_f(what, &a, &b);
+        check_fast_vs_reference(configs[c], x, fast, ref, NULL, 1, 2100, 8, what);
         free(what);
-        assert_true(max_abs_f(F(&b), b.nelem) > 0.01);
-        aft_tensor_free(&a);
-        aft_tensor_free(&b);
     }
     free(x); free(fast); free(ref);
 }

@@ -1577,13 +1577,19 @@ static void test_layer_streamed_falls_back(void **state)
     /* the usual path is taken, and streaming works, before the key goes bad */
     assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
     assert_int_equal(streamed, 1);
-    x[(1 * T + 21) * D + 2] = INFINITY;   /* batch 1, row 21: the third chunk */
-    assert_int_equal(aft_layer_forward_chunked(y0, x, &p, &cfg, B, T, 0, NULL, &streamed, &err), AFT_OK);
-    assert_int_equal(streamed, 0);
-    for (size_t i = 0; i < B * T * D; i++) y1[i] = 12345.0f;
-    assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
-    assert_int_equal(streamed, 0);
-    assert_memory_equal(y0, y1, B * T * D * sizeof(float));
+    /* batch 1: row 21 (the third chunk), then rows of the last chunk and
+     * the sequence's last row */
+    const size_t causal_bad[] = {39, 38, 36, 33, 32, 0, 1, 21};
+    for (size_t i = 0; i < N_OF(causal_bad); i++) {
+        x[(1 * T + causal_bad[i]) * D + 2] = INFINITY;
+        assert_int_equal(aft_layer_forward_chunked(y0, x, &p, &cfg, B, T, 0, NULL, &streamed, &err), AFT_OK);
+        assert_int_equal(streamed, 0);
+        for (size_t j = 0; j < B * T * D; j++) y1[j] = 12345.0f;
+        assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &cfg, B, T, 8, NULL, &streamed, &err), AFT_OK);
+        assert_int_equal(streamed, 0);
+        assert_memory_equal(y0, y1, B * T * D * sizeof(float));
+        if (i + 1 < N_OF(causal_bad)) x[(1 * T + causal_bad[i]) * D + 2] = 0.5f;
+    }
     /* the same for simple without causality */
     aft_config sc = make_cfg(AFT_SIMPLE, 0, 0, 0);
     sc.impl = AFT_IMPL_FAST;
@@ -1596,10 +1602,11 @@ static void test_layer_streamed_falls_back(void **state)
     assert_int_equal(aft_layer_forward_chunked(y1, x, &p, &sc, B, T, 8, NULL, &streamed, &err), AFT_OK);
     assert_int_equal(streamed, 1);
     /* the same for local without causality: the bad key in the last chunk,
-     * then in the first (found while the right sums are made) */
+     * then in the first, the last row, the first row (found while the right
+     * sums are made) */
     aft_config nc = make_cfg(AFT_LOCAL, 3, 0, 0);
     nc.impl = AFT_IMPL_FAST;
-    const size_t bad_rows[] = {1 * T + 37, 0 * T + 2};
+    const size_t bad_rows[] = {1 * T + 37, 0 * T + 2, 1 * T + 39, 0 * T + 0};
     for (size_t i = 0; i < N_OF(bad_rows); i++) {
         x[bad_rows[i] * D + 1] = INFINITY;
         assert_int_equal(aft_layer_forward_chunked(y0, x, &p, &nc, B, T, 0, NULL, &streamed, &err), AFT_OK);
