@@ -499,6 +499,15 @@ static int running_sums(const float *k, size_t ldk, const float *v, size_t ldv, 
     return bad;
 }
 
+/* 1 when a key of rows [r0, r1) (n channels) is +inf or NaN */
+static int keys_bad(const float *k, size_t ldk, size_t r0, size_t r1, size_t n)
+{
+    int bad = 0;
+    for (size_t t = r0; t < r1; t++)
+        for (size_t c = 0; c < n; c++) bad |= !(k[t * ldk + c] < INFINITY);
+    return bad;
+}
+
 int aft_running_sums(const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1, size_t n,
                      float *m, float *s0, float *s1, float *scratch)
 {
@@ -678,6 +687,12 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
             bad = 1;
         }
         if (!failed && !causal && running_sums(k, ldk, v, ldv, q0, q1, C, rt, rt + C, rt + 2 * C, rt + 3 * C)) {
+            #pragma omp atomic write
+            bad = 1;
+        }
+        /* and the keys in this thread's rows' bands, which the pieces above
+         * do not reach for the last rows */
+        if (!failed && keys_bad(k, ldk, t0 > s ? t0 - s : 0, causal ? t1 : (t1 + s < T ? t1 + s : T), C)) {
             #pragma omp atomic write
             bad = 1;
         }
