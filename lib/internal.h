@@ -189,6 +189,10 @@ aft_status aft_op_band_rows(float *out, const float *q, const float *k, const fl
  * sum exp(k - m) v; scratch n floats. Returns 1 when a key is +inf or NaN. */
 int aft_running_sums(const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1, size_t n,
                      float *m, float *s0, float *s1, float *scratch);
+/* a += b for running sums of keys kept as (m, s0, s1, kmax), n floats
+ * each: the sums of both sets of keys at the larger stabiliser m, and the
+ * larger key maximum */
+void aft_sums_merge(float *a, const float *b, size_t n);
 /* 1 when w is zero everywhere for the band kernel (simple, window 0, no bias) */
 int aft_op_band_zero_bias(const aft_wspec *ws);
 /* The streamed path for simple without causality (w = 0, no mask): rows

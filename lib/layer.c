@@ -106,21 +106,6 @@ static void chunk_end(int *ret, aft_status st, int bad_key, float *y, const floa
     tm->output += aft_now_ms() - t2;
 }
 
-/* (m, s0, s1, kmax) += (m2, s0', s1', kmax2), C floats each: the running
- * sums of two sets of keys as one, at the larger stabiliser */
-static void merge_into(float *a, const float *b, size_t C)
-{
-    for (size_t c = 0; c < C; c++) {
-        float ma = a[c], mb = b[c], Z = ma > mb ? ma : mb;
-        float fa = ma == -INFINITY ? 0.0f : aft_expf(ma - Z);
-        float fb = mb == -INFINITY ? 0.0f : aft_expf(mb - Z);
-        a[c] = Z;
-        a[C + c] = a[C + c] * fa + b[C + c] * fb;
-        a[2 * C + c] = a[2 * C + c] * fa + b[2 * C + c] * fb;
-        a[3 * C + c] = a[3 * C + c] > b[3 * C + c] ? a[3 * C + c] : b[3 * C + c];
-    }
-}
-
 /* The streamed path without causality: no mask, a band (local, or conv
  * with keys of one channel per value channel). K and V of the whole
  * sequence come first (one product, 2 x T x C floats); then the keys'
@@ -158,7 +143,8 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
         linear_fast(kv, x + b * T * D, wcat + C * D, bcat ? bcat + C : NULL, T, D, 2 * C);
         double t1 = aft_now_ms();
         /* piece j: the keys [e(j-1), e(j)) with e(j) = min(r1_j + halo, T),
-         * e(-1) = 0; right[j] becomes the sum of pieces j+1 .. nch-1 */
+         * e(-1) = 0 (piece 0 only checks its keys); summed from the end,
+         * right[j + 1] then holds the keys from e(j) on, chunk j's right sum */
         int bad = 0;
         #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(|:bad)
         for (size_t j = 0; j < nch; j++) {
@@ -174,16 +160,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
             ret = 0;
             break;
         }
-        /* suffix sums, from the end: right[j] = pieces after j */
-        float *acc = carry;   /* 4C, the sum of the pieces seen so far */
-        for (size_t c = 0; c < C; c++) {
-            acc[c] = -INFINITY; acc[C + c] = 0.0f; acc[2 * C + c] = 0.0f; acc[3 * C + c] = -INFINITY;
-        }
-        for (size_t j = nch; j-- > 0;) {
-            float *r = right + j * 4 * C;
-            for (size_t i = 0; i < 4 * C; i++) { float tmp = r[i]; r[i] = acc[i]; acc[i] = tmp; }
-            merge_into(acc, r, C);   /* acc = piece j + pieces after it */
-        }
+        for (size_t j = nch - 1; j-- > 1;) aft_sums_merge(right + j * 4 * C, right + (j + 1) * 4 * C, C);
         tm->projections += t1 - t0;
         tm->op += aft_now_ms() - t1;
         float *cin = carry, *cout = carry + 4 * C;
@@ -199,7 +176,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
             const float *kr = kv + (R0 - hl) * 2 * C;
             int badk = 0;
             *st = aft_op_band_rows(h, q, kr, kr + C, &w, hl, hl + len, R0 ? cin : NULL, cout,
-                                   j + 1 < nch ? right + j * 4 * C : NULL, &badk, err);
+                                   j + 1 < nch ? right + (j + 1) * 4 * C : NULL, &badk, err);
             chunk_end(&ret, *st, badk, y + (b * T + R0) * D, h, p, len, u0, u1, tm);
             float *tmp = cin;
             cin = cout;

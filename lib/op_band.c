@@ -42,7 +42,8 @@ typedef struct {
     float *ek, *ekv;              /* band block: (BAND_ROWS + 2s, cw) */
     float *rs0, *rs1, *rst;       /* right part per row of a block: (BAND_ROWS, cw) each */
     float *snap;                  /* the right sum at each block's end: (blocks, 4 cw) */
-    float *qst, *q0, *q1, *qmax;  /* the right part's running sum, cw each */
+    float *qst, *q0, *q1, *qmax;  /* the right part's running sum, cw each, one block of 4 cw
+                                   * from qst on (copied whole to and from snap and rin) */
     float *rin;                   /* (st, s0, s1, smax) of the keys from r1 + s on, 4 cw */
     float *w, *ew;                /* GROUP rows' band: (GROUP, 2s), (2s + GROUP, GROUP) */
     float r[GROUP];               /* their band maxima */
@@ -251,23 +252,17 @@ static void band_task(float *out, const float *q, const float *k, const float *v
      * block's rows' sums up again from there, into rs0, rs1, rst (one block,
      * in the caches, instead of T rows of them in memory), the same sums. */
     if (!causal) {
-        float *st = sc->qst, *s0 = sc->q0, *s1 = sc->q1, *smax = sc->qmax;
         if (have_right) {
-            memcpy(st, sc->rin, cw * sizeof(float));
-            memcpy(s0, sc->rin + cw, cw * sizeof(float));
-            memcpy(s1, sc->rin + 2 * cw, cw * sizeof(float));
-            memcpy(smax, sc->rin + 3 * cw, cw * sizeof(float));
+            memcpy(sc->qst, sc->rin, 4 * cw * sizeof(float));
         } else {
-            for (size_t c = 0; c < cw; c++) { st[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; smax[c] = -INFINITY; }
+            for (size_t c = 0; c < cw; c++) {
+                sc->qst[c] = -INFINITY; sc->q0[c] = 0.0f; sc->q1[c] = 0.0f; sc->qmax[c] = -INFINITY;
+            }
         }
         size_t nblk = (r1 - r0 + BAND_ROWS - 1) / BAND_ROWS;
         for (size_t bi = nblk; bi-- > 0;) {
             size_t i0 = r0 + bi * BAND_ROWS, i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
-            float *sn = sc->snap + bi * 4 * cw;
-            memcpy(sn, st, cw * sizeof(float));
-            memcpy(sn + cw, s0, cw * sizeof(float));
-            memcpy(sn + 2 * cw, s1, cw * sizeof(float));
-            memcpy(sn + 3 * cw, smax, cw * sizeof(float));
+            memcpy(sc->snap + bi * 4 * cw, sc->qst, 4 * cw * sizeof(float));
             right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 0);
         }
     }
@@ -280,11 +275,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
     for (size_t i0 = r0; i0 < r1; i0 += BAND_ROWS) {
         size_t i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
         if (!causal) {   /* this block's right sums, from its snapshot */
-            const float *sn = sc->snap + (i0 - r0) / BAND_ROWS * 4 * cw;
-            memcpy(sc->qst, sn, cw * sizeof(float));
-            memcpy(sc->q0, sn + cw, cw * sizeof(float));
-            memcpy(sc->q1, sn + 2 * cw, cw * sizeof(float));
-            memcpy(sc->qmax, sn + 3 * cw, cw * sizeof(float));
+            memcpy(sc->qst, sc->snap + (i0 - r0) / BAND_ROWS * 4 * cw, 4 * cw * sizeof(float));
             right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 1);
         }
         size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0;
@@ -499,6 +490,19 @@ static int running_sums(const float *k, size_t ldk, const float *v, size_t ldv, 
     return bad;
 }
 
+void aft_sums_merge(float *a, const float *b, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float ma = a[c], mb = b[c], Z = ma > mb ? ma : mb;
+        float fa = ma == -INFINITY ? 0.0f : aft_expf(ma - Z);
+        float fb = mb == -INFINITY ? 0.0f : aft_expf(mb - Z);
+        a[c] = Z;
+        a[n + c] = a[n + c] * fa + b[n + c] * fb;
+        a[2 * n + c] = a[2 * n + c] * fa + b[2 * n + c] * fb;
+        a[3 * n + c] = a[3 * n + c] > b[3 * n + c] ? a[3 * n + c] : b[3 * n + c];
+    }
+}
+
 /* 1 when a key of rows [r0, r1) (n channels) is +inf or NaN */
 static int keys_bad(const float *k, size_t ldk, size_t r0, size_t r1, size_t n)
 {
@@ -592,10 +596,10 @@ static float *scratch_alloc(band_scratch *sc, size_t n_right, size_t s, size_t c
     size_t nsnap = (n_right + BAND_ROWS - 1) / BAND_ROWS * 4 * cw;
     const size_t sizes[] = {nr, nr, nr, nb, nb, GROUP * 2 * s, GROUP * (2 * s + GROUP),
                             cw, cw, cw, cw, cw, cw, cw, cw, GROUP * cw, GROUP * cw, cw, cw,
-                            cw, cw, cw, cw, 4 * cw, nsnap};
+                            4 * cw, 4 * cw, nsnap};
     float **arrays[] = {&sc->rs0, &sc->rs1, &sc->rst, &sc->ek, &sc->ekv, &sc->w, &sc->ew, &sc->mk, &sc->pst,
                         &sc->pmax, &sc->p0, &sc->p1, &sc->fe, &sc->fp, &sc->fs, &sc->b0, &sc->b1, &sc->first,
-                        &sc->zeros, &sc->qst, &sc->q0, &sc->q1, &sc->qmax, &sc->rin, &sc->snap};
+                        &sc->zeros, &sc->qst, &sc->rin, &sc->snap};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
@@ -612,6 +616,9 @@ static float *scratch_alloc(band_scratch *sc, size_t n_right, size_t s, size_t c
         p += sizes[i];
     }
     memset(sc->zeros, 0, cw * sizeof(float));
+    sc->q0 = sc->qst + cw;
+    sc->q1 = sc->qst + 2 * cw;
+    sc->qmax = sc->qst + 3 * cw;
     return blk;
 }
 
@@ -696,6 +703,10 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
             #pragma omp atomic write
             bad = 1;
         }
+        if (!failed && !causal) {   /* the right sum: this thread's keys and those after r1 + s */
+            memcpy(rt + 3 * C, rt, C * sizeof(float));   /* their maximum: m itself */
+            if (right_in) aft_sums_merge(rt, right_in, C);
+        }
         #pragma omp barrier
         if (!failed && !bad) {
             /* keys [rest0, need) lie in a piece checked above */
@@ -722,18 +733,9 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                     sc.pmax[c] = kmax > cmax ? kmax : cmax;
                     sc.p0[c] = a0 * fa + r[C + c0 + c] * fr + c0s * fc;
                     sc.p1[c] = a1 * fa + r[2 * C + c0 + c] * fr + c1s * fc;
-                    if (causal) continue;
-                    /* the right sum: this thread's keys and those after r1 + s */
-                    float mo = rt[c0 + c], mi = right_in ? right_in[c0 + c] : -INFINITY;
-                    float Zr = mo > mi ? mo : mi;
-                    float fo = mo == -INFINITY ? 0.0f : aft_expf(mo - Zr);
-                    float fi = mi == -INFINITY ? 0.0f : aft_expf(mi - Zr);
-                    float imax = right_in ? right_in[3 * C + c0 + c] : -INFINITY;
-                    sc.rin[c] = Zr;
-                    sc.rin[cw + c] = rt[C + c0 + c] * fo + (right_in ? right_in[C + c0 + c] * fi : 0.0f);
-                    sc.rin[2 * cw + c] = rt[2 * C + c0 + c] * fo + (right_in ? right_in[2 * C + c0 + c] * fi : 0.0f);
-                    sc.rin[3 * cw + c] = mo > imax ? mo : imax;
                 }
+                for (size_t i = 0; i < 4 && !causal; i++)   /* this block's channels of the right sum */
+                    memcpy(sc.rin + i * cw, rt + i * C + c0, cw * sizeof(float));
                 band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, !causal);
                 if (carry_out && tid == n - 1) {
                     memcpy(carry_out + c0, sc.pst, cw * sizeof(float));
