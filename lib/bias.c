@@ -56,9 +56,11 @@ static void bias_row(const aft_bias *b, size_t t, size_t j0, size_t j1, float *o
         if (j1 < (1ULL << 32) && t < (1ULL << 32)) {
             /* the same values as aft_seeded_bias, with the seed mixed once */
             uint64_t h0 = mix64(b->seed ^ 0x5851f42d4c957f2dULL), row = (uint64_t)t << 32;
+            const float scale = b->scale;   /* a local: out might alias *b, which kept the loop scalar */
             for (size_t j = j0; j < j1; j++) {
                 uint64_t x = mix64(h0 ^ (row | (uint64_t)j));
-                out[j - j0] = (2.0f * ((float)(x >> 40) * (1.0f / 16777216.0f)) - 1.0f) * b->scale;
+                /* x >> 40 < 2^24 converts exactly through int32 (AVX2 has no 64-bit conversion) */
+                out[j - j0] = (2.0f * ((float)(int32_t)(x >> 40) * (1.0f / 16777216.0f)) - 1.0f) * scale;
             }
             return;
         }

@@ -61,36 +61,60 @@ static inline float aft_expf(float x)
     p = fmaf(p, r, 0.5f);
     p = fmaf(p, r, 1.0f);
     p = fmaf(p, r, 1.0f);
-    uint32_t bb, pb;
+    uint32_t bb, pb, xb;
     memcpy(&bb, &big, sizeof bb);
     memcpy(&pb, &p, sizeof pb);
+    memcpy(&xb, &x, sizeof xb);
     uint32_t yb = pb + ((bb - 0x4b400000u) << 23);   /* 0x4b400000: 1.5 * 2^23 */
+    /* the edges, from x's bits with integer masks: a float comparison or a
+     * select here makes GCC move the arithmetic above into branches, which
+     * it then cannot vectorise without AVX-512's masks. A negative float's
+     * unsigned bits grow with its magnitude; a positive one's are below
+     * 0x80000000, and as signed integers positive floats keep their order */
+    uint32_t under = 0u - (uint32_t)(xb > 0xc2adf5c3u);                  /* x < lo (-86.98f) */
+    uint32_t over = 0u - (uint32_t)((int32_t)xb > (int32_t)0x42b17217);   /* x > hi (88.72283f) */
+    uint32_t nan = 0u - (uint32_t)((xb & 0x7fffffffu) > 0x7f800000u);
+    yb = (yb & ~(under | over)) | (over & 0x7f800000u);   /* 0 below, +inf above */
+    yb = (yb & ~nan) | (xb & nan);                          /* NaN stays NaN */
     float y;
     memcpy(&y, &yb, sizeof y);
-    y = x < lo ? 0.0f : y;
-    y = x > hi ? INFINITY : y;
-    return x != x ? x : y;
+    return y;
 }
 
-/* max of x[0..n), -inf when n == 0; NaNs are skipped. Sixteen running
- * maxima side by side (GCC/Clang vector extensions), because a plain loop's
- * float max reduction does not vectorise without -ffast-math. */
-typedef float aft_v16 __attribute__((vector_size(64)));
-typedef int32_t aft_v16i __attribute__((vector_size(64)));
+/* The widest vector whose operations are single instructions here: 16
+ * floats with AVX-512, 8 with AVX/AVX2, 4 otherwise (GCC/Clang vector
+ * extensions). Kernels written with wider vectors than the machine has get
+ * them split into pieces, spilled and reassembled lane by lane: a 64-byte
+ * vector on an AVX2 CPU made the band kernel's inner loop four times slower. */
+#if defined(__AVX512F__)
+#define AFT_VEC_BYTES 64
+#elif defined(__AVX__)
+#define AFT_VEC_BYTES 32
+#else
+#define AFT_VEC_BYTES 16
+#endif
+enum { AFT_VL = AFT_VEC_BYTES / 4 };   /* floats a vector */
+typedef float aft_vf __attribute__((vector_size(AFT_VEC_BYTES)));
+typedef int32_t aft_vi __attribute__((vector_size(AFT_VEC_BYTES)));
+/* loads and stores through memcpy: rows are not vector-aligned */
+static inline aft_vf aft_vld(const float *p) { aft_vf x; memcpy(&x, p, sizeof x); return x; }
+static inline void aft_vst(float *p, aft_vf x) { memcpy(p, &x, sizeof x); }
+
+/* max of x[0..n), -inf when n == 0; NaNs are skipped. AFT_VL running
+ * maxima side by side, because a plain loop's float max reduction does not
+ * vectorise without -ffast-math. */
 static inline float aft_max_f32(const float *x, size_t n)
 {
     size_t i = 0;
     float r = -INFINITY;
-    if (n >= 16) {
-        aft_v16 m;
-        memcpy(&m, x, sizeof m);
-        for (i = 16; i + 16 <= n; i += 16) {
-            aft_v16 v;
-            memcpy(&v, x + i, sizeof v);
-            aft_v16i gt = v > m;   /* all ones where v is larger */
-            m = (aft_v16)(((aft_v16i)v & gt) | ((aft_v16i)m & ~gt));
+    if (n >= AFT_VL) {
+        aft_vf m = aft_vld(x);
+        for (i = AFT_VL; i + AFT_VL <= n; i += AFT_VL) {
+            aft_vf v = aft_vld(x + i);
+            aft_vi gt = v > m;   /* all ones where v is larger */
+            m = (aft_vf)(((aft_vi)v & gt) | ((aft_vi)m & ~gt));
         }
-        for (int l = 0; l < 16; l++) r = m[l] > r ? m[l] : r;
+        for (int l = 0; l < AFT_VL; l++) r = m[l] > r ? m[l] : r;
     }
     for (; i < n; i++) r = x[i] > r ? x[i] : r;
     return r;

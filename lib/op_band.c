@@ -121,51 +121,69 @@ static int plan_block(float *restrict nst, float *restrict first, const float *s
     return ok;
 }
 
-/* 16 floats: GCC/Clang vector extensions, one AVX-512 register where there
- * is one (the compiler splits it elsewhere); loads go through memcpy because
- * rows are not 64-byte aligned */
-typedef float v16 __attribute__((vector_size(64)));
-static inline v16 ld16(const float *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
-static inline void st16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 /* Hold a loaded vector in a register. Without this GCC folds the load into
  * every FMA that uses it as a memory operand: band_sums4 then issued 20
  * loads for 16 FMAs, which on a core with one 512-bit load a cycle (AMD
  * Zen 4) bound the loop by its loads instead of its FMAs. */
-#if defined(__AVX512F__) && defined(__GNUC__)
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define IN_REG(x) __asm__("" : "+v"(x))
 #else
 #define IN_REG(x) ((void)0)
 #endif
+/* vectors of channels per row in band_sums4: its 4 rows x BV vectors x 2
+ * sums stay in registers, with the BV + BV loaded vectors beside them (2 x
+ * 16 floats with AVX-512's 32 registers; one vector with 16 registers) */
+#if defined(__AVX512F__)
+enum { BV = 2 };
+#else
+enum { BV = 1 };
+#endif
+enum { BCH = BV * AFT_VL };   /* channels per step */
 
 // Band sums of GROUP rows at once, rows i = 0 .. GROUP-1:
 //   b0[i][c] = sum_j ew[j][i] ek[j][c],   b1[i][c] = sum_j ew[j][i] ekv[j][c]
 // ew: (nw, GROUP), zero where row i does not see band row j; ek, ekv:
 // (nw, cw); b0, b1: (GROUP, cw). The inner loop of the whole kernel: each
 // ek/ekv vector loaded feeds GROUP rows' sums (one row at a time, the loads
-// from L2 were the limit), 32 channels x 4 rows x 2 = 16 sums in registers.
+// from L2 were the limit), BCH channels x 4 rows x 2 sums in registers.
 static inline void band_sums4(float *restrict b0, float *restrict b1, const float *restrict ew,
                               const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw)
 {
+    _Static_assert(GROUP == 4, "band_sums4 holds four rows");
     size_t c = 0;
-    for (; c + 32 <= cw; c += 32) {
-        v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-        v16 d00 = {0}, d01 = {0}, d10 = {0}, d11 = {0}, d20 = {0}, d21 = {0}, d30 = {0}, d31 = {0};
+    for (; c + BCH <= cw; c += BCH) {
+        aft_vf a[GROUP][BV], d[GROUP][BV];
+        #pragma GCC unroll 8
+        for (int i = 0; i < GROUP; i++)
+            #pragma GCC unroll 2
+            for (int u = 0; u < BV; u++) a[i][u] = d[i][u] = (aft_vf){0};
         for (size_t j = 0; j < nw; j++) {
             const float *er = ek + j * cw + c, *vr = ekv + j * cw + c, *wj = ew + j * GROUP;
-            v16 e0 = ld16(er), e1 = ld16(er + 16), u0 = ld16(vr), u1 = ld16(vr + 16);
-            IN_REG(e0); IN_REG(e1); IN_REG(u0); IN_REG(u1);
-            float w0 = wj[0], w1 = wj[1], w2 = wj[2], w3 = wj[3];
-            a00 += w0 * e0; a01 += w0 * e1; d00 += w0 * u0; d01 += w0 * u1;
-            a10 += w1 * e0; a11 += w1 * e1; d10 += w1 * u0; d11 += w1 * u1;
-            a20 += w2 * e0; a21 += w2 * e1; d20 += w2 * u0; d21 += w2 * u1;
-            a30 += w3 * e0; a31 += w3 * e1; d30 += w3 * u0; d31 += w3 * u1;
+            aft_vf e[BV], x[BV];
+            #pragma GCC unroll 2
+            for (int u = 0; u < BV; u++) {
+                e[u] = aft_vld(er + u * AFT_VL);
+                x[u] = aft_vld(vr + u * AFT_VL);
+                IN_REG(e[u]);
+                IN_REG(x[u]);
+            }
+            #pragma GCC unroll 8
+            for (int i = 0; i < GROUP; i++) {
+                float wi = wj[i];
+                #pragma GCC unroll 2
+                for (int u = 0; u < BV; u++) {
+                    a[i][u] += wi * e[u];
+                    d[i][u] += wi * x[u];
+                }
+            }
         }
-        st16(b0 + c, a00); st16(b0 + c + 16, a01); st16(b1 + c, d00); st16(b1 + c + 16, d01);
-        st16(b0 + cw + c, a10); st16(b0 + cw + c + 16, a11); st16(b1 + cw + c, d10); st16(b1 + cw + c + 16, d11);
-        st16(b0 + 2 * cw + c, a20); st16(b0 + 2 * cw + c + 16, a21);
-        st16(b1 + 2 * cw + c, d20); st16(b1 + 2 * cw + c + 16, d21);
-        st16(b0 + 3 * cw + c, a30); st16(b0 + 3 * cw + c + 16, a31);
-        st16(b1 + 3 * cw + c, d30); st16(b1 + 3 * cw + c + 16, d31);
+        #pragma GCC unroll 8
+        for (int i = 0; i < GROUP; i++)
+            #pragma GCC unroll 2
+            for (int u = 0; u < BV; u++) {
+                aft_vst(b0 + i * cw + c + u * AFT_VL, a[i][u]);
+                aft_vst(b1 + i * cw + c + u * AFT_VL, d[i][u]);
+            }
     }
     for (; c < cw; c++) {
         float a[GROUP] = {0}, d[GROUP] = {0};
