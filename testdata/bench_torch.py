@@ -28,7 +28,9 @@ maker); nothing is imported from the upstream projects
 
 Every PyTorch measurement runs in its own subprocess (this file, re-invoked
 with a hidden --worker argument), so its peak RSS is its own, with
-OPENBLAS_CORETYPE=SkylakeX (or --torch-coretype), OPENBLAS_NUM_THREADS and
+OPENBLAS_CORETYPE=SkylakeX on a CPU with AVX-512 (the kernel aft itself
+switches to there; elsewhere OpenBLAS's own choice, or --torch-coretype),
+OPENBLAS_NUM_THREADS and
 OMP_NUM_THREADS set to --threads, and torch.set_num_threads(--threads).
 Timings: torch.no_grad(), --warmup untimed calls, then the fastest of
 --repeat calls.  aft: `aft run ... --threads N --repeat N --timing FILE`,
@@ -241,6 +243,17 @@ def worker_main(spec):
 # parent side: no torch here
 # =====================================================================
 
+def cpu_has_avx512():
+    """The AVX-512 subsets OpenBLAS's SkylakeX kernels use, as aft checks
+    them (lib/system.c), from /proc/cpuinfo's flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(f in flags for f in ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"))
+
+
 def torch_env(args, coretype):
     """Environment for a torch subprocess.  coretype None: remove
     OPENBLAS_CORETYPE (OpenBLAS picks its own kernel); "inherit": as is."""
@@ -357,7 +370,8 @@ def print_env(args, out):
     results = {}
     variants = [("torch-run", args.torch_coretype)]
     inherited = os.environ.get("OPENBLAS_CORETYPE")
-    variants.append(("unset", None))
+    if args.torch_coretype is not None:
+        variants.append(("unset", None))
     if inherited and inherited != args.torch_coretype:
         variants.append(("inherited", "inherit"))
     for label, ct in variants:
@@ -387,7 +401,8 @@ def print_env(args, out):
         + " ".join(f"{v:.2f}" for v in os.getloadavg()),
         f"{args.matmul_n}^3 float32 torch.mm, best of 3:",
     ]
-    names = {"torch-run": f"OPENBLAS_CORETYPE={args.torch_coretype} (used for torch below)",
+    names = {"torch-run": (f"OPENBLAS_CORETYPE={args.torch_coretype}" if args.torch_coretype
+                           else "OPENBLAS_CORETYPE unset") + " (used for torch below)",
              "unset": "OPENBLAS_CORETYPE unset (OpenBLAS's own choice)",
              "inherited": f"OPENBLAS_CORETYPE={inherited} (as in this environment)"}
     for label, (ct, r, e) in results.items():
@@ -625,8 +640,12 @@ def main(argv=None):
     ap.add_argument("--check-only", action="store_true", help="only run the agreement check")
     ap.add_argument("--no-check", action="store_true", help="skip the agreement check")
     ap.add_argument("--json", action="store_true", help="print JSON lines instead of the table")
-    ap.add_argument("--torch-coretype", default="SkylakeX",
-                    help="OPENBLAS_CORETYPE for the torch subprocesses (default SkylakeX)")
+    ap.add_argument("--torch-coretype", default="auto",
+                    help="OPENBLAS_CORETYPE for the torch subprocesses: a core name, "
+                         "'unset' (OpenBLAS's own choice) or 'auto' (default: SkylakeX "
+                         "on a CPU with AVX-512, where Debian's OpenBLAS 0.3.21 may not "
+                         "pick it itself, else unset; SkylakeX on a CPU without AVX-512 "
+                         "dies of an illegal instruction)")
     ap.add_argument("--aten-cpu-capability", default=None,
                     help="ATEN_CPU_CAPABILITY for the torch subprocesses (default: unset, "
                          "torch's own choice; e.g. avx512)")
@@ -658,6 +677,10 @@ def main(argv=None):
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.window < 0 or args.warmup < 0:
         ap.error("--window and --warmup must be >= 0")
+    if args.torch_coretype == "auto":
+        args.torch_coretype = "SkylakeX" if cpu_has_avx512() else None
+    elif args.torch_coretype in ("", "unset"):
+        args.torch_coretype = None
     args.aft = os.path.abspath(args.aft)
     if not (os.path.isfile(args.aft) and os.access(args.aft, os.X_OK)):
         ap.error(f"aft binary not found or not executable: {args.aft} (run make, or pass --aft)")
