@@ -34,7 +34,16 @@
 #include <omp.h>
 #include <stdlib.h>
 
-enum { BAND_ROWS = 128, BAND_CH = 128, GROUP = 4 };   /* GROUP: rows whose band sums share loads */
+enum { BAND_ROWS = 128, BAND_CH = 128 };
+/* GROUP: rows whose band sums share loads (band_sums). Its GROUP x BV x 2
+ * sums stay in registers: 4 x 2 x 2 = 16 of AVX-512's 32, 6 x 1 x 2 = 12 of
+ * the 16 elsewhere (6 rows: 0.85 of the time of 4 on an AVX2 AMD EPYC, 5 and
+ * 7 in between; the sums are the same, so the output is too) */
+#if defined(__AVX512F__)
+enum { GROUP = 4, BV = 2 };
+#else
+enum { GROUP = 6, BV = 1 };
+#endif
 /* a running sum may sit at most this many nats below its stabiliser */
 #define JUMP 30.0f
 
@@ -122,22 +131,16 @@ static int plan_block(float *restrict nst, float *restrict first, const float *s
 }
 
 /* Hold a loaded vector in a register. Without this GCC folds the load into
- * every FMA that uses it as a memory operand: band_sums4 then issued 20
- * loads for 16 FMAs, which on a core with one 512-bit load a cycle (AMD
+ * every FMA that uses it as a memory operand: band_sums then issued 20
+ * loads for 16 FMAs (AVX-512), which on a core with one 512-bit load a cycle (AMD
  * Zen 4) bound the loop by its loads instead of its FMAs. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define IN_REG(x) __asm__("" : "+v"(x))
 #else
 #define IN_REG(x) ((void)0)
 #endif
-/* vectors of channels per row in band_sums4: its 4 rows x BV vectors x 2
- * sums stay in registers, with the BV + BV loaded vectors beside them (2 x
- * 16 floats with AVX-512's 32 registers; one vector with 16 registers) */
-#if defined(__AVX512F__)
-enum { BV = 2 };
-#else
-enum { BV = 1 };
-#endif
+/* BV: vectors of channels per row in band_sums, with the BV + BV loaded
+ * vectors beside the sums (2 x 16 floats with AVX-512; 1 vector else) */
 enum { BCH = BV * AFT_VL };   /* channels per step */
 
 // Band sums of GROUP rows at once, rows i = 0 .. GROUP-1:
@@ -145,15 +148,14 @@ enum { BCH = BV * AFT_VL };   /* channels per step */
 // ew: (nw, GROUP), zero where row i does not see band row j; ek, ekv:
 // (nw, cw); b0, b1: (GROUP, cw). The inner loop of the whole kernel: each
 // ek/ekv vector loaded feeds GROUP rows' sums (one row at a time, the loads
-// from L2 were the limit), BCH channels x 4 rows x 2 sums in registers.
-static inline void band_sums4(float *restrict b0, float *restrict b1, const float *restrict ew,
-                              const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw)
+// from L2 were the limit), BCH channels x GROUP rows x 2 sums in registers.
+static inline void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
+                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw)
 {
-    _Static_assert(GROUP == 4, "band_sums4 holds four rows");
     size_t c = 0;
     for (; c + BCH <= cw; c += BCH) {
         aft_vf a[GROUP][BV], d[GROUP][BV];
-        #pragma GCC unroll 8
+        #pragma GCC unroll 16
         for (int i = 0; i < GROUP; i++)
             #pragma GCC unroll 2
             for (int u = 0; u < BV; u++) a[i][u] = d[i][u] = (aft_vf){0};
@@ -167,7 +169,7 @@ static inline void band_sums4(float *restrict b0, float *restrict b1, const floa
                 IN_REG(e[u]);
                 IN_REG(x[u]);
             }
-            #pragma GCC unroll 8
+            #pragma GCC unroll 16
             for (int i = 0; i < GROUP; i++) {
                 float wi = wj[i];
                 #pragma GCC unroll 2
@@ -177,7 +179,7 @@ static inline void band_sums4(float *restrict b0, float *restrict b1, const floa
                 }
             }
         }
-        #pragma GCC unroll 8
+        #pragma GCC unroll 16
         for (int i = 0; i < GROUP; i++)
             #pragma GCC unroll 2
             for (int u = 0; u < BV; u++) {
@@ -370,7 +372,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     sc->r[i] = r;
                     for (size_t j = 0; j < nw; j++) ew[(lo - ulo + j) * GROUP + i] = aft_expf(w[j] - r);
                 }
-                band_sums4(sc->b0, sc->b1, ew, sc->ek + (ulo - lob) * cw, sc->ekv + (ulo - lob) * cw, un, cw);
+                band_sums(sc->b0, sc->b1, ew, sc->ek + (ulo - lob) * cw, sc->ekv + (ulo - lob) * cw, un, cw);
 
                 for (size_t i = 0; i < gn; i++) {
                     size_t t = t0 + i;
