@@ -1,8 +1,8 @@
 /* op_dense.c - AFT with an explicit T x T weight pattern: the full variant,
  * and any variant under an explicit mask. O(T^2 C) time through CBLAS (or,
- * with one head on AVX-512, a fused product of our own, below), O(T C)
- * extra memory: exp(w) is held for one block of rows at a time (the fused
- * product: one panel of 12 rows and 256 keys).
+ * with one head on AVX-512, and causal on AVX, a fused product of our own,
+ * below), O(T C) extra memory: exp(w) is held for one block of rows at a
+ * time (the fused product: one panel of FMR rows and 256 keys).
  *
  * For a block of query rows and a chunk of key columns,
  *   num = exp(w - r) @ (exp(k - mk) * v),   den = exp(w - r) @ exp(k - mk)
@@ -191,68 +191,79 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
     finish_rows(jb, h, i0, bi, tv, acc, 2 * ch, sc->wrow, out);
 }
 
-/* ---- the fused product (one head). exp(w - r) is computed 12 rows and 256
- * keys at a time straight into the panel the micro-kernel reads, instead of
- * for whole rows that OpenBLAS then copies into panels of its own, and the
- * right-hand sides are packed once for all blocks. w itself is made a panel
- * at a time too, so no block of rows of w is ever held: r is each row's
- * running maximum over the keys seen so far, and when a later chunk raises
- * it, the row's sums so far are brought down by exp(r_old - r_new) (<= 1,
- * nothing overflows; what that factor underflows is below FLT_MIN times the
- * row's largest term, the same as computing with the final maximum from the
- * start). The micro-kernel keeps a 12 x 32 tile of sums in registers (24
- * 16-float vectors) over 256 keys and adds it, times the chunk's rescaling
- * factor per column, to the block's sums; it reads the 12 rows of the panel
- * as they are (12 sequential streams), so nothing is transposed. */
-enum { FMR = 12, FNR = 32, FKC = 256 };
+/* ---- the fused product (one head). exp(w - r) is computed FMR rows and
+ * 256 keys at a time straight into the panel the micro-kernel reads,
+ * instead of for whole rows that OpenBLAS then copies into panels of its
+ * own, and the right-hand sides are packed once for all blocks. w itself is
+ * made a panel at a time too, so no block of rows of w is ever held: r is
+ * each row's running maximum over the keys seen so far, and when a later
+ * chunk raises it, the row's sums so far are brought down by exp(r_old -
+ * r_new) (<= 1, nothing overflows; what that factor underflows is below
+ * FLT_MIN times the row's largest term, the same as computing with the
+ * final maximum from the start). The micro-kernel keeps an FMR x FNR tile
+ * of sums in registers over 256 keys and adds it, times the chunk's
+ * rescaling factor per column, to the block's sums; it reads the FMR rows
+ * of the panel as they are (FMR sequential streams), so nothing is
+ * transposed. The tile: 12 x 32 (24 of AVX-512's 32 registers), 6 x 16
+ * with AVX/AVX2 (12 of 16); without either, OpenBLAS's products serve. */
+#if AFT_VEC_BYTES >= 64
+enum { FMR = 12, FNR = 32 };
+#else
+enum { FMR = 6, FNR = 16 };
+#endif
+enum { FKC = 256, FNV = FNR / AFT_VL };   /* FNV: vectors across the tile */
 _Static_assert((int)FKC == (int)CAUSAL_CHUNK, "a key chunk of the fused product is a causal chunk");
-
-typedef float fv16 __attribute__((vector_size(64)));
-static inline fv16 fld(const float *p) { fv16 x; memcpy(&x, p, sizeof x); return x; }
-static inline void fst(float *p, fv16 x) { memcpy(p, &x, sizeof x); }
 
 // c (FMR x FNR, rows ldc apart) += f .* (ap (FMR x kc, rows FKC apart) x bp (kc x FNR))
 static void fused_tile(size_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
                        size_t ldc, const float *restrict f)
 {
-    fv16 z = {0};
-    fv16 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z,
-         c51 = z, c60 = z, c61 = z, c70 = z, c71 = z, c80 = z, c81 = z, c90 = z, c91 = z, ca0 = z, ca1 = z,
-         cb0 = z, cb1 = z;
+    aft_vf acc[FMR][FNV];
+    #pragma GCC unroll 16
+    for (int i = 0; i < FMR; i++)
+        #pragma GCC unroll 4
+        for (int u = 0; u < FNV; u++) acc[i][u] = (aft_vf){0};
     for (size_t k = 0; k < kc; k++) {
-        fv16 b0 = fld(bp + k * FNR), b1 = fld(bp + k * FNR + 16);
+        aft_vf b[FNV];
+        #pragma GCC unroll 4
+        for (int u = 0; u < FNV; u++) b[u] = aft_vld(bp + k * FNR + u * AFT_VL);
         const float *a = ap + k;
-#define FROW(i, x0, x1) x0 += a[(i) * FKC] * b0; x1 += a[(i) * FKC] * b1;
-        FROW(0, c00, c01) FROW(1, c10, c11) FROW(2, c20, c21) FROW(3, c30, c31)
-        FROW(4, c40, c41) FROW(5, c50, c51) FROW(6, c60, c61) FROW(7, c70, c71)
-        FROW(8, c80, c81) FROW(9, c90, c91) FROW(10, ca0, ca1) FROW(11, cb0, cb1)
-#undef FROW
+        #pragma GCC unroll 16
+        for (int i = 0; i < FMR; i++) {
+            float ai = a[i * FKC];
+            #pragma GCC unroll 4
+            for (int u = 0; u < FNV; u++) acc[i][u] += ai * b[u];
+        }
     }
-    fv16 f0 = fld(f), f1 = fld(f + 16);
-#define FOUT(i, x0, x1) fst(c + (i) * ldc, fld(c + (i) * ldc) + x0 * f0); \
-                        fst(c + (i) * ldc + 16, fld(c + (i) * ldc + 16) + x1 * f1);
-    FOUT(0, c00, c01) FOUT(1, c10, c11) FOUT(2, c20, c21) FOUT(3, c30, c31)
-    FOUT(4, c40, c41) FOUT(5, c50, c51) FOUT(6, c60, c61) FOUT(7, c70, c71)
-    FOUT(8, c80, c81) FOUT(9, c90, c91) FOUT(10, ca0, ca1) FOUT(11, cb0, cb1)
-#undef FOUT
+    aft_vf fv[FNV];
+    #pragma GCC unroll 4
+    for (int u = 0; u < FNV; u++) fv[u] = aft_vld(f + u * AFT_VL);
+    #pragma GCC unroll 16
+    for (int i = 0; i < FMR; i++)
+        #pragma GCC unroll 4
+        for (int u = 0; u < FNV; u++) {
+            float *cr = c + i * ldc + u * AFT_VL;
+            aft_vst(cr, aft_vld(cr) + acc[i][u] * fv[u]);
+        }
 }
 
-/* Whether the fused product is used: one head, and a CPU whose vectors make
- * the 16-float operations single instructions. Causal, the products run a
- * chunk of 256 keys at a time, and at that depth OpenBLAS's own products,
- * each repacking its operands, were 5-20% slower than this kernel at
- * T = 4096 in five A/B runs. Without causality OpenBLAS's full-depth
- * products were as fast as the fused kernel while it still made w a block
- * of rows at a time; made a panel at a time, as now, the fused product is
- * faster (see the README). AFT_DENSE_BLAS=1 forces OpenBLAS, for comparison
- * and for the tests of that path. */
-static int fused_ok(size_t H)
+/* Whether the fused product is used: one head, and vectors of 8 or 16
+ * floats (a build for AVX or AVX-512; -march=native makes it for the
+ * machine it runs on). Causal, the products run a chunk of 256 keys at a
+ * time, and at that depth OpenBLAS's own products, each repacking its
+ * operands, were 5-20% slower than this kernel at T = 4096 in five A/B runs
+ * on AVX-512, and 4.5% slower on an AVX2 AMD EPYC (Zen 3; faster in 1 of 8
+ * pairs). Without causality, with AVX-512 the fused product is faster too
+ * (see the README); with AVX2 OpenBLAS's full-depth products are not
+ * (fused: 1.03-1.07 of their time, faster in 7 of 24 pairs; chunks of 128
+ * keys, whose right-hand sides fit Zen 3's 512 KiB L2, made it no better),
+ * so there they stay. AFT_DENSE_BLAS=1 forces OpenBLAS, for comparison and
+ * for the tests of that path. */
+static int fused_ok(size_t H, int causal)
 {
-    if (H != 1) return 0;
+    if (H != 1 || AFT_VEC_BYTES < 32 || (AFT_VEC_BYTES < 64 && !causal)) return 0;
     const char *e = getenv("AFT_DENSE_BLAS");
-    if (e && strcmp(e, "1") == 0) return 0;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
+    return !(e && strcmp(e, "1") == 0);
 }
 
 /* the rows of w for one panel: rows t0 .. t0 + nr - 1, keys [j0, j0 + kc),
@@ -357,7 +368,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
      * right-hand sides are adjacent columns; mk: (nchunk, C). For the fused
      * product the same columns packed as npan panels of FNR, each (T, FNR),
      * the last padded with zeros. */
-    const int fused = fused_ok(H);
+    const int fused = fused_ok(H, causal);
     const size_t npan = (C2 + FNR - 1) / FNR, Np = npan * FNR;
     float *rhs = fused ? aft_calloc_array(T, Np * sizeof(float)) : aft_alloc_array(T, C2 * sizeof(float));
     float *mk = aft_alloc_array(nchunk, C * sizeof(float));
