@@ -71,11 +71,11 @@ define san_result
 	echo "$$r $$(( $$(date +%s) - s )) s" > $@
 endef
 
-# san_report(RESULTS, NAME): print each program's log and result, then the
-# count; fail if one failed
+# san_report(RESULTS, NAME): print each program's log and result (the
+# program named by its path, DIR/PROGRAM), then the count; fail if one failed
 define san_report
 @fail=0; for r in $(1); do \
-	    p=$$(basename $$r .result); echo "== $$p"; cat $${r%.result}.log; \
+	    p=$$(echo $${r%.result} | sed 's,/runs/,/,'); echo "== $$p"; cat $${r%.result}.log; \
 	    echo "== $$p: $$(cat $$r)"; \
 	    case "$$(cat $$r)" in FAILED*) fail=$$((fail+1));; esac; \
 	done; \

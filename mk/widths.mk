@@ -47,10 +47,4 @@ test-widths: deps
 	@$(MAKE) --no-print-directory -j$(SAN_JOBS) $(CPU_LEVEL) $(WIDTH_TESTS)
 	@rm -rf $(foreach l,$(WIDTH_LEVELS),build/width-$(l)/runs)
 	@$(MAKE) --no-print-directory -j$(SAN_JOBS) $(WIDTH_RESULTS)
-	@fail=0; for r in $(WIDTH_RESULTS); do \
-	    p=$${r%.result}; p=$$(echo $$p | sed 's,/runs/,/,'); echo "== $$p"; cat $${r%.result}.log; \
-	    echo "== $$p: $$(cat $$r)"; \
-	    case "$$(cat $$r)" in FAILED*) fail=$$((fail+1));; esac; \
-	done; \
-	echo "test-widths: $(words $(WIDTH_RESULTS)) programs, $$fail failed"; \
-	test $$fail -eq 0
+	$(call san_report,$(WIDTH_RESULTS),test-widths)
