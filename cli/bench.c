@@ -218,6 +218,7 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     cJSON_AddNumberToObject(j, "threads", aft_get_threads());
     cJSON_AddStringToObject(j, "impl", o->impl_ref ? "reference" : "fast");
     cJSON_AddStringToObject(j, "blas_core", bi.core);
+    cJSON_AddStringToObject(j, "projections", bi.projections);
     cJSON_AddNumberToObject(j, "ms", med);
     cJSON_AddNumberToObject(j, "ms_min", times[0]);
     cJSON_AddNumberToObject(j, "ms_projections", best_ph.projections);
@@ -508,7 +509,8 @@ int cmd_bench(int argc, char **argv)
     aft_blas_info bi;
     aft_blas_get_info(&bi);
     if (!o.json) {
-        printf("# %s, kernel %s, %d thread%s; ", bi.library, bi.core, bi.threads, bi.threads == 1 ? "" : "s");
+        printf("# %s, kernel %s, %d thread%s; projections %s; ", bi.library, bi.core, bi.threads,
+               bi.threads == 1 ? "" : "s", bi.projections);
         if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
         else printf("sgemm ceiling not measured\n");
         printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s\n", "variant", "causal", "T", "B", "d",

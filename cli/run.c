@@ -243,6 +243,7 @@ static int write_timing(aft_out *out, const struct run_opts *o, size_t B, size_t
     cJSON *blas = cJSON_AddObjectToObject(j, "blas");
     cJSON_AddStringToObject(blas, "library", bi.library);
     cJSON_AddStringToObject(blas, "core", bi.core);
+    cJSON_AddStringToObject(blas, "projections", bi.projections);
     const char *was = getenv("AFT_OPENBLAS_CORETYPE_WAS");
     if (was) cJSON_AddStringToObject(blas, "core_overridden_from", was);
     cJSON *t = cJSON_AddObjectToObject(j, "timing_ms");

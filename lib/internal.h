@@ -100,6 +100,17 @@ typedef int32_t aft_vi __attribute__((vector_size(AFT_VEC_BYTES)));
 static inline aft_vf aft_vld(const float *p) { aft_vf x; memcpy(&x, p, sizeof x); return x; }
 static inline void aft_vst(float *p, aft_vf x) { memcpy(p, &x, sizeof x); }
 
+/* Hold a loaded vector in a register. Without this GCC folds the load into
+ * every FMA that uses it as a memory operand: the band kernel then issued 20
+ * loads for 16 FMAs (AVX-512), which on a core with one 512-bit load a
+ * cycle (AMD Zen 4) bound the loop by its loads instead of its FMAs, and
+ * the fused full tile 13 loads for 12 FMAs (AVX2). */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define AFT_IN_REG(x) __asm__("" : "+v"(x))
+#else
+#define AFT_IN_REG(x) ((void)0)
+#endif
+
 /* max of x[0..n), -inf when n == 0; NaNs are skipped. AFT_VL running
  * maxima side by side, because a plain loop's float max reduction does not
  * vectorise without -ffast-math. */
@@ -177,6 +188,30 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
  * when already inside a parallel region. */
 void aft_gemm(int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
               const float *B, size_t ldb, const float *bias, float *C, size_t ldc);
+
+/* y (M x n, rows ldy apart) = x (M x k, rows ldx apart) W^T + bias, W
+ * (n x k) like PyTorch's Linear, bias (n) or NULL (linear.c). init packs W
+ * once when aft's own kernel is used (mode AFT_LINEAR_AUTO: where
+ * aft_linear_kernel() names it; AFT_LINEAR_OWN: always, for the tests);
+ * otherwise apply is aft_gemm. W and bias must outlive l. apply splits the
+ * rows over aft's threads; a row's result does not depend on the split. */
+enum { AFT_LINEAR_AUTO, AFT_LINEAR_OWN, AFT_LINEAR_BLAS };
+typedef struct {
+    size_t n, k, npad;
+    const float *w, *bias;
+    float *pk, *bpad;   /* packed W and the bias padded to npad; NULL: OpenBLAS */
+} aft_linear;
+aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k, int mode,
+                           aft_error *err);
+void aft_linear_apply(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy);
+void aft_linear_free(aft_linear *l);
+/* the same product as loops accumulating in double */
+void aft_linear_ref(float *y, size_t ldy, const float *x, size_t ldx, const float *w, const float *b,
+                    size_t M, size_t K, size_t N);
+/* the name of aft's projection kernel when the layer uses it here ("aft
+ * 6x16"), NULL when OpenBLAS runs the projections (AFT_LINEAR_BLAS=1, or a
+ * build without 8-float vectors) */
+const char *aft_linear_kernel(void);
 
 /* kernels: q, k, v, out: (T, C) of one batch, rows ws->ldq/ldk/ldv apart;
  * mask (T, T) or NULL */

@@ -8,25 +8,13 @@
 #include <math.h>
 #include <stdlib.h>
 
-// y: (N, out)   x: (N, in)   w: (out, in) like PyTorch's Linear   b: (out) or NULL
-// y = x w^T + b, through CBLAS on aft's threads
-static void linear_fast(float *y, const float *x, const float *w, const float *b,
-                        size_t N, size_t in, size_t out)
-{
-    aft_gemm(1, N, out, in, x, in, w, in, b, y, out);
-}
-
-// same, as plain loops accumulating in double
-static void linear_ref(float *y, const float *x, const float *w, const float *b,
-                       size_t N, size_t in, size_t out)
-{
-    for (size_t n = 0; n < N; n++)
-        for (size_t o = 0; o < out; o++) {
-            double s = b ? (double)b[o] : 0.0;
-            for (size_t i = 0; i < in; i++) s += (double)x[n * in + i] * (double)w[o * in + i];
-            y[n * out + o] = (float)s;
-        }
-}
+/* the layer's products: Q, K, V stacked (qkv, one product; rows of W:
+ * C for Q, KC for K, C for V, in that order) and the output (o); packed
+ * once per call (linear.c) */
+typedef struct {
+    aft_linear qkv, o;
+    const float *wcat, *bcat;   /* the stacked weights and biases (bcat NULL: none) */
+} layer_w;
 
 /* The streamed path of simple without causality: Y = sigmoid(Q) * g, g the
  * softmax average of V over the whole sequence. The sequence goes through in
@@ -36,8 +24,8 @@ static void linear_ref(float *y, const float *x, const float *w, const float *b,
  * output. Q, K, V are never held for the whole sequence. Returns as
  * layer_streamed. */
 static int layer_streamed_simple(float *y, const float *x, const aft_params *p, aft_wspec *ws, size_t B,
-                                 size_t T, size_t chunk, const float *wcat, const float *bcat,
-                                 aft_layer_times *tm, aft_status *st, aft_error *err)
+                                 size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
+                                 aft_status *st, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
     float *qkv = aft_alloc_array(chunk, W * sizeof(float));
@@ -60,7 +48,7 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         for (size_t R0 = 0; R0 < T && ret == 1; R0 += chunk) {
             size_t len = T - R0 < chunk ? T - R0 : chunk;
             double t0 = aft_now_ms();
-            linear_fast(qkv, x + (b * T + R0) * D, wcat, bcat, len, D, W);
+            aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, qkv, W);
             double t1 = aft_now_ms();
             int r = aft_op_simple_rows(sq + R0 * C, qkv, qkv + C, qkv + C + KC, ws, len, sums);
             if (r < 0) {
@@ -78,7 +66,14 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         for (size_t c = 0; c < C; c++) g[c] = sums[C + c] > 0.0f ? sums[2 * C + c] / sums[C + c] : 0.0f;
         for (size_t d = 0; d < D; d++)
             for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * g[c];
-        linear_fast(y + b * T * D, sq, wog, p->bo, T, C, D);
+        aft_linear lo;
+        *st = aft_linear_init(&lo, wog, p->bo, D, C, AFT_LINEAR_AUTO, err);
+        if (*st != AFT_OK) {
+            ret = -1;
+            break;
+        }
+        aft_linear_apply(&lo, T, sq, C, y + b * T * D, D);
+        aft_linear_free(&lo);
         tm->output += aft_now_ms() - t2;
     }
     free(qkv);
@@ -93,14 +88,14 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
  * well, the output projection of the chunk's len rows of h into y; the
  * times of the three steps (projections from t0, the kernel from t1). */
 static void chunk_end(int *ret, aft_status st, int bad_key, float *y, const float *h, const aft_params *p,
-                      size_t len, double t0, double t1, aft_layer_times *tm)
+                      const aft_linear *lo, size_t len, double t0, double t1, aft_layer_times *tm)
 {
     if (st != AFT_OK)
         *ret = -1;
     else if (bad_key)
         *ret = 0;
     double t2 = aft_now_ms();
-    if (*ret == 1) linear_fast(y, h, p->wo, p->bo, len, p->d_hidden, p->d_model);
+    if (*ret == 1) aft_linear_apply(lo, len, h, p->d_hidden, y, p->d_model);
     tm->projections += t1 - t0;
     tm->op += t2 - t1;
     tm->output += aft_now_ms() - t2;
@@ -117,8 +112,8 @@ static void chunk_end(int *ret, aft_status st, int bad_key, float *y, const floa
  * the operator's output and the right part's per-row sums are a chunk's
  * worth, not the sequence's. Returns as layer_streamed. */
 static int layer_streamed_both(float *y, const float *x, const aft_params *p, aft_wspec ws, size_t B, size_t T,
-                               size_t chunk, size_t halo, const float *wcat, const float *bcat,
-                               aft_layer_times *tm, aft_status *st, aft_error *err)
+                               size_t chunk, size_t halo, const layer_w *lw, aft_layer_times *tm,
+                               aft_status *st, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, nch = (T + chunk - 1) / chunk;
     float *kv = aft_alloc_array(T, 2 * C * sizeof(float));
@@ -128,9 +123,18 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     float *carry = aft_alloc_array(8, C * sizeof(float));
     int nt = aft_get_threads();
     float *bm = aft_alloc_array((size_t)nt, C * sizeof(float));
-    if (!kv || !q || !h || !right || !carry || !bm) {
+    /* Q alone and K, V together: the stacked weights' rows [0, C) and
+     * [C, 3C) (here KC = C) */
+    aft_linear lq, lkv;
+    aft_status sq = aft_linear_init(&lq, lw->wcat, lw->bcat, C, D, AFT_LINEAR_AUTO, err);
+    aft_status skv = sq == AFT_OK ? aft_linear_init(&lkv, lw->wcat + C * D, lw->bcat ? lw->bcat + C : NULL,
+                                                    2 * C, D, AFT_LINEAR_AUTO, err)
+                                  : sq;
+    if (!kv || !q || !h || !right || !carry || !bm || skv != AFT_OK) {
         free(kv); free(q); free(h); free(right); free(carry); free(bm);
-        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for K, V of %zu x %zu", T, C);
+        if (sq == AFT_OK) aft_linear_free(&lq);
+        if (skv == AFT_OK) aft_linear_free(&lkv);
+        *st = skv != AFT_OK ? skv : aft_fail(err, AFT_ERR_NOMEM, "out of memory for K, V of %zu x %zu", T, C);
         return -1;
     }
     ws.ldq = C;
@@ -140,7 +144,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
         double t0 = aft_now_ms();
         /* the stacked weights hold Q, K, V in that order: K and V are the
          * rows from C on */
-        linear_fast(kv, x + b * T * D, wcat + C * D, bcat ? bcat + C : NULL, T, D, 2 * C);
+        aft_linear_apply(&lkv, T, x + b * T * D, D, kv, 2 * C);
         double t1 = aft_now_ms();
         /* piece j: the keys [e(j-1), e(j)) with e(j) = min(r1_j + halo, T),
          * e(-1) = 0 (piece 0 only checks its keys); summed from the end,
@@ -167,7 +171,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
         for (size_t R0 = 0, j = 0; R0 < T && ret == 1; R0 += chunk, j++) {
             size_t len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
             double u0 = aft_now_ms();
-            linear_fast(q, x + (b * T + R0) * D, wcat, bcat, len, D, C);
+            aft_linear_apply(&lq, len, x + (b * T + R0) * D, D, q, C);
             double u1 = aft_now_ms();
             aft_wspec w = ws;
             w.T = T - (R0 - hl);
@@ -177,13 +181,15 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
             int badk = 0;
             *st = aft_op_band_rows(h, q, kr, kr + C, &w, hl, hl + len, R0 ? cin : NULL, cout,
                                    j + 1 < nch ? right + (j + 1) * 4 * C : NULL, &badk, err);
-            chunk_end(&ret, *st, badk, y + (b * T + R0) * D, h, p, len, u0, u1, tm);
+            chunk_end(&ret, *st, badk, y + (b * T + R0) * D, h, p, &lw->o, len, u0, u1, tm);
             float *tmp = cin;
             cin = cout;
             cout = tmp;
         }
     }
     free(kv); free(q); free(h); free(right); free(carry); free(bm);
+    aft_linear_free(&lq);
+    aft_linear_free(&lkv);
     return ret;
 }
 
@@ -200,18 +206,18 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
  * Returns 1 when done, 0 when not applicable or when a key was +inf or NaN
  * (then the whole-sequence path runs: y is written again), -1 on error (*st). */
 static int layer_streamed(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
-                          size_t T, size_t chunk, const float *wcat, const float *bcat, aft_layer_times *tm,
+                          size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
                           aft_status *st, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
     aft_wspec ws;
     if (chunk == 0 || T <= chunk) return 0;
     int kind = aft_op_band_rows_ok(&p->bias, cfg, B, T, C, KC, &ws);
-    if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, wcat, bcat, tm, st, err);
+    if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, lw, tm, st, err);
     if (kind != 1 && kind != 3) return 0;
     size_t halo = aft_op_band_halo(&ws);
     if (halo > chunk) return 0;
-    if (kind == 3) return layer_streamed_both(y, x, p, ws, B, T, chunk, halo, wcat, bcat, tm, st, err);
+    if (kind == 3) return layer_streamed_both(y, x, p, ws, B, T, chunk, halo, lw, tm, st, err);
     float *qkv = aft_alloc_array(chunk + halo, W * sizeof(float));
     float *h = aft_alloc_array(chunk + halo, C * sizeof(float));
     float *carry = aft_alloc_array(8, C * sizeof(float));
@@ -229,14 +235,14 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
             size_t len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
             if (hl) memmove(qkv, qkv + (held - hl) * W, hl * W * sizeof(float));
             double t0 = aft_now_ms();
-            linear_fast(qkv + hl * W, x + (b * T + R0) * D, wcat, bcat, len, D, W);
+            aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, qkv + hl * W, W);
             double t1 = aft_now_ms();
             ws.T = hl + len;
             ws.t_off = R0 - hl;
             int bad = 0;
             *st = aft_op_band_rows(h, qkv, qkv + C, qkv + C + KC, &ws, hl, hl + len, R0 ? cin : NULL, cout, NULL,
                                    &bad, err);
-            chunk_end(&ret, *st, bad, y + (b * T + R0) * D, h + hl * C, p, len, t0, t1, tm);
+            chunk_end(&ret, *st, bad, y + (b * T + R0) * D, h + hl * C, p, &lw->o, len, t0, t1, tm);
             float *tmp = cin;
             cin = cout;
             cout = tmp;
@@ -295,13 +301,13 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
             return aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, C);
         }
         double t0 = aft_now_ms();
-        linear_ref(q, x, p->wq, p->bq, N, D, C);
-        linear_ref(k, x, p->wk, p->bk, N, D, KC);
-        linear_ref(v, x, p->wv, p->bv, N, D, C);
+        aft_linear_ref(q, C, x, D, p->wq, p->bq, N, D, C);
+        aft_linear_ref(k, KC, x, D, p->wk, p->bk, N, D, KC);
+        aft_linear_ref(v, C, x, D, p->wv, p->bv, N, D, C);
         double t1 = aft_now_ms();
         st = aft_op_forward(h, q, k, v, &p->bias, cfg, B, T, C, KC, err);
         double t2 = aft_now_ms();
-        if (st == AFT_OK) linear_ref(y, h, p->wo, p->bo, N, C, D);
+        if (st == AFT_OK) aft_linear_ref(y, D, h, C, p->wo, p->bo, N, C, D);
         tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
         if (times) *times = tm;
         free(q); free(k); free(v); free(h);
@@ -330,31 +336,40 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
         else memset(bcat + off, 0, bn[i] * sizeof(float));
         off += bn[i];
     }
-    st = AFT_OK;
-    int streamed = layer_streamed(y, x, p, cfg, B, T, chunk, wcat, any_bias ? bcat : NULL, &tm, &st, err);
-    if (streamed_out) *streamed_out = streamed > 0;
-    if (streamed != 0) {
+    layer_w lw = {.wcat = wcat, .bcat = any_bias ? bcat : NULL};
+    st = aft_linear_init(&lw.qkv, wcat, lw.bcat, W, D, AFT_LINEAR_AUTO, err);
+    if (st == AFT_OK) {
+        st = aft_linear_init(&lw.o, p->wo, p->bo, D, C, AFT_LINEAR_AUTO, err);
+        if (st != AFT_OK) aft_linear_free(&lw.qkv);
+    }
+    if (st != AFT_OK) {
         free(wcat); free(bcat);
-        if (times) *times = tm;
         return st;
     }
-    tm = (aft_layer_times){0, 0, 0};
-    float *qkv = aft_alloc_array(N, W * sizeof(float));
-    float *h = aft_alloc_array(N, C * sizeof(float));
-    if (!qkv || !h) {
-        free(wcat); free(bcat); free(qkv); free(h);
-        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, W);
+    int streamed = layer_streamed(y, x, p, cfg, B, T, chunk, &lw, &tm, &st, err);
+    if (streamed_out) *streamed_out = streamed > 0;
+    float *qkv = NULL, *h = NULL;
+    if (streamed == 0) {
+        tm = (aft_layer_times){0, 0, 0};
+        qkv = aft_alloc_array(N, W * sizeof(float));
+        h = aft_alloc_array(N, C * sizeof(float));
+        if (!qkv || !h) {
+            st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, W);
+        } else {
+            double t0 = aft_now_ms();
+            aft_linear_apply(&lw.qkv, N, x, D, qkv, W);
+            double t1 = aft_now_ms();
+            st = aft_op_forward_ld(h, qkv, W, qkv + C, W, qkv + C + KC, W, &p->bias, cfg, B, T, C, KC, err);
+            double t2 = aft_now_ms();
+            if (st == AFT_OK) aft_linear_apply(&lw.o, N, h, C, y, D);
+            tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
+        }
     }
-    double t0 = aft_now_ms();
-    linear_fast(qkv, x, wcat, any_bias ? bcat : NULL, N, D, W);
-    double t1 = aft_now_ms();
+    if (times) *times = tm;
+    aft_linear_free(&lw.qkv);
+    aft_linear_free(&lw.o);
     free(wcat);
     free(bcat);
-    st = aft_op_forward_ld(h, qkv, W, qkv + C, W, qkv + C + KC, W, &p->bias, cfg, B, T, C, KC, err);
-    double t2 = aft_now_ms();
-    if (st == AFT_OK) linear_fast(y, h, p->wo, p->bo, N, C, D);
-    tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
-    if (times) *times = tm;
     free(qkv);
     free(h);
     return st;

@@ -130,15 +130,6 @@ static int plan_block(float *restrict nst, float *restrict first, const float *s
     return ok;
 }
 
-/* Hold a loaded vector in a register. Without this GCC folds the load into
- * every FMA that uses it as a memory operand: band_sums then issued 20
- * loads for 16 FMAs (AVX-512), which on a core with one 512-bit load a cycle (AMD
- * Zen 4) bound the loop by its loads instead of its FMAs. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define IN_REG(x) __asm__("" : "+v"(x))
-#else
-#define IN_REG(x) ((void)0)
-#endif
 /* BV: vectors of channels per row in band_sums, with the BV + BV loaded
  * vectors beside the sums (2 x 16 floats with AVX-512; 1 vector else) */
 enum { BCH = BV * AFT_VL };   /* channels per step */
@@ -166,8 +157,8 @@ static inline void band_sums(float *restrict b0, float *restrict b1, const float
             for (int u = 0; u < BV; u++) {
                 e[u] = aft_vld(er + u * AFT_VL);
                 x[u] = aft_vld(vr + u * AFT_VL);
-                IN_REG(e[u]);
-                IN_REG(x[u]);
+                AFT_IN_REG(e[u]);
+                AFT_IN_REG(x[u]);
             }
             #pragma GCC unroll 16
             for (int i = 0; i < GROUP; i++) {

@@ -202,21 +202,29 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
  * FLT_MIN times the row's largest term, the same as computing with the
  * final maximum from the start). The micro-kernel keeps an FMR x FNR tile
  * of sums in registers over 256 keys and adds it, times the chunk's
- * rescaling factor per column, to the block's sums; it reads the FMR rows
- * of the panel as they are (FMR sequential streams), so nothing is
- * transposed. The tile: 12 x 32 (24 of AVX-512's 32 registers), 6 x 16
- * with AVX/AVX2 (12 of 16); without either, OpenBLAS's products serve. */
+ * rescaling factor per column, to the block's sums. A panel's rows are
+ * interleaved (key by key, FMR values each) for the micro-kernel, and a
+ * thread holds FSUB panels (96 rows) of them for a chunk of keys, so each
+ * panel of right-hand sides (FKC x FNR: 16 KiB with AVX2) is loaded into L1
+ * once for all of them, not once per panel: reading the rows as FMR strided
+ * streams, one panel at a time, the causal product took 1.07 of this one's
+ * time on an AVX2 AMD EPYC (6 of 8 pairs; the output is byte-identical).
+ * The tile: 12 x 32 (24 of AVX-512's 32 registers), 6 x 16 with AVX/AVX2
+ * (12 of 16); without either, OpenBLAS's products serve. */
 #if AFT_VEC_BYTES >= 64
 enum { FMR = 12, FNR = 32 };
 #else
 enum { FMR = 6, FNR = 16 };
 #endif
 enum { FKC = 256, FNV = FNR / AFT_VL };   /* FNV: vectors across the tile */
+/* panels of rows whose exp(w) a thread holds at once (96 rows) */
+enum { FSUB = 96 / FMR };
 _Static_assert((int)FKC == (int)CAUSAL_CHUNK, "a key chunk of the fused product is a causal chunk");
 
-// c (FMR x FNR, rows ldc apart) += f .* (ap (FMR x kc, rows FKC apart) x bp (kc x FNR))
-static void fused_tile(size_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
-                       size_t ldc, const float *restrict f)
+// c (FMR x FNR, rows ldc apart) += f .* (ap (kc x FMR, interleaved) x bp (kc x FNR)).
+// Not inlined: inside its caller GCC ran out of registers and spilled sums.
+__attribute__((noinline)) static void fused_tile(size_t kc, const float *restrict ap, const float *restrict bp,
+                                                 float *restrict c, size_t ldc, const float *restrict f)
 {
     aft_vf acc[FMR][FNV];
     #pragma GCC unroll 16
@@ -226,11 +234,14 @@ static void fused_tile(size_t kc, const float *restrict ap, const float *restric
     for (size_t k = 0; k < kc; k++) {
         aft_vf b[FNV];
         #pragma GCC unroll 4
-        for (int u = 0; u < FNV; u++) b[u] = aft_vld(bp + k * FNR + u * AFT_VL);
-        const float *a = ap + k;
+        for (int u = 0; u < FNV; u++) {
+            b[u] = aft_vld(bp + k * FNR + u * AFT_VL);
+            AFT_IN_REG(b[u]);
+        }
+        const float *a = ap + k * FMR;
         #pragma GCC unroll 16
         for (int i = 0; i < FMR; i++) {
-            float ai = a[i * FKC];
+            float ai = a[i];
             #pragma GCC unroll 4
             for (int u = 0; u < FNV; u++) acc[i][u] += ai * b[u];
         }
@@ -256,8 +267,9 @@ static void fused_tile(size_t kc, const float *restrict ap, const float *restric
  * pairs). Without causality, with AVX-512 the fused product is faster too
  * (see the README); with AVX2 OpenBLAS's full-depth products are not
  * (fused: 1.03-1.07 of their time, faster in 7 of 24 pairs; chunks of 128
- * keys, whose right-hand sides fit Zen 3's 512 KiB L2, made it no better),
- * so there they stay. AFT_DENSE_BLAS=1 forces OpenBLAS, for comparison and
+ * keys, whose right-hand sides fit Zen 3's 512 KiB L2, made it no better;
+ * with the right-hand side panels held in L1 for 96 rows, 1.02, faster in
+ * 2 of 10), so there they stay. AFT_DENSE_BLAS=1 forces OpenBLAS, for comparison and
  * for the tests of that path. */
 static int fused_ok(size_t H, int causal)
 {
@@ -292,7 +304,7 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
     const uint8_t *mask = jb->mask;
     size_t bi = i1 - i0, tv = causal ? i1 : T;
     /* ap: one panel; rmax: each row's running maximum of w */
-    float *acc = sc->acc, *ap = sc->wblk, *rmax = sc->tmp, *fvec = sc->mrow + C;
+    float *acc = sc->acc, *aw = sc->wblk, *rmax = sc->tmp, *fvec = sc->mrow + C;
     size_t npanel = (bi + FMR - 1) / FMR;
     for (size_t i = 0; i < npanel * FMR; i++) rmax[i] = -INFINITY;
 
@@ -305,47 +317,63 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
         mrow[c] = M;
     }
     memset(acc, 0, npanel * FMR * Np * sizeof(float));
-    for (size_t jc = 0; jc < nc; jc++) {
-        size_t j0 = jc * FKC, j1 = j0 + FKC < tv ? j0 + FKC : tv, kc = j1 - j0;
-        /* rescaling of this chunk from its own key maximum to the block's */
-        for (size_t c = 0; c < ch; c++) {
-            float f = causal ? aft_expf(jb->mk[jc * C + c] - mrow[c]) : 1.0f;
-            fvec[c] = f;
-            fvec[ch + c] = f;
-        }
-        for (size_t c = 2 * ch; c < Np; c++) fvec[c] = 0.0f;
-        for (size_t mp = 0; mp < npanel; mp++) {
-            size_t nv[FMR], nr = 0;
-            for (size_t i = 0; i < FMR; i++) {
-                size_t row = mp * FMR + i, t = i0 + row;
-                size_t n = row < bi ? (causal ? (t + 1 > j0 ? t + 1 - j0 : 0) : kc) : 0;
-                nv[i] = n < kc ? n : kc;
-                nr = nv[i] ? i + 1 : nr;
+    /* FSUB panels of rows at a time: their exp(w) for a chunk of keys
+     * (FSUB x FMR x FKC floats, in L2), then each panel of right-hand
+     * sides (FKC x FNR, in L1) for all of them */
+    for (size_t sp0 = 0; sp0 < npanel; sp0 += FSUB) {
+        size_t sp1 = sp0 + FSUB < npanel ? sp0 + FSUB : npanel;
+        size_t last = i0 + sp1 * FMR < i1 ? i0 + sp1 * FMR : i1;   /* after the sub-block's last row */
+        size_t ncs = causal ? (last + FKC - 1) / FKC : nc;         /* chunks its rows see */
+        for (size_t jc = 0; jc < ncs; jc++) {
+            size_t j0 = jc * FKC, j1 = j0 + FKC < tv ? j0 + FKC : tv, kc = j1 - j0;
+            /* rescaling of this chunk from its own key maximum to the block's */
+            for (size_t c = 0; c < ch; c++) {
+                float f = causal ? aft_expf(jb->mk[jc * C + c] - mrow[c]) : 1.0f;
+                fvec[c] = f;
+                fvec[ch + c] = f;
             }
-            panel_w(jb, i0 + mp * FMR, nr, j0, kc, nv, ap);
-            for (size_t i = 0; i < FMR; i++) {
-                size_t row = mp * FMR + i, t = i0 + row;
-                float *a = ap + i * FKC;
-                size_t n = nv[i];
-                const uint8_t *mr = mask && n ? mask + t * T + j0 : NULL;
-                float m = n ? visible_max_raw(a, n, mr) : -INFINITY;
-                if (m > rmax[row]) {
-                    /* a larger maximum: the row's sums so far come down to it */
-                    if (rmax[row] != -INFINITY) {
-                        float f = aft_expf(rmax[row] - m), *ar = acc + row * Np;
-                        for (size_t c = 0; c < Np; c++) ar[c] *= f;
-                    }
-                    rmax[row] = m;
+            for (size_t c = 2 * ch; c < Np; c++) fvec[c] = 0.0f;
+            for (size_t mp = sp0; mp < sp1; mp++) {
+                float *ap = sc->wrow;   /* the panel's rows, FKC apart, then interleaved into aw */
+                size_t nv[FMR], nr = 0;
+                for (size_t i = 0; i < FMR; i++) {
+                    size_t row = mp * FMR + i, t = i0 + row;
+                    size_t n = row < bi ? (causal ? (t + 1 > j0 ? t + 1 - j0 : 0) : kc) : 0;
+                    nv[i] = n < kc ? n : kc;
+                    nr = nv[i] ? i + 1 : nr;
                 }
-                float r = rmax[row];
-                if (r == -INFINITY) n = 0;   /* nothing visible yet */
-                for (size_t k = 0; k < n; k++) a[k] = aft_expf(a[k] - r);
-                if (mr)
-                    for (size_t k = 0; k < n; k++) a[k] = mr[k] ? a[k] : 0.0f;
-                for (size_t k = n; k < kc; k++) a[k] = 0.0f;
+                panel_w(jb, i0 + mp * FMR, nr, j0, kc, nv, ap);
+                for (size_t i = 0; i < FMR; i++) {
+                    size_t row = mp * FMR + i, t = i0 + row;
+                    float *a = ap + i * FKC;
+                    size_t n = nv[i];
+                    const uint8_t *mr = mask && n ? mask + t * T + j0 : NULL;
+                    float m = n ? visible_max_raw(a, n, mr) : -INFINITY;
+                    if (m > rmax[row]) {
+                        /* a larger maximum: the row's sums so far come down to it */
+                        if (rmax[row] != -INFINITY) {
+                            float f = aft_expf(rmax[row] - m), *ar = acc + row * Np;
+                            for (size_t c = 0; c < Np; c++) ar[c] *= f;
+                        }
+                        rmax[row] = m;
+                    }
+                    float r = rmax[row];
+                    if (r == -INFINITY) n = 0;   /* nothing visible yet */
+                    for (size_t k = 0; k < n; k++) a[k] = aft_expf(a[k] - r);
+                    if (mr)
+                        for (size_t k = 0; k < n; k++) a[k] = mr[k] ? a[k] : 0.0f;
+                    for (size_t k = n; k < kc; k++) a[k] = 0.0f;
+                }
+                float *dst = aw + (mp - sp0) * FMR * FKC;
+                for (size_t i = 0; i < FMR; i++)
+                    for (size_t k = 0; k < kc; k++) dst[k * FMR + i] = ap[i * FKC + k];
             }
-            for (size_t p = 0; p < npan; p++)
-                fused_tile(kc, ap, bpk + (p * T + j0) * FNR, acc + mp * FMR * Np + p * FNR, Np, fvec + p * FNR);
+            for (size_t p = 0; p < npan; p++) {
+                const float *bp = bpk + (p * T + j0) * FNR;
+                for (size_t mp = sp0; mp < sp1; mp++)
+                    fused_tile(kc, aw + (mp - sp0) * FMR * FKC, bp, acc + mp * FMR * Np + p * FNR, Np,
+                               fvec + p * FNR);
+            }
         }
     }
     finish_rows(jb, 0, i0, bi, tv, acc, Np, sc->wrow, out);
@@ -430,7 +458,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
         dense_scratch sc;
         if (fused) {   /* wblk: one panel; tmp: row maxima; mrow: + factors */
             size_t prows = (rows + FMR - 1) / FMR * FMR;
-            sc.wblk = aft_alloc_array(FMR * FKC, sizeof(float));
+            sc.wblk = aft_alloc_array(FSUB * FMR * FKC, sizeof(float));
             sc.acc = aft_alloc_array(prows, Np * sizeof(float));
             sc.tmp = aft_alloc_array(prows, sizeof(float));
             sc.mrow = aft_alloc_array(C + Np, sizeof(float));
@@ -440,7 +468,9 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
             sc.tmp = aft_alloc_array(rows, C2 * sizeof(float));
             sc.mrow = aft_alloc_array(C, sizeof(float));
         }
-        sc.wrow = aft_alloc_array(T > C ? T : C, sizeof(float));
+        size_t nwrow = T > C ? T : C;
+        if (fused && nwrow < FMR * FKC) nwrow = FMR * FKC;   /* fused: also one panel of w */
+        sc.wrow = aft_alloc_array(nwrow, sizeof(float));
         if (!sc.wblk || !sc.acc || !sc.tmp || !sc.mrow || !sc.wrow) {
             #pragma omp atomic write
             failed = 1;

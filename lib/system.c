@@ -60,6 +60,8 @@ void aft_blas_get_info(aft_blas_info *info)
     const char *core = openblas_get_corename();
     snprintf(info->core, sizeof info->core, "%s", core ? core : "unknown");
     info->threads = aft_get_threads();
+    const char *lin = aft_linear_kernel();
+    snprintf(info->projections, sizeof info->projections, "%s", lin ? lin : "OpenBLAS");
 }
 
 /* Kernels that use AVX-512; anything else on an AVX-512 CPU leaves most of

@@ -1012,6 +1012,16 @@ static void test_timing_json(void **state)
         sum += pv;
     }
     assert_true(sum <= v[2]);
+    /* what ran the projections: aft's kernel where the build has one, and
+     * OpenBLAS when AFT_LINEAR_BLAS=1 asks for it */
+    const char *pr = str_field(field(j, "blas"), "projections");
+    assert_true(strcmp(pr, "OpenBLAS") == 0 || strncmp(pr, "aft ", 4) == 0);
+    cJSON_Delete(j);
+    assert_int_equal(setenv("AFT_LINEAR_BLAS", "1", 1), 0);
+    run_opts(OPTS("--variant", "simple", "--timing", tj), x, y);
+    unsetenv("AFT_LINEAR_BLAS");
+    j = read_json(tj);
+    assert_string_equal(str_field(field(j, "blas"), "projections"), "OpenBLAS");
     cJSON_Delete(j);
 
     /* conv with heads, the defaults otherwise; output on stdout */

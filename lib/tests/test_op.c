@@ -1310,6 +1310,95 @@ static void test_op_threads(void **state)
     if (fails) fail_msg("%d thread comparisons failed", fails);
 }
 
+/* ---------------------------------------------------------------- the projections */
+
+/* aft_linear (linear.c) with its own kernel forced (every build, whatever
+ * the default there), with OpenBLAS, and as the default picks, against
+ * double loops written here: M, K, N on and off the tile sizes (rows of 6
+ * or 12, 16 or 32 features, 256 inputs a block, 96 rows a block), strides
+ * wider than the rows, with and without bias, 1-3 threads. The error bound
+ * is the float summation's: (K + 2) eps sum |x w|. The strides' gaps and the
+ * rows past M hold a sentinel that must survive, and the own kernel's rows
+ * are the same bits whatever the thread count. */
+static void test_linear(void **state)
+{
+    (void)state;
+    const size_t Ms[] = {1, 5, 6, 7, 13, 97, 200};
+    const size_t Ks[] = {1, 3, 256, 257, 600};
+    const size_t Ns[] = {1, 15, 16, 17, 40};
+    const int modes[] = {AFT_LINEAR_OWN, AFT_LINEAR_BLAS, AFT_LINEAR_AUTO};
+    const float sentinel = -12345.0f;
+    int fails = 0, cases = 0, reports = 0;
+    rng r = {4242};
+    for (size_t mi = 0; mi < N_OF(Ms); mi++)
+        for (size_t ki = 0; ki < N_OF(Ks); ki++)
+            for (size_t ni = 0; ni < N_OF(Ns); ni++) {
+                size_t M = Ms[mi], K = Ks[ki], N = Ns[ni], ldx = K + (cases % 3), ldy = N + (cases % 2) * 5;
+                int with_bias = cases % 4 != 1;
+                float *x = randf(&r, (M + 1) * ldx, 2.0), *w = randf(&r, N * K, 1.0), *b = randf(&r, N, 3.0);
+                double *ref = xmalloc(M * N * sizeof *ref), *mag = xmalloc(M * N * sizeof *mag);
+                for (size_t m = 0; m < M; m++)
+                    for (size_t n = 0; n < N; n++) {
+                        double s = with_bias ? b[n] : 0.0, a = fabs(s);
+                        for (size_t i = 0; i < K; i++) {
+                            s += (double)x[m * ldx + i] * (double)w[n * K + i];
+                            a += fabs((double)x[m * ldx + i] * (double)w[n * K + i]);
+                        }
+                        ref[m * N + n] = s;
+                        mag[m * N + n] = a;
+                    }
+                size_t ny = (M + 1) * ldy;
+                float *y = xmalloc(ny * sizeof *y), *y1 = xmalloc(ny * sizeof *y1);
+                for (size_t mo = 0; mo < N_OF(modes); mo++)
+                    for (int th = 1; th <= 3; th++) {
+                        char what[200];
+                        snprintf(what, sizeof what, "linear M=%zu K=%zu N=%zu ldx=%zu ldy=%zu bias=%d mode=%d threads=%d",
+                                 M, K, N, ldx, ldy, with_bias, modes[mo], th);
+                        aft_set_threads(th);
+                        aft_linear l;
+                        aft_error err = {{0}};
+                        assert_int_equal(aft_linear_init(&l, w, with_bias ? b : NULL, N, K, modes[mo], &err), AFT_OK);
+                        if (modes[mo] == AFT_LINEAR_OWN && !l.pk) fail_msg("the own kernel was not packed: %s", what);
+                        for (size_t i = 0; i < ny; i++) y[i] = sentinel;
+                        aft_linear_apply(&l, M, x, ldx, y, ldy);
+                        aft_linear_free(&l);
+                        int bad = 0;
+                        for (size_t i = 0; i < ny && !bad; i++) {
+                            size_t m = i / ldy, n = i % ldy;
+                            if (m >= M || n >= N) {
+                                if (y[i] != sentinel) {
+                                    bad = 1;
+                                    if (reports++ < MAX_REPORTS)
+                                        print_message("FAIL wrote outside the rows at m=%zu n=%zu: %s\n", m, n, what);
+                                }
+                                continue;
+                            }
+                            double e = fabs((double)y[i] - ref[m * N + n]);
+                            double tol = (double)(K + 2) * 0x1p-24 * mag[m * N + n] + 1e-30;
+                            if (!(e <= tol)) {
+                                bad = 1;
+                                if (reports++ < MAX_REPORTS)
+                                    print_message("FAIL |err| %.3g > %.3g at m=%zu n=%zu (y %.9g ref %.9g): %s\n", e,
+                                                  tol, m, n, (double)y[i], ref[m * N + n], what);
+                            }
+                        }
+                        if (!bad && modes[mo] == AFT_LINEAR_OWN) {
+                            if (th == 1) memcpy(y1, y, ny * sizeof *y);
+                            else if (memcmp(y1, y, ny * sizeof *y) != 0) {
+                                bad = 1;
+                                if (reports++ < MAX_REPORTS)
+                                    print_message("FAIL not the bits of one thread: %s\n", what);
+                            }
+                        }
+                        fails += bad;
+                        cases++;
+                    }
+                free(x); free(w); free(b); free(ref); free(mag); free(y); free(y1);
+            }
+    aft_set_threads(0);
+    finish(fails, cases);
+}
+
 /* ---------------------------------------------------------------- the layer */
 
 typedef struct {
@@ -2031,6 +2120,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_full_blas),
         cmocka_unit_test(test_op_full_rising_bias),
         cmocka_unit_test(test_op_threads),
+        cmocka_unit_test(test_linear),
         cmocka_unit_test(test_layer_products_split),
         cmocka_unit_test(test_layer),
         cmocka_unit_test(test_layer_streamed),

@@ -1,0 +1,202 @@
+/* linear.c - the layer's projections, y = x W^T + b, with W packed once.
+ *
+ * The layer multiplies every chunk of rows by the same weights, so aft packs
+ * W once per layer call into panels of LIN_NR output features (LIN_KC
+ * inputs deep), and each product then only packs its rows of x. The
+ * micro-kernel keeps an LIN_MR x LIN_NR tile of y in registers and starts
+ * it from the bias, so y is written once and never read back (with inputs
+ * deeper than LIN_KC it is read back once a block). The loops are BLIS's:
+ * a panel of W (LIN_KC x LIN_NR, 16 KiB with AVX2) stays in L1 while the
+ * packed rows of x (LIN_MC x LIN_KC) stream from L2.
+ *
+ * It is used where it beat OpenBLAS: builds for AVX/AVX2 (8-float vectors).
+ * On the AVX2 AMD EPYC (Zen 3) OpenBLAS 0.3.21's Zen kernel ran the layer's
+ * stacked Q/K/V product (4096 x 768 x 256) at 145-175 GFLOP/s on two cores
+ * and its chunks of 256 rows at 145-157; this kernel at 166-182 and 168-178
+ * (the vector units' peak is 201). With AVX-512 OpenBLAS's SkylakeX kernel
+ * stays (not measured against this one), and AFT_LINEAR_BLAS=1 makes every
+ * build use OpenBLAS. aft_linear_ref beside it is the float64 reference. */
+#include "internal.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* registers: LIN_MR x LIN_NV accumulators (12 of 16 with AVX2, 24 of 32
+ * with AVX-512), LIN_NV loads and one broadcast a step */
+#if AFT_VEC_BYTES >= 64
+enum { LIN_MR = 12 };
+#else
+enum { LIN_MR = 6 };
+#endif
+enum { LIN_NV = 2, LIN_NR = LIN_NV * AFT_VL, LIN_KC = 256, LIN_MC = 96 };
+_Static_assert(LIN_MC % LIN_MR == 0, "row blocks hold whole tiles");
+
+void aft_linear_ref(float *y, size_t ldy, const float *x, size_t ldx, const float *w, const float *b,
+                    size_t M, size_t K, size_t N)
+{
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < N; n++) {
+            double s = b ? (double)b[n] : 0.0;
+            for (size_t i = 0; i < K; i++) s += (double)x[m * ldx + i] * (double)w[n * K + i];
+            y[m * ldy + n] = (float)s;
+        }
+}
+
+const char *aft_linear_kernel(void)
+{
+    const char *e = getenv("AFT_LINEAR_BLAS");
+    if (AFT_VEC_BYTES != 32 || (e && strcmp(e, "1") == 0)) return NULL;
+    static char name[32];
+    if (!name[0]) snprintf(name, sizeof name, "aft %dx%d", (int)LIN_MR, (int)LIN_NR);
+    return name;
+}
+
+aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k, int mode,
+                           aft_error *err)
+{
+    memset(l, 0, sizeof *l);
+    l->n = n;
+    l->k = k;
+    l->w = w;
+    l->bias = bias;
+    int own = mode == AFT_LINEAR_OWN || (mode == AFT_LINEAR_AUTO && aft_linear_kernel() != NULL);
+    if (!own || n == 0 || k == 0) return AFT_OK;
+    size_t npad = (n + LIN_NR - 1) / LIN_NR * LIN_NR;
+    l->pk = aft_alloc_array(npad, k * sizeof(float));
+    l->bpad = aft_alloc_array(npad, sizeof(float));
+    if (!l->pk || !l->bpad) {
+        aft_linear_free(l);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for packed weights (%zu x %zu)", n, k);
+    }
+    l->npad = npad;
+    /* block p0 (kc inputs deep) starts at p0 * npad; panel j of it at
+     * j * kc * LIN_NR, laid out [kc][LIN_NR]; features past n are zero */
+    for (size_t p0 = 0; p0 < k; p0 += LIN_KC) {
+        size_t kc = k - p0 < LIN_KC ? k - p0 : LIN_KC;
+        for (size_t j = 0; j < npad; j += LIN_NR) {
+            float *dst = l->pk + p0 * npad + j * kc;
+            for (size_t u = 0; u < LIN_NR; u++) {
+                const float *src = j + u < n ? w + (j + u) * k + p0 : NULL;
+                for (size_t i = 0; i < kc; i++) dst[i * LIN_NR + u] = src ? src[i] : 0.0f;
+            }
+        }
+    }
+    for (size_t j = 0; j < npad; j++) l->bpad[j] = bias && j < n ? bias[j] : 0.0f;
+    return AFT_OK;
+}
+
+void aft_linear_free(aft_linear *l)
+{
+    free(l->pk);
+    free(l->bpad);
+    l->pk = l->bpad = NULL;
+}
+
+// c (LIN_MR x LIN_NR, rows ldc apart) = init (one row, each tile row; NULL:
+// c itself) + ap (kc x LIN_MR, packed) x bp (kc x LIN_NR, packed)
+static void lin_tile(size_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
+                     size_t ldc, const float *restrict init)
+{
+    aft_vf acc[LIN_MR][LIN_NV];
+    if (init) {
+        aft_vf iv[LIN_NV];
+        #pragma GCC unroll 4
+        for (int u = 0; u < LIN_NV; u++) iv[u] = aft_vld(init + u * AFT_VL);
+        #pragma GCC unroll 16
+        for (int i = 0; i < LIN_MR; i++)
+            #pragma GCC unroll 4
+            for (int u = 0; u < LIN_NV; u++) acc[i][u] = iv[u];
+    } else {
+        #pragma GCC unroll 16
+        for (int i = 0; i < LIN_MR; i++)
+            #pragma GCC unroll 4
+            for (int u = 0; u < LIN_NV; u++) acc[i][u] = aft_vld(c + i * ldc + u * AFT_VL);
+    }
+    #pragma GCC unroll 4
+    for (size_t k = 0; k < kc; k++) {
+        aft_vf b[LIN_NV];
+        #pragma GCC unroll 4
+        for (int u = 0; u < LIN_NV; u++) b[u] = aft_vld(bp + k * LIN_NR + u * AFT_VL);
+        #pragma GCC unroll 16
+        for (int i = 0; i < LIN_MR; i++) {
+            float ai = ap[k * LIN_MR + i];
+            #pragma GCC unroll 4
+            for (int u = 0; u < LIN_NV; u++) acc[i][u] += ai * b[u];
+        }
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < LIN_MR; i++)
+        #pragma GCC unroll 4
+        for (int u = 0; u < LIN_NV; u++) aft_vst(c + i * ldc + u * AFT_VL, acc[i][u]);
+}
+
+// rows [r0, r1) of y; ap: LIN_MC x LIN_KC floats of scratch
+static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, size_t ldx, float *y,
+                     size_t ldy, float *ap)
+{
+    const size_t n = l->n, k = l->k;
+    for (size_t ic = r0; ic < r1; ic += LIN_MC) {
+        size_t mc = r1 - ic < LIN_MC ? r1 - ic : LIN_MC;
+        for (size_t p0 = 0; p0 < k; p0 += LIN_KC) {
+            size_t kc = k - p0 < LIN_KC ? k - p0 : LIN_KC;
+            /* the rows' inputs [p0, p0 + kc), LIN_MR rows interleaved;
+             * rows past mc are zero */
+            for (size_t ir = 0; ir < mc; ir += LIN_MR)
+                for (size_t i = 0; i < LIN_MR; i++) {
+                    float *dst = ap + ir * kc + i;
+                    if (ir + i < mc) {
+                        const float *src = x + (ic + ir + i) * ldx + p0;
+                        for (size_t q = 0; q < kc; q++) dst[q * LIN_MR] = src[q];
+                    } else {
+                        for (size_t q = 0; q < kc; q++) dst[q * LIN_MR] = 0.0f;
+                    }
+                }
+            for (size_t j = 0; j < n; j += LIN_NR) {
+                const float *bp = l->pk + p0 * l->npad + j * kc;
+                const float *init = p0 == 0 ? l->bpad + j : NULL;
+                size_t nr = n - j < LIN_NR ? n - j : LIN_NR;
+                for (size_t ir = 0; ir < mc; ir += LIN_MR) {
+                    size_t mr = mc - ir < LIN_MR ? mc - ir : LIN_MR;
+                    float *c = y + (ic + ir) * ldy + j;
+                    if (mr == LIN_MR && nr == LIN_NR) {
+                        lin_tile(kc, ap + ir * kc, bp, c, ldy, init);
+                        continue;
+                    }
+                    /* an edge tile: through a full one on the stack */
+                    float t[LIN_MR * LIN_NR];
+                    if (!init)
+                        for (size_t i = 0; i < mr; i++) memcpy(t + i * LIN_NR, c + i * ldy, nr * sizeof(float));
+                    lin_tile(kc, ap + ir * kc, bp, t, LIN_NR, init);
+                    for (size_t i = 0; i < mr; i++) memcpy(c + i * ldy, t + i * LIN_NR, nr * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+void aft_linear_apply(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy)
+{
+    if (M == 0 || l->n == 0) return;
+    if (l->k == 0) {   /* no inputs: the bias alone */
+        for (size_t m = 0; m < M; m++)
+            for (size_t j = 0; j < l->n; j++) y[m * ldy + j] = l->bias ? l->bias[j] : 0.0f;
+        return;
+    }
+    size_t nt = omp_in_parallel() ? 1 : (size_t)aft_get_threads();
+    size_t tiles = (M + LIN_MR - 1) / LIN_MR;
+    if (nt > tiles) nt = tiles;
+    float *ap = l->pk ? aft_alloc_array(nt * LIN_MC, LIN_KC * sizeof(float)) : NULL;
+    if (!ap) {   /* not packed, or no scratch: OpenBLAS needs none of ours */
+        aft_gemm(1, M, l->n, l->k, x, ldx, l->w, l->k, l->bias, y, ldy);
+        return;
+    }
+    /* whole tiles to each thread, as even as they come */
+    size_t per = (tiles + nt - 1) / nt * LIN_MR;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1)
+    for (size_t p = 0; p < nt; p++) {
+        size_t r0 = p * per < M ? p * per : M, r1 = r0 + per < M ? r0 + per : M;
+        if (r0 < r1) lin_rows(l, r0, r1, x, ldx, y, ldy, ap + p * LIN_MC * LIN_KC);
+    }
+    free(ap);
+}
