@@ -11,10 +11,10 @@
  *
  * It is used where it beat OpenBLAS: builds for AVX/AVX2 (8-float vectors).
  * On the AVX2 AMD EPYC (Zen 3) OpenBLAS 0.3.21's Zen kernel ran the layer's
- * stacked Q/K/V product (4096 x 768 x 256) at 145-175 GFLOP/s on two cores
- * and its chunks of 256 rows at 145-157; this kernel at 166-182 and 168-178
- * (the vector units' peak is 201). With AVX-512 OpenBLAS's SkylakeX kernel
- * stays (not measured against this one), and AFT_LINEAR_BLAS=1 makes every
+ * stacked Q/K/V product (4096 x 768 x 256) at 145-180 GFLOP/s on two cores
+ * and its chunks of 256 rows at 145-157; this kernel at 166-186 and 168-178
+ * (the vector units' peak is 201). With AVX-512 OpenBLAS's AVX-512 kernels
+ * stay (not measured against this one), and AFT_LINEAR_BLAS=1 makes every
  * build use OpenBLAS. aft_linear_ref beside it is the float64 reference. */
 #include "internal.h"
 
@@ -165,8 +165,10 @@ static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, 
                     }
                     /* an edge tile: through a full one on the stack */
                     float t[LIN_MR * LIN_NR];
-                    if (!init)
+                    if (!init) {   /* the sums so far; zeros where the tile overhangs */
+                        memset(t, 0, sizeof t);
                         for (size_t i = 0; i < mr; i++) memcpy(t + i * LIN_NR, c + i * ldy, nr * sizeof(float));
+                    }
                     lin_tile(kc, ap + ir * kc, bp, t, LIN_NR, init);
                     for (size_t i = 0; i < mr; i++) memcpy(c + i * ldy, t + i * LIN_NR, nr * sizeof(float));
                 }
