@@ -303,7 +303,7 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
     const int causal = ws->causal;
     const uint8_t *mask = jb->mask;
     size_t bi = i1 - i0, tv = causal ? i1 : T;
-    /* ap: one panel; rmax: each row's running maximum of w */
+    /* aw: FSUB panels of exp(w), interleaved; rmax: each row's running maximum of w */
     float *acc = sc->acc, *aw = sc->wblk, *rmax = sc->tmp, *fvec = sc->mrow + C;
     size_t npanel = (bi + FMR - 1) / FMR;
     for (size_t i = 0; i < npanel * FMR; i++) rmax[i] = -INFINITY;
