@@ -5,6 +5,7 @@
 
 #include <cblas.h>
 #include <limits.h>
+#include <sched.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -193,6 +194,143 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     return ret;
 }
 
+/* the output projection of the pipeline's chunk j (its operator output in
+ * h, rows from the halo's end on) */
+static void pipe_output(float *y, const float *h, const aft_params *p, const aft_linear *lo, size_t j, size_t nch,
+                        size_t chunk, size_t halo, size_t T)
+{
+    size_t b = j / nch, R0 = j % nch * chunk, len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
+    aft_linear_apply(lo, len, h + hl * p->d_hidden, p->d_hidden, y + (b * T + R0) * p->d_model, p->d_model);
+}
+
+/* The causal pipeline: causal, no mask, keys of one channel per value
+ * channel, and a window no wider than a chunk. The sequences go through in
+ * chunks of `chunk` rows, chunk j on thread j % n of n, each on its thread
+ * from start to end: Q, K, V of the chunk (one product), the operator on its
+ * rows, the output projection of its rows. A chunk's Q, K, V and operator
+ * output stay in its core's caches, and no step waits for all threads to
+ * finish theirs. The one order kept is the operator's: chunk j starts from
+ * the left running sums chunk j - 1 ended with (the carry), so it waits
+ * until chunk j - 1's operator is done; while it waits, its thread does the
+ * output projection of its own last chunk, which otherwise follows the
+ * operator (waits then cost nothing: without this the threads fell into a
+ * rhythm where one finished its product just as the other's operator
+ * ended, and waited at every chunk). Every chunk is computed the same way
+ * whichever thread runs it, so the bits do not depend on the thread count.
+ *
+ * The operator of chunk j also reads the window's halo of earlier rows,
+ * chunk j - 1's last rows, in another thread's buffer: it copies them to
+ * just before its own rows once chunk j - 1's operator is done, before
+ * saying that its own is. The 2 n buffers of Q, K, V are used in turn, so a
+ * buffer is written again only after its rows were copied from: chunk
+ * j - 1's next holds chunk m = j - 1 + 2 n, which its thread starts after the
+ * operator of its chunk m - n >= j, which came after chunk j's copy.
+ *
+ * Returns as layer_streamed. The phases' times are each thread's sums
+ * averaged over the threads, the operator's with its waits. */
+static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_wspec ws, size_t B, size_t T,
+                           size_t chunk, size_t halo, const layer_w *lw, aft_layer_times *tm,
+                           aft_status *st, aft_error *err)
+{
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
+    size_t nch = (T + chunk - 1) / chunk, total = B * nch;
+    int nt = aft_get_threads();
+    if ((size_t)nt > total) nt = (int)total;
+    size_t nslot = 2 * (size_t)nt, slot_rows = halo + chunk;
+    float *qkv = aft_alloc_array(nslot * slot_rows, W * sizeof(float));
+    float *h = aft_alloc_array(2 * (size_t)nt * slot_rows, C * sizeof(float));
+    float *carry = aft_alloc_array(4, C * sizeof(float));
+    aft_band_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
+    int ok = qkv && h && carry && ctx;
+    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_band_ctx_new(&ws)) != NULL;
+    if (!ok) {
+        for (int i = 0; ctx && i < nt; i++) aft_band_ctx_free(ctx[i]);
+        free(qkv); free(h); free(carry); free(ctx);
+        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for chunks of %zu rows of Q, K, V (%zu wide)", chunk, W);
+        return -1;
+    }
+    ws.ldq = ws.ldk = ws.ldv = W;
+    size_t done = 0;   /* chunks whose operator is done (atomic) */
+    int bad = 0;       /* a key was +inf or NaN (atomic) */
+    double tp = 0, to = 0, tw = 0;
+    #pragma omp parallel num_threads(nt) reduction(+:tp, to, tw)
+    {
+        /* the chunks of thread tid of nth (nth may be fewer than asked for) */
+        size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        size_t pend = SIZE_MAX;   /* a chunk of ours whose output projection is still to do */
+        const float *pend_h = NULL;
+        for (size_t j = tid, it = 0; j < total; j += nth, it++) {
+            size_t b = j / nch, R0 = j % nch * chunk, len = T - R0 < chunk ? T - R0 : chunk;
+            size_t hl = R0 ? halo : 0;
+            float *buf = qkv + j % nslot * slot_rows * W;   /* rows from halo on: this chunk's */
+            float *ht = h + (2 * tid + it % 2) * slot_rows * C;
+            double t0 = aft_now_ms();
+            aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, buf + halo * W, W);
+            double t1 = aft_now_ms();
+            int stop;
+            for (;;) {   /* wait for chunk j - 1's operator; meanwhile, our last chunk's output */
+                size_t seen;
+                #pragma omp atomic read acquire
+                seen = done;
+                #pragma omp atomic read
+                stop = bad;
+                if (seen == j || stop) break;
+                if (pend != SIZE_MAX) {
+                    double u = aft_now_ms();
+                    pipe_output(y, pend_h, p, &lw->o, pend, nch, chunk, halo, T);
+                    pend = SIZE_MAX;
+                    double u1 = aft_now_ms();
+                    tw += u1 - u;
+                    t1 += u1 - u;
+                    continue;
+                }
+                sched_yield();
+            }
+            if (!stop) {
+                if (hl) {   /* the halo: the last rows of chunk j - 1 (a whole chunk) */
+                    const float *prev = qkv + (j - 1) % nslot * slot_rows * W + (halo + chunk - hl) * W;
+                    memcpy(buf + (halo - hl) * W, prev, hl * W * sizeof(float));
+                }
+                aft_wspec w = ws;
+                w.T = hl + len;
+                w.t_off = R0 - hl;
+                const float *r = buf + (halo - hl) * W;
+                int okk = aft_op_band_chunk(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len,
+                                            R0 ? carry : NULL, carry);
+                if (!okk) {
+                    #pragma omp atomic write
+                    bad = 1;
+                    stop = 1;
+                }
+            }
+            #pragma omp atomic write release
+            done = j + 1;
+            double t2 = aft_now_ms();
+            if (pend != SIZE_MAX && !stop) pipe_output(y, pend_h, p, &lw->o, pend, nch, chunk, halo, T);
+            pend = stop ? SIZE_MAX : j;
+            pend_h = ht;
+            double t3 = aft_now_ms();
+            tp += t1 - t0;
+            to += t2 - t1;
+            tw += t3 - t2;
+        }
+        int stop;
+        #pragma omp atomic read
+        stop = bad;
+        if (pend != SIZE_MAX && !stop) {
+            double u = aft_now_ms();
+            pipe_output(y, pend_h, p, &lw->o, pend, nch, chunk, halo, T);
+            tw += aft_now_ms() - u;
+        }
+    }
+    tm->projections += tp / nt;
+    tm->op += to / nt;
+    tm->output += tw / nt;
+    for (int i = 0; i < nt; i++) aft_band_ctx_free(ctx[i]);
+    free(qkv); free(h); free(carry); free(ctx);
+    return bad ? 0 : 1;
+}
+
 /* The streamed causal path: causal, no mask, keys of one channel per value
  * channel, and a window that fits in a chunk (other cases: simple without
  * causality and the band without it, above). Each sequence goes through in
@@ -209,50 +347,23 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
                           size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
                           aft_status *st, aft_error *err)
 {
-    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
+    size_t C = p->d_hidden, KC = p->k_out ? p->k_out : C;
     aft_wspec ws;
-    if (chunk == 0 || T <= chunk) return 0;
+    if (chunk == 0) return 0;
     int kind = aft_op_band_rows_ok(&p->bias, cfg, B, T, C, KC, &ws);
-    if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, lw, tm, st, err);
-    if (kind != 1 && kind != 3) return 0;
+    if (kind != 1 && kind != 2 && kind != 3) return 0;
     size_t halo = aft_op_band_halo(&ws);
-    if (halo > chunk) return 0;
+    if (chunk == AFT_LAYER_CHUNK_AUTO) {
+        /* the pipeline: chunks of a few tiles of the products, or of
+         * OpenBLAS's larger blocks (it packs W again on every call), and
+         * at least the halo */
+        size_t step = lw->qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
+        chunk = kind != 1 ? AFT_LAYER_CHUNK_ROWS : halo <= step ? step : (halo + step - 1) / step * step;
+    }
+    if (T <= chunk || halo > chunk) return 0;
+    if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, lw, tm, st, err);
     if (kind == 3) return layer_streamed_both(y, x, p, ws, B, T, chunk, halo, lw, tm, st, err);
-    float *qkv = aft_alloc_array(chunk + halo, W * sizeof(float));
-    float *h = aft_alloc_array(chunk + halo, C * sizeof(float));
-    float *carry = aft_alloc_array(8, C * sizeof(float));
-    if (!qkv || !h || !carry) {
-        free(qkv); free(h); free(carry);
-        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a chunk of %zu rows of Q, K, V (%zu wide)", chunk, W);
-        return -1;
-    }
-    ws.ldq = ws.ldk = ws.ldv = W;
-    int ret = 1;
-    for (size_t b = 0; b < B && ret == 1; b++) {
-        float *cin = carry, *cout = carry + 4 * C;
-        size_t held = 0;   /* rows in qkv from the chunk before */
-        for (size_t R0 = 0; R0 < T && ret == 1; R0 += chunk) {
-            size_t len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
-            if (hl) memmove(qkv, qkv + (held - hl) * W, hl * W * sizeof(float));
-            double t0 = aft_now_ms();
-            aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, qkv + hl * W, W);
-            double t1 = aft_now_ms();
-            ws.T = hl + len;
-            ws.t_off = R0 - hl;
-            int bad = 0;
-            *st = aft_op_band_rows(h, qkv, qkv + C, qkv + C + KC, &ws, hl, hl + len, R0 ? cin : NULL, cout, NULL,
-                                   &bad, err);
-            chunk_end(&ret, *st, bad, y + (b * T + R0) * D, h + hl * C, p, &lw->o, len, t0, t1, tm);
-            float *tmp = cin;
-            cin = cout;
-            cout = tmp;
-            held = hl + len;
-        }
-    }
-    free(qkv);
-    free(h);
-    free(carry);
-    return ret;
+    return layer_pipelined(y, x, p, ws, B, T, chunk, halo, lw, tm, st, err);
 }
 
 aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
@@ -265,7 +376,7 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
                                    const aft_config *cfg, size_t B, size_t T,
                                    aft_layer_times *times, aft_error *err)
 {
-    return aft_layer_forward_chunked(y, x, p, cfg, B, T, AFT_LAYER_CHUNK_ROWS, times, NULL, err);
+    return aft_layer_forward_chunked(y, x, p, cfg, B, T, AFT_LAYER_CHUNK_AUTO, times, NULL, err);
 }
 
 aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params *p,

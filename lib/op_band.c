@@ -911,3 +911,58 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (T = %zu)", T);
     return AFT_OK;
 }
+
+/* ---- the layer's pipeline: one chunk of rows on the calling thread */
+
+struct aft_band_ctx {
+    band_scratch sc;
+    float *blk;
+    size_t cwr;   /* channels per block */
+};
+
+aft_band_ctx *aft_band_ctx_new(const aft_wspec *ws)
+{
+    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = ws->C / H;
+    aft_band_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return NULL;
+    ctx->cwr = ch < ROW_SPLIT_CH ? ch : ROW_SPLIT_CH;
+    ctx->blk = scratch_alloc(&ctx->sc, 0, aft_op_band_halo(ws), ctx->cwr);
+    if (!ctx->blk) {
+        free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+void aft_band_ctx_free(aft_band_ctx *ctx)
+{
+    if (!ctx) return;
+    scratch_free(&ctx->sc, ctx->blk);
+    free(ctx);
+}
+
+int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out)
+{
+    int zero_bias;
+    size_t s = band_window(ws, &zero_bias);
+    const size_t C = ws->C, H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    if (keys_bad(k, ws->ldk, r0, r1, C)) return 0;
+    band_scratch *sc = &ctx->sc;
+    for (size_t c0 = 0, cw = 0; c0 < C; c0 += cw) {
+        size_t hh = c0 / ch, hend = (hh + 1) * ch;
+        cw = hend - c0 < ctx->cwr ? hend - c0 : ctx->cwr;
+        for (size_t c = 0; c < cw; c++) {
+            sc->pst[c] = carry_in ? carry_in[c0 + c] : -INFINITY;
+            sc->p0[c] = carry_in ? carry_in[C + c0 + c] : 0.0f;
+            sc->p1[c] = carry_in ? carry_in[2 * C + c0 + c] : 0.0f;
+            sc->pmax[c] = carry_in ? carry_in[3 * C + c0 + c] : -INFINITY;
+        }
+        band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, sc, r0, r1, 1, 0);
+        memcpy(carry_out + c0, sc->pst, cw * sizeof(float));
+        memcpy(carry_out + C + c0, sc->p0, cw * sizeof(float));
+        memcpy(carry_out + 2 * C + c0, sc->p1, cw * sizeof(float));
+        memcpy(carry_out + 3 * C + c0, sc->pmax, cw * sizeof(float));
+    }
+    return 1;
+}

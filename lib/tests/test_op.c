@@ -1637,6 +1637,59 @@ static void test_layer_streamed(void **state)
     finish(fails, cases);
 }
 
+/* The causal pipeline (layer.c) runs chunk j on thread j % n and chunk j's
+ * operator on the carry and halo rows chunk j - 1 left, in another thread's
+ * buffer: whatever the thread count, the output must be the same bits, at
+ * the default chunk size and at a small one (many chunks per thread, the
+ * buffers reused often), for local and for conv with two heads, B = 2, T
+ * not a multiple of the chunk. A halo read from the wrong buffer, or a
+ * carry taken before it was ready, would show as a difference; that each
+ * result is right is test_layer_streamed's part. */
+static void test_layer_pipeline_threads(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 777, D = 24, C = 16;
+    rng r = {91};
+    float *x = randf(&r, B * T * D, 1.0), *wq = randf(&r, C * D, 0.4), *wk = randf(&r, C * D, 0.4),
+          *wv = randf(&r, C * D, 0.4), *wo = randf(&r, D * C, 0.4), *dense = randf(&r, T * T, 1.0),
+          *conv = randf(&r, 2 * (2 * 6 - 1), 1.0);
+    aft_params p;
+    memset(&p, 0, sizeof p);
+    p.d_model = D;
+    p.d_hidden = C;
+    p.wq = wq;
+    p.wk = wk;
+    p.wv = wv;
+    p.wo = wo;
+    float *y1 = xmalloc(B * T * D * sizeof(float)), *yn = xmalloc(B * T * D * sizeof(float));
+    for (int variant = 0; variant < 2; variant++) {
+        aft_config cfg = variant ? make_cfg(AFT_CONV, 6, 2, 1) : make_cfg(AFT_LOCAL, 5, 0, 1);
+        cfg.impl = AFT_IMPL_FAST;
+        p.bias = (aft_bias){0};
+        p.bias.kind = variant ? AFT_BIAS_CONV : AFT_BIAS_DENSE;
+        p.bias.dense = variant ? NULL : dense;
+        p.bias.conv = variant ? conv : NULL;
+        p.bias.tmax = T;
+        const size_t chunks[] = {AFT_LAYER_CHUNK_AUTO, 7};
+        for (size_t ci = 0; ci < N_OF(chunks); ci++)
+            for (int th = 1; th <= 4; th++) {
+                cfg.threads = th;
+                float *y = th == 1 ? y1 : yn;
+                for (size_t i = 0; i < B * T * D; i++) y[i] = NAN;
+                aft_error err = {{0}};
+                int streamed = -1;
+                assert_int_equal(aft_layer_forward_chunked(y, x, &p, &cfg, B, T, chunks[ci], NULL, &streamed, &err),
+                                 AFT_OK);
+                assert_int_equal(streamed, 1);
+                if (th == 1)
+                    for (size_t i = 0; i < B * T * D; i++) assert_true(isfinite(y1[i]));
+                else
+                    assert_memory_equal(y1, yn, B * T * D * sizeof(float));
+            }
+    }
+    free(x); free(wq); free(wk); free(wv); free(wo); free(dense); free(conv); free(y1); free(yn);
+}
+
 /* A key of +inf or NaN stops a streamed path; the layer then runs the
  * whole sequence the usual way and must give exactly what that gives. Too
  * small a chunk for the window, or the full variant, keep the usual path. */
@@ -2124,6 +2177,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_layer_products_split),
         cmocka_unit_test(test_layer),
         cmocka_unit_test(test_layer_streamed),
+        cmocka_unit_test(test_layer_pipeline_threads),
         cmocka_unit_test(test_layer_streamed_falls_back),
         cmocka_unit_test(test_op_errors),
         cmocka_unit_test(test_layer_errors),
