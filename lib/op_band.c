@@ -44,11 +44,18 @@ enum { GROUP = 4, BV = 2 };
 #else
 enum { GROUP = 6, BV = 1 };
 #endif
+/* ek and ekv hold blocks of EKB channels, each block's rows EKB floats
+ * apart: band_sums walks a window of rows for a few channels at a time,
+ * and rows cw floats apart (1 KiB for 256 channels) all fell into a few of
+ * L1's sets and pushed each other out */
+#ifndef EKB
+#define EKB 64
+#endif
 /* a running sum may sit at most this many nats below its stabiliser */
 #define JUMP 30.0f
 
 typedef struct {
-    float *ek, *ekv;              /* band block: (BAND_ROWS + 2s, cw) */
+    float *ek, *ekv;              /* band block: BAND_ROWS + 2s rows, in blocks of EKB channels */
     float *rs0, *rs1, *rst;       /* right part per row of a block: (BAND_ROWS, cw) each */
     float *snap;                  /* the right sum at each block's end: (blocks, 4 cw) */
     float *qst, *q0, *q1, *qmax;  /* the right part's running sum, cw each, one block of 4 cw
@@ -56,7 +63,7 @@ typedef struct {
     float *rin;                   /* (st, s0, s1, smax) of the keys from r1 + s on, 4 cw */
     float *w, *ew;                /* GROUP rows' band: (GROUP, 2s), (2s + GROUP, GROUP) */
     float r[GROUP];               /* their band maxima */
-    float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *first, *zeros;  /* cw each */
+    float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *first, *zeros, *gl;  /* cw each */
     float *b0, *b1;               /* (GROUP, cw) each */
     unsigned char *redo;          /* cw */
 } band_scratch;
@@ -93,6 +100,21 @@ static inline void add_fixed(float *restrict s0, float *restrict s1, const float
         float e = aft_expf(k[c] - st[c]);
         s0[c] += e;
         s1[c] += e * v[c];
+    }
+}
+
+/* Adds one key row given as e = exp(k - mk) and e v, in blocks of EKB
+ * channels bs floats apart (ek, ekv), times g = exp(mk - st). */
+static inline void add_scaled(float *restrict s0, float *restrict s1, const float *restrict g,
+                              const float *restrict e, const float *restrict ev, size_t bs, size_t n)
+{
+    for (size_t cb = 0; cb < n; cb += EKB) {
+        const float *eb = e + cb / EKB * bs, *evb = ev + cb / EKB * bs;
+        size_t m = n - cb < EKB ? n - cb : EKB;
+        for (size_t c = 0; c < m; c++) {
+            s0[cb + c] += eb[c] * g[cb + c];
+            s1[cb + c] += evb[c] * g[cb + c];
+        }
     }
 }
 
@@ -133,6 +155,7 @@ static int plan_block(float *restrict nst, float *restrict first, const float *s
 /* BV: vectors of channels per row in band_sums, with the BV + BV loaded
  * vectors beside the sums (2 x 16 floats with AVX-512; 1 vector else) */
 enum { BCH = BV * AFT_VL };   /* channels per step */
+_Static_assert(EKB % BCH == 0, "a step's channels lie in one block");
 
 // Band sums of GROUP rows at once, rows i = 0 .. GROUP-1:
 //   b0[i][c] = sum_j ew[j][i] ek[j][c],   b1[i][c] = sum_j ew[j][i] ekv[j][c]
@@ -141,7 +164,8 @@ enum { BCH = BV * AFT_VL };   /* channels per step */
 // ek/ekv vector loaded feeds GROUP rows' sums (one row at a time, the loads
 // from L2 were the limit), BCH channels x GROUP rows x 2 sums in registers.
 static inline void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
-                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw)
+                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw,
+                             size_t bs)
 {
     size_t c = 0;
     for (; c + BCH <= cw; c += BCH) {
@@ -151,7 +175,8 @@ static inline void band_sums(float *restrict b0, float *restrict b1, const float
             #pragma GCC unroll 2
             for (int u = 0; u < BV; u++) a[i][u] = d[i][u] = (aft_vf){0};
         for (size_t j = 0; j < nw; j++) {
-            const float *er = ek + j * cw + c, *vr = ekv + j * cw + c, *wj = ew + j * GROUP;
+            const float *er = ek + c / EKB * bs + j * EKB + c % EKB, *vr = ekv + c / EKB * bs + j * EKB + c % EKB;
+            const float *wj = ew + j * GROUP;
             aft_vf e[BV], x[BV];
             #pragma GCC unroll 2
             for (int u = 0; u < BV; u++) {
@@ -180,10 +205,11 @@ static inline void band_sums(float *restrict b0, float *restrict b1, const float
     }
     for (; c < cw; c++) {
         float a[GROUP] = {0}, d[GROUP] = {0};
+        size_t o = c / EKB * bs + c % EKB;
         for (size_t j = 0; j < nw; j++)
             for (size_t i = 0; i < GROUP; i++) {
-                a[i] = fmaf(ew[j * GROUP + i], ek[j * cw + c], a[i]);
-                d[i] = fmaf(ew[j * GROUP + i], ekv[j * cw + c], d[i]);
+                a[i] = fmaf(ew[j * GROUP + i], ek[o + j * EKB], a[i]);
+                d[i] = fmaf(ew[j * GROUP + i], ekv[o + j * EKB], d[i]);
             }
         for (size_t i = 0; i < GROUP; i++) {
             b0[i * cw + c] = a[i];
@@ -291,6 +317,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         }
         size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0;
         size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
+        size_t bs = (hib - lob) * EKB;   /* floats per block of EKB channels in ek, ekv */
 
         /* band factors exp(k - mk), mk the block's key maximum per channel */
         float *mk = sc->mk;
@@ -302,10 +329,13 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
         for (size_t j = lob; j < hib; j++) {
             const float *kr = k + j * ldk, *vr = v + j * ldv;
-            float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
-            for (size_t c = 0; c < cw; c++) {
-                e[c] = aft_expf(kr[c] - mk[c]);
-                ev[c] = e[c] * vr[c];
+            for (size_t cb = 0; cb < cw; cb += EKB) {
+                float *e = sc->ek + cb / EKB * bs + (j - lob) * EKB, *ev = sc->ekv + cb / EKB * bs + (j - lob) * EKB;
+                size_t n = cw - cb < EKB ? cw - cb : EKB;
+                for (size_t c = 0; c < n; c++) {
+                    e[c] = aft_expf(kr[cb + c] - mk[cb + c]);
+                    ev[c] = e[c] * vr[cb + c];
+                }
             }
         }
 
@@ -320,6 +350,17 @@ static void band_task(float *out, const float *q, const float *k, const float *v
             for (size_t t = i0 + 1; t < i1 && fixed; t++)
                 fixed = memcmp(sc->rst + (t - i0) * cw, sc->rst, cw * sizeof(float)) == 0;
         if (fixed && i1 > s) restabilise(pst, p0, p1, sc->fs, cw);
+        /* In a block with one left stabiliser the keys joining the left
+         * sum (but the first) are band rows of the block, whose exp(k - mk)
+         * ek holds: exp(k - pst) = ek exp(mk - pst), no exponential per
+         * entry. Only while mk is at most JUMP above pst: a key that
+         * underflowed in ek is then more than 87 - JUMP nats below pst,
+         * and the sum holds a term within JUMP of pst (plan_block), so
+         * dropping it changes nothing in float. */
+        int reuse = fixed && i1 > s;
+        for (size_t c = 0; c < cw && reuse; c++) reuse = !(mk[c] - pst[c] > JUMP);
+        if (reuse)
+            for (size_t c = 0; c < cw; c++) sc->gl[c] = aft_expf(mk[c] - pst[c]);
 
         /* segments share all stabilisers: the whole block, or single rows */
         for (size_t g0 = i0; g0 < i1;) {
@@ -363,14 +404,16 @@ static void band_task(float *out, const float *q, const float *k, const float *v
                     sc->r[i] = r;
                     for (size_t j = 0; j < nw; j++) ew[(lo - ulo + j) * GROUP + i] = aft_expf(w[j] - r);
                 }
-                band_sums(sc->b0, sc->b1, ew, sc->ek + (ulo - lob) * cw, sc->ekv + (ulo - lob) * cw, un, cw);
+                band_sums(sc->b0, sc->b1, ew, sc->ek + (ulo - lob) * EKB, sc->ekv + (ulo - lob) * EKB, un, cw, bs);
 
                 for (size_t i = 0; i < gn; i++) {
                     size_t t = t0 + i;
-                    if (fixed && t >= s) {
+                    if (fixed && t >= s && reuse && t - s >= lob) {
+                        add_scaled(p0, p1, sc->gl, sc->ek + (t - s - lob) * EKB, sc->ekv + (t - s - lob) * EKB,
+                                   bs, cw);
+                    } else if (fixed && t >= s) {
                         const float *kr = k + (t - s) * ldk;
                         add_fixed(p0, p1, pst, kr, v + (t - s) * ldv, cw);
-                        for (size_t c = 0; c < cw; c++) pmax[c] = kr[c] > pmax[c] ? kr[c] : pmax[c];
                     }
                     size_t lo = t + 1 >= s ? t + 1 - s : 0;
                     size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
@@ -428,6 +471,10 @@ static void band_task(float *out, const float *q, const float *k, const float *v
             }
             g0 = g1;
         }
+        /* the keys that joined in a fixed block: their maximum is the
+         * stabiliser plan_block chose (the left sum's stabiliser is always
+         * its largest key once a block is done) */
+        if (fixed && i1 > s) memcpy(pmax, pst, cw * sizeof(float));
     }
 }
 
@@ -603,14 +650,14 @@ static int simple_rows_split(float *out, const float *q, const float *k, const f
 static float *scratch_alloc(band_scratch *sc, size_t n_right, size_t s, size_t cw)
 {
     memset(sc, 0, sizeof *sc);
-    size_t nr = n_right ? BAND_ROWS * cw : 0, nb = s ? (BAND_ROWS + 2 * s) * cw : 0;
+    size_t nr = n_right ? BAND_ROWS * cw : 0, nb = s ? (BAND_ROWS + 2 * s) * ((cw + EKB - 1) / EKB * EKB) : 0;
     size_t nsnap = (n_right + BAND_ROWS - 1) / BAND_ROWS * 4 * cw;
     const size_t sizes[] = {nr, nr, nr, nb, nb, GROUP * 2 * s, GROUP * (2 * s + GROUP),
                             cw, cw, cw, cw, cw, cw, cw, cw, GROUP * cw, GROUP * cw, cw, cw,
-                            4 * cw, 4 * cw, nsnap};
+                            4 * cw, 4 * cw, nsnap, cw};
     float **arrays[] = {&sc->rs0, &sc->rs1, &sc->rst, &sc->ek, &sc->ekv, &sc->w, &sc->ew, &sc->mk, &sc->pst,
                         &sc->pmax, &sc->p0, &sc->p1, &sc->fe, &sc->fp, &sc->fs, &sc->b0, &sc->b1, &sc->first,
-                        &sc->zeros, &sc->qst, &sc->rin, &sc->snap};
+                        &sc->zeros, &sc->qst, &sc->rin, &sc->snap, &sc->gl};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
