@@ -18,51 +18,67 @@ typedef struct {
 } layer_w;
 
 /* The streamed path of simple without causality: Y = sigmoid(Q) * g, g the
- * softmax average of V over the whole sequence. The sequence goes through in
- * chunks of rows once: Q, K, V of a chunk (one product), sigmoid(Q) kept
- * (T x C), the keys and values taken into running softmax sums. Then g is
- * folded into the output weights (Wo diag(g)) and one product gives the
- * output. Q, K, V are never held for the whole sequence. Returns as
- * layer_streamed. */
+ * softmax average of V over the whole sequence. Each sequence goes through
+ * in chunks of rows, chunk j on thread j % n of n: Q, K, V of the chunk (one
+ * product), sigmoid(Q) kept (T x C), the chunk's keys and values taken into
+ * softmax sums of its own, all while the chunk is in its core's caches.
+ * Then the chunks' sums are added up in order (the same bits whatever the
+ * thread count), g is folded into the output weights (Wo diag(g)) and one
+ * product gives the output. Q, K, V are never held for the whole sequence.
+ * Returns as layer_streamed. */
 static int layer_streamed_simple(float *y, const float *x, const aft_params *p, aft_wspec *ws, size_t B,
                                  size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
                                  aft_status *st, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
-    float *qkv = aft_alloc_array(chunk, W * sizeof(float));
+    size_t nch = (T + chunk - 1) / chunk;
+    int nt = aft_get_threads();
+    if ((size_t)nt > nch) nt = (int)nch;
+    float *qkv = aft_alloc_array((size_t)nt * chunk, W * sizeof(float));
     float *sq = aft_alloc_array(T, C * sizeof(float));
-    float *sums = aft_alloc_array(3, C * sizeof(float));
+    float *sums = aft_alloc_array(nch, 4 * C * sizeof(float));
     float *wog = aft_alloc_array(D, C * sizeof(float));
     if (!qkv || !sq || !sums || !wog) {
         free(qkv); free(sq); free(sums); free(wog);
-        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a chunk of %zu rows of Q, K, V (%zu wide)", chunk, W);
+        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for chunks of %zu rows of Q, K, V (%zu wide)", chunk, W);
         return -1;
     }
     ws->ldq = ws->ldk = ws->ldv = W;
     int ret = 1;
     for (size_t b = 0; b < B && ret == 1; b++) {
-        for (size_t c = 0; c < C; c++) {
-            sums[c] = -INFINITY;
-            sums[C + c] = 0.0f;
-            sums[2 * C + c] = 0.0f;
-        }
-        for (size_t R0 = 0; R0 < T && ret == 1; R0 += chunk) {
-            size_t len = T - R0 < chunk ? T - R0 : chunk;
-            double t0 = aft_now_ms();
-            aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, qkv, W);
-            double t1 = aft_now_ms();
-            int r = aft_op_simple_rows(sq + R0 * C, qkv, qkv + C, qkv + C + KC, ws, len, sums);
-            if (r < 0) {
-                *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for softmax sums (C = %zu)", C);
-                ret = -1;
-            } else if (r == 0) {
-                ret = 0;
+        double tp = 0, to = 0;
+        int r = 1;
+        #pragma omp parallel num_threads(nt) reduction(+:tp, to) reduction(min:r)
+        {
+            size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+            float *buf = qkv + tid * chunk * W;
+            for (size_t j = tid; j < nch; j += nth) {
+                size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
+                double t0 = aft_now_ms();
+                aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, buf, W);
+                double t1 = aft_now_ms();
+                float *sj = sums + j * 4 * C;
+                for (size_t c = 0; c < C; c++) {
+                    sj[c] = -INFINITY;
+                    sj[C + c] = 0.0f;
+                    sj[2 * C + c] = 0.0f;
+                }
+                int rj = aft_op_simple_rows(sq + R0 * C, buf, buf + C, buf + C + KC, ws, len, sj);
+                r = rj < r ? rj : r;
+                memcpy(sj + 3 * C, sj, C * sizeof(float));   /* the keys' maximum: m itself */
+                tp += t1 - t0;
+                to += aft_now_ms() - t1;
             }
-            tm->projections += t1 - t0;
-            tm->op += aft_now_ms() - t1;
         }
-        if (ret != 1) break;
+        tm->projections += tp / nt;
+        tm->op += to / nt;
+        if (r < 0) *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for softmax sums (C = %zu)", C);
+        if (r != 1) {
+            ret = r;
+            break;
+        }
         double t2 = aft_now_ms();
+        for (size_t j = 1; j < nch; j++) aft_sums_merge(sums, sums + j * 4 * C, C);
         float *g = sums;   /* the softmax average of v per channel */
         for (size_t c = 0; c < C; c++) g[c] = sums[C + c] > 0.0f ? sums[2 * C + c] / sums[C + c] : 0.0f;
         for (size_t d = 0; d < D; d++)
@@ -358,7 +374,7 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
          * OpenBLAS's larger blocks (it packs W again on every call), and
          * at least the halo */
         size_t step = lw->qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
-        chunk = kind != 1 ? AFT_LAYER_CHUNK_ROWS : halo <= step ? step : (halo + step - 1) / step * step;
+        chunk = kind == 3 ? AFT_LAYER_CHUNK_ROWS : halo <= step ? step : (halo + step - 1) / step * step;
     }
     if (T <= chunk || halo > chunk) return 0;
     if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, lw, tm, st, err);
