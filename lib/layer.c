@@ -22,9 +22,10 @@ typedef struct {
  * in chunks of rows, chunk j on thread j % n of n: Q, K, V of the chunk (one
  * product), sigmoid(Q) kept (T x C), the chunk's keys and values taken into
  * softmax sums of its own, all while the chunk is in its core's caches.
- * Then the chunks' sums are added up in order (the same bits whatever the
- * thread count), g is folded into the output weights (Wo diag(g)) and one
- * product gives the output. Q, K, V are never held for the whole sequence.
+ * Then the chunks' sums are added up in order, g is folded into the output
+ * weights (Wo diag(g)) and the output comes from sigmoid(Q) a chunk at a
+ * time, the same bits whatever the thread count. Q, K, V are never held
+ * for the whole sequence.
  * Returns as layer_streamed. */
 static int layer_streamed_simple(float *y, const float *x, const aft_params *p, aft_wspec *ws, size_t B,
                                  size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
@@ -89,7 +90,14 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
             ret = -1;
             break;
         }
-        aft_linear_apply(&lo, T, sq, C, y + b * T * D, D);
+        /* a chunk's rows at a time, so that each row comes from a product
+         * of the same shape whatever the thread count (OpenBLAS takes
+         * other paths for small products: a row's bits can depend on M) */
+        #pragma omp parallel for schedule(static, 1) num_threads(nt)
+        for (size_t j = 0; j < nch; j++) {
+            size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
+            aft_linear_apply(&lo, len, sq + R0 * C, C, y + (b * T + R0) * D, D);
+        }
         aft_linear_free(&lo);
         tm->output += aft_now_ms() - t2;
     }
