@@ -171,12 +171,8 @@ aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float
                              const float *v, size_t ldv, const aft_bias *bias, const aft_config *cfg,
                              size_t B, size_t T, size_t C, size_t kc, aft_error *err);
 
-/* rows per chunk of the layer's streamed paths without causality, and of
- * its causal pipeline (with aft's own projection kernel; 4 times as many
- * with OpenBLAS's) (layer.c) */
-#ifndef AFT_LAYER_CHUNK_ROWS
-#define AFT_LAYER_CHUNK_ROWS 2048
-#endif
+/* rows per chunk of the layer's chunked paths with aft's own projection
+ * kernel (4 times as many with OpenBLAS's) (layer.c) */
 #ifndef AFT_LAYER_PIPE_ROWS
 #define AFT_LAYER_PIPE_ROWS 96
 #endif
@@ -250,17 +246,18 @@ size_t aft_op_band_halo(const aft_wspec *ws);
 aft_status aft_op_band_rows(float *out, const float *q, const float *k, const float *v,
                             const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in,
                             float *carry_out, const float *right_in, int *bad_key, aft_error *err);
-/* The layer's causal pipeline (causal, no mask, a band): one chunk of rows
- * [r0, r1) of q, k, v on the calling thread, as aft_op_band_rows does with
- * all threads (same arguments; right_in none). The keys of rows [r0, r1)
- * are checked: 0 when one is +inf or NaN (nothing useful written), 1 when
- * done. carry_out may equal carry_in. The context holds one thread's
- * scratch (NULL: out of memory). */
+/* The layer's chunked paths (no mask, a band): one chunk of rows [r0, r1)
+ * of q, k, v on the calling thread, as aft_op_band_rows does with all
+ * threads (same arguments; carry_out may be NULL, or equal carry_in). The
+ * keys of rows [r0, r1) are checked: 0 when one is +inf or NaN (nothing
+ * useful written), 1 when done. The context holds one thread's scratch for
+ * chunks of up to `rows` rows (NULL: out of memory). */
 typedef struct aft_band_ctx aft_band_ctx;
-aft_band_ctx *aft_band_ctx_new(const aft_wspec *ws);
+aft_band_ctx *aft_band_ctx_new(const aft_wspec *ws, size_t rows);
 void aft_band_ctx_free(aft_band_ctx *ctx);
 int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
-                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out);
+                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out,
+                      const float *right_in);
 /* The softmax sums of keys [r0, r1) (n channels, rows ldk and ldv apart):
  * m = their maximum per channel (-inf: none), s0 = sum exp(k - m), s1 =
  * sum exp(k - m) v; scratch n floats. Returns 1 when a key is +inf or NaN. */

@@ -108,46 +108,35 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
     return ret;
 }
 
-/* A chunk's end in the streamed band paths: the kernel's status into *ret
- * (-1 error, 0 a bad key: back to the whole-sequence path), then, if all is
- * well, the output projection of the chunk's len rows of h into y; the
- * times of the three steps (projections from t0, the kernel from t1). */
-static void chunk_end(int *ret, aft_status st, int bad_key, float *y, const float *h, const aft_params *p,
-                      const aft_linear *lo, size_t len, double t0, double t1, aft_layer_times *tm)
-{
-    if (st != AFT_OK)
-        *ret = -1;
-    else if (bad_key)
-        *ret = 0;
-    double t2 = aft_now_ms();
-    if (*ret == 1) aft_linear_apply(lo, len, h, p->d_hidden, y, p->d_model);
-    tm->projections += t1 - t0;
-    tm->op += t2 - t1;
-    tm->output += aft_now_ms() - t2;
-}
-
 /* The streamed path without causality: no mask, a band (local, or conv
- * with keys of one channel per value channel). K and V of the whole
- * sequence come first (one product, 2 x T x C floats); then the keys'
- * running sums in pieces that end
- * where each chunk's right part starts (r1 + halo), added up from the end so
- * that chunk j knows the sum of every key from its r1 + halo on; then each
- * chunk: its Q, the band kernel on its rows (the left sums carried from the
- * chunk before, the right sums from the pieces), its output projection. Q,
- * the operator's output and the right part's per-row sums are a chunk's
- * worth, not the sequence's. Returns as layer_streamed. */
+ * with keys of one channel per value channel). A row needs the keys left
+ * of its window and right of it, so K and V of the whole sequence come
+ * first (one product, 2 x T x C floats), then the keys' running sums in
+ * pieces, one per chunk, in parallel: piece j of the left sums holds the
+ * keys from chunk j's first held row (its start less the halo) to chunk
+ * j + 1's, piece j of the right sums the keys from chunk j - 1's end plus
+ * the halo to chunk j's (the first from 0: it only checks its keys). Added
+ * up from the start and from the end, they give each chunk the sums of
+ * every key before its rows and after its window. Then every chunk is
+ * independent: chunk j on thread j % n, start to end on that thread: its
+ * Q, the band kernel on its rows, its output projection. Q, the operator's
+ * output and the right part's per-row sums are a chunk's worth per thread,
+ * not the sequence's, and the bits do not depend on the thread count.
+ * Returns as layer_streamed. */
 static int layer_streamed_both(float *y, const float *x, const aft_params *p, aft_wspec ws, size_t B, size_t T,
                                size_t chunk, size_t halo, const layer_w *lw, aft_layer_times *tm,
                                aft_status *st, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, nch = (T + chunk - 1) / chunk;
-    float *kv = aft_alloc_array(T, 2 * C * sizeof(float));
-    float *q = aft_alloc_array(chunk, C * sizeof(float));
-    float *h = aft_alloc_array(chunk, C * sizeof(float));
-    float *right = aft_alloc_array(nch, 4 * C * sizeof(float));
-    float *carry = aft_alloc_array(8, C * sizeof(float));
     int nt = aft_get_threads();
+    if ((size_t)nt > nch) nt = (int)nch;
+    float *kv = aft_alloc_array(T, 2 * C * sizeof(float));
+    float *q = aft_alloc_array((size_t)nt * chunk, C * sizeof(float));
+    float *h = aft_alloc_array((size_t)nt * chunk, C * sizeof(float));
+    float *right = aft_alloc_array(nch + 1, 4 * C * sizeof(float));
+    float *left = aft_alloc_array(nch, 4 * C * sizeof(float));
     float *bm = aft_alloc_array((size_t)nt, C * sizeof(float));
+    aft_band_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
     /* Q alone and K, V together: the stacked weights' rows [0, C) and
      * [C, 3C) (here KC = C) */
     aft_linear lq, lkv;
@@ -155,64 +144,89 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     aft_status skv = sq == AFT_OK ? aft_linear_init(&lkv, lw->wcat + C * D, lw->bcat ? lw->bcat + C : NULL,
                                                     2 * C, D, AFT_LINEAR_AUTO, err)
                                   : sq;
-    if (!kv || !q || !h || !right || !carry || !bm || skv != AFT_OK) {
-        free(kv); free(q); free(h); free(right); free(carry); free(bm);
+    int ok = kv && q && h && right && left && bm && ctx && skv == AFT_OK;
+    ws.ldq = C;
+    ws.ldk = ws.ldv = 2 * C;
+    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_band_ctx_new(&ws, chunk)) != NULL;
+    if (!ok) {
+        for (int i = 0; ctx && i < nt; i++) aft_band_ctx_free(ctx[i]);
+        free(kv); free(q); free(h); free(right); free(left); free(bm); free(ctx);
         if (sq == AFT_OK) aft_linear_free(&lq);
         if (skv == AFT_OK) aft_linear_free(&lkv);
         *st = skv != AFT_OK ? skv : aft_fail(err, AFT_ERR_NOMEM, "out of memory for K, V of %zu x %zu", T, C);
         return -1;
     }
-    ws.ldq = C;
-    ws.ldk = ws.ldv = 2 * C;
     int ret = 1;
     for (size_t b = 0; b < B && ret == 1; b++) {
         double t0 = aft_now_ms();
         /* the stacked weights hold Q, K, V in that order: K and V are the
-         * rows from C on */
-        aft_linear_apply(&lkv, T, x + b * T * D, D, kv, 2 * C);
+         * rows from C on; a chunk at a time, so that each row comes from a
+         * product of the same shape whatever the thread count (OpenBLAS
+         * takes other paths for small products) */
+        #pragma omp parallel for num_threads(nt) schedule(static, 1)
+        for (size_t j = 0; j < nch; j++) {
+            size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
+            aft_linear_apply(&lkv, len, x + (b * T + R0) * D, D, kv + R0 * 2 * C, 2 * C);
+        }
         double t1 = aft_now_ms();
-        /* piece j: the keys [e(j-1), e(j)) with e(j) = min(r1_j + halo, T),
-         * e(-1) = 0 (piece 0 only checks its keys); summed from the end,
-         * right[j + 1] then holds the keys from e(j) on, chunk j's right sum */
         int bad = 0;
         #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(|:bad)
         for (size_t j = 0; j < nch; j++) {
+            float *scr = bm + (size_t)omp_get_thread_num() * C;
             size_t e0 = j ? j * chunk + halo : 0, e1 = (j + 1) * chunk + halo;
             e0 = e0 < T ? e0 : T;
             e1 = e1 < T ? e1 : T;
             float *r = right + j * 4 * C;
-            bad |= aft_running_sums(kv, 2 * C, kv + C, 2 * C, e0, e1, C, r, r + C, r + 2 * C,
-                                    bm + (size_t)omp_get_thread_num() * C);
-            for (size_t c = 0; c < C; c++) r[3 * C + c] = r[c];
+            bad |= aft_running_sums(kv, 2 * C, kv + C, 2 * C, e0, e1, C, r, r + C, r + 2 * C, scr);
+            memcpy(r + 3 * C, r, C * sizeof(float));
+            if (j + 1 == nch) continue;
+            size_t l0 = j ? j * chunk - halo : 0, l1 = (j + 1) * chunk - halo;
+            float *l = left + j * 4 * C;
+            (void)aft_running_sums(kv, 2 * C, kv + C, 2 * C, l0, l1, C, l, l + C, l + 2 * C, scr);
+            memcpy(l + 3 * C, l, C * sizeof(float));
         }
         if (bad) {
             ret = 0;
             break;
         }
+        /* right + (j + 1): the keys from chunk j's end plus the halo on;
+         * left + (j - 1): the keys before chunk j's first held row */
         for (size_t j = nch - 1; j-- > 1;) aft_sums_merge(right + j * 4 * C, right + (j + 1) * 4 * C, C);
+        for (size_t j = 1; j + 1 < nch; j++) aft_sums_merge(left + j * 4 * C, left + (j - 1) * 4 * C, C);
+        double t2 = aft_now_ms();
         tm->projections += t1 - t0;
-        tm->op += aft_now_ms() - t1;
-        float *cin = carry, *cout = carry + 4 * C;
-        for (size_t R0 = 0, j = 0; R0 < T && ret == 1; R0 += chunk, j++) {
-            size_t len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
-            double u0 = aft_now_ms();
-            aft_linear_apply(&lq, len, x + (b * T + R0) * D, D, q, C);
-            double u1 = aft_now_ms();
-            aft_wspec w = ws;
-            w.T = T - (R0 - hl);
-            w.t_off = R0 - hl;
-            w.q_row0 = hl;
-            const float *kr = kv + (R0 - hl) * 2 * C;
-            int badk = 0;
-            *st = aft_op_band_rows(h, q, kr, kr + C, &w, hl, hl + len, R0 ? cin : NULL, cout,
-                                   j + 1 < nch ? right + (j + 1) * 4 * C : NULL, &badk, err);
-            chunk_end(&ret, *st, badk, y + (b * T + R0) * D, h, p, &lw->o, len, u0, u1, tm);
-            float *tmp = cin;
-            cin = cout;
-            cout = tmp;
+        tm->op += t2 - t1;
+        double tp = 0, to = 0, tw = 0;
+        #pragma omp parallel num_threads(nt) reduction(+:tp, to, tw)
+        {
+            size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+            float *qt = q + tid * chunk * C, *ht = h + tid * chunk * C;
+            for (size_t j = tid; j < nch; j += nth) {
+                size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
+                double u0 = aft_now_ms();
+                aft_linear_apply(&lq, len, x + (b * T + R0) * D, D, qt, C);
+                double u1 = aft_now_ms();
+                aft_wspec w = ws;
+                w.T = T - (R0 - hl);
+                w.t_off = R0 - hl;
+                w.q_row0 = hl;
+                const float *kr = kv + (R0 - hl) * 2 * C;
+                /* keys already checked by the pieces above */
+                (void)aft_op_band_chunk(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, j ? left + (j - 1) * 4 * C : NULL,
+                                        NULL, j + 1 < nch ? right + (j + 1) * 4 * C : NULL);
+                double u2 = aft_now_ms();
+                aft_linear_apply(&lw->o, len, ht, C, y + (b * T + R0) * D, D);
+                tp += u1 - u0;
+                to += u2 - u1;
+                tw += aft_now_ms() - u2;
+            }
         }
+        tm->projections += tp / nt;
+        tm->op += to / nt;
+        tm->output += tw / nt;
     }
-    free(kv); free(q); free(h); free(right); free(carry); free(bm);
+    for (int i = 0; i < nt; i++) aft_band_ctx_free(ctx[i]);
+    free(kv); free(q); free(h); free(right); free(left); free(bm); free(ctx);
     aft_linear_free(&lq);
     aft_linear_free(&lkv);
     return ret;
@@ -266,7 +280,7 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
     float *carry = aft_alloc_array(4, C * sizeof(float));
     aft_band_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
     int ok = qkv && h && carry && ctx;
-    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_band_ctx_new(&ws)) != NULL;
+    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_band_ctx_new(&ws, 0)) != NULL;
     if (!ok) {
         for (int i = 0; ctx && i < nt; i++) aft_band_ctx_free(ctx[i]);
         free(qkv); free(h); free(carry); free(ctx);
@@ -320,7 +334,7 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
                 w.t_off = R0 - hl;
                 const float *r = buf + (halo - hl) * W;
                 int okk = aft_op_band_chunk(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len,
-                                            R0 ? carry : NULL, carry);
+                                            R0 ? carry : NULL, carry, NULL);
                 if (!okk) {
                     #pragma omp atomic write
                     bad = 1;
@@ -355,18 +369,15 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
     return bad ? 0 : 1;
 }
 
-/* The streamed causal path: causal, no mask, keys of one channel per value
- * channel, and a window that fits in a chunk (other cases: simple without
- * causality and the band without it, above). Each sequence goes through in
- * chunks of rows: Q, K, V of
- * the chunk (one product), the operator on its rows, the output projection
- * of its rows. The chunk's Q, K, V and operator output stay in the caches
- * between the three steps, and the buffers stay small (the chunk plus the
- * window's halo of earlier rows) whatever T is, so a long sequence neither
- * streams 3 x T x C floats through memory twice nor faults fresh pages in
- * for them on every call. The left running sums carry from chunk to chunk.
- * Returns 1 when done, 0 when not applicable or when a key was +inf or NaN
- * (then the whole-sequence path runs: y is written again), -1 on error (*st). */
+/* The chunked paths: no mask, and a band with keys of one channel per value
+ * channel and a window no wider than a chunk (causal: layer_pipelined; not
+ * causal: layer_streamed_both), or simple without causality
+ * (layer_streamed_simple). Each takes the sequence in chunks of rows, each
+ * chunk on one thread from its Q, K, V to its output rows, so a chunk's
+ * Q, K, V and operator output stay in that core's caches and the buffers
+ * stay small whatever T is. Returns 1 when done, 0 when not applicable or
+ * when a key was +inf or NaN (then the whole-sequence path runs: y is
+ * written again), -1 on error (*st). */
 static int layer_streamed(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
                           size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
                           aft_status *st, aft_error *err)
@@ -378,11 +389,10 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
     if (kind != 1 && kind != 2 && kind != 3) return 0;
     size_t halo = aft_op_band_halo(&ws);
     if (chunk == AFT_LAYER_CHUNK_AUTO) {
-        /* the pipeline: chunks of a few tiles of the products, or of
-         * OpenBLAS's larger blocks (it packs W again on every call), and
-         * at least the halo */
+        /* chunks of a few tiles of the products, or of OpenBLAS's larger
+         * blocks (it packs W again on every call), and at least the halo */
         size_t step = lw->qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
-        chunk = kind == 3 ? AFT_LAYER_CHUNK_ROWS : halo <= step ? step : (halo + step - 1) / step * step;
+        chunk = halo <= step ? step : (halo + step - 1) / step * step;
     }
     if (T <= chunk || halo > chunk) return 0;
     if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, lw, tm, st, err);

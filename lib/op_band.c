@@ -967,13 +967,13 @@ struct aft_band_ctx {
     size_t cwr;   /* channels per block */
 };
 
-aft_band_ctx *aft_band_ctx_new(const aft_wspec *ws)
+aft_band_ctx *aft_band_ctx_new(const aft_wspec *ws, size_t rows)
 {
     const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = ws->C / H;
     aft_band_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
     ctx->cwr = ch < ROW_SPLIT_CH ? ch : ROW_SPLIT_CH;
-    ctx->blk = scratch_alloc(&ctx->sc, 0, aft_op_band_halo(ws), ctx->cwr);
+    ctx->blk = scratch_alloc(&ctx->sc, ws->causal ? 0 : rows, aft_op_band_halo(ws), ctx->cwr);
     if (!ctx->blk) {
         free(ctx);
         return NULL;
@@ -989,7 +989,8 @@ void aft_band_ctx_free(aft_band_ctx *ctx)
 }
 
 int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
-                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out)
+                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out,
+                      const float *right_in)
 {
     int zero_bias;
     size_t s = band_window(ws, &zero_bias);
@@ -1005,7 +1006,11 @@ int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float
             sc->p1[c] = carry_in ? carry_in[2 * C + c0 + c] : 0.0f;
             sc->pmax[c] = carry_in ? carry_in[3 * C + c0 + c] : -INFINITY;
         }
-        band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, sc, r0, r1, 1, 0);
+        int have_right = !ws->causal && right_in;
+        for (size_t i = 0; i < 4 && have_right; i++)
+            memcpy(sc->rin + i * cw, right_in + i * C + c0, cw * sizeof(float));
+        band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, sc, r0, r1, 1, have_right);
+        if (!carry_out) continue;
         memcpy(carry_out + c0, sc->pst, cw * sizeof(float));
         memcpy(carry_out + C + c0, sc->p0, cw * sizeof(float));
         memcpy(carry_out + 2 * C + c0, sc->p1, cw * sizeof(float));

@@ -1637,17 +1637,18 @@ static void test_layer_streamed(void **state)
     finish(fails, cases);
 }
 
-/* The causal pipeline (layer.c) runs chunk j on thread j % n and chunk j's
- * operator on the carry and halo rows chunk j - 1 left, in another thread's
+/* The chunked paths (layer.c) run chunk j on thread j % n; chunk j's causal
+ * operator runs on the carry and halo rows chunk j - 1 left, in another thread's
  * buffer: whatever the thread count, the output must be the same bits, at
  * the default chunk size and at a small one (many chunks per thread, the
  * buffers reused often), for local and for conv with two heads, B = 2, T
  * not a multiple of the chunk. A halo read from the wrong buffer, or a
  * carry taken before it was ready, would show as a difference; that each
- * result is right is test_layer_streamed's part. Simple without causality
- * goes through chunks the same way (each chunk's sums added up in order at
- * the end) and must give the same bits too, with aft's projection kernel
- * and with OpenBLAS's. */
+ * result is right is test_layer_streamed's part. Simple, local and conv
+ * without causality go through chunks the same way (each chunk's sums, or
+ * the running sums of the keys before and after it, made first and added
+ * up in order) and must give the same bits too; all with aft's projection
+ * kernel and with OpenBLAS's. */
 static void test_layer_pipeline_threads(void **state)
 {
     (void)state;
@@ -1665,18 +1666,23 @@ static void test_layer_pipeline_threads(void **state)
     p.wv = wv;
     p.wo = wo;
     float *y1 = xmalloc(B * T * D * sizeof(float)), *yn = xmalloc(B * T * D * sizeof(float));
-    for (int pass = 0; pass < 6; pass++) {
-        /* passes 3-5 with OpenBLAS for the projections (the default with
-         * AVX-512 or without AVX), whose small products take other paths */
-        int variant = pass % 3;
-        if (pass == 3) setenv("AFT_LINEAR_BLAS", "1", 1);
-        aft_config cfg = variant == 2 ? make_cfg(AFT_SIMPLE, 0, 0, 0)
-                         : variant ? make_cfg(AFT_CONV, 6, 2, 1) : make_cfg(AFT_LOCAL, 5, 0, 1);
+    /* local and conv with and without causality, simple without */
+    const aft_variant vs[] = {AFT_LOCAL, AFT_CONV, AFT_SIMPLE, AFT_LOCAL, AFT_CONV};
+    const int causal[] = {1, 1, 0, 0, 0};
+    enum { NV = 5 };
+    for (int pass = 0; pass < 2 * NV; pass++) {
+        /* the second half with OpenBLAS for the projections (the default
+         * with AVX-512 or without AVX), whose small products take other
+         * paths */
+        int vi = pass % NV;
+        if (pass == NV) setenv("AFT_LINEAR_BLAS", "1", 1);
+        aft_config cfg = vs[vi] == AFT_SIMPLE ? make_cfg(AFT_SIMPLE, 0, 0, 0)
+                         : vs[vi] == AFT_CONV ? make_cfg(AFT_CONV, 6, 2, causal[vi]) : make_cfg(AFT_LOCAL, 5, 0, causal[vi]);
         cfg.impl = AFT_IMPL_FAST;
         p.bias = (aft_bias){0};
-        p.bias.kind = variant == 2 ? AFT_BIAS_NONE : variant ? AFT_BIAS_CONV : AFT_BIAS_DENSE;
-        p.bias.dense = variant == 0 ? dense : NULL;
-        p.bias.conv = variant == 1 ? conv : NULL;
+        p.bias.kind = vs[vi] == AFT_SIMPLE ? AFT_BIAS_NONE : vs[vi] == AFT_CONV ? AFT_BIAS_CONV : AFT_BIAS_DENSE;
+        p.bias.dense = vs[vi] == AFT_LOCAL ? dense : NULL;
+        p.bias.conv = vs[vi] == AFT_CONV ? conv : NULL;
         p.bias.tmax = T;
         const size_t chunks[] = {AFT_LAYER_CHUNK_AUTO, 7};
         for (size_t ci = 0; ci < N_OF(chunks); ci++)
