@@ -1415,6 +1415,21 @@ typedef struct {
 static size_t g_chunk = 0;
 static double g_key_bias = 0.5;
 
+/* a layer's parameters with the given weights, nothing else set */
+static aft_params layer_params(size_t D, size_t C, const float *wq, const float *wk, const float *wv,
+                               const float *wo)
+{
+    aft_params p;
+    memset(&p, 0, sizeof p);
+    p.d_model = D;
+    p.d_hidden = C;
+    p.wq = wq;
+    p.wk = wk;
+    p.wv = wv;
+    p.wo = wo;
+    return p;
+}
+
 /* weights ~ U[-1,1] / sqrt(fan in), so activations stay O(1) */
 static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D, size_t C,
                           int with_biases, int causal, mask_mode mask, uint64_t seed, int threads,
@@ -1434,15 +1449,8 @@ static int run_layer_case(const layer_variant *lv, size_t B, size_t T, size_t D,
     float *conv = lv->variant == AFT_CONV ? randf(&r, lv->heads * (2 * lv->window - 1), 1) : NULL;
     uint8_t *m = mask == MASK_NONE ? NULL : make_mask(&r, mask == MASK_BATCHED ? B : 1, T);
 
-    aft_params p;
-    memset(&p, 0, sizeof p);
-    p.d_model = D;
-    p.d_hidden = C;
+    aft_params p = layer_params(D, C, wq, wk, wv, wo);
     p.k_out = kc;
-    p.wq = wq;
-    p.wk = wk;
-    p.wv = wv;
-    p.wo = wo;
     if (with_biases) {
         p.bq = bq;
         p.bk = bk;
@@ -1657,14 +1665,7 @@ static void test_layer_pipeline_threads(void **state)
     float *x = randf(&r, B * T * D, 1.0), *wq = randf(&r, C * D, 0.4), *wk = randf(&r, C * D, 0.4),
           *wv = randf(&r, C * D, 0.4), *wo = randf(&r, D * C, 0.4), *dense = randf(&r, T * T, 1.0),
           *conv = randf(&r, 2 * (2 * 6 - 1), 1.0);
-    aft_params p;
-    memset(&p, 0, sizeof p);
-    p.d_model = D;
-    p.d_hidden = C;
-    p.wq = wq;
-    p.wk = wk;
-    p.wv = wv;
-    p.wo = wo;
+    aft_params p = layer_params(D, C, wq, wk, wv, wo);
     float *y1 = xmalloc(B * T * D * sizeof(float)), *yn = xmalloc(B * T * D * sizeof(float));
     /* local and conv with and without causality, simple without */
     const aft_variant vs[] = {AFT_LOCAL, AFT_CONV, AFT_SIMPLE, AFT_LOCAL, AFT_CONV};
@@ -1715,14 +1716,7 @@ static void test_layer_streamed_falls_back(void **state)
     rng r = {77};
     float *x = randf(&r, B * T * D, 1.0), *wq = randf(&r, C * D, 0.4), *wk = randf(&r, C * D, 0.4),
           *wv = randf(&r, C * D, 0.4), *wo = randf(&r, D * C, 0.4), *dense = randf(&r, T * T, 1.0);
-    aft_params p;
-    memset(&p, 0, sizeof p);
-    p.d_model = D;
-    p.d_hidden = C;
-    p.wq = wq;
-    p.wk = wk;
-    p.wv = wv;
-    p.wo = wo;
+    aft_params p = layer_params(D, C, wq, wk, wv, wo);
     p.bias.kind = AFT_BIAS_DENSE;
     p.bias.dense = dense;
     p.bias.tmax = T;
