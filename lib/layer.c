@@ -5,8 +5,8 @@
 
 #include <cblas.h>
 #include <limits.h>
-#include <sched.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 
 /* the layer's products: Q, K, V stacked (qkv, one product; rows of W:
