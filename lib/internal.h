@@ -269,14 +269,6 @@ int aft_running_sums(const float *k, size_t ldk, const float *v, size_t ldv, siz
 void aft_sums_merge(float *a, const float *b, size_t n);
 /* 1 when w is zero everywhere for the band kernel (simple, window 0, no bias) */
 int aft_op_band_zero_bias(const aft_wspec *ws);
-/* The streamed path for simple without causality (w = 0, no mask): rows
- * [0, n) of one sequence's q, k, v. sq (n x C, contiguous) gets sigmoid(q);
- * sums = (m, s0, s1), C floats each, the softmax sums of the keys and values
- * before (m = -inf, s0 = s1 = 0 at the start), takes these rows in: s0 =
- * sum exp(k - m), s1 = sum exp(k - m) v. Returns 1; 0 when a key was +inf or
- * NaN (the caller runs the whole-sequence path); -1 when out of memory. */
-int aft_op_simple_rows(float *sq, const float *q, const float *k, const float *v, const aft_wspec *ws,
-                       size_t n, float *sums);
 /* 1 when aft_op_forward_ld would take the fast causal band kernel
  * for this configuration and every argument check passes, 2 when it would
  * take the global softmax of simple without causality, 3 for the band

@@ -27,7 +27,7 @@ typedef struct {
  * time, the same bits whatever the thread count. Q, K, V are never held
  * for the whole sequence.
  * Returns as layer_streamed. */
-static int layer_streamed_simple(float *y, const float *x, const aft_params *p, aft_wspec *ws, size_t B,
+static int layer_streamed_simple(float *y, const float *x, const aft_params *p, size_t B,
                                  size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
                                  aft_status *st, aft_error *err)
 {
@@ -44,7 +44,6 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for chunks of %zu rows of Q, K, V (%zu wide)", chunk, W);
         return -1;
     }
-    ws->ldq = ws->ldk = ws->ldv = W;
     int ret = 1;
     for (size_t b = 0; b < B && ret == 1; b++) {
         double tp = 0, to = 0;
@@ -58,24 +57,22 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
                 double t0 = aft_now_ms();
                 aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, buf, W);
                 double t1 = aft_now_ms();
+                /* the chunk's softmax sums (m, s0, s1; the fourth array
+                 * scratch, then the keys' maximum: m itself) */
                 float *sj = sums + j * 4 * C;
-                for (size_t c = 0; c < C; c++) {
-                    sj[c] = -INFINITY;
-                    sj[C + c] = 0.0f;
-                    sj[2 * C + c] = 0.0f;
-                }
-                int rj = aft_op_simple_rows(sq + R0 * C, buf, buf + C, buf + C + KC, ws, len, sj);
-                r = rj < r ? rj : r;
-                memcpy(sj + 3 * C, sj, C * sizeof(float));   /* the keys' maximum: m itself */
+                if (aft_running_sums(buf + C, W, buf + C + KC, W, 0, len, C, sj, sj + C, sj + 2 * C, sj + 3 * C))
+                    r = 0;
+                memcpy(sj + 3 * C, sj, C * sizeof(float));
+                for (size_t t = 0; t < len; t++)
+                    for (size_t c = 0; c < C; c++) sq[(R0 + t) * C + c] = aft_sigmoidf(buf[t * W + c]);
                 tp += t1 - t0;
                 to += aft_now_ms() - t1;
             }
         }
         tm->projections += tp / nt;
         tm->op += to / nt;
-        if (r < 0) *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for softmax sums (C = %zu)", C);
-        if (r != 1) {
-            ret = r;
+        if (!r) {   /* a key of +inf or NaN */
+            ret = 0;
             break;
         }
         double t2 = aft_now_ms();
@@ -395,7 +392,7 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
         chunk = halo <= step ? step : (halo + step - 1) / step * step;
     }
     if (T <= chunk || halo > chunk) return 0;
-    if (kind == 2) return layer_streamed_simple(y, x, p, &ws, B, T, chunk, lw, tm, st, err);
+    if (kind == 2) return layer_streamed_simple(y, x, p, B, T, chunk, lw, tm, st, err);
     if (kind == 3) return layer_streamed_both(y, x, p, ws, B, T, chunk, halo, lw, tm, st, err);
     return layer_pipelined(y, x, p, ws, B, T, chunk, halo, lw, tm, st, err);
 }

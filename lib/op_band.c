@@ -826,44 +826,6 @@ int aft_op_band_zero_bias(const aft_wspec *ws)
     return zero_bias;
 }
 
-int aft_op_simple_rows(float *sq, const float *q, const float *k, const float *v, const aft_wspec *ws,
-                       size_t n, float *sums)
-{
-    const size_t C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
-    size_t nt = (size_t)aft_get_threads();
-    /* per thread m, s0, s1, block maxima (4C each) */
-    float *st = aft_alloc_array(nt * 4, C * sizeof(float));
-    if (!st) return -1;
-    int bad_key = 0;
-    #pragma omp parallel num_threads((int)nt) reduction(|:bad_key)
-    {
-        size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-        size_t t0 = n * tid / nth, t1 = n * (tid + 1) / nth;
-        float *m = st + tid * 4 * C;
-        bad_key |= running_sums(k, ldk, v, ldv, t0, t1, C, m, m + C, m + 2 * C, m + 3 * C);
-        for (size_t t = t0; t < t1; t++) {
-            const float *qr = q + t * ldq;
-            float *yr = sq + t * C;
-            for (size_t c = 0; c < C; c++) yr[c] = aft_sigmoidf(qr[c]);
-        }
-        #pragma omp barrier
-        /* merge, with the rows before: each thread a range of channels */
-        size_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth;
-        for (size_t c = c0; c < c1; c++) {
-            float M, a0, a1, mc = sums[c];
-            merge_sums(st, 4 * C, nth, C, c, &M, &a0, &a1);
-            float Z = M > mc ? M : mc;
-            float fa = M == -INFINITY ? 0.0f : aft_expf(M - Z);
-            float fc = mc == -INFINITY ? 0.0f : aft_expf(mc - Z);
-            sums[c] = Z;
-            sums[C + c] = a0 * fa + sums[C + c] * fc;
-            sums[2 * C + c] = a1 * fa + sums[2 * C + c] * fc;
-        }
-    }
-    free(st);
-    return bad_key ? 0 : 1;
-}
-
 size_t aft_op_band_halo(const aft_wspec *ws)
 {
     int zero_bias;
