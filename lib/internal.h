@@ -230,28 +230,22 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
                        size_t B, const aft_wspec *ws, aft_error *err);
 
-/* The streamed path of the layer (no mask, a band): rows [r0, r1)
- * of one sequence whose rows [0, ws->T) have their keys and values in k, v,
- * row t being row ws->t_off + t of the sequence; rows before r0 must be at
- * least aft_op_band_halo(ws) of them unless t_off is 0. q and out hold rows
- * from ws->q_row0 on. carry_in (NULL when t_off is 0) and carry_out are
- * 4 ws->C floats (stabiliser, s0, s1, key maximum): the left running sum of
- * the keys before local row 0, and after this call before row r1 - halo.
- * Without causality k and v must hold every row before r1 + halo (or to the
- * end, ws->T), and right_in (NULL: none) holds the same four arrays for the
- * keys from r1 + halo on. *bad_key = 1 when a key was +inf or NaN: nothing
- * usable was written, the caller must run the whole sequence through
- * aft_op_forward_ld. */
+/* the rows a chunk of the band kernel needs before its own: the window */
 size_t aft_op_band_halo(const aft_wspec *ws);
-aft_status aft_op_band_rows(float *out, const float *q, const float *k, const float *v,
-                            const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in,
-                            float *carry_out, const float *right_in, int *bad_key, aft_error *err);
-/* The layer's chunked paths (no mask, a band): one chunk of rows [r0, r1)
- * of q, k, v on the calling thread, as aft_op_band_rows does with all
- * threads (same arguments; carry_out may be NULL, or equal carry_in). The
- * keys of rows [r0, r1) are checked: 0 when one is +inf or NaN (nothing
- * useful written), 1 when done. The context holds one thread's scratch for
- * chunks of up to `rows` rows (NULL: out of memory). */
+/* The layer's chunked paths (no mask, a band): rows [r0, r1) of one
+ * sequence on the calling thread. k and v hold the sequence's rows from
+ * ws->t_off on, ws->T of them (row t: row ws->t_off + t of the sequence);
+ * rows before r0 must be at least aft_op_band_halo(ws) of them unless t_off
+ * is 0. q and out hold rows from ws->q_row0 on. carry_in (NULL when t_off is
+ * 0) and carry_out (NULL: not wanted; it may equal carry_in) are 4 ws->C
+ * floats (stabiliser, s0, s1, key maximum): the left running sum of the
+ * keys before local row 0, and after this call before row r1 - halo.
+ * Without causality k and v must hold every row before r1 + halo (or to the
+ * end), and right_in (NULL: none) holds the same four arrays for the keys
+ * from r1 + halo on. The keys of rows [r0, r1) are checked: 0 when one is
+ * +inf or NaN (nothing usable written; the caller must run the whole
+ * sequence through aft_op_forward_ld), 1 when done. The context holds one
+ * thread's scratch for chunks of up to `rows` rows (NULL: out of memory). */
 typedef struct aft_band_ctx aft_band_ctx;
 aft_band_ctx *aft_band_ctx_new(const aft_wspec *ws, size_t rows);
 void aft_band_ctx_free(aft_band_ctx *ctx);

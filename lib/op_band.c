@@ -686,84 +686,59 @@ static void scratch_free(band_scratch *sc, float *blk)
     free(sc->redo);
 }
 
-/* Local, conv (each head's channels in turn) or simple with causality, rows
- * [r0, r1) of one sequence: the rows split over the threads, each thread
- * all channels of its rows (whole rows read in order; splitting channels
- * made every thread stride
- * through every row and wait on memory). A thread starting at row t0 needs
- * the left running sum of the keys before t0 - s: the threads first sum
- * those keys in equal pieces (running_sums), then each starts from the
+/* Local, conv (each head's channels in turn) or simple with causality, one
+ * sequence: the rows split over the threads, each thread all channels of
+ * its rows (whole rows read in order; splitting channels made every thread
+ * stride through every row and wait on memory). A thread starting at row t0
+ * needs the left running sum of the keys before t0 - s: the threads first
+ * sum those keys in equal pieces (running_sums), then each starts from the
  * merged sums of the pieces before its t0 - s. Channels go in blocks of
  * ROW_SPLIT_CH.
- *
- * carry_in (or NULL: none) holds, as (stabiliser, s0, s1, key maximum) of C
- * floats each, the left running sum of keys that come before the rows held
- * in q, k, v: the layer's streamed path (aft_op_band_rows) passes the
- * sequence a chunk of rows at a time. carry_out (or NULL) gets the same for
- * every key before r1 - s: the last thread's left sum once it is done.
- *
- * Without causality a thread ending at row t1 also needs the right sum of the
- * keys from t1 + s on: it sums the keys [t1 + s, r1 + s) itself and adds
- * right_in (or NULL: none), the same four arrays for the keys from r1 + s on
- * (which need not be in k, v: ws->T may end before them).
  *
  * Returns 1 when done, 0 when some key is +inf or NaN (the caller runs the
  * channel-split kernel, whose handling of those this does not repeat), -1
  * when out of memory. */
 enum { ROW_SPLIT_CH = 512 };
-
 static int band_rows_split(float *out, const float *q, const float *k, const float *v,
-                           const aft_wspec *ws, size_t s, int zero_bias, size_t nt, size_t r0, size_t r1,
-                           const float *carry_in, float *carry_out, const float *right_in)
+                           const aft_wspec *ws, size_t s, int zero_bias, size_t nt)
 {
     const size_t C = ws->C, ldk = ws->ldk, ldv = ws->ldv, T = ws->T;
     const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
     const size_t cwr = ch < ROW_SPLIT_CH ? ch : ROW_SPLIT_CH;
-    const int causal = ws->causal;
     /* slots of (m, s0, s1, scratch), 4C each: n pieces, then one remainder
-     * per thread, then one right sum per thread */
-    float *parts = aft_alloc_array(nt * 12, C * sizeof(float));
+     * per thread */
+    float *parts = aft_alloc_array(nt * 8, C * sizeof(float));
     if (!parts) return -1;
     int failed = 0, bad = 0;
     #pragma omp parallel num_threads((int)nt)
     {
         band_scratch sc;
-        size_t nright = causal ? 0 : (r1 - r0) / nt + 1;   /* rows per thread, at most */
-        float *blk = scratch_alloc(&sc, nright, s, cwr);
+        float *blk = scratch_alloc(&sc, 0, s, cwr);
         if (!blk) {
             #pragma omp atomic write
             failed = 1;
         }
         size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
-        size_t len = r1 - r0, t0 = r0 + len * tid / n, t1 = r0 + len * (tid + 1) / n;
+        size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
         /* Thread i starts from the keys [0, t0_i - s). The longest such prefix
          * (the last thread's) is cut into n equal pieces, one per thread;
          * thread i merges the pieces inside its prefix and sums the rest of
          * it, part of one piece, itself. */
-        size_t tl = r0 + len * (n - 1) / n, P = tl > s ? tl - s : 0, need = t0 > s ? t0 - s : 0;
+        size_t tl = T * (n - 1) / n, P = tl > s ? tl - s : 0, need = t0 > s ? t0 - s : 0;
         size_t p0 = P * tid / n, p1 = P * (tid + 1) / n, full = 0;
         while (full < n && P * (full + 1) / n <= need) full++;
         size_t rest0 = P * full / n;
-        float *m = parts + tid * 4 * C, *r = parts + (n + tid) * 4 * C, *rt = parts + (2 * n + tid) * 4 * C;
-        size_t q0 = t1 + s < T ? t1 + s : T, q1 = r1 + s < T ? r1 + s : T;
+        float *m = parts + tid * 4 * C, *r = parts + (n + tid) * 4 * C;
         #pragma omp barrier
         if (!failed && running_sums(k, ldk, v, ldv, p0, p1, C, m, m + C, m + 2 * C, m + 3 * C)) {
             #pragma omp atomic write
             bad = 1;
         }
-        if (!failed && !causal && running_sums(k, ldk, v, ldv, q0, q1, C, rt, rt + C, rt + 2 * C, rt + 3 * C)) {
-            #pragma omp atomic write
-            bad = 1;
-        }
         /* and the keys in this thread's rows' bands, which the pieces above
          * do not reach for the last rows */
-        if (!failed && keys_bad(k, ldk, t0 > s ? t0 - s : 0, causal ? t1 : (t1 + s < T ? t1 + s : T), C)) {
+        if (!failed && keys_bad(k, ldk, t0 > s ? t0 - s : 0, t1, C)) {
             #pragma omp atomic write
             bad = 1;
-        }
-        if (!failed && !causal) {   /* the right sum: this thread's keys and those after r1 + s */
-            memcpy(rt + 3 * C, rt, C * sizeof(float));   /* their maximum: m itself */
-            if (right_in) aft_sums_merge(rt, right_in, C);
         }
         #pragma omp barrier
         if (!failed && !bad) {
@@ -777,30 +752,19 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                 for (size_t c = 0; c < cw; c++) {
                     float M, a0, a1;
                     merge_sums(parts, 4 * C, full, C, c0 + c, &M, &a0, &a1);
-                    /* and the remainder, and what came before the rows held */
-                    float mr = r[c0 + c], mc = carry_in ? carry_in[c0 + c] : -INFINITY;
-                    float kmax = M > mr ? M : mr;
-                    float Z = kmax > mc ? kmax : mc;
+                    /* and the remainder */
+                    float mr = r[c0 + c];
+                    float Z = M > mr ? M : mr;
                     float fa = M == -INFINITY ? 0.0f : aft_expf(M - Z);
                     float fr = mr == -INFINITY ? 0.0f : aft_expf(mr - Z);
-                    float fc = mc == -INFINITY ? 0.0f : aft_expf(mc - Z);
-                    float c0s = carry_in ? carry_in[C + c0 + c] : 0.0f;
-                    float c1s = carry_in ? carry_in[2 * C + c0 + c] : 0.0f;
-                    float cmax = carry_in ? carry_in[3 * C + c0 + c] : -INFINITY;
                     sc.pst[c] = Z;
-                    sc.pmax[c] = kmax > cmax ? kmax : cmax;
-                    sc.p0[c] = a0 * fa + r[C + c0 + c] * fr + c0s * fc;
-                    sc.p1[c] = a1 * fa + r[2 * C + c0 + c] * fr + c1s * fc;
+                    sc.pmax[c] = Z;
+                    /* fused as before the layer's carry left this
+                     * function: the same bits as then */
+                    sc.p0[c] = fmaf(a0, fa, r[C + c0 + c] * fr);
+                    sc.p1[c] = fmaf(a1, fa, r[2 * C + c0 + c] * fr);
                 }
-                for (size_t i = 0; i < 4 && !causal; i++)   /* this block's channels of the right sum */
-                    memcpy(sc.rin + i * cw, rt + i * C + c0, cw * sizeof(float));
-                band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, !causal);
-                if (carry_out && tid == n - 1) {
-                    memcpy(carry_out + c0, sc.pst, cw * sizeof(float));
-                    memcpy(carry_out + C + c0, sc.p0, cw * sizeof(float));
-                    memcpy(carry_out + 2 * C + c0, sc.p1, cw * sizeof(float));
-                    memcpy(carry_out + 3 * C + c0, sc.pmax, cw * sizeof(float));
-                }
+                band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, 0);
             }
         }
         if (blk) scratch_free(&sc, blk);
@@ -834,22 +798,6 @@ size_t aft_op_band_halo(const aft_wspec *ws)
     return band_window(&w, &zero_bias);
 }
 
-aft_status aft_op_band_rows(float *out, const float *q, const float *k, const float *v,
-                            const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in,
-                            float *carry_out, const float *right_in, int *bad_key, aft_error *err)
-{
-    int zero_bias;
-    size_t s = band_window(ws, &zero_bias);
-    *bad_key = 0;
-    if (r1 > ws->T || r0 > r1 || (!ws->causal && zero_bias))
-        return aft_fail(err, AFT_ERR_ARG, "the row-range band kernel needs a band and rows in range");
-    int r = band_rows_split(out, q, k, v, ws, s, zero_bias, (size_t)aft_get_threads(), r0, r1, carry_in,
-                            carry_out, ws->causal ? NULL : right_in);
-    if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (C = %zu)", ws->C);
-    *bad_key = r == 0;
-    return AFT_OK;
-}
-
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
                        size_t B, const aft_wspec *ws, aft_error *err)
 {
@@ -872,7 +820,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
         int r = 1;
         for (size_t b = 0; b < B && r > 0; b++)
             r = band_rows_split(out + b * T * C, q + b * T * ws->ldq, k + b * T * ws->ldk, v + b * T * ws->ldv,
-                                ws, s, zero_bias, (size_t)aft_get_threads(), 0, T, NULL, NULL, NULL);
+                                ws, s, zero_bias, (size_t)aft_get_threads());
         if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (T = %zu)", T);
         if (r > 0) return AFT_OK;
         /* a key of +inf or NaN: the channel-split kernel below, for all batches */
