@@ -105,16 +105,27 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
     return ret;
 }
 
+/* the index of point v in pt[0 .. n) (sorted, v one of them) */
+static size_t point_index(const size_t *pt, size_t n, size_t v)
+{
+    size_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (pt[mid] < v) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* The streamed path without causality: no mask, a band (local, or conv
  * with keys of one channel per value channel). A row needs the keys left
  * of its window and right of it, so K and V of the whole sequence come
  * first (one product, 2 x T x C floats), then the keys' running sums in
- * pieces, one per chunk, in parallel: piece j of the left sums holds the
- * keys from chunk j's first held row (its start less the halo) to chunk
- * j + 1's, piece j of the right sums the keys from chunk j - 1's end plus
- * the halo to chunk j's (the first from 0: it only checks its keys). Added
- * up from the start and from the end, they give each chunk the sums of
- * every key before its rows and after its window. Then every chunk is
+ * pieces, in parallel: the pieces end where a chunk's held rows start (its
+ * first row less the halo) and where its window ends (its last row plus
+ * the halo), so each key is in one piece (and checked once). Added up from
+ * the start and from the end, they give each chunk the sums of every key
+ * before its rows and after its window. Then every chunk is
  * independent: chunk j on thread j % n, start to end on that thread: its
  * Q, the band kernel on its rows, its output projection. Q, the operator's
  * output and the right part's per-row sums are a chunk's worth per thread,
@@ -130,8 +141,25 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     float *kv = aft_alloc_array(T, 2 * C * sizeof(float));
     float *q = aft_alloc_array((size_t)nt * chunk, C * sizeof(float));
     float *h = aft_alloc_array((size_t)nt * chunk, C * sizeof(float));
-    float *right = aft_alloc_array(nch + 1, 4 * C * sizeof(float));
-    float *left = aft_alloc_array(nch, 4 * C * sizeof(float));
+    /* the points 0, j chunk - halo, j chunk + halo (0 < j < nch) and T,
+     * clamped to T, in order and without repeats: at most 2 nch of them
+     * (halo <= chunk) */
+    size_t *pt = calloc(2 * nch, sizeof *pt), npt = 0;
+    if (pt) {
+        pt[npt++] = 0;
+        for (size_t a = 1, b = 1; a < nch || b < nch;) {
+            size_t va = a < nch ? a * chunk - halo : SIZE_MAX, vb = b < nch ? b * chunk + halo : SIZE_MAX;
+            size_t v = va <= vb ? va : vb;
+            if (va <= vb) a++;
+            else b++;
+            v = v < T ? v : T;
+            if (v != pt[npt - 1]) pt[npt++] = v;
+        }
+        if (pt[npt - 1] != T) pt[npt++] = T;
+    }
+    /* pre[i]: the keys' sums over [0, pt[i]); suf[i]: over [pt[i], T) */
+    float *pre = aft_alloc_array(2 * nch, 4 * C * sizeof(float));
+    float *suf = aft_alloc_array(2 * nch, 4 * C * sizeof(float));
     float *bm = aft_alloc_array((size_t)nt, C * sizeof(float));
     aft_band_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
     /* Q alone and K, V together: the stacked weights' rows [0, C) and
@@ -141,13 +169,13 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     aft_status skv = sq == AFT_OK ? aft_linear_init(&lkv, lw->wcat + C * D, lw->bcat ? lw->bcat + C : NULL,
                                                     2 * C, D, AFT_LINEAR_AUTO, err)
                                   : sq;
-    int ok = kv && q && h && right && left && bm && ctx && skv == AFT_OK;
+    int ok = kv && q && h && pt && pre && suf && bm && ctx && skv == AFT_OK;
     ws.ldq = C;
     ws.ldk = ws.ldv = 2 * C;
     for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_band_ctx_new(&ws, chunk)) != NULL;
     if (!ok) {
         for (int i = 0; ctx && i < nt; i++) aft_band_ctx_free(ctx[i]);
-        free(kv); free(q); free(h); free(right); free(left); free(bm); free(ctx);
+        free(kv); free(q); free(h); free(pt); free(pre); free(suf); free(bm); free(ctx);
         if (sq == AFT_OK) aft_linear_free(&lq);
         if (skv == AFT_OK) aft_linear_free(&lkv);
         *st = skv != AFT_OK ? skv : aft_fail(err, AFT_ERR_NOMEM, "out of memory for K, V of %zu x %zu", T, C);
@@ -166,30 +194,30 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
             aft_linear_apply(&lkv, len, x + (b * T + R0) * D, D, kv + R0 * 2 * C, 2 * C);
         }
         double t1 = aft_now_ms();
+        /* each key in one piece [pt[i], pt[i + 1]), its sums in suf[i];
+         * then the prefixes into pre and the suffixes in place */
         int bad = 0;
         #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(|:bad)
-        for (size_t j = 0; j < nch; j++) {
-            float *scr = bm + (size_t)omp_get_thread_num() * C;
-            size_t e0 = j ? j * chunk + halo : 0, e1 = (j + 1) * chunk + halo;
-            e0 = e0 < T ? e0 : T;
-            e1 = e1 < T ? e1 : T;
-            float *r = right + j * 4 * C;
-            bad |= aft_running_sums(kv, 2 * C, kv + C, 2 * C, e0, e1, C, r, r + C, r + 2 * C, scr);
+        for (size_t i = 0; i < npt - 1; i++) {
+            float *r = suf + i * 4 * C, *scr = bm + (size_t)omp_get_thread_num() * C;
+            bad |= aft_running_sums(kv, 2 * C, kv + C, 2 * C, pt[i], pt[i + 1], C, r, r + C, r + 2 * C, scr);
             memcpy(r + 3 * C, r, C * sizeof(float));
-            if (j + 1 == nch) continue;
-            size_t l0 = j ? j * chunk - halo : 0, l1 = (j + 1) * chunk - halo;
-            float *l = left + j * 4 * C;
-            (void)aft_running_sums(kv, 2 * C, kv + C, 2 * C, l0, l1, C, l, l + C, l + 2 * C, scr);
-            memcpy(l + 3 * C, l, C * sizeof(float));
         }
         if (bad) {
             ret = 0;
             break;
         }
-        /* right + (j + 1): the keys from chunk j's end plus the halo on;
-         * left + (j - 1): the keys before chunk j's first held row */
-        for (size_t j = nch - 1; j-- > 1;) aft_sums_merge(right + j * 4 * C, right + (j + 1) * 4 * C, C);
-        for (size_t j = 1; j + 1 < nch; j++) aft_sums_merge(left + j * 4 * C, left + (j - 1) * 4 * C, C);
+        float *none[2] = {pre, suf + (npt - 1) * 4 * C};   /* no keys: [0, 0) and [T, T) */
+        for (int u = 0; u < 2; u++)
+            for (size_t c = 0; c < C; c++) {
+                none[u][c] = none[u][3 * C + c] = -INFINITY;
+                none[u][C + c] = none[u][2 * C + c] = 0.0f;
+            }
+        for (size_t i = 1; i < npt; i++) {
+            memcpy(pre + i * 4 * C, pre + (i - 1) * 4 * C, 4 * C * sizeof(float));
+            aft_sums_merge(pre + i * 4 * C, suf + (i - 1) * 4 * C, C);
+        }
+        for (size_t i = npt - 1; i-- > 0;) aft_sums_merge(suf + i * 4 * C, suf + (i + 1) * 4 * C, C);
         double t2 = aft_now_ms();
         tm->projections += t1 - t0;
         tm->op += t2 - t1;
@@ -208,9 +236,12 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
                 w.t_off = R0 - hl;
                 w.q_row0 = hl;
                 const float *kr = kv + (R0 - hl) * 2 * C;
-                /* keys already checked by the pieces above */
-                (void)aft_op_band_chunk(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, j ? left + (j - 1) * 4 * C : NULL,
-                                        NULL, j + 1 < nch ? right + (j + 1) * 4 * C : NULL);
+                /* the sums of the keys before R0 - halo and from R0 + len +
+                 * halo on (the pieces above checked every key) */
+                size_t il = point_index(pt, npt, R0 - hl);
+                size_t ir = point_index(pt, npt, R0 + len + halo < T ? R0 + len + halo : T);
+                (void)aft_op_band_chunk(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, 1, j ? pre + il * 4 * C : NULL,
+                                        NULL, j + 1 < nch ? suf + ir * 4 * C : NULL);
                 double u2 = aft_now_ms();
                 aft_linear_apply(&lw->o, len, ht, C, y + (b * T + R0) * D, D);
                 tp += u1 - u0;
@@ -223,7 +254,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
         tm->output += tw / nt;
     }
     for (int i = 0; i < nt; i++) aft_band_ctx_free(ctx[i]);
-    free(kv); free(q); free(h); free(right); free(left); free(bm); free(ctx);
+    free(kv); free(q); free(h); free(pt); free(pre); free(suf); free(bm); free(ctx);
     aft_linear_free(&lq);
     aft_linear_free(&lkv);
     return ret;
@@ -330,7 +361,7 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
                 w.T = hl + len;
                 w.t_off = R0 - hl;
                 const float *r = buf + (halo - hl) * W;
-                int okk = aft_op_band_chunk(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len,
+                int okk = aft_op_band_chunk(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len, 0,
                                             R0 ? carry : NULL, carry, NULL);
                 if (!okk) {
                     #pragma omp atomic write

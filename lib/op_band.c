@@ -300,7 +300,9 @@ static void band_task(float *out, const float *q, const float *k, const float *v
         for (size_t bi = nblk; bi-- > 0;) {
             size_t i0 = r0 + bi * BAND_ROWS, i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
             memcpy(sc->snap + bi * 4 * cw, sc->qst, 4 * cw * sizeof(float));
-            right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 0);
+            /* the sum after the first block is not needed (a chunk of the
+             * layer's pipeline is one block: then there is no pass here) */
+            if (bi > 0) right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 0);
         }
     }
 
@@ -899,13 +901,13 @@ void aft_band_ctx_free(aft_band_ctx *ctx)
 }
 
 int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
-                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out,
-                      const float *right_in)
+                      const aft_wspec *ws, size_t r0, size_t r1, int keys_checked, const float *carry_in,
+                      float *carry_out, const float *right_in)
 {
     int zero_bias;
     size_t s = band_window(ws, &zero_bias);
     const size_t C = ws->C, H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
-    if (keys_bad(k, ws->ldk, r0, r1, C)) return 0;
+    if (!keys_checked && keys_bad(k, ws->ldk, r0, r1, C)) return 0;
     band_scratch *sc = &ctx->sc;
     for (size_t c0 = 0, cw = 0; c0 < C; c0 += cw) {
         size_t hh = c0 / ch, hend = (hh + 1) * ch;
