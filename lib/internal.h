@@ -43,11 +43,9 @@ void *aft_calloc_array(size_t n, size_t size);
  * terms); x above ln(FLT_MAX) gives +inf, NaN stays NaN. Vectorised, this
  * is about 28 instructions per 16 lanes (splitting 2^n in two, as before,
  * took 45: 1.6x slower), with identical results wherever they are normal. */
-static inline float aft_expf(float x)
+/* the bits of exp(xc) for -86.98 <= xc <= 88.72283, as above */
+static inline uint32_t aft_exp_bits(float xc)
 {
-    const float hi = 88.72283f, lo = -86.98f;   /* round(lo / ln 2) = -125 */
-    float xc = x < lo ? lo : x;
-    xc = xc > hi ? hi : xc;
     /* 1.5 * 2^23 + n, exactly: the float's unit in the last place is 1 */
     float big = fmaf(xc, 1.44269504088896341f, 12582912.0f);
     float n = big - 12582912.0f;
@@ -61,11 +59,19 @@ static inline float aft_expf(float x)
     p = fmaf(p, r, 0.5f);
     p = fmaf(p, r, 1.0f);
     p = fmaf(p, r, 1.0f);
-    uint32_t bb, pb, xb;
+    uint32_t bb, pb;
     memcpy(&bb, &big, sizeof bb);
     memcpy(&pb, &p, sizeof pb);
+    return pb + ((bb - 0x4b400000u) << 23);   /* 0x4b400000: 1.5 * 2^23 */
+}
+
+static inline float aft_expf(float x)
+{
+    const float hi = 88.72283f, lo = -86.98f;   /* round(lo / ln 2) = -125 */
+    float xc = x < lo ? lo : x;
+    xc = xc > hi ? hi : xc;
+    uint32_t yb = aft_exp_bits(xc), xb;
     memcpy(&xb, &x, sizeof xb);
-    uint32_t yb = pb + ((bb - 0x4b400000u) << 23);   /* 0x4b400000: 1.5 * 2^23 */
     /* the edges, from x's bits with integer masks: a float comparison or a
      * select here makes GCC move the arithmetic above into branches, which
      * it then cannot vectorise without AVX-512's masks. A negative float's
@@ -76,6 +82,20 @@ static inline float aft_expf(float x)
     uint32_t nan = 0u - (uint32_t)((xb & 0x7fffffffu) > 0x7f800000u);
     yb = (yb & ~(under | over)) | (over & 0x7f800000u);   /* 0 below, +inf above */
     yb = (yb & ~nan) | (xb & nan);                          /* NaN stays NaN */
+    float y;
+    memcpy(&y, &yb, sizeof y);
+    return y;
+}
+
+/* aft_expf for x <= 0 (-inf included) that is never NaN: a key less a
+ * maximum over checked keys. The same value, without the edges such x
+ * cannot reach (about 17 instructions a vector instead of 28). */
+static inline float aft_expf_nonpos(float x)
+{
+    float xc = x < -86.98f ? -86.98f : x;
+    uint32_t yb = aft_exp_bits(xc), xb;
+    memcpy(&xb, &x, sizeof xb);
+    yb &= ~(0u - (uint32_t)(xb > 0xc2adf5c3u));   /* 0 below -86.98 */
     float y;
     memcpy(&y, &yb, sizeof y);
     return y;

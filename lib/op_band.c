@@ -152,6 +152,24 @@ static int plan_block(float *restrict nst, float *restrict first, const float *s
     return ok;
 }
 
+/* e = exp(k - mk) and ev = e v for n channels; with keys_ok (no key +inf
+ * or NaN, mk >= every key) through aft_expf_nonpos, the same values */
+static inline void ek_row(float *restrict e, float *restrict ev, const float *restrict k,
+                          const float *restrict v, const float *restrict mk, size_t n, int keys_ok)
+{
+    if (keys_ok) {
+        for (size_t c = 0; c < n; c++) {
+            e[c] = aft_expf_nonpos(k[c] - mk[c]);
+            ev[c] = e[c] * v[c];
+        }
+    } else {
+        for (size_t c = 0; c < n; c++) {
+            e[c] = aft_expf(k[c] - mk[c]);
+            ev[c] = e[c] * v[c];
+        }
+    }
+}
+
 /* BV: vectors of channels per row in band_sums, with the BV + BV loaded
  * vectors beside the sums (2 x 16 floats with AVX-512; 1 vector else) */
 enum { BCH = BV * AFT_VL };   /* channels per step */
@@ -323,10 +341,14 @@ static void band_task(float *out, const float *q, const float *k, const float *v
 
         /* band factors exp(k - mk), mk the block's key maximum per channel */
         float *mk = sc->mk;
+        int keys_ok = 1;   /* no key +inf or NaN (the fall-back kernel meets them) */
         for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
         for (size_t j = lob; j < hib; j++) {
             const float *kr = k + j * ldk;
-            for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
+            for (size_t c = 0; c < cw; c++) {
+                mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
+                keys_ok &= kr[c] < INFINITY;
+            }
         }
         for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
         for (size_t j = lob; j < hib; j++) {
@@ -334,10 +356,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
             for (size_t cb = 0; cb < cw; cb += EKB) {
                 float *e = sc->ek + cb / EKB * bs + (j - lob) * EKB, *ev = sc->ekv + cb / EKB * bs + (j - lob) * EKB;
                 size_t n = cw - cb < EKB ? cw - cb : EKB;
-                for (size_t c = 0; c < n; c++) {
-                    e[c] = aft_expf(kr[cb + c] - mk[cb + c]);
-                    ev[c] = e[c] * vr[cb + c];
-                }
+                ek_row(e, ev, kr + cb, vr + cb, mk + cb, n, keys_ok);
             }
         }
 
@@ -538,10 +557,12 @@ static int running_sums(const float *k, size_t ldk, const float *v, size_t ldv, 
             m[c] = bm[c] > m[c] ? bm[c] : m[c];
             bm[c] = isfinite(m[c]) ? m[c] : 0.0f;   /* only -inf keys so far: they give 0 */
         }
+        /* k - bm <= 0; NaN only with a bad key, and then the sums are
+         * not used */
         for (size_t t = b0; t < b1; t++) {
             const float *kr = k + t * ldk, *vr = v + t * ldv;
             for (size_t c = 0; c < n; c++) {
-                float e = aft_expf(kr[c] - bm[c]);
+                float e = aft_expf_nonpos(kr[c] - bm[c]);
                 s0[c] += e;
                 s1[c] += e * vr[c];
             }

@@ -8,7 +8,8 @@
  *   x < -86.98 -> 0 (the flush: such terms are below 1.7e-38);
  *   otherwise a finite normal float within 1.5e-7 relative of exp(x).
  * Both the scalar code and the loop the compiler vectorises are checked:
- * the kernels only ever call aft_expf inside such loops.
+ * the kernels only ever call aft_expf inside such loops. aft_expf_nonpos,
+ * for x <= 0 and never NaN, must give aft_expf's bits on all such x.
  */
 #include <float.h>
 #include <math.h>
@@ -131,12 +132,55 @@ static void test_expf_monotone(void **state)
     assert_true(steps > 100000);
 }
 
+/* aft_expf_nonpos against aft_expf, bit for bit, in a loop (vectorised)
+ * and alone, on every 251st non-positive float from -0 to -inf, plus the
+ * edges */
+static void exp_nonpos_loop(float *restrict y, const float *restrict x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = aft_expf_nonpos(x[i]);
+}
+
+static void test_expf_nonpos_same_bits(void **state)
+{
+    (void)state;
+    static float xs[N], ya[N], yb[N];
+    size_t n = 0, bad = 0;
+    uint64_t u = 0x80000000u;
+    const uint64_t end = 0xff800000u;   /* -inf */
+    while (u <= end) {
+        size_t m = 0;
+        for (; m < N && u <= end; m++, u += 251) {
+            uint32_t b = (uint32_t)u;
+            memcpy(&xs[m], &b, sizeof b);
+        }
+        if (u > end && m < N) xs[m++] = -INFINITY;
+        if (n == 0) {   /* the edges, in place of the first ones */
+            const float edges[] = {0.0f, -0.0f, LO, nextafterf(LO, 0.0f), nextafterf(LO, -INFINITY), -87.3f,
+                                   -1e30f, -INFINITY, -1e-40f, -0.34657359f, -FLT_MIN};
+            memcpy(xs, edges, sizeof edges);
+        }
+        exp_loop(ya, xs, m);
+        exp_nonpos_loop(yb, xs, m);
+        for (size_t i = 0; i < m; i++) {
+            float one = aft_expf_nonpos(xs[i]);
+            int same = memcmp(&ya[i], &yb[i], sizeof(float)) == 0 && memcmp(&ya[i], &one, sizeof(float)) == 0;
+            if (!same && bad < 5) fprintf(stderr, "x = %a: aft_expf %a, aft_expf_nonpos %a / %a\n", xs[i], ya[i], yb[i], one);
+            bad += !same;
+        }
+        n += m;
+    }
+    fprintf(stderr, "%zu non-positive floats, %zu different\n", n, bad);
+    assert_true(n > 8000000);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expf_sampled),
         cmocka_unit_test(test_expf_edges),
         cmocka_unit_test(test_expf_monotone),
+        cmocka_unit_test(test_expf_nonpos_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
