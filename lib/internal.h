@@ -262,17 +262,17 @@ size_t aft_op_band_halo(const aft_wspec *ws);
  * keys before local row 0, and after this call before row r1 - halo.
  * Without causality k and v must hold every row before r1 + halo (or to the
  * end), and right_in (NULL: none) holds the same four arrays for the keys
- * from r1 + halo on. Unless keys_checked (the caller did), the keys of
- * rows [r0, r1) are checked: 0 when one is +inf or NaN (nothing usable
- * written; the caller must run the whole sequence through
+ * from r1 + halo on. Returns 0 when a key of rows [r0, r1) is +inf or NaN
+ * (found as the kernel reads them: what it wrote, carry_out included, is
+ * then unusable, and the caller must run the whole sequence through
  * aft_op_forward_ld), 1 when done. The context holds one
  * thread's scratch for chunks of up to `rows` rows (NULL: out of memory). */
 typedef struct aft_band_ctx aft_band_ctx;
 aft_band_ctx *aft_band_ctx_new(const aft_wspec *ws, size_t rows);
 void aft_band_ctx_free(aft_band_ctx *ctx);
 int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
-                      const aft_wspec *ws, size_t r0, size_t r1, int keys_checked, const float *carry_in,
-                      float *carry_out, const float *right_in);
+                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out,
+                      const float *right_in);
 /* The softmax sums of keys [r0, r1) (n channels, rows ldk and ldv apart):
  * m = their maximum per channel (-inf: none), s0 = sum exp(k - m), s1 =
  * sum exp(k - m) v; scratch n floats. Returns 1 when a key is +inf or NaN. */

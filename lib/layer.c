@@ -240,7 +240,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
                  * halo on (the pieces above checked every key) */
                 size_t il = point_index(pt, npt, R0 - hl);
                 size_t ir = point_index(pt, npt, R0 + len + halo < T ? R0 + len + halo : T);
-                (void)aft_op_band_chunk(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, 1, j ? pre + il * 4 * C : NULL,
+                (void)aft_op_band_chunk(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, j ? pre + il * 4 * C : NULL,
                                         NULL, j + 1 < nch ? suf + ir * 4 * C : NULL);
                 double u2 = aft_now_ms();
                 aft_linear_apply(&lw->o, len, ht, C, y + (b * T + R0) * D, D);
@@ -361,7 +361,7 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
                 w.T = hl + len;
                 w.t_off = R0 - hl;
                 const float *r = buf + (halo - hl) * W;
-                int okk = aft_op_band_chunk(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len, 0,
+                int okk = aft_op_band_chunk(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len,
                                             R0 ? carry : NULL, carry, NULL);
                 if (!okk) {
                     #pragma omp atomic write

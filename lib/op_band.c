@@ -291,8 +291,10 @@ static void right_block(band_scratch *sc, const float *k, const float *v, size_t
 // rows [r0, r1) of channels [c0, c0 + cw); with have_left the left running
 // sum in sc (pst, p0, p1, pmax) already holds the keys before r0 - s, else
 // it starts empty; without causality, with have_right the right one starts
-// from sc->rin (the keys from r1 + s on), else from nothing
-static void band_task(float *out, const float *q, const float *k, const float *v,
+// from sc->rin (the keys from r1 + s on), else from nothing. Returns 0 when
+// a key the band blocks read (every key of the rows among them) is +inf or
+// NaN, 1 otherwise.
+static int band_task(float *out, const float *q, const float *k, const float *v,
                       const aft_wspec *ws, size_t h, size_t c0, size_t cw, size_t s,
                       int zero_bias, band_scratch *sc, size_t r0, size_t r1, int have_left, int have_right)
 {
@@ -326,6 +328,7 @@ static void band_task(float *out, const float *q, const float *k, const float *v
 
     /* ---- left part runs forward as rows advance: row t holds t' <= t - s */
     float *pst = sc->pst, *p0 = sc->p0, *p1 = sc->p1, *pmax = sc->pmax;
+    int all_ok = 1;
     if (!have_left)
         for (size_t c = 0; c < cw; c++) { pst[c] = -INFINITY; p0[c] = 0.0f; p1[c] = 0.0f; pmax[c] = -INFINITY; }
 
@@ -496,7 +499,9 @@ static void band_task(float *out, const float *q, const float *k, const float *v
          * stabiliser plan_block chose (the left sum's stabiliser is always
          * its largest key once a block is done) */
         if (fixed && i1 > s) memcpy(pmax, pst, cw * sizeof(float));
+        all_ok &= keys_ok;
     }
+    return all_ok;
 }
 
 /* simple, not causal: Y[t,c] = sigmoid(q) * sum softmax_t'(k) v, one
@@ -787,7 +792,7 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                     sc.p0[c] = fmaf(a0, fa, r[C + c0 + c] * fr);
                     sc.p1[c] = fmaf(a1, fa, r[2 * C + c0 + c] * fr);
                 }
-                band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, 0);
+                (void)band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, 0);
             }
         }
         if (blk) scratch_free(&sc, blk);
@@ -882,7 +887,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
                 if (global_simple)
                     simple_task(ob, qb, kb, vb, ws, c0, cw, sc.mk, sc.p0, sc.p1);
                 else
-                    band_task(ob, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc, 0, T, 0, 0);
+                    (void)band_task(ob, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc, 0, T, 0, 0);
             }
         }
         scratch_free(&sc, blk);
@@ -922,14 +927,14 @@ void aft_band_ctx_free(aft_band_ctx *ctx)
 }
 
 int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
-                      const aft_wspec *ws, size_t r0, size_t r1, int keys_checked, const float *carry_in,
-                      float *carry_out, const float *right_in)
+                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out,
+                      const float *right_in)
 {
     int zero_bias;
     size_t s = band_window(ws, &zero_bias);
     const size_t C = ws->C, H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
-    if (!keys_checked && keys_bad(k, ws->ldk, r0, r1, C)) return 0;
     band_scratch *sc = &ctx->sc;
+    int ok = 1;
     for (size_t c0 = 0, cw = 0; c0 < C; c0 += cw) {
         size_t hh = c0 / ch, hend = (hh + 1) * ch;
         cw = hend - c0 < ctx->cwr ? hend - c0 : ctx->cwr;
@@ -942,12 +947,12 @@ int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float
         int have_right = !ws->causal && right_in;
         for (size_t i = 0; i < 4 && have_right; i++)
             memcpy(sc->rin + i * cw, right_in + i * C + c0, cw * sizeof(float));
-        band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, sc, r0, r1, 1, have_right);
+        ok &= band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, sc, r0, r1, 1, have_right);
         if (!carry_out) continue;
         memcpy(carry_out + c0, sc->pst, cw * sizeof(float));
         memcpy(carry_out + C + c0, sc->p0, cw * sizeof(float));
         memcpy(carry_out + 2 * C + c0, sc->p1, cw * sizeof(float));
         memcpy(carry_out + 3 * C + c0, sc->pmax, cw * sizeof(float));
     }
-    return 1;
+    return ok;
 }
