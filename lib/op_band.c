@@ -181,38 +181,51 @@ _Static_assert(EKB % BCH == 0, "a step's channels lie in one block");
 // (nw, cw); b0, b1: (GROUP, cw). The inner loop of the whole kernel: each
 // ek/ekv vector loaded feeds GROUP rows' sums (one row at a time, the loads
 // from L2 were the limit), BCH channels x GROUP rows x 2 sums in registers.
+// Band rows j >= jt (jt <= nw) go to rows i > j - jt only: the caller
+// sets jt where the rows left out do not see them. Under causality those
+// band rows are later than the rows left out, and 0 * inf or 0 * NaN from a
+// later value would otherwise reach an earlier row.
 static inline void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
-                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t cw,
-                             size_t bs)
+                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t jt,
+                             size_t cw, size_t bs)
 {
     size_t c = 0;
     for (; c + BCH <= cw; c += BCH) {
         aft_vf a[GROUP][BV], d[GROUP][BV];
+        const float *eb = ek + c / EKB * bs + c % EKB, *vb = ekv + c / EKB * bs + c % EKB;
         #pragma GCC unroll 16
         for (int i = 0; i < GROUP; i++)
             #pragma GCC unroll 2
             for (int u = 0; u < BV; u++) a[i][u] = d[i][u] = (aft_vf){0};
-        for (size_t j = 0; j < nw; j++) {
-            const float *er = ek + c / EKB * bs + j * EKB + c % EKB, *vr = ekv + c / EKB * bs + j * EKB + c % EKB;
-            const float *wj = ew + j * GROUP;
-            aft_vf e[BV], x[BV];
-            #pragma GCC unroll 2
-            for (int u = 0; u < BV; u++) {
-                e[u] = aft_vld(er + u * AFT_VL);
-                x[u] = aft_vld(vr + u * AFT_VL);
-                AFT_IN_REG(e[u]);
-                AFT_IN_REG(x[u]);
-            }
-            #pragma GCC unroll 16
-            for (int i = 0; i < GROUP; i++) {
-                float wi = wj[i];
-                #pragma GCC unroll 2
-                for (int u = 0; u < BV; u++) {
-                    a[i][u] += wi * e[u];
-                    d[i][u] += wi * x[u];
-                }
-            }
+        /* one band row j to rows [i0, i1) (constants once unrolled) */
+#define BAND_ROW(j, i0, i1)                                                    \
+        do {                                                                   \
+            const float *wj = ew + (j) * GROUP;                                \
+            aft_vf e[BV], x[BV];                                               \
+            _Pragma("GCC unroll 2")                                            \
+            for (int u = 0; u < BV; u++) {                                     \
+                e[u] = aft_vld(eb + (j) * EKB + u * AFT_VL);                   \
+                x[u] = aft_vld(vb + (j) * EKB + u * AFT_VL);                   \
+                AFT_IN_REG(e[u]);                                              \
+                AFT_IN_REG(x[u]);                                              \
+            }                                                                  \
+            _Pragma("GCC unroll 16")                                           \
+            for (int i = (i0); i < (i1); i++) {                                \
+                float wi = wj[i];                                              \
+                _Pragma("GCC unroll 2")                                        \
+                for (int u = 0; u < BV; u++) {                                 \
+                    a[i][u] += wi * e[u];                                      \
+                    d[i][u] += wi * x[u];                                      \
+                }                                                              \
+            }                                                                  \
+        } while (0)
+        for (size_t j = 0; j < jt; j++) BAND_ROW(j, 0, GROUP);
+        #pragma GCC unroll 8
+        for (int m = 0; m < GROUP - 1; m++) {
+            if (jt + (size_t)m >= nw) break;
+            BAND_ROW(jt + (size_t)m, m + 1, GROUP);
         }
+#undef BAND_ROW
         #pragma GCC unroll 16
         for (int i = 0; i < GROUP; i++)
             #pragma GCC unroll 2
@@ -226,6 +239,7 @@ static inline void band_sums(float *restrict b0, float *restrict b1, const float
         size_t o = c / EKB * bs + c % EKB;
         for (size_t j = 0; j < nw; j++)
             for (size_t i = 0; i < GROUP; i++) {
+                if (j >= jt && i + jt <= j) continue;
                 a[i] = fmaf(ew[j * GROUP + i], ek[o + j * EKB], a[i]);
                 d[i] = fmaf(ew[j * GROUP + i], ekv[o + j * EKB], d[i]);
             }
@@ -441,7 +455,11 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
                     sc->r[i] = r;
                     for (size_t j = 0; j < nw; j++) ew[(lo - ulo + j) * GROUP + i] = aft_expf(w[j] - r);
                 }
-                band_sums(sc->b0, sc->b1, ew, sc->ek + (ulo - lob) * EKB, sc->ekv + (ulo - lob) * EKB, un, cw, bs);
+                /* under causality row i sees band rows up to jt - 1 + i
+                 * (band_sums leaves the later ones out) */
+                size_t jt = causal ? t0 - ulo + 1 : un;
+                band_sums(sc->b0, sc->b1, ew, sc->ek + (ulo - lob) * EKB, sc->ekv + (ulo - lob) * EKB, un, jt, cw,
+                          bs);
 
                 for (size_t i = 0; i < gn; i++) {
                     size_t t = t0 + i;

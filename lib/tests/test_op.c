@@ -1204,6 +1204,59 @@ static void test_op_rows_bad_key(void **state)
     free(rq); free(rk); free(rv);
 }
 
+/* Causality with a value that is NaN or +inf: the fast kernels' rows
+ * before it must not see it (0 * NaN is NaN), so they come out the same to
+ * the bit as with that value 0, and the rows from it on, in its channel,
+ * are NaN or infinite. Local (dense bias), conv (2 heads) and simple; rows
+ * in groups and blocks of every phase; 1-3 threads. */
+static void test_op_causal_later_value(void **state)
+{
+    (void)state;
+    const size_t T = 300, C = 8, n = T * C, t_bad = 150, c_bad = 2;
+    const float bads[] = {NAN, INFINITY};
+    rng r = {91};
+    float *q = randf(&r, n, 2), *k = randf(&r, n, 3), *v = randf(&r, n, 1), *w = randf(&r, T * T, 1),
+          *u = randf(&r, 2 * 9, 1);
+    float *y0 = xmalloc(n * sizeof *y0), *y1 = xmalloc(n * sizeof *y1);
+    for (int var = 0; var < 3; var++)
+        for (size_t bi = 0; bi < N_OF(bads); bi++)
+            for (int th = 1; th <= 3; th++) {
+                aft_bias bias;
+                memset(&bias, 0, sizeof bias);
+                aft_config cfg;
+                if (var == 0) {
+                    cfg = make_cfg(AFT_LOCAL, 9, 0, 1);
+                    bias.kind = AFT_BIAS_DENSE;
+                    bias.dense = w;
+                    bias.tmax = T;
+                } else if (var == 1) {
+                    cfg = make_cfg(AFT_CONV, 5, 2, 1);
+                    bias.kind = AFT_BIAS_CONV;
+                    bias.conv = u;
+                } else {
+                    cfg = make_cfg(AFT_SIMPLE, 0, 0, 1);
+                }
+                cfg.impl = AFT_IMPL_FAST;
+                cfg.threads = th;
+                aft_error err = {{0}};
+                v[t_bad * C + c_bad] = 0.0f;
+                assert_int_equal(aft_op_forward(y0, q, k, v, &bias, &cfg, 1, T, C, C, &err), AFT_OK);
+                v[t_bad * C + c_bad] = bads[bi];
+                assert_int_equal(aft_op_forward(y1, q, k, v, &bias, &cfg, 1, T, C, C, &err), AFT_OK);
+                for (size_t i = 0; i < n; i++) {
+                    size_t t = i / C, c = i % C;
+                    if (t < t_bad && memcmp(&y0[i], &y1[i], sizeof(float)) != 0)
+                        fail_msg("%s, v = %g at t = %zu, threads %d: row %zu channel %zu is %.9g, %.9g without it",
+                                 aft_variant_name(cfg.variant), (double)bads[bi], t_bad, th, t, c, (double)y1[i],
+                                 (double)y0[i]);
+                    if (t >= t_bad && c == c_bad && isfinite(y1[i]))
+                        fail_msg("%s, v = %g at t = %zu: row %zu is finite (%.9g)", aft_variant_name(cfg.variant),
+                                 (double)bads[bi], t_bad, t, (double)y1[i]);
+                }
+            }
+    free(q); free(k); free(v); free(w); free(u); free(y0); free(y1);
+}
+
 /* With one head the dense kernel runs its own fused product on AVX-512
  * machines (the grids above take that path there); these cases run the
  * OpenBLAS path it replaces (AFT_DENSE_BLAS=1), causal and not, which is
@@ -2179,6 +2232,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_simple_rows),
         cmocka_unit_test(test_op_causal_rows),
         cmocka_unit_test(test_op_rows_bad_key),
+        cmocka_unit_test(test_op_causal_later_value),
         cmocka_unit_test(test_op_full_blas),
         cmocka_unit_test(test_op_full_rising_bias),
         cmocka_unit_test(test_op_threads),
