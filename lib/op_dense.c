@@ -78,7 +78,8 @@ typedef struct {
 } dense_job;
 
 /* exact recomputation in double of the entries of row t (head h) marked NaN
- * because their den underflowed; rows with nothing visible come out 0 */
+ * because their den underflowed or they came out NaN or infinite; rows
+ * with nothing visible come out 0 */
 static void redo_row(const dense_job *jb, size_t h, size_t t, size_t tv, float *wrow, float *yr)
 {
     const aft_wspec *ws = jb->ws;
@@ -121,7 +122,9 @@ static void finish_rows(const dense_job *jb, size_t h, size_t i0, size_t bi, siz
         for (size_t c = 0; c < ch; c++) {
             float den = a[ch + c];
             float y = aft_sigmoidf(qr[c]) * (a[c] / den);
-            int bad = !(den >= AFT_DEN_EXACT_BELOW);
+            /* and y not finite: a value NaN or +inf reaches every row of
+             * the product, those that do not see it times 0 */
+            int bad = !(den >= AFT_DEN_EXACT_BELOW) || !isfinite(y);
             yr[c] = bad ? NAN : y;
             bad_row |= bad;
         }

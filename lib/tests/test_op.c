@@ -1208,7 +1208,10 @@ static void test_op_rows_bad_key(void **state)
  * before it must not see it (0 * NaN is NaN), so they come out the same to
  * the bit as with that value 0, and the rows from it on, in its channel,
  * are NaN or infinite. Local (dense bias), conv (2 heads) and simple; rows
- * in groups and blocks of every phase; 1-3 threads. */
+ * in groups and blocks of every phase; 1-3 threads. Then full, causal, and
+ * full with a mask that hides the value's row from every query: the rows
+ * that do not see it match within rounding (the dense kernel recomputes
+ * them exactly). */
 static void test_op_causal_later_value(void **state)
 {
     (void)state;
@@ -1218,7 +1221,9 @@ static void test_op_causal_later_value(void **state)
     float *q = randf(&r, n, 2), *k = randf(&r, n, 3), *v = randf(&r, n, 1), *w = randf(&r, T * T, 1),
           *u = randf(&r, 2 * 9, 1);
     float *y0 = xmalloc(n * sizeof *y0), *y1 = xmalloc(n * sizeof *y1);
-    for (int var = 0; var < 3; var++)
+    uint8_t *mask = xmalloc(T * T);
+    for (size_t i = 0; i < T * T; i++) mask[i] = i % T != t_bad;
+    for (int var = 0; var < 5; var++)
         for (size_t bi = 0; bi < N_OF(bads); bi++)
             for (int th = 1; th <= 3; th++) {
                 aft_bias bias;
@@ -1233,8 +1238,14 @@ static void test_op_causal_later_value(void **state)
                     cfg = make_cfg(AFT_CONV, 5, 2, 1);
                     bias.kind = AFT_BIAS_CONV;
                     bias.conv = u;
-                } else {
+                } else if (var == 2) {
                     cfg = make_cfg(AFT_SIMPLE, 0, 0, 1);
+                } else {   /* full: causal, or with the mask */
+                    cfg = make_cfg(AFT_FULL, 0, 0, var == 3);
+                    bias.kind = AFT_BIAS_DENSE;
+                    bias.dense = w;
+                    bias.tmax = T;
+                    bias.mask = var == 4 ? mask : NULL;
                 }
                 cfg.impl = AFT_IMPL_FAST;
                 cfg.threads = th;
@@ -1245,6 +1256,14 @@ static void test_op_causal_later_value(void **state)
                 assert_int_equal(aft_op_forward(y1, q, k, v, &bias, &cfg, 1, T, C, C, &err), AFT_OK);
                 for (size_t i = 0; i < n; i++) {
                     size_t t = i / C, c = i % C;
+                    if (var == 4 || (var == 3 && t < t_bad)) {
+                        if (!(fabsf(y1[i] - y0[i]) <= 1e-6f + 1e-5f * fabsf(y0[i])))
+                            fail_msg("full%s, v = %g at t = %zu, threads %d: row %zu channel %zu is %.9g, %.9g "
+                                     "without it", var == 3 ? " causal" : " masked", (double)bads[bi], t_bad, th, t,
+                                     c, (double)y1[i], (double)y0[i]);
+                        continue;
+                    }
+                    if (var == 4) continue;
                     if (t < t_bad && memcmp(&y0[i], &y1[i], sizeof(float)) != 0)
                         fail_msg("%s, v = %g at t = %zu, threads %d: row %zu channel %zu is %.9g, %.9g without it",
                                  aft_variant_name(cfg.variant), (double)bads[bi], t_bad, th, t, c, (double)y1[i],
@@ -1254,7 +1273,7 @@ static void test_op_causal_later_value(void **state)
                                  (double)bads[bi], t_bad, t, (double)y1[i]);
                 }
             }
-    free(q); free(k); free(v); free(w); free(u); free(y0); free(y1);
+    free(q); free(k); free(v); free(w); free(u); free(y0); free(y1); free(mask);
 }
 
 /* With one head the dense kernel runs its own fused product on AVX-512
