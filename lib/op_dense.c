@@ -18,6 +18,7 @@
 #include "internal.h"
 
 #include <cblas.h>
+#include <float.h>
 #include <stdlib.h>
 
 enum { CAUSAL_CHUNK = 256 };
@@ -107,28 +108,35 @@ static void redo_row(const dense_job *jb, size_t h, size_t t, size_t tv, float *
     }
 }
 
+/* one row: y = sigmoid(q) num / den, NaN where den underflowed or y is
+ * not finite (a value NaN or +inf reaches every row of the product, those
+ * that do not see it times 0); returns whether any entry is NaN. (restrict
+ * pointers: so GCC vectorises it) */
+static int dense_row_out(float *restrict yr, const float *restrict qr, const float *restrict num,
+                         const float *restrict den, size_t ch)
+{
+    int any = 0;
+    for (size_t c = 0; c < ch; c++) {
+        float y = aft_sigmoidf(qr[c]) * (num[c] / den[c]);
+        int bad = !(den[c] >= AFT_DEN_EXACT_BELOW) | !(fabsf(y) <= FLT_MAX);
+        yr[c] = bad ? NAN : y;
+        any |= bad;
+    }
+    return any;
+}
+
 /* rows [i0, i0 + bi) of head h from their sums, (num | den) per row, rows
- * lda apart: y = sigmoid(q) num / den, and the exact recomputation where den
- * underflowed */
+ * lda apart: the rows' outputs, and the exact recomputation of the entries
+ * marked NaN */
 static void finish_rows(const dense_job *jb, size_t h, size_t i0, size_t bi, size_t tv, const float *acc,
                         size_t lda, float *wrow, float *out)
 {
     const size_t C = jb->ws->C, ldq = jb->ws->ldq, ch = jb->ch;
     for (size_t i = 0; i < bi; i++) {
         size_t t = i0 + i;
-        const float *a = acc + i * lda, *qr = jb->q + t * ldq + h * ch;
+        const float *a = acc + i * lda;
         float *yr = out + t * C + h * ch;
-        int bad_row = 0;
-        for (size_t c = 0; c < ch; c++) {
-            float den = a[ch + c];
-            float y = aft_sigmoidf(qr[c]) * (a[c] / den);
-            /* and y not finite: a value NaN or +inf reaches every row of
-             * the product, those that do not see it times 0 */
-            int bad = !(den >= AFT_DEN_EXACT_BELOW) || !isfinite(y);
-            yr[c] = bad ? NAN : y;
-            bad_row |= bad;
-        }
-        if (bad_row) redo_row(jb, h, t, tv, wrow, yr);
+        if (dense_row_out(yr, jb->q + t * ldq + h * ch, a, a + ch, ch)) redo_row(jb, h, t, tv, wrow, yr);
     }
 }
 
