@@ -252,34 +252,24 @@ static inline void band_sums(float *restrict b0, float *restrict b1, const float
 
 /* one output row: the band, left and right parts in units of exp(zc + zr),
  * y = sigmoid(q) * num / den with one division; redo[c] marks entries whose
- * den underflowed. Returns whether any did. rs0 NULL: no right part
- * (causal), the same arithmetic without its zeros. (A function of its own
- * so that restrict tells the compiler nothing here aliases: the char stores
- * to redo would otherwise need more run-time alias checks than it makes,
- * and the loop stayed scalar.) */
-static inline int band_row_out(float *restrict yr, unsigned char *restrict redo, const float *restrict qr,
-                               const float *restrict b0, const float *restrict b1, const float *restrict p0,
-                               const float *restrict p1, const float *restrict rs0, const float *restrict rs1,
-                               const float *restrict fe, const float *restrict fp, const float *restrict fs,
-                               float fr, float fz, size_t cw)
+ * den underflowed. Returns whether any did. Without `right` (causal: rs0,
+ * rs1 and fs unused) the same arithmetic without the right part's zeros;
+ * callers pass it as a constant, so each form is a loop of its own. (A
+ * function of its own so that restrict tells the compiler nothing here
+ * aliases: the char stores to redo would otherwise need more run-time alias
+ * checks than it makes, and the loop stayed scalar.) */
+static inline __attribute__((always_inline)) int
+band_row_out(float *restrict yr, unsigned char *restrict redo, const float *restrict qr, const float *restrict b0,
+             const float *restrict b1, const float *restrict p0, const float *restrict p1,
+             const float *restrict rs0, const float *restrict rs1, const float *restrict fe,
+             const float *restrict fp, const float *restrict fs, float fr, float fz, size_t cw, int right)
 {
     int any = 0;
-    if (!rs0) {
-        for (size_t c = 0; c < cw; c++) {
-            float fb = fe[c] * fr;
-            float den = b0[c] * fb + (p0[c] * fp[c]) * fz;
-            float num = b1[c] * fb + (p1[c] * fp[c]) * fz;
-            yr[c] = num / (den * (1.0f + aft_expf(-qr[c])));
-            unsigned char bad = !(den >= AFT_DEN_EXACT_BELOW);
-            redo[c] = bad;
-            any |= bad;
-        }
-        return any;
-    }
     for (size_t c = 0; c < cw; c++) {
         float fb = fe[c] * fr;
-        float den = b0[c] * fb + (p0[c] * fp[c] + rs0[c] * fs[c]) * fz;
-        float num = b1[c] * fb + (p1[c] * fp[c] + rs1[c] * fs[c]) * fz;
+        float l0 = p0[c] * fp[c], l1 = p1[c] * fp[c];
+        float den = b0[c] * fb + (right ? l0 + rs0[c] * fs[c] : l0) * fz;
+        float num = b1[c] * fb + (right ? l1 + rs1[c] * fs[c] : l1) * fz;
         yr[c] = num / (den * (1.0f + aft_expf(-qr[c])));
         unsigned char bad = !(den >= AFT_DEN_EXACT_BELOW);
         redo[c] = bad;
@@ -484,8 +474,10 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
                     /* causal: no right part (zeros for the exact sums below) */
                     const float *rs0 = causal ? sc->zeros : sc->rs0 + (t - i0) * cw;
                     const float *rs1 = causal ? sc->zeros : sc->rs1 + (t - i0) * cw;
-                    int any_redo = band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, causal ? NULL : rs0, rs1,
-                                                sc->fe, sc->fp, sc->fs, fr, fz, cw);
+                    int any_redo = causal ? band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe,
+                                                         sc->fp, sc->fs, fr, fz, cw, 0)
+                                          : band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe,
+                                                         sc->fp, sc->fs, fr, fz, cw, 1);
                     if (!any_redo) continue;
 
                     /* exact in double: the band's terms one by one, the running
