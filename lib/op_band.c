@@ -612,15 +612,6 @@ void aft_sums_merge(float *a, const float *b, size_t n)
     }
 }
 
-/* 1 when a key of rows [r0, r1) (n channels) is +inf or NaN */
-static int keys_bad(const float *k, size_t ldk, size_t r0, size_t r1, size_t n)
-{
-    int bad = 0;
-    for (size_t t = r0; t < r1; t++)
-        for (size_t c = 0; c < n; c++) bad |= !(k[t * ldk + c] < INFINITY);
-    return bad;
-}
-
 int aft_running_sums(const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1, size_t n,
                      float *m, float *s0, float *s1, float *scratch)
 {
@@ -785,12 +776,6 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
             #pragma omp atomic write
             bad = 1;
         }
-        /* and the keys in this thread's rows' bands, which the pieces above
-         * do not reach for the last rows */
-        if (!failed && keys_bad(k, ldk, t0 > s ? t0 - s : 0, t1, C)) {
-            #pragma omp atomic write
-            bad = 1;
-        }
         #pragma omp barrier
         if (!failed && !bad) {
             /* keys [rest0, need) lie in a piece checked above */
@@ -815,7 +800,13 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                     sc.p0[c] = fmaf(a0, fa, r[C + c0 + c] * fr);
                     sc.p1[c] = fmaf(a1, fa, r[2 * C + c0 + c] * fr);
                 }
-                (void)band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, 0);
+                /* the keys of this thread's rows' bands, which the pieces
+                 * above do not reach for the last rows, are checked here:
+                 * each key is in some thread's bands */
+                if (!band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, 0)) {
+                    #pragma omp atomic write
+                    bad = 1;
+                }
             }
         }
         if (blk) scratch_free(&sc, blk);
