@@ -19,7 +19,7 @@ typedef struct {
 
 /* The streamed path of simple without causality: Y = sigmoid(Q) * g, g the
  * softmax average of V over the whole sequence. Each sequence goes through
- * in chunks of rows, chunk j on thread j % n of n: Q, K, V of the chunk (one
+ * in chunks of rows, each on the next free thread: Q, K, V of the chunk (one
  * product), sigmoid(Q) kept (T x C), the chunk's keys and values taken into
  * softmax sums of its own, all while the chunk is in its core's caches.
  * Then the chunks' sums are added up in order, g is folded into the output
@@ -50,9 +50,9 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         int r = 1;
         #pragma omp parallel num_threads(nt) reduction(+:tp, to) reduction(min:r)
         {
-            size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
-            float *buf = qkv + tid * chunk * W;
-            for (size_t j = tid; j < nch; j += nth) {
+            float *buf = qkv + (size_t)omp_get_thread_num() * chunk * W;
+            #pragma omp for schedule(dynamic, 1)
+            for (size_t j = 0; j < nch; j++) {
                 size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
                 double t0 = aft_now_ms();
                 aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, buf, W);
@@ -90,7 +90,7 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         /* a chunk's rows at a time, so that each row comes from a product
          * of the same shape whatever the thread count (OpenBLAS takes
          * other paths for small products: a row's bits can depend on M) */
-        #pragma omp parallel for schedule(static, 1) num_threads(nt)
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
         for (size_t j = 0; j < nch; j++) {
             size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
             aft_linear_apply(&lo, len, sq + R0 * C, C, y + (b * T + R0) * D, D);
@@ -126,7 +126,7 @@ static size_t point_index(const size_t *pt, size_t n, size_t v)
  * the halo), so each key is in one piece (and checked once). Added up from
  * the start and from the end, they give each chunk the sums of every key
  * before its rows and after its window. Then every chunk is
- * independent: chunk j on thread j % n, start to end on that thread: its
+ * independent: each on the next free thread, start to end there: its
  * Q, the band kernel on its rows, its output projection. Q, the operator's
  * output and the right part's per-row sums are a chunk's worth per thread,
  * not the sequence's, and the bits do not depend on the thread count.
@@ -188,7 +188,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
          * rows from C on; a chunk at a time, so that each row comes from a
          * product of the same shape whatever the thread count (OpenBLAS
          * takes other paths for small products) */
-        #pragma omp parallel for num_threads(nt) schedule(static, 1)
+        #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (size_t j = 0; j < nch; j++) {
             size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
             aft_linear_apply(&lkv, len, x + (b * T + R0) * D, D, kv + R0 * 2 * C, 2 * C);
@@ -224,9 +224,10 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
         double tp = 0, to = 0, tw = 0;
         #pragma omp parallel num_threads(nt) reduction(+:tp, to, tw)
         {
-            size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+            size_t tid = (size_t)omp_get_thread_num();
             float *qt = q + tid * chunk * C, *ht = h + tid * chunk * C;
-            for (size_t j = tid; j < nch; j += nth) {
+            #pragma omp for schedule(dynamic, 1)
+            for (size_t j = 0; j < nch; j++) {
                 size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
                 double u0 = aft_now_ms();
                 aft_linear_apply(&lq, len, x + (b * T + R0) * D, D, qt, C);
@@ -271,9 +272,12 @@ static void pipe_output(float *y, const float *h, const aft_params *p, const aft
 
 /* The causal pipeline: causal, no mask, keys of one channel per value
  * channel, and a window no wider than a chunk. The sequences go through in
- * chunks of `chunk` rows, chunk j on thread j % n of n, each on its thread
- * from start to end: Q, K, V of the chunk (one product), the operator on its
- * rows, the output projection of its rows. A chunk's Q, K, V and operator
+ * chunks of `chunk` rows, taken in order by whichever of the n threads is
+ * free (so a thread slowed by other work on its core takes fewer chunks
+ * instead of holding the others up: with chunk j fixed on thread j % n the
+ * faster thread spent up to a tenth of its time waiting on a busy machine),
+ * each on its thread from start to end: Q, K, V of the chunk (one product),
+ * the operator on its rows, the output projection of its rows. A chunk's Q, K, V and operator
  * output stay in its core's caches, and no step waits for all threads to
  * finish theirs. The one order kept is the operator's: chunk j starts from
  * the left running sums chunk j - 1 ended with (the carry), so it waits
@@ -289,8 +293,11 @@ static void pipe_output(float *y, const float *h, const aft_params *p, const aft
  * just before its own rows once chunk j - 1's operator is done, before
  * saying that its own is. The 2 n buffers of Q, K, V are used in turn, so a
  * buffer is written again only after its rows were copied from: chunk
- * j - 1's next holds chunk m = j - 1 + 2 n, which its thread starts after the
- * operator of its chunk m - n >= j, which came after chunk j's copy.
+ * j - 1's buffer next holds chunk m = j - 1 + 2 n. A thread takes a chunk
+ * only once its previous chunk's operator is done, so when chunk m is taken
+ * at most n - 1 chunks taken before it (one a thread) still wait for their
+ * operator; operators finish in order, so chunk m - n's is done, and with
+ * it chunk j's (j = m - 2 n + 1 <= m - n), and chunk j's copy before that.
  *
  * Returns as layer_streamed. The phases' times are each thread's sums
  * averaged over the threads, the operator's with its waits. */
@@ -317,15 +324,19 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
     }
     ws.ldq = ws.ldk = ws.ldv = W;
     size_t done = 0;   /* chunks whose operator is done (atomic) */
+    size_t next = 0;   /* chunks taken by a thread (atomic) */
     int bad = 0;       /* a key was +inf or NaN (atomic) */
     double tp = 0, to = 0, tw = 0;
     #pragma omp parallel num_threads(nt) reduction(+:tp, to, tw)
     {
-        /* the chunks of thread tid of nth (nth may be fewer than asked for) */
-        size_t tid = (size_t)omp_get_thread_num(), nth = (size_t)omp_get_num_threads();
+        size_t tid = (size_t)omp_get_thread_num();
         size_t pend = SIZE_MAX;   /* a chunk of ours whose output projection is still to do */
         const float *pend_h = NULL;
-        for (size_t j = tid, it = 0; j < total; j += nth, it++) {
+        for (size_t it = 0;; it++) {
+            size_t j;   /* the next chunk not taken yet */
+            #pragma omp atomic capture
+            j = next++;
+            if (j >= total) break;
             size_t b = j / nch, R0 = j % nch * chunk, len = T - R0 < chunk ? T - R0 : chunk;
             size_t hl = R0 ? halo : 0;
             float *buf = qkv + j % nslot * slot_rows * W;   /* rows from halo on: this chunk's */

@@ -1716,9 +1716,10 @@ static void test_layer_streamed(void **state)
     finish(fails, cases);
 }
 
-/* The chunked paths (layer.c) run chunk j on thread j % n; chunk j's causal
- * operator runs on the carry and halo rows chunk j - 1 left, in another thread's
- * buffer: whatever the thread count, the output must be the same bits, at
+/* The chunked paths (layer.c) run each chunk on one thread (the causal
+ * pipeline: whichever thread is free next); chunk j's causal operator runs
+ * on the carry and halo rows chunk j - 1 left, in another thread's buffer:
+ * whatever the thread count, the output must be the same bits, at
  * the default chunk size and at a small one (many chunks per thread, the
  * buffers reused often), for local and for conv with two heads, B = 2, T
  * not a multiple of the chunk. A halo read from the wrong buffer, or a
