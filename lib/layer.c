@@ -289,15 +289,17 @@ static void pipe_output(float *y, const float *h, const aft_params *p, const aft
  * whichever thread runs it, so the bits do not depend on the thread count.
  *
  * The operator of chunk j also reads the window's halo of earlier rows,
- * chunk j - 1's last rows, in another thread's buffer: it copies them to
- * just before its own rows once chunk j - 1's operator is done, before
- * saying that its own is. The 2 n buffers of Q, K, V are used in turn, so a
- * buffer is written again only after its rows were copied from: chunk
- * j - 1's buffer next holds chunk m = j - 1 + 2 n. A thread takes a chunk
- * only once its previous chunk's operator is done, so when chunk m is taken
- * at most n - 1 chunks taken before it (one a thread) still wait for their
- * operator; operators finish in order, so chunk m - n's is done, and with
- * it chunk j's (j = m - 2 n + 1 <= m - n), and chunk j's copy before that.
+ * chunk j - 1's last rows, from another thread's buffer. The 2 n buffers
+ * of Q, K, V (slots) lie one after the other and are used in turn, so
+ * those rows are just before chunk j's own, where the operator reads them;
+ * only after the last slot are they copied, to room left before the first
+ * (once chunk j - 1's operator is done, before chunk j's says it is). A
+ * slot is written again only after the operator reading its rows last is
+ * done: chunk j - 1's slot next holds chunk m = j - 1 + 2 n. A thread takes
+ * a chunk only once its previous chunk's operator is done, so when chunk m
+ * is taken at most n - 1 chunks taken before it (one a thread) still wait
+ * for their operator; operators finish in order, so chunk m - n's is done,
+ * and with it chunk j's (j = m - 2 n + 1 <= m - n).
  *
  * Returns as layer_streamed. The phases' times are each thread's sums
  * averaged over the threads, the operator's with its waits. */
@@ -309,8 +311,10 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
     size_t nch = (T + chunk - 1) / chunk, total = B * nch;
     int nt = aft_get_threads();
     if ((size_t)nt > total) nt = (int)total;
+    /* the slots of Q, K, V follow each other after room for a halo, so a
+     * chunk's halo rows are the end of the slot before it, but slot 0's */
     size_t nslot = 2 * (size_t)nt, slot_rows = halo + chunk;
-    float *qkv = aft_alloc_array(nslot * slot_rows, W * sizeof(float));
+    float *qkv = aft_alloc_array(halo + nslot * chunk, W * sizeof(float));
     float *h = aft_alloc_array(2 * (size_t)nt * slot_rows, C * sizeof(float));
     float *carry = aft_alloc_array(4, C * sizeof(float));
     aft_band_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
@@ -339,10 +343,10 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
             if (j >= total) break;
             size_t b = j / nch, R0 = j % nch * chunk, len = T - R0 < chunk ? T - R0 : chunk;
             size_t hl = R0 ? halo : 0;
-            float *buf = qkv + j % nslot * slot_rows * W;   /* rows from halo on: this chunk's */
+            float *buf = qkv + (halo + j % nslot * chunk) * W;   /* this chunk's rows */
             float *ht = h + (2 * tid + it % 2) * slot_rows * C;
             double t0 = aft_now_ms();
-            aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, buf + halo * W, W);
+            aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, buf, W);
             double t1 = aft_now_ms();
             int stop;
             for (;;) {   /* wait for chunk j - 1's operator; meanwhile, our last chunk's output */
@@ -364,14 +368,14 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
                 sched_yield();
             }
             if (!stop) {
-                if (hl) {   /* the halo: the last rows of chunk j - 1 (a whole chunk) */
-                    const float *prev = qkv + (j - 1) % nslot * slot_rows * W + (halo + chunk - hl) * W;
-                    memcpy(buf + (halo - hl) * W, prev, hl * W * sizeof(float));
-                }
+                /* the halo: the last rows of chunk j - 1 (a whole chunk), just
+                 * before ours but when chunk j - 1 is in the last slot */
+                if (hl && j % nslot == 0)
+                    memcpy(buf - hl * W, qkv + (halo + nslot * chunk - hl) * W, hl * W * sizeof(float));
                 aft_wspec w = ws;
                 w.T = hl + len;
                 w.t_off = R0 - hl;
-                const float *r = buf + (halo - hl) * W;
+                const float *r = buf - hl * W;
                 int okk = aft_op_band_chunk(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len,
                                             R0 ? carry : NULL, carry, NULL);
                 if (!okk) {
