@@ -244,7 +244,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
                 (void)aft_op_band_chunk(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, j ? pre + il * 4 * C : NULL,
                                         NULL, j + 1 < nch ? suf + ir * 4 * C : NULL);
                 double u2 = aft_now_ms();
-                aft_linear_apply(&lw->o, len, ht, C, y + (b * T + R0) * D, D);
+                aft_linear_apply_x(&lw->o, len, ht, C, y + (b * T + R0) * D, D, 1);
                 tp += u1 - u0;
                 to += u2 - u1;
                 tw += aft_now_ms() - u2;
@@ -267,7 +267,7 @@ static void pipe_output(float *y, const float *h, const aft_params *p, const aft
                         size_t chunk, size_t halo, size_t T)
 {
     size_t b = j / nch, R0 = j % nch * chunk, len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
-    aft_linear_apply(lo, len, h + hl * p->d_hidden, p->d_hidden, y + (b * T + R0) * p->d_model, p->d_model);
+    aft_linear_apply_x(lo, len, h + hl * p->d_hidden, p->d_hidden, y + (b * T + R0) * p->d_model, p->d_model, 1);
 }
 
 /* The causal pipeline: causal, no mask, keys of one channel per value
