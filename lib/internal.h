@@ -223,6 +223,9 @@ typedef struct {
     size_t n, k, npad;
     const float *w, *bias;
     float *pk, *bpad;   /* packed W and the bias padded to npad; NULL: OpenBLAS */
+    size_t f0, bstride; /* a view (aft_linear_view): features from f0 of a packing
+                         * whose blocks of inputs start bstride floats apart */
+    int view;           /* pk, bpad belong to another aft_linear */
 } aft_linear;
 aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k, int mode,
                            aft_error *err);
@@ -234,6 +237,10 @@ void aft_linear_apply(const aft_linear *l, size_t M, const float *x, size_t ldx,
 void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy,
                         int x_cached);
 void aft_linear_free(aft_linear *l);
+/* v = features [f0, f0 + n) of parent (rows f0.. of its W and bias), using
+ * parent's packing where it can (f0 on a panel's edge; else v packs its
+ * own): free v with aft_linear_free before parent. */
+aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, size_t n, aft_error *err);
 /* the same product as loops accumulating in double */
 void aft_linear_ref(float *y, size_t ldy, const float *x, size_t ldx, const float *w, const float *b,
                     size_t M, size_t K, size_t N);

@@ -1425,7 +1425,8 @@ static void test_linear(void **state)
                         mag[m * N + n] = a;
                     }
                 size_t ny = (M + 1) * ldy;
-                float *y = xmalloc(ny * sizeof *y), *y1 = xmalloc(ny * sizeof *y1), *y2 = xmalloc(ny * sizeof *y2);
+                float *y = xmalloc(ny * sizeof *y), *y1 = xmalloc(ny * sizeof *y1), *y2 = xmalloc(ny * sizeof *y2),
+                      *y3 = xmalloc(ny * sizeof *y3);
                 for (size_t mo = 0; mo < N_OF(modes); mo++)
                     for (int th = 1; th <= 3; th++) {
                         char what[200];
@@ -1447,6 +1448,39 @@ static void test_linear(void **state)
                             bad = 1;
                             if (reports++ < MAX_REPORTS)
                                 print_message("FAIL x in place: not the bits of x packed: %s\n", what);
+                        }
+                        /* views of features [f0, N) (in the packing, or
+                         * packed anew off a panel's edge): the bits of W's
+                         * rows from f0 set up on their own, in y's columns */
+                        const size_t f0s[] = {16, 1};
+                        for (size_t fi = 0; fi < N_OF(f0s) && !bad; fi++) {
+                            size_t f0 = f0s[fi];
+                            if (f0 >= N) continue;
+                            aft_linear v, sub;
+                            assert_int_equal(aft_linear_view(&v, &l, f0, N - f0, &err), AFT_OK);
+                            assert_int_equal(aft_linear_init(&sub, w + f0 * K, with_bias ? b + f0 : NULL, N - f0, K,
+                                                             modes[mo], &err), AFT_OK);
+                            for (size_t i = 0; i < ny; i++) y2[i] = y3[i] = sentinel;
+                            aft_linear_apply(&v, M, x, ldx, y2, ldy);
+                            aft_linear_apply(&sub, M, x, ldx, y3, ldy);
+                            aft_linear_free(&v);
+                            aft_linear_free(&sub);
+                            if (memcmp(y3, y2, ny * sizeof *y) != 0) {
+                                bad = 1;
+                                if (reports++ < MAX_REPORTS)
+                                    print_message("FAIL view from %zu: not the bits of its rows alone: %s\n", f0, what);
+                            }
+                            /* and aft's kernel gives a column the same bits
+                             * whatever the columns beside it (OpenBLAS need not) */
+                            for (size_t m = 0; m < M && !bad && l.pk; m++)
+                                for (size_t n = f0; n < N; n++)
+                                    if (y2[m * ldy + n - f0] != y[m * ldy + n]) {
+                                        bad = 1;
+                                        if (reports++ < MAX_REPORTS)
+                                            print_message("FAIL view from %zu: column %zu is not the whole's: %s\n",
+                                                          f0, n, what);
+                                        break;
+                                    }
                         }
                         aft_linear_free(&l);
                         for (size_t i = 0; i < ny && !bad; i++) {
@@ -1479,7 +1513,7 @@ static void test_linear(void **state)
                         fails += bad;
                         cases++;
                     }
-                free(x); free(w); free(b); free(ref); free(mag); free(y); free(y1); free(y2);
+                free(x); free(w); free(b); free(ref); free(mag); free(y); free(y1); free(y2); free(y3);
             }
     aft_set_threads(0);
     finish(fails, cases);
