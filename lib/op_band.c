@@ -66,6 +66,7 @@ typedef struct {
     float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *first, *zeros, *gl;  /* cw each */
     float *b0, *b1;               /* (GROUP, cw) each */
     unsigned char *redo;          /* cw */
+    int right_fixed;              /* the right part's block had one stabiliser: rst row 0 only */
 } band_scratch;
 
 static inline float fmax3(float a, float b, float c)
@@ -280,8 +281,9 @@ band_row_out(float *restrict yr, unsigned char *restrict redo, const float *rest
 
 /* The right part's block [i0, i1): the keys t + s (t + s < T) join the
  * running sum (sc->qst, q0, q1, qmax) as t runs i1 - 1 .. i0. With store,
- * row t's sum (keys t' >= t + s, scaled by exp(-rst)) goes to rs0, rs1, rst
- * at row t - i0. */
+ * row t's sum (keys t' >= t + s, scaled by exp(-rst)) goes to rs0, rs1 at
+ * row t - i0, and its stabiliser to rst at row t - i0, or only at row 0
+ * when it is the same for the whole block (then sc->right_fixed is 1). */
 static void right_block(band_scratch *sc, const float *k, const float *v, size_t ldk, size_t ldv, size_t T,
                         size_t s, size_t i0, size_t i1, size_t cw, int store)
 {
@@ -290,6 +292,8 @@ static void right_block(band_scratch *sc, const float *k, const float *v, size_t
     if (j0 > (long)T - 1) j0 = (long)T - 1;
     int fixed = plan_block(sc->fs, sc->first, smax, k, ldk, j0, j0 < j1 ? j0 : j1, -1, cw);
     if (fixed) restabilise(st, s0, s1, sc->fs, cw);
+    sc->right_fixed = fixed;
+    if (store && fixed) memcpy(sc->rst, st, cw * sizeof(float));
     for (size_t t = i1; t-- > i0;) {
         if (t + s < T) {
             const float *kr = k + (t + s) * ldk, *vr = v + (t + s) * ldv;
@@ -300,7 +304,7 @@ static void right_block(band_scratch *sc, const float *k, const float *v, size_t
         if (store) {
             memcpy(sc->rs0 + (t - i0) * cw, s0, cw * sizeof(float));
             memcpy(sc->rs1 + (t - i0) * cw, s1, cw * sizeof(float));
-            memcpy(sc->rst + (t - i0) * cw, st, cw * sizeof(float));
+            if (!fixed) memcpy(sc->rst + (t - i0) * cw, st, cw * sizeof(float));
         }
     }
 }
@@ -387,7 +391,7 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
             size_t j0 = i0 > s ? i0 - s : 0, j1 = i1 - s;
             fixed = plan_block(sc->fs, sc->first, pmax, k, ldk, (long)j0, (long)j1, 1, cw);
         }
-        if (!causal)
+        if (!causal && !sc->right_fixed)
             for (size_t t = i0 + 1; t < i1 && fixed; t++)
                 fixed = memcmp(sc->rst + (t - i0) * cw, sc->rst, cw * sizeof(float)) == 0;
         if (fixed && i1 > s) restabilise(pst, p0, p1, sc->fs, cw);
@@ -410,7 +414,7 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
                 add_exact(pst, p0, p1, k + (g0 - s) * ldk, v + (g0 - s) * ldv, cw);
                 for (size_t c = 0; c < cw; c++) pmax[c] = pst[c];
             }
-            const float *rst = causal ? NULL : sc->rst + (g0 - i0) * cw;
+            const float *rst = causal ? NULL : sc->rst + (sc->right_fixed ? 0 : g0 - i0) * cw;
             for (size_t c = 0; c < cw; c++) {
                 float zc = fmax3(mk[c], pst[c], causal ? -INFINITY : rst[c]);
                 sc->fe[c] = aft_expf(mk[c] - zc);
