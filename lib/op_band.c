@@ -63,7 +63,7 @@ typedef struct {
     float *rin;                   /* (st, s0, s1, smax) of the keys from r1 + s on, 4 cw */
     float *w, *ew;                /* GROUP rows' band: (GROUP, 2s), (2s + GROUP, GROUP) */
     float r[GROUP];               /* their band maxima */
-    float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *first, *zeros, *gl;  /* cw each */
+    float *mk, *pst, *pmax, *p0, *p1, *fe, *fp, *fs, *first, *zeros, *gl, *gr;  /* cw each */
     float *b0, *b1;               /* (GROUP, cw) each */
     unsigned char *redo;          /* cw */
     int right_fixed;              /* the right part's block had one stabiliser: rst row 0 only */
@@ -283,9 +283,12 @@ band_row_out(float *restrict yr, unsigned char *restrict redo, const float *rest
  * running sum (sc->qst, q0, q1, qmax) as t runs i1 - 1 .. i0. With store,
  * row t's sum (keys t' >= t + s, scaled by exp(-rst)) goes to rs0, rs1 at
  * row t - i0, and its stabiliser to rst at row t - i0, or only at row 0
- * when it is the same for the whole block (then sc->right_fixed is 1). */
+ * when it is the same for the whole block (then sc->right_fixed is 1).
+ * Keys [lob, hib) have their band factors in sc->ek, sc->ekv (bs floats a
+ * block of channels) with the maximum sc->mk (lob == hib: none): with one
+ * stabiliser they join as ek exp(mk - st), as in the left part (band_task). */
 static void right_block(band_scratch *sc, const float *k, const float *v, size_t ldk, size_t ldv, size_t T,
-                        size_t s, size_t i0, size_t i1, size_t cw, int store)
+                        size_t s, size_t i0, size_t i1, size_t cw, int store, size_t lob, size_t hib, size_t bs)
 {
     float *st = sc->qst, *s0 = sc->q0, *s1 = sc->q1, *smax = sc->qmax;
     long j0 = (long)(i1 - 1 + s), j1 = (long)(i0 + s) - 1;
@@ -294,10 +297,16 @@ static void right_block(band_scratch *sc, const float *k, const float *v, size_t
     if (fixed) restabilise(st, s0, s1, sc->fs, cw);
     sc->right_fixed = fixed;
     if (store && fixed) memcpy(sc->rst, st, cw * sizeof(float));
+    int reuse = fixed && hib > lob;
+    for (size_t c = 0; c < cw && reuse; c++) reuse = !(sc->mk[c] - st[c] > JUMP);
+    if (reuse)
+        for (size_t c = 0; c < cw; c++) sc->gr[c] = aft_expf(sc->mk[c] - st[c]);
     for (size_t t = i1; t-- > i0;) {
         if (t + s < T) {
             const float *kr = k + (t + s) * ldk, *vr = v + (t + s) * ldv;
-            if (fixed) add_fixed(s0, s1, st, kr, vr, cw);
+            if (reuse && t + s >= lob && t + s < hib)
+                add_scaled(s0, s1, sc->gr, sc->ek + (t + s - lob) * EKB, sc->ekv + (t + s - lob) * EKB, bs, cw);
+            else if (fixed) add_fixed(s0, s1, st, kr, vr, cw);
             else add_exact(st, s0, s1, kr, vr, cw);
             for (size_t c = 0; c < cw; c++) smax[c] = kr[c] > smax[c] ? kr[c] : smax[c];
         }
@@ -343,7 +352,7 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
             memcpy(sc->snap + bi * 4 * cw, sc->qst, 4 * cw * sizeof(float));
             /* the sum after the first block is not needed (a chunk of the
              * layer's pipeline is one block: then there is no pass here) */
-            if (bi > 0) right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 0);
+            if (bi > 0) right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 0, 0, 0, 0);
         }
     }
 
@@ -355,10 +364,6 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
 
     for (size_t i0 = r0; i0 < r1; i0 += BAND_ROWS) {
         size_t i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
-        if (!causal) {   /* this block's right sums, from its snapshot */
-            memcpy(sc->qst, sc->snap + (i0 - r0) / BAND_ROWS * 4 * cw, 4 * cw * sizeof(float));
-            right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 1);
-        }
         size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0;
         size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
         size_t bs = (hib - lob) * EKB;   /* floats per block of EKB channels in ek, ekv */
@@ -382,6 +387,10 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
                 size_t n = cw - cb < EKB ? cw - cb : EKB;
                 ek_row(e, ev, kr + cb, vr + cb, mk + cb, n, keys_ok);
             }
+        }
+        if (!causal) {   /* this block's right sums, from its snapshot */
+            memcpy(sc->qst, sc->snap + (i0 - r0) / BAND_ROWS * 4 * cw, 4 * cw * sizeof(float));
+            right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 1, lob, hib, bs);
         }
 
         /* one left stabiliser for the block if the keys joining allow it, and
@@ -700,10 +709,10 @@ static float *scratch_alloc(band_scratch *sc, size_t n_right, size_t s, size_t c
     size_t nsnap = (n_right + BAND_ROWS - 1) / BAND_ROWS * 4 * cw;
     const size_t sizes[] = {nr, nr, nr, nb, nb, GROUP * 2 * s, GROUP * (2 * s + GROUP),
                             cw, cw, cw, cw, cw, cw, cw, cw, GROUP * cw, GROUP * cw, cw, cw,
-                            4 * cw, 4 * cw, nsnap, cw};
+                            4 * cw, 4 * cw, nsnap, cw, cw};
     float **arrays[] = {&sc->rs0, &sc->rs1, &sc->rst, &sc->ek, &sc->ekv, &sc->w, &sc->ew, &sc->mk, &sc->pst,
                         &sc->pmax, &sc->p0, &sc->p1, &sc->fe, &sc->fp, &sc->fs, &sc->b0, &sc->b1, &sc->first,
-                        &sc->zeros, &sc->qst, &sc->rin, &sc->snap, &sc->gl};
+                        &sc->zeros, &sc->qst, &sc->rin, &sc->snap, &sc->gl, &sc->gr};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
