@@ -275,9 +275,9 @@ static void pipe_output(float *y, const float *h, const aft_params *p, const aft
  * instead of holding the others up: with chunk j fixed on thread j % n the
  * faster thread spent up to a tenth of its time waiting on a busy machine),
  * each on its thread from start to end: Q, K, V of the chunk (one product),
- * the operator on its rows, the output projection of its rows. A chunk's Q, K, V and operator
- * output stay in its core's caches, and no step waits for all threads to
- * finish theirs. The one order kept is the operator's: chunk j starts from
+ * the operator on its rows, the output projection of its rows. A chunk's
+ * Q, K, V and operator output stay in its core's caches, and no step waits
+ * for all threads to finish theirs. The one order kept is the operator's: chunk j starts from
  * the left running sums chunk j - 1 ended with (the carry), so it waits
  * until chunk j - 1's operator is done; while it waits, its thread does the
  * output projection of its own last chunk, which otherwise follows the

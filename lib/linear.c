@@ -101,8 +101,10 @@ void aft_linear_free(aft_linear *l)
 
 aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, size_t n, aft_error *err)
 {
+    if (f0 > parent->n || n > parent->n - f0)
+        return aft_fail(err, AFT_ERR_ARG, "features [%zu, %zu + %zu) of a product with %zu", f0, f0, n, parent->n);
     const float *w = parent->w + f0 * parent->k, *bias = parent->bias ? parent->bias + f0 : NULL;
-    if (!parent->pk || f0 % LIN_NR != 0 || f0 + n > parent->n)
+    if (!parent->pk || f0 % LIN_NR != 0)
         return aft_linear_init(v, w, bias, n, parent->k, parent->pk ? AFT_LINEAR_OWN : AFT_LINEAR_BLAS, err);
     *v = *parent;
     v->n = n;

@@ -1515,6 +1515,16 @@ static void test_linear(void **state)
                     }
                 free(x); free(w); free(b); free(ref); free(mag); free(y); free(y1); free(y2); free(y3);
             }
+    /* a view past the product's features is refused */
+    {
+        float w[2 * 32] = {0};
+        aft_linear l, v;
+        aft_error err = {{0}};
+        assert_int_equal(aft_linear_init(&l, w, NULL, 32, 2, AFT_LINEAR_OWN, &err), AFT_OK);
+        assert_int_equal(aft_linear_view(&v, &l, 16, 17, &err), AFT_ERR_ARG);
+        assert_int_equal(aft_linear_view(&v, &l, 33, 0, &err), AFT_ERR_ARG);
+        aft_linear_free(&l);
+    }
     aft_set_threads(0);
     finish(fails, cases);
 }
