@@ -222,9 +222,9 @@ enum { AFT_LINEAR_AUTO, AFT_LINEAR_OWN, AFT_LINEAR_BLAS };
 typedef struct {
     size_t n, k, npad;
     const float *w, *bias;
-    float *pk, *bpad;   /* packed W and the bias padded to npad; NULL: OpenBLAS */
-    size_t f0, bstride; /* a view (aft_linear_view): features from f0 of a packing
-                         * whose blocks of inputs start bstride floats apart */
+    float *pk, *bpad;   /* packed W and the bias padded to npad features (the
+                         * packing's, a view's too); NULL: OpenBLAS */
+    size_t f0;          /* a view (aft_linear_view): features from f0 of pk */
     int view;           /* pk, bpad belong to another aft_linear */
 } aft_linear;
 aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k, int mode,

@@ -73,7 +73,6 @@ aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, siz
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for packed weights (%zu x %zu)", n, k);
     }
     l->npad = npad;
-    l->bstride = npad;
     /* block p0 (kc inputs deep) starts at p0 * npad; panel j of it at
      * j * kc * LIN_NR, laid out [kc][LIN_NR]; features past n are zero */
     for (size_t p0 = 0; p0 < k; p0 += LIN_KC) {
@@ -110,7 +109,6 @@ aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, s
     v->n = n;
     v->w = w;
     v->bias = bias;
-    v->npad = (n + LIN_NR - 1) / LIN_NR * LIN_NR;
     v->f0 = parent->f0 + f0;
     v->view = 1;
     return AFT_OK;
@@ -192,7 +190,7 @@ static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, 
                     }
                 }
             for (size_t j = 0; j < n; j += LIN_NR) {
-                const float *bp = l->pk + p0 * l->bstride + (l->f0 + j) * kc;
+                const float *bp = l->pk + p0 * l->npad + (l->f0 + j) * kc;
                 const float *init = p0 == 0 ? l->bpad + l->f0 + j : NULL;
                 size_t nr = n - j < LIN_NR ? n - j : LIN_NR;
                 for (size_t ir = 0; ir < mc; ir += LIN_MR) {

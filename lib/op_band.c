@@ -279,6 +279,18 @@ band_row_out(float *restrict yr, unsigned char *restrict redo, const float *rest
     return any;
 }
 
+/* Keys whose exp(k - mk) a block already holds join a running sum with one
+ * stabiliser st as that times g = exp(mk - st), no exponential per entry,
+ * while mk is at most JUMP above st (why: band_task, at its left part).
+ * Returns whether they may; then g is set. */
+static int band_factor_scale(float *restrict g, const float *restrict mk, const float *restrict st, size_t n)
+{
+    for (size_t c = 0; c < n; c++)
+        if (mk[c] - st[c] > JUMP) return 0;
+    for (size_t c = 0; c < n; c++) g[c] = aft_expf(mk[c] - st[c]);
+    return 1;
+}
+
 /* The right part's block [i0, i1): the keys t + s (t + s < T) join the
  * running sum (sc->qst, q0, q1, qmax) as t runs i1 - 1 .. i0. With store,
  * row t's sum (keys t' >= t + s, scaled by exp(-rst)) goes to rs0, rs1 at
@@ -297,10 +309,7 @@ static void right_block(band_scratch *sc, const float *k, const float *v, size_t
     if (fixed) restabilise(st, s0, s1, sc->fs, cw);
     sc->right_fixed = fixed;
     if (store && fixed) memcpy(sc->rst, st, cw * sizeof(float));
-    int reuse = fixed && hib > lob;
-    for (size_t c = 0; c < cw && reuse; c++) reuse = !(sc->mk[c] - st[c] > JUMP);
-    if (reuse)
-        for (size_t c = 0; c < cw; c++) sc->gr[c] = aft_expf(sc->mk[c] - st[c]);
+    int reuse = fixed && hib > lob && band_factor_scale(sc->gr, sc->mk, st, cw);
     for (size_t t = i1; t-- > i0;) {
         if (t + s < T) {
             const float *kr = k + (t + s) * ldk, *vr = v + (t + s) * ldv;
@@ -411,10 +420,7 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
          * underflowed in ek is then more than 87 - JUMP nats below pst,
          * and the sum holds a term within JUMP of pst (plan_block), so
          * dropping it changes nothing in float. */
-        int reuse = fixed && i1 > s;
-        for (size_t c = 0; c < cw && reuse; c++) reuse = !(mk[c] - pst[c] > JUMP);
-        if (reuse)
-            for (size_t c = 0; c < cw; c++) sc->gl[c] = aft_expf(mk[c] - pst[c]);
+        int reuse = fixed && i1 > s && band_factor_scale(sc->gl, mk, pst, cw);
 
         /* segments share all stabilisers: the whole block, or single rows */
         for (size_t g0 = i0; g0 < i1;) {
