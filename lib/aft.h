@@ -308,7 +308,8 @@ typedef struct {
     char core[64];      /* the kernel in use, e.g. "SkylakeX" */
     int threads;        /* aft's threads (each BLAS call runs on one) */
     char projections[32];   /* what runs the layer's projections: aft's own
-                             * kernel ("aft 6x16", with AVX2) or "OpenBLAS" */
+                             * kernel ("aft 6x16" with AVX2, "aft 12x32"
+                             * with AVX-512) or "OpenBLAS" */
 } aft_blas_info;
 
 void aft_blas_get_info(aft_blas_info *info);

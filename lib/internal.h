@@ -245,8 +245,8 @@ aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, s
 void aft_linear_ref(float *y, size_t ldy, const float *x, size_t ldx, const float *w, const float *b,
                     size_t M, size_t K, size_t N);
 /* the name of aft's projection kernel when the layer uses it here ("aft
- * 6x16"), NULL when OpenBLAS runs the projections (AFT_LINEAR_BLAS=1, or a
- * build without 8-float vectors) */
+ * 6x16", "aft 12x32"), NULL when OpenBLAS runs the projections
+ * (AFT_LINEAR_BLAS=1, or a build with 4-float vectors) */
 const char *aft_linear_kernel(void);
 
 /* kernels: q, k, v, out: (T, C) of one batch, rows ws->ldq/ldk/ldv apart;

@@ -12,12 +12,16 @@
  * read in place instead: for a chunk's 96 x 256 x 256 product the packing
  * alone was 6% of the time.
  *
- * It is used where it beat OpenBLAS: builds for AVX/AVX2 (8-float vectors).
- * On the AVX2 AMD EPYC (Zen 3) OpenBLAS 0.3.21's Zen kernel ran the layer's
- * stacked Q/K/V product (4096 x 768 x 256) at 145-180 GFLOP/s on two cores
- * and its chunks of 256 rows at 145-157; this kernel at 166-186 and 168-178
- * (the vector units' peak is 201). With AVX-512 OpenBLAS's AVX-512 kernels
- * stay (not measured against this one), and AFT_LINEAR_BLAS=1 makes every
+ * It is used where it beat OpenBLAS: builds for AVX/AVX2 (8-float vectors)
+ * and AVX-512 (16). On the AVX2 AMD EPYC (Zen 3) OpenBLAS 0.3.21's Zen
+ * kernel ran the layer's stacked Q/K/V product (4096 x 768 x 256) at
+ * 145-180 GFLOP/s on two cores and its chunks of 256 rows at 145-157; this
+ * kernel at 166-186 and 168-178 (the vector units' peak is 201). On the
+ * AVX-512 AMD EPYC (Zen 4, 117 GFLOP/s a core) a chunk's 96 x 768 x 256
+ * product on one core took 335 us here (113 GFLOP/s) against 382 us for
+ * OpenBLAS's Cooperlake kernel, and the layer 0.88-0.92 of its time. With
+ * 16-float vectors a panel of W is 32 KiB, all of that core's L1, yet
+ * blocks of 128 or 64 inputs were no faster. AFT_LINEAR_BLAS=1 makes every
  * build use OpenBLAS. aft_linear_ref beside it is the float64 reference. */
 #include "internal.h"
 
@@ -49,10 +53,11 @@ void aft_linear_ref(float *y, size_t ldy, const float *x, size_t ldx, const floa
 const char *aft_linear_kernel(void)
 {
     const char *e = getenv("AFT_LINEAR_BLAS");
-    if (AFT_VEC_BYTES != 32 || (e && strcmp(e, "1") == 0)) return NULL;
-    /* the only build that uses it by default: 8-float vectors */
+    if (AFT_VEC_BYTES < 32 || (e && strcmp(e, "1") == 0)) return NULL;
+    /* the builds that use it by default: 8- and 16-float vectors */
     _Static_assert(AFT_VEC_BYTES != 32 || (LIN_MR == 6 && LIN_NR == 16), "the name below is the tile's");
-    return "aft 6x16";
+    _Static_assert(AFT_VEC_BYTES != 64 || (LIN_MR == 12 && LIN_NR == 32), "the name below is the tile's");
+    return AFT_VEC_BYTES == 64 ? "aft 12x32" : "aft 6x16";
 }
 
 aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k, int mode,
