@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,28 +51,37 @@ aft_status aft_out_open(aft_out *o, const char *path, aft_error *err)
         o->direct = 1;
         return AFT_OK;
     }
-    size_t n = strlen(path);
+    size_t n = strlen(path), tn = n + 48;
     o->path = strdup(path);
-    o->tmp = malloc(n + 16);
+    o->tmp = malloc(tn);
     if (!o->path || !o->tmp) {
         free(o->path); free(o->tmp);
         memset(o, 0, sizeof *o);
         return aft_fail(err, AFT_ERR_NOMEM, "%s: out of memory", path);
     }
-    /* the temporary sits in the target's directory so rename() is atomic */
-    snprintf(o->tmp, n + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(o->tmp);
+    /* The temporary sits in the target's directory so rename() is atomic.
+     * Its whole name is tracked before the file exists, so a signal at any
+     * moment finds it (unlinking a name not yet created does nothing); with
+     * mkstemp the file existed before it was tracked, and a Ctrl-C in
+     * between left it behind (seen under valgrind, which widens that
+     * window). The process id keeps the name apart from other processes',
+     * the counter from this one's other outputs; O_EXCL never takes over a
+     * file that is there already (a stale one: the next number is tried). */
+    static unsigned counter;
+    int fd = -1, oe = EEXIST;
+    for (int tries = 0; fd < 0 && oe == EEXIST && tries < 1000; tries++) {
+        unsigned c = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED);
+        snprintf(o->tmp, tn, "%s.tmp.%ld.%u", path, (long)getpid(), c);
+        track(o->tmp);
+        fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);   /* 0666 less the umask */
+        oe = errno;
+        if (fd < 0) untrack(o->tmp);
+    }
     if (fd < 0) {
-        int e = errno;
         free(o->path); free(o->tmp);
         memset(o, 0, sizeof *o);
-        return aft_fail(err, AFT_ERR_IO, "%s: cannot create: %s", path, strerror(e));
+        return aft_fail(err, AFT_ERR_IO, "%s: cannot create: %s", path, strerror(oe));
     }
-    track(o->tmp);
-    /* mkstemp makes 0600; give the file the usual mode under the umask */
-    mode_t um = umask(0);
-    umask(um);
-    fchmod(fd, 0666 & ~um);
     o->fp = fdopen(fd, "wb");
     if (!o->fp) {
         int e = errno;

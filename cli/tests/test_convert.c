@@ -965,7 +965,7 @@ static void test_errors(void **state)
     free(bf);
 }
 
-/* 1 if dir holds a leftover temporary (NAME.tmp.XXXXXX) */
+/* 1 if dir holds a leftover temporary (NAME.tmp.PID.N) */
 static int has_tmp_files(void)
 {
     DIR *dp = opendir(dir);
