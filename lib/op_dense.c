@@ -214,7 +214,8 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
  * final maximum from the start). The micro-kernel keeps an FMR x FNR tile
  * of sums in registers over 256 keys and adds it, times the chunk's
  * rescaling factor per column, to the block's sums. A panel's rows are
- * interleaved (key by key, FMR values each) for the micro-kernel, and a
+ * interleaved (key by key, FMR values each) for the micro-kernel with
+ * AVX/AVX2 (FROWS below), and a
  * thread holds FSUB panels (96 rows) of them for a chunk of keys, so each
  * panel of right-hand sides (FKC x FNR: 16 KiB with AVX2) is loaded into L1
  * once for all of them, not once per panel: reading the rows as FMR strided
@@ -228,11 +229,20 @@ enum { FMR = 12, FNR = 32 };
 enum { FMR = 6, FNR = 16 };
 #endif
 enum { FKC = 256, FNV = FNR / AFT_VL };   /* FNV: vectors across the tile */
+/* The panel of exp(w) the tile reads: with AVX-512 its FMR rows as they
+ * were computed, FKC apart (the tile reads FMR strided streams); else
+ * interleaved, key by key, FMR values each. On the AVX-512 AMD EPYC (Zen
+ * 4) the interleaving, a scalar transpose, was 2.3% of full's time, and
+ * reading the rows in place took 0.97 of the time (11 of 12 pairs, causal
+ * and not; the same bits); on the AVX2 Zen 3 strided rows were 1.07. */
+enum { FROWS = AFT_VEC_BYTES >= 64 };
+enum { FSI = FROWS ? FKC : 1, FSK = FROWS ? 1 : FMR };   /* row i, key k at i * FSI + k * FSK */
 /* panels of rows whose exp(w) a thread holds at once (96 rows) */
 enum { FSUB = 96 / FMR };
 _Static_assert((int)FKC == (int)CAUSAL_CHUNK, "a key chunk of the fused product is a causal chunk");
 
-// c (FMR x FNR, rows ldc apart) += f .* (ap (kc x FMR, interleaved) x bp (kc x FNR)).
+// c (FMR x FNR, rows ldc apart) += f .* (ap (FMR x kc: row i, key k at
+// ap[i * FSI + k * FSK]) x bp (kc x FNR)).
 // Not inlined: inside its caller GCC ran out of registers and spilled sums.
 __attribute__((noinline)) static void fused_tile(size_t kc, const float *restrict ap, const float *restrict bp,
                                                  float *restrict c, size_t ldc, const float *restrict f)
@@ -249,10 +259,10 @@ __attribute__((noinline)) static void fused_tile(size_t kc, const float *restric
             b[u] = aft_vld(bp + k * FNR + u * AFT_VL);
             AFT_IN_REG(b[u]);
         }
-        const float *a = ap + k * FMR;
+        const float *a = ap + k * FSK;
         #pragma GCC unroll 16
         for (int i = 0; i < FMR; i++) {
-            float ai = a[i];
+            float ai = a[i * FSI];
             #pragma GCC unroll 4
             for (int u = 0; u < FNV; u++) acc[i][u] += ai * b[u];
         }
@@ -314,7 +324,7 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
     const int causal = ws->causal;
     const uint8_t *mask = jb->mask;
     size_t bi = i1 - i0, tv = causal ? i1 : T;
-    /* aw: FSUB panels of exp(w), interleaved; rmax: each row's running maximum of w */
+    /* aw: FSUB panels of exp(w) (FROWS: as rows); rmax: each row's running maximum of w */
     float *acc = sc->acc, *aw = sc->wblk, *rmax = sc->tmp, *fvec = sc->mrow + C;
     size_t npanel = (bi + FMR - 1) / FMR;
     for (size_t i = 0; i < npanel * FMR; i++) rmax[i] = -INFINITY;
@@ -345,7 +355,9 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
             }
             for (size_t c = 2 * ch; c < Np; c++) fvec[c] = 0.0f;
             for (size_t mp = sp0; mp < sp1; mp++) {
-                float *ap = sc->wrow;   /* the panel's rows, FKC apart, then interleaved into aw */
+                /* the panel's rows, FKC apart: in aw where the tile reads
+                 * them so, else in wrow and then interleaved into aw */
+                float *ap = FROWS ? aw + (mp - sp0) * FMR * FKC : sc->wrow;
                 size_t nv[FMR], nr = 0;
                 for (size_t i = 0; i < FMR; i++) {
                     size_t row = mp * FMR + i, t = i0 + row;
@@ -375,9 +387,11 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
                         for (size_t k = 0; k < n; k++) a[k] = mr[k] ? a[k] : 0.0f;
                     for (size_t k = n; k < kc; k++) a[k] = 0.0f;
                 }
-                float *dst = aw + (mp - sp0) * FMR * FKC;
-                for (size_t i = 0; i < FMR; i++)
-                    for (size_t k = 0; k < kc; k++) dst[k * FMR + i] = ap[i * FKC + k];
+                if (!FROWS) {
+                    float *dst = aw + (mp - sp0) * FMR * FKC;
+                    for (size_t i = 0; i < FMR; i++)
+                        for (size_t k = 0; k < kc; k++) dst[k * FMR + i] = ap[i * FKC + k];
+                }
             }
             for (size_t p = 0; p < npan; p++) {
                 const float *bp = bpk + (p * T + j0) * FNR;
