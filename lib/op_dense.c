@@ -494,7 +494,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
             sc.mrow = aft_alloc_array(C, sizeof(float));
         }
         size_t nwrow = T > C ? T : C;
-        if (fused && nwrow < FMR * FKC) nwrow = FMR * FKC;   /* fused: also one panel of w */
+        if (fused && !FROWS && nwrow < FMR * FKC) nwrow = FMR * FKC;   /* interleaved: also one panel of w */
         sc.wrow = aft_alloc_array(nwrow, sizeof(float));
         if (!sc.wblk || !sc.acc || !sc.tmp || !sc.mrow || !sc.wrow) {
             #pragma omp atomic write
