@@ -1332,6 +1332,60 @@ static void test_op_full_rising_bias(void **state)
     finish(fails, cases);
 }
 
+/* Full with a bias holding NaN (either sign), +inf and -inf, against the
+ * float64 reference: there a row that sees a NaN or +inf entry of w has a
+ * NaN denominator and comes out 0, as a row that sees nothing does, and a
+ * -inf entry only drops its key; aft must agree. The short exponential
+ * aft takes for rows of w - r without NaN would turn a NaN with its sign
+ * bit set (-nan) into 0 and drop it: the check before it keeps those rows
+ * as the reference has them. Fused and OpenBLAS paths, causal and not, 1-2
+ * threads; bad entries early, late (past the first 256-key chunk) and at
+ * the diagonal, and a row with every kind. */
+static void test_op_full_bad_bias(void **state)
+{
+    (void)state;
+    const size_t T = 300, C = 8, n = T * C;
+    rng r = {123};
+    float *q = randf(&r, n, 2), *k = randf(&r, n, 3), *v = randf(&r, n, 1), *w = randf(&r, T * T, 2);
+    float *y = xmalloc(n * sizeof *y);
+    double *qd = xmalloc(n * sizeof *qd), *kd = xmalloc(n * sizeof *kd), *vd = xmalloc(n * sizeof *vd),
+           *yd = xmalloc(n * sizeof *yd);
+    for (size_t i = 0; i < n; i++) { qd[i] = q[i]; kd[i] = k[i]; vd[i] = v[i]; }
+    /* (row, column, value) */
+    const struct { size_t t, j; float x; } bad[] = {
+        {5, 2, NAN}, {40, 270, NAN}, {77, 77, INFINITY}, {120, 3, INFINITY}, {200, 280, INFINITY},
+        {150, 10, -INFINITY}, {151, 151, -INFINITY}, {260, 1, NAN}, {260, 2, INFINITY}, {260, 3, -INFINITY},
+        {90, 30, -NAN}, {210, 290, -NAN},   /* the sign bit set: bits above every negative float's */
+    };
+    for (size_t i = 0; i < N_OF(bad); i++) w[bad[i].t * T + bad[i].j] = bad[i].x;
+    aft_bias bias;
+    memset(&bias, 0, sizeof bias);
+    bias.kind = AFT_BIAS_DENSE;
+    bias.dense = w;
+    bias.tmax = T;
+    for (int blas = 0; blas <= 1; blas++) {
+        if (blas) assert_int_equal(setenv("AFT_DENSE_BLAS", "1", 1), 0);
+        for (int causal = 0; causal <= 1; causal++) {
+            aft_config cfg = make_cfg(AFT_FULL, 0, 0, causal);
+            assert_int_equal(ref_aft_op_d(yd, qd, kd, vd, &bias, &cfg, 1, T, C, C), 0);
+            for (int th = 1; th <= 2; th++) {
+                cfg.impl = AFT_IMPL_FAST;
+                cfg.threads = th;
+                aft_error err = {{0}};
+                assert_int_equal(aft_op_forward(y, q, k, v, &bias, &cfg, 1, T, C, C, &err), AFT_OK);
+                for (size_t i = 0; i < n; i++) {
+                    int ok = isnan(yd[i]) ? isnan(y[i]) : fabs((double)y[i] - yd[i]) <= TOL_REL;
+                    if (!ok)
+                        fail_msg("full%s%s threads=%d t=%zu c=%zu: %.9g, reference %.9g", causal ? " causal" : "",
+                                 blas ? " (OpenBLAS)" : "", th, i / C, i % C, (double)y[i], yd[i]);
+                }
+            }
+        }
+        unsetenv("AFT_DENSE_BLAS");
+    }
+    free(q); free(k); free(v); free(w); free(y); free(qd); free(kd); free(vd); free(yd);
+}
+
 /* The outputs with cfg.threads = 1, 2 and 0 agree to 1e-6 relative. */
 static void test_op_threads(void **state)
 {
@@ -2313,6 +2367,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_op_causal_later_value),
         cmocka_unit_test(test_op_full_blas),
         cmocka_unit_test(test_op_full_rising_bias),
+        cmocka_unit_test(test_op_full_bad_bias),
         cmocka_unit_test(test_op_threads),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_layer_products_split),
