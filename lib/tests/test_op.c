@@ -433,6 +433,17 @@ static double *randd(rng *r, size_t n, double scale)
     return x;
 }
 
+/* a dense bias: w (tmax x tmax), row t for query t */
+static aft_bias dense_bias(const float *w, size_t tmax)
+{
+    aft_bias b;
+    memset(&b, 0, sizeof b);
+    b.kind = AFT_BIAS_DENSE;
+    b.dense = w;
+    b.tmax = tmax;
+    return b;
+}
+
 static aft_config make_cfg(aft_variant v, size_t window, size_t heads, int causal)
 {
     aft_config cfg;
@@ -717,11 +728,7 @@ static void test_ref_masks(void **state)
     uint8_t tril[8 * 8];
     for (size_t t = 0; t < T; t++)
         for (size_t t2 = 0; t2 < T; t2++) tril[t * T + t2] = t2 <= t;
-    aft_bias bias;
-    memset(&bias, 0, sizeof bias);
-    bias.kind = AFT_BIAS_DENSE;
-    bias.dense = dense;
-    bias.tmax = T;
+    aft_bias bias = dense_bias(dense, T);
     aft_config causal = make_cfg(AFT_FULL, 0, 0, 1), plain = make_cfg(AFT_FULL, 0, 0, 0);
     assert_int_equal(ref_aft_op_d(y1, q, k, v, &bias, &causal, B, T, C, C), 0);
     bias.mask = tril;
@@ -766,11 +773,7 @@ static void test_ref_shift_invariance(void **state)
     double *q = randd(&r, n, 2), *k = randd(&r, n, 4), *v = randd(&r, n, 1);
     double *k2 = xmalloc(n * sizeof *k2), *y1 = xmalloc(n * sizeof *y1), *y2 = xmalloc(n * sizeof *y2);
     float *dense = randf(&r, T * T, 250);
-    aft_bias bias;
-    memset(&bias, 0, sizeof bias);
-    bias.kind = AFT_BIAS_DENSE;
-    bias.dense = dense;
-    bias.tmax = T;
+    aft_bias bias = dense_bias(dense, T);
     for (int causal = 0; causal <= 1; causal++) {
         aft_config cfg = make_cfg(AFT_FULL, 0, 0, causal);
         for (size_t i = 0; i < n; i++) k2[i] = k[i] + (i % C == 1 ? 700.0 : -700.0);
@@ -1358,11 +1361,7 @@ static void test_op_full_bad_bias(void **state)
         {90, 30, -NAN}, {210, 290, -NAN},   /* the sign bit set: bits above every negative float's */
     };
     for (size_t i = 0; i < N_OF(bad); i++) w[bad[i].t * T + bad[i].j] = bad[i].x;
-    aft_bias bias;
-    memset(&bias, 0, sizeof bias);
-    bias.kind = AFT_BIAS_DENSE;
-    bias.dense = w;
-    bias.tmax = T;
+    aft_bias bias = dense_bias(w, T);
     for (int blas = 0; blas <= 1; blas++) {
         if (blas) assert_int_equal(setenv("AFT_DENSE_BLAS", "1", 1), 0);
         for (int causal = 0; causal <= 1; causal++) {
