@@ -13,9 +13,19 @@ WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-psabi
 # is not -ffast-math: NaN, infinities and signed zeros keep their meaning
 FPFLAGS := -ffp-contract=fast
 PKGS    := libcjson openblas
+# OpenBLAS's OpenMP build (Debian's libopenblas-openmp-dev) runs on OpenMP's
+# threads, the ones aft's kernels use, and starts no thread pool of its own:
+# the pthread build starts one when it loads, whose workers spin for a tenth
+# of a second and take CPU from aft's threads. Where it is not installed,
+# pkg-config finds the default OpenBLAS.
+MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null)
+BLAS_OMP  := /usr/lib/$(MULTIARCH)/openblas-openmp
+PKG_ENV    = PKG_CONFIG_PATH=$(BLAS_OMP)/pkgconfig$${PKG_CONFIG_PATH:+:$$PKG_CONFIG_PATH}
 # pkg-config is queried lazily, after `deps` had its chance to install it
-PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+PKG_CFLAGS = $(shell $(PKG_ENV) pkg-config --cflags $(PKGS) 2>/dev/null)
+BLAS_RPATH := -Wl,-rpath,$(BLAS_OMP)
+PKG_LIBS   = $(shell $(PKG_ENV) pkg-config --libs $(PKGS) 2>/dev/null) \
+             $(if $(wildcard $(BLAS_OMP)/libopenblas.so),$(BLAS_RPATH))
 ALL_CFLAGS = $(CFLAGS) $(WARN) $(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $(PKG_CFLAGS)
 LDLIBS_ALL = $(PKG_LIBS) -fopenmp -lpthread -lm
 
@@ -34,7 +44,9 @@ all: aft lib/libaft.a
 deps:
 	@sh third_party/install-deps.sh
 
-build/lib/%.o: lib/%.c lib/aft.h lib/internal.h
+LIB_HDR := $(wildcard lib/*.h)
+
+build/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 

@@ -162,6 +162,7 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     }
     aft_config cfg = {.variant = var, .window = s, .heads = H, .causal = o->causal, .threads = o->threads,
                       .impl = o->impl_ref ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST};
+    cli_kernels_from_env(&cfg);
     double *times = malloc(o->repeat * sizeof(double));
     if (!times) return EXIT_DATA;
     /* one untimed run first: thread pools and page faults belong to start-up */
@@ -205,7 +206,7 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
         free(yr);
     }
     aft_blas_info bi;
-    aft_blas_get_info(&bi);
+    aft_blas_get_info(&bi, cfg.projections);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "variant", aft_variant_name(var));
     cJSON_AddBoolToObject(j, "causal", o->causal);
@@ -215,7 +216,7 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     cJSON_AddNumberToObject(j, "d_hidden", (double)C);
     cJSON_AddNumberToObject(j, "window", (double)s);
     cJSON_AddNumberToObject(j, "heads", (double)H);
-    cJSON_AddNumberToObject(j, "threads", aft_get_threads());
+    cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
     cJSON_AddStringToObject(j, "impl", o->impl_ref ? "reference" : "fast");
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections", bi.projections);
@@ -243,10 +244,10 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
 
 /* single-precision matrix-product ceiling: best of three 2048^3 products,
  * one cblas_sgemm with OpenBLAS's own threads (as many as aft's) */
-static double sgemm_ceiling(void)
+static double sgemm_ceiling(int threads)
 {
     const int n = 2048;
-    openblas_set_num_threads(aft_get_threads());
+    openblas_set_num_threads(threads);
     float *a = malloc((size_t)n * n * sizeof(float)), *b = malloc((size_t)n * n * sizeof(float)),
           *c = malloc((size_t)n * n * sizeof(float));
     if (!a || !b || !c) { free(a); free(b); free(c); return 0.0; }
@@ -265,7 +266,7 @@ static double sgemm_ceiling(void)
      * (cli/main.c), so the 48 MiB of this product go back explicitly */
     malloc_trim(0);
 #endif
-    aft_set_threads(aft_get_threads());   /* back to one OpenBLAS thread */
+    openblas_set_num_threads(1);   /* as libaft runs it */
     return 2.0 * n * (double)n * n / (best * 1e6);
 }
 
@@ -494,7 +495,6 @@ int cmd_bench(int argc, char **argv)
             if (o.var[v] == AFT_CONV && C % o.heads)
                 return cli_usage_error("bench", "--heads %zu does not divide the hidden size %zu", o.heads, C);
     }
-    if (o.threads) aft_set_threads(o.threads);
     if (one) return run_one(&o, o.var[0], o.seq[0], o.dm[0]);
 
     char self[4096];
@@ -505,12 +505,15 @@ int cmd_bench(int argc, char **argv)
     }
     self[sl] = 0;
     int tty = isatty(STDERR_FILENO) && !cli_quiet;
-    double ceiling = o.no_ceiling ? 0.0 : sgemm_ceiling();
+    int threads = o.threads ? o.threads : aft_cores();
+    double ceiling = o.no_ceiling ? 0.0 : sgemm_ceiling(threads);
+    aft_config kc = {0};
+    cli_kernels_from_env(&kc);
     aft_blas_info bi;
-    aft_blas_get_info(&bi);
+    aft_blas_get_info(&bi, kc.projections);
     if (!o.json) {
-        printf("# %s, kernel %s, %d thread%s; projections %s; ", bi.library, bi.core, bi.threads,
-               bi.threads == 1 ? "" : "s", bi.projections);
+        printf("# %s, kernel %s, %d thread%s; projections %s; ", bi.library, bi.core, threads,
+               threads == 1 ? "" : "s", bi.projections);
         if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
         else printf("sgemm ceiling not measured\n");
         printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s\n", "variant", "causal", "T", "B", "d",

@@ -46,6 +46,10 @@ void cli_report_file(const char *cmd, const char *path, const char *msg);
 int cli_ends_with(const char *s, const char *suffix);
 int cli_path_exists(const char *path);
 
+/* the kernel choices the environment asks for (AFT_LINEAR_BLAS=1,
+ * AFT_DENSE_BLAS=1: OpenBLAS) into cfg */
+void cli_kernels_from_env(aft_config *cfg);
+
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);
 

@@ -148,3 +148,12 @@ const char *cli_opt_value(int argc, char **argv, int *i, const char *opt, int *m
     }
     return argv[++*i];
 }
+
+/* AFT_LINEAR_BLAS=1 and AFT_DENSE_BLAS=1 hand the projections, and full's
+ * products, to OpenBLAS: for comparing against aft's own kernels */
+void cli_kernels_from_env(aft_config *cfg)
+{
+    const char *lin = getenv("AFT_LINEAR_BLAS"), *dense = getenv("AFT_DENSE_BLAS");
+    if (lin && strcmp(lin, "1") == 0) cfg->projections = AFT_KERNEL_BLAS;
+    if (dense && strcmp(dense, "1") == 0) cfg->full_product = AFT_KERNEL_BLAS;
+}

@@ -42,50 +42,6 @@ static const struct cmd *lookup(const char *name)
     return NULL;
 }
 
-/* Three settings are read only when the libraries load, before main, so the
- * command fixes them by starting itself once more:
- *  - OpenBLAS's kernel. If it left this CPU's AVX-512 unused (some
- *    environments force OPENBLAS_CORETYPE=Haswell; old OpenBLAS builds do not
- *    know newer Xeons), OPENBLAS_CORETYPE=SkylakeX makes matrix products
- *    about five times faster. AFT_BLAS_CORETYPE=keep keeps OpenBLAS's choice;
- *    AFT_BLAS_CORETYPE=NAME forces NAME.
- *  - OpenMP's waiting. Spinning idle workers take the cores from the threads
- *    doing the work, badly so on a shared machine; passive waiting costs a
- *    few microseconds a parallel region. An OMP_WAIT_POLICY already set is kept.
- *  - OpenBLAS's thread count. aft splits products over its own threads and
- *    calls OpenBLAS with one thread, but OpenBLAS starts its workers when it
- *    loads and they spin (sched_yield) for ~0.1 s before sleeping, which on
- *    two cores took CPU from aft's first runs. OPENBLAS_NUM_THREADS=1 starts
- *    none. An OPENBLAS_NUM_THREADS already set is kept. */
-static void maybe_reexec(char **argv)
-{
-    if (getenv("AFT_REEXECED")) return;
-    int again = 0;
-    const char *pref = getenv("AFT_BLAS_CORETYPE");
-    if (!(pref && strcmp(pref, "keep") == 0)) {
-        const char *want = pref && *pref ? pref : aft_blas_better_coretype();
-        const char *have = getenv("OPENBLAS_CORETYPE");
-        if (want && !(have && strcmp(have, want) == 0)) {
-            if (have) setenv("AFT_OPENBLAS_CORETYPE_WAS", have, 1);
-            setenv("OPENBLAS_CORETYPE", want, 1);
-            again = 1;
-        }
-    }
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-        again = 1;
-    }
-    if (!getenv("OPENBLAS_NUM_THREADS")) {
-        setenv("OPENBLAS_NUM_THREADS", "1", 1);
-        again = 1;
-    }
-    if (!again) return;
-    setenv("AFT_REEXECED", "1", 1);
-    execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the settings we have */
-    unsetenv("AFT_REEXECED");
-}
-
 static void on_signal(int sig)
 {
     aft_out_abort_all_signal_safe();
@@ -112,7 +68,6 @@ static void keep_freed_memory(void)
 
 int main(int argc, char **argv)
 {
-    maybe_reexec(argv);
     keep_freed_memory();
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);

@@ -222,30 +222,28 @@ struct timing {
     aft_layer_times phases; /* of the fastest run */
 };
 
-static int write_timing(aft_out *out, const struct run_opts *o, size_t B, size_t T, size_t D, size_t C,
-                        const struct timing *tm)
+static int write_timing(aft_out *out, const struct run_opts *o, const aft_config *cfg, size_t B, size_t T,
+                        size_t D, size_t C, const struct timing *tm)
 {
     aft_blas_info bi;
-    aft_blas_get_info(&bi);
+    aft_blas_get_info(&bi, cfg->projections);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "variant", aft_variant_name(o->cfg.variant));
-    cJSON_AddNumberToObject(j, "window", (double)o->cfg.window);
-    cJSON_AddNumberToObject(j, "heads", (double)o->cfg.heads);
+    cJSON_AddNumberToObject(j, "window", (double)cfg->window);
+    cJSON_AddNumberToObject(j, "heads", (double)cfg->heads);
     cJSON_AddBoolToObject(j, "causal", o->cfg.causal);
     cJSON_AddBoolToObject(j, "mask", o->mask_path != NULL);
     cJSON_AddNumberToObject(j, "batch", (double)B);
     cJSON_AddNumberToObject(j, "seq_len", (double)T);
     cJSON_AddNumberToObject(j, "d_model", (double)D);
     cJSON_AddNumberToObject(j, "d_hidden", (double)C);
-    cJSON_AddNumberToObject(j, "threads", aft_get_threads());
+    cJSON_AddNumberToObject(j, "threads", cfg->threads);
     cJSON_AddStringToObject(j, "impl", o->cfg.impl == AFT_IMPL_REFERENCE ? "reference" : "fast");
     cJSON_AddNumberToObject(j, "repeat", (double)o->repeat);
     cJSON *blas = cJSON_AddObjectToObject(j, "blas");
     cJSON_AddStringToObject(blas, "library", bi.library);
     cJSON_AddStringToObject(blas, "core", bi.core);
     cJSON_AddStringToObject(blas, "projections", bi.projections);
-    const char *was = getenv("AFT_OPENBLAS_CORETYPE_WAS");
-    if (was) cJSON_AddStringToObject(blas, "core_overridden_from", was);
     cJSON *t = cJSON_AddObjectToObject(j, "timing_ms");
     cJSON_AddNumberToObject(t, "load", tm->load);
     cJSON_AddNumberToObject(t, "compute", tm->compute_med);
@@ -295,7 +293,7 @@ int cmd_run(int argc, char **argv)
     size_t B = 0, T = 0, D = 0, C = 0, KC = 0, in_rank = 3;
     int bare = cli_ends_with(o.input, ".safetensors");
     rc = EXIT_DATA;
-    if (o.cfg.threads) aft_set_threads(o.cfg.threads);
+    cli_kernels_from_env(&o.cfg);
 
     /* ---- load the input */
     if (bare) {
@@ -343,8 +341,8 @@ int cmd_run(int argc, char **argv)
             cli_error(NULL, "%s: %s", o.weights_path, err.msg);
             goto out;
         }
-        aft_status st = bare ? aft_bias_load(w_st, o.prefix, o.cfg.variant, o.cfg.heads, &wts, &err)
-                             : aft_weights_load(w_st, o.prefix, o.cfg.variant, o.cfg.heads, &wts, &err);
+        aft_status st = bare ? aft_bias_load(w_st, o.prefix, o.cfg.variant, &wts, &err)
+                             : aft_weights_load(w_st, o.prefix, o.cfg.variant, &wts, &err);
         if (st != AFT_OK) {
             cli_error(NULL, "%s: %s", o.weights_path, err.msg);
             goto out;
@@ -354,19 +352,10 @@ int cmd_run(int argc, char **argv)
                       p->d_model);
             goto out;
         }
+        /* conv: the window and heads the bias holds, unless given */
         if (o.cfg.variant == AFT_CONV && p->bias.kind == AFT_BIAS_CONV) {
-            if (o.window_set && o.cfg.window != wts.conv_window) {
-                cli_error(NULL, "%s: --window %zu but '%s' holds a window of %zu (2S-1 = %zu)", o.weights_path,
-                          o.cfg.window, wts.names[4], wts.conv_window, 2 * wts.conv_window - 1);
-                goto out;
-            }
-            if (o.heads_set && o.cfg.heads != wts.conv_heads) {
-                cli_error(NULL, "%s: --heads %zu but '%s' has %zu rows (one per head)", o.weights_path, o.cfg.heads,
-                          wts.names[4], wts.conv_heads);
-                goto out;
-            }
-            o.cfg.window = wts.conv_window;
-            o.cfg.heads = wts.conv_heads;
+            if (!o.window_set) o.cfg.window = AFT_WINDOW_FROM_BIAS;
+            if (!o.heads_set) o.cfg.heads = 0;
         }
         if (!bare) { C = p->d_hidden; KC = p->k_out; }
     } else {
@@ -384,7 +373,7 @@ int cmd_run(int argc, char **argv)
         }
         /* a conv window past the sequence sees everything: generate only the
          * offsets that can occur */
-        if (o.cfg.variant == AFT_CONV && o.cfg.window > T) o.cfg.window = T ? T : 1;
+        if (o.cfg.variant == AFT_CONV && o.cfg.window) o.cfg.window = aft_window_in(o.cfg.window, T ? T : 1);
         if (!bare) {
             C = o.d_hidden ? o.d_hidden : D;
             KC = C;
@@ -400,13 +389,17 @@ int cmd_run(int argc, char **argv)
             p->wq = owned[0]; p->wk = owned[1]; p->wv = owned[2]; p->wo = owned[3];
             p->bq = owned[4]; p->bk = owned[4] + ld; p->bv = owned[4] + 2 * ld; p->bo = owned[4] + 3 * ld;
         }
-        if (o.cfg.variant == AFT_CONV) {
-            size_t H = o.cfg.heads, n = o.cfg.window ? 2 * o.cfg.window - 1 : 1;
+        if (o.cfg.variant == AFT_CONV && o.cfg.window) {
+            size_t H = o.cfg.heads, n = 2 * o.cfg.window - 1;
             owned[5] = seeded_matrix(o.seed, 5, H, n, 1);
             if (!owned[5]) { cli_error("run", "out of memory for the conv bias"); goto out; }
             for (size_t i = 0; i < H * n; i++) owned[5][i] *= SEEDED_BIAS_SCALE;
             p->bias.kind = AFT_BIAS_CONV;
             p->bias.conv = owned[5];
+            p->bias.conv_len = n;
+            p->bias.conv_rows = H;
+        } else if (o.cfg.variant == AFT_CONV) {
+            /* window 0: no band, simple */
         } else if (o.cfg.variant != AFT_SIMPLE) {
             p->bias.kind = AFT_BIAS_SEEDED;
             p->bias.seed = o.seed;
@@ -414,10 +407,18 @@ int cmd_run(int argc, char **argv)
         }
     }
 
-    if (bare && KC != C && !(o.cfg.variant == AFT_CONV && KC == o.cfg.heads)) {
+    /* the library's rules: a conv window and heads from the bias, window 0
+     * meaning simple */
+    aft_config run_cfg = o.cfg;
+    if (aft_config_settle(&run_cfg, &p->bias, C, KC, &err) != AFT_OK) {
+        if (o.weights_path) cli_error(NULL, "%s: %s", o.weights_path, err.msg);
+        else cli_error("run", "%s", err.msg);
+        goto out;
+    }
+    if (bare && KC != C && !(run_cfg.variant == AFT_CONV && KC == run_cfg.heads)) {
         if (o.cfg.variant == AFT_CONV)
             cli_error(NULL, "%s: 'k' has %zu channels; conv needs %zu (one per value channel) or %zu (one per head)",
-                      o.input, KC, C, o.cfg.heads);
+                      o.input, KC, C, run_cfg.heads);
         else
             cli_error(NULL, "%s: 'k' has %zu channels but 'q' and 'v' have %zu", o.input, KC, C);
         goto out;
@@ -445,7 +446,7 @@ int cmd_run(int argc, char **argv)
                 bad_w += aft_count_nonfinite(p->bias.u, p->bias.tmax * p->bias.rank) +
                          aft_count_nonfinite(p->bias.v, p->bias.tmax * p->bias.rank);
             if (p->bias.kind == AFT_BIAS_CONV)
-                bad_w += aft_count_nonfinite(p->bias.conv, o.cfg.heads * (2 * o.cfg.window - 1));
+                bad_w += aft_count_nonfinite(p->bias.conv, p->bias.conv_rows * p->bias.conv_len);
         }
         const char *where = bad_in ? o.input : o.weights_path;
         size_t nbad = bad_in ? bad_in : bad_w;
@@ -461,7 +462,7 @@ int cmd_run(int argc, char **argv)
     /* ---- refuse, with both numbers, a run the machine cannot hold */
     {
         size_t outw0 = bare ? C : D;
-        size_t need = aft_workspace_bytes(&o.cfg, B, T, D, C, bare ? KC : 0);
+        size_t need = aft_workspace_bytes(&run_cfg, B, T, D, C, bare ? KC : 0);
         size_t outb = B * T * outw0 * sizeof(float), maskb = 0;
         if (o.mask_path) maskb = B * T * T * (sizeof(float) + 1);   /* the mask as read and as bytes */
         need = need > SIZE_MAX - outb - maskb ? SIZE_MAX : need + outb + maskb;
@@ -515,18 +516,7 @@ int cmd_run(int argc, char **argv)
         p->bias.mask_batched = batched;
     }
 
-    /* ---- compute; conv with window 0 has no band: it is simple */
-    aft_config run_cfg = o.cfg;
-    if (run_cfg.variant == AFT_CONV && run_cfg.window == 0) {
-        if (KC != C) {
-            cli_error("run", "--variant conv --window 0 is simple, which needs as many key channels as "
-                      "value channels (keys have %zu, values %zu)", KC, C);
-            goto out;
-        }
-        run_cfg.variant = AFT_SIMPLE;
-        p->bias.kind = AFT_BIAS_NONE;
-    }
-
+    /* ---- compute */
     size_t N = B * T, outw = bare ? C : D;
     y = malloc(N * outw * sizeof(float) + 1);
     double *times = malloc(o.repeat * sizeof(double));
@@ -601,7 +591,7 @@ int cmd_run(int argc, char **argv)
     tm.load = t_loaded - t_start;
     tm.write = aft_now_ms() - t_w0;
     tm.total = aft_now_ms() - t_start;
-    if (o.timing_path && write_timing(&tout, &o, B, T, bare ? C : D, C, &tm) != 0) goto out;
+    if (o.timing_path && write_timing(&tout, &o, &run_cfg, B, T, bare ? C : D, C, &tm) != 0) goto out;
     /* the messages of commit name the file already */
     if (aft_out_commit(&yout, &err) != AFT_OK || (o.timing_path && aft_out_commit(&tout, &err) != AFT_OK)) {
         cli_error(NULL, "%s", err.msg);

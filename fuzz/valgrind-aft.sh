@@ -16,19 +16,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=${AFT_VALGRIND_BIN:-$here/../build/valgrind/aft}
 log=""
 if [ -n "${AFT_VALGRIND_LOGS:-}" ]; then log="--log-file=$AFT_VALGRIND_LOGS/vg.%p.log"; fi
-# aft re-executes itself through /proc/self/exe to change OPENBLAS_CORETYPE,
-# OMP_WAIT_POLICY or OPENBLAS_NUM_THREADS before OpenBLAS and OpenMP load.
-# Under valgrind that path names valgrind's own tool binary, which refuses to run ("You cannot
-# run ... directly"), so give aft the settings it would restart for:
-#  - AFT_BLAS_CORETYPE=keep, and no OPENBLAS_CORETYPE: OpenBLAS keeps the
-#    kernel it picks for valgrind's virtual CPU (valgrind cannot execute the
-#    AVX-512 kernels a restart would choose);
-#  - OMP_WAIT_POLICY=PASSIVE and OPENBLAS_NUM_THREADS=1 unless the caller
-#    chose otherwise.
-unset OPENBLAS_CORETYPE
-export AFT_BLAS_CORETYPE=keep
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
-export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 # shellcheck disable=SC2086
 exec valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
     --show-leak-kinds=definite --child-silent-after-fork=yes \

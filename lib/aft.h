@@ -175,17 +175,31 @@ void aft_out_abort_all_signal_safe(void);
 
 typedef enum { AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV } aft_variant;
 typedef enum { AFT_IMPL_FAST, AFT_IMPL_REFERENCE } aft_impl;
+/* Who runs a family of matrix products: aft's own kernel where it is the
+ * faster one in this build (AUTO), aft's own kernel wherever it exists
+ * (OWN), or OpenBLAS (BLAS). For A/B comparisons and tests; the results
+ * agree to rounding. */
+typedef enum { AFT_KERNEL_AUTO, AFT_KERNEL_OWN, AFT_KERNEL_BLAS } aft_kernel;
 
 const char *aft_variant_name(aft_variant v);
 int aft_variant_from_name(const char *name, aft_variant *out);
 
+/* conv: take the window from the conv bias (aft_bias.conv_len) */
+#define AFT_WINDOW_FROM_BIAS SIZE_MAX
+
 typedef struct {
     aft_variant variant;
-    size_t window;     /* local, conv: keep w[t,t'] where |t - t'| < window */
-    size_t heads;      /* conv: number of heads (channels split evenly) */
+    size_t window;     /* local, conv: keep w[t,t'] where |t - t'| < window;
+                        * 0: w = 0 everywhere; conv: AFT_WINDOW_FROM_BIAS */
+    size_t heads;      /* conv: heads (channels split evenly); 0: the conv
+                        * bias's rows */
     int causal;        /* sums run over t' <= t only */
     int threads;       /* 0 = all cores */
     aft_impl impl;
+    aft_kernel projections;    /* the layer's projections (AUTO: aft's kernel
+                                * with AVX/AVX2/AVX-512, else OpenBLAS) */
+    aft_kernel full_product;   /* full's products (AUTO: aft's fused kernel
+                                * where it is faster, else OpenBLAS) */
 } aft_config;
 
 /* Where the position bias w[t,t'] comes from. */
@@ -205,12 +219,34 @@ typedef struct {
     size_t rank;
     uint64_t seed;        /* seeded */
     float scale;          /* seeded: entries uniform in [-scale, scale) */
-    const float *conv;    /* conv: (heads, 2*window - 1) */
+    const float *conv;    /* conv: (conv_rows, conv_len), offset t' - t at
+                           * column t' - t + (conv_len - 1) / 2 */
+    size_t conv_len;      /* 2S - 1 for a window S; 0: (heads, 2*window - 1)
+                           * as the configuration says */
+    size_t conv_rows;     /* one per head, or 1: shared by every head */
+    const char *name;     /* the bias's name in messages, or NULL */
     /* optional explicit mask, 1 = visible: (T, T), or (B, T, T) when
      * mask_batched; combined with causal */
     const uint8_t *mask;
     int mask_batched;
 } aft_bias;
+
+/* The rules every entry point applies to a configuration before it runs;
+ * callers use this for the settled values (to report them, or to size what
+ * they allocate). cfg is changed in place:
+ *  - threads 0 becomes the number of cores;
+ *  - conv with a bias that records its shape (conv_len) takes the bias's
+ *    window when cfg->window is AFT_WINDOW_FROM_BIAS, and its rows as heads
+ *    when cfg->heads is 0; any other window or number of heads must agree
+ *    with the bias (a bias of one row serves every head);
+ *  - conv with window 0 and no such bias is simple (w = 0 everywhere), which
+ *    needs keys of one channel per value channel;
+ *  - simple reads no position bias.
+ * C: value channels; kc: key channels (C, or conv's heads). A window wider
+ * than the sequence sees all of it (aft_window_in). */
+aft_status aft_config_settle(aft_config *cfg, const aft_bias *bias, size_t C, size_t kc, aft_error *err);
+/* the window a sequence of T rows sees: min(window, T) */
+size_t aft_window_in(size_t window, size_t T);
 
 /* The seeded bias entry for (t, t2): a pure function, so bands can be made
  * without a T x T array. */
@@ -269,24 +305,26 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
  * "pos_bias_u" and "pos_bias_v" ((Tmax, r) each, w = u v^T). Other tensors are
  * ignored; two candidates for one role is an error. */
 typedef struct {
-    aft_params p;          /* ready for aft_layer_forward (bias.mask unset) */
+    aft_params p;          /* ready for aft_layer_forward (bias.mask unset);
+                            * p.bias.name points into names: use the struct
+                            * where it was loaded */
     size_t conv_window;    /* conv: S read from the bias shape, else 0 */
-    size_t conv_heads;     /* conv: rows of the bias (1 if it was 1-D) */
+    size_t conv_heads;     /* conv: rows of the bias (1 if it was 1-D: shared
+                            * by every head) */
     char names[6][160];    /* the tensor names used: q, k, v, o, bias, bias_v */
     float *owned[12];
     size_t nowned;
 } aft_weights;
 
-/* variant decides how the position bias is read; heads (conv) is used to
- * widen a 1-D conv bias to one row per head. */
+/* variant decides how the position bias is read. */
 aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_variant variant,
-                            size_t heads, aft_weights *w, aft_error *err);
+                            aft_weights *w, aft_error *err);
 void aft_weights_free(aft_weights *w);
 /* Only the position bias (into w->p.bias, conv_window, conv_heads), for the
  * bare operator; on failure w keeps what it owned: free it with
  * aft_weights_free. */
 aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
-                         size_t heads, aft_weights *w, aft_error *err);
+                         aft_weights *w, aft_error *err);
 
 /* ---------------------------------------------------------------- memory */
 
@@ -306,24 +344,18 @@ size_t aft_count_nonfinite(const float *x, size_t n);
 typedef struct {
     char library[64];   /* e.g. "OpenBLAS 0.3.21" */
     char core[64];      /* the kernel in use, e.g. "SkylakeX" */
-    int threads;        /* aft's threads (each BLAS call runs on one) */
-    char projections[32];   /* what runs the layer's projections: aft's own
-                             * kernel ("aft 6x16" with AVX2, "aft 12x32"
-                             * with AVX-512) or "OpenBLAS" */
+    char projections[32];   /* what runs the layer's projections under
+                             * this kernel choice: aft's own kernel ("aft
+                             * 6x16" with AVX2, "aft 12x32" with AVX-512)
+                             * or "OpenBLAS" */
 } aft_blas_info;
 
-void aft_blas_get_info(aft_blas_info *info);
-/* The OPENBLAS_CORETYPE this CPU should use when the running OpenBLAS picked
- * a weaker kernel than the CPU supports, or NULL when the choice is fine.
- * OpenBLAS reads the variable only when it loads, so a caller that wants the
- * fix must set it and start again (the aft command does this itself). */
-const char *aft_blas_better_coretype(void);
-/* Threads for aft's kernels (0 = all cores). aft splits every matrix product
- * into parts on these threads, each a single-threaded BLAS call, so this also
- * sets OpenBLAS to one thread (openblas_set_num_threads(1)). A program that
- * uses OpenBLAS itself between aft calls sets its own count back. */
-void aft_set_threads(int n);
-int aft_get_threads(void);
+/* libaft calls OpenBLAS from its own threads, one thread a call: the first
+ * product it runs sets openblas_set_num_threads(1) (and, with OpenBLAS's
+ * OpenMP build, puts OpenMP's default thread count back as it was). */
+void aft_blas_get_info(aft_blas_info *info, aft_kernel projections);
+/* the number of cores: what threads 0 means */
+int aft_cores(void);
 
 /* monotonic clock in milliseconds */
 double aft_now_ms(void);

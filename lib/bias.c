@@ -1,5 +1,5 @@
 /* bias.c - where w[t, t'] comes from, for every kind of bias and variant. */
-#include "internal.h"
+#include "kernels.h"
 
 /* splitmix64's finaliser: a bijective mix, so distinct (seed, t, t2) give
  * independent-looking values */
@@ -74,11 +74,11 @@ static void bias_row(const aft_bias *b, size_t t, size_t j0, size_t j1, float *o
     for (size_t j = j0; j < j1; j++) out[j - j0] = aft_bias_at(b, t, j);
 }
 
-void aft_w_row(const aft_wspec *ws, size_t h, size_t t, size_t j0, size_t j1, float *out)
+void aft_w_row(const aft_opspec *sp, size_t h, size_t t, size_t j0, size_t j1, float *out)
 {
-    const aft_bias *b = ws->bias;
-    size_t s = ws->window;
-    switch (ws->variant) {
+    const aft_bias *b = sp->bias;
+    size_t s = sp->window;
+    switch (sp->variant) {
     case AFT_FULL:
         bias_row(b, t, j0, j1, out);
         return;
@@ -91,13 +91,16 @@ void aft_w_row(const aft_wspec *ws, size_t h, size_t t, size_t j0, size_t j1, fl
         if (s > 0 && lo < hi) bias_row(b, t, lo, hi, out + (lo - j0));
         return;
     }
-    case AFT_CONV:
+    case AFT_CONV: {
+        /* offset t' - t = j - t maps to entry j - t + s - 1 of the head's
+         * row (a bias of one row serves every head) */
+        const float *row = b->kind == AFT_BIAS_CONV ? b->conv + (sp->conv_rows == 1 ? 0 : h) * sp->conv_len : NULL;
         for (size_t j = j0; j < j1; j++) {
             size_t dist = j > t ? j - t : t - j;
-            /* offset t' - t = j - t maps to entry j - t + s - 1 of the head's row */
-            out[j - j0] = dist < s && b->kind == AFT_BIAS_CONV ? b->conv[h * (2 * s - 1) + (j + s - 1 - t)] : 0.0f;
+            out[j - j0] = dist < s && row ? row[j + s - 1 - t] : 0.0f;
         }
         return;
+    }
     case AFT_SIMPLE:
         memset(out, 0, (j1 - j0) * sizeof(float));
         return;

@@ -1,6 +1,6 @@
 /* gemm.c - matrix products on aft's own threads.
  *
- * OpenBLAS runs with one thread (aft_set_threads sees to it) and aft splits
+ * OpenBLAS runs with one thread (blas_one_thread below) and aft splits
  * each product into parts, one single-threaded cblas_sgemm per OpenMP
  * thread. Two thread pools on one machine fight: OpenBLAS's pthread workers
  * spin (sched_yield) for a while after every product, and on a two-core
@@ -11,7 +11,9 @@
  * inner dimension the same way whatever the row count: the full variant's
  * output at T = 4096 was bitwise the same with one thread and with two).
  */
-#include "internal.h"
+#include "linear.h"
+
+#include <pthread.h>
 
 #include <cblas.h>
 #include <omp.h>
@@ -32,10 +34,28 @@ static void gemm_part(int trans_b, size_t m0, size_t m1, size_t n0, size_t n1, s
                 C + m0 * ldc + n0, (int)ldc);
 }
 
-void aft_gemm(int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
+/* OpenBLAS on one thread a call: aft's threads each make their own calls.
+ * OpenBLAS's OpenMP build sets OpenMP's default thread count along with its
+ * own, so that is put back as it was: the caller's OpenMP code keeps its
+ * setting. */
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_one_thread(void)
+{
+    int n = omp_get_max_threads();
+    openblas_set_num_threads(1);
+    omp_set_num_threads(n);
+}
+
+void aft_blas_one_thread(void)
+{
+    pthread_once(&blas_once, blas_one_thread);
+}
+
+void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
               const float *B, size_t ldb, const float *bias, float *C, size_t ldc)
 {
-    size_t nt = (size_t)aft_get_threads();
+    aft_blas_one_thread();
+    size_t nt = (size_t)(threads > 0 ? threads : 1);
     if (nt <= 1 || omp_in_parallel()) {
         gemm_part(trans_b, 0, M, 0, N, K, A, lda, B, ldb, bias, C, ldc);
         return;

@@ -1,9 +1,10 @@
 /* layer.c - the AFT layer: projections, the operator, the output projection. */
-#include "internal.h"
+#include "layer.h"
+#include "linear.h"
+#include "op.h"
 
 #include <omp.h>
 
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
@@ -14,6 +15,7 @@
  * once per call (linear.c) */
 typedef struct {
     aft_linear qkv, o;
+    aft_kernel kernel;   /* who runs the projections (aft_config.projections) */
 } layer_w;
 
 /* The streamed path of simple without causality: Y = sigmoid(Q) * g, g the
@@ -26,13 +28,13 @@ typedef struct {
  * time, the same bits whatever the thread count. Q, K, V are never held
  * for the whole sequence.
  * Returns as layer_streamed. */
-static int layer_streamed_simple(float *y, const float *x, const aft_params *p, size_t B,
+static int layer_streamed_simple(float *y, const float *x, const aft_params *p, const aft_opspec *sp, size_t B,
                                  size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
                                  aft_status *st, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
     size_t nch = (T + chunk - 1) / chunk;
-    int nt = aft_get_threads();
+    int nt = sp->threads;
     if ((size_t)nt > nch) nt = (int)nch;
     float *qkv = aft_alloc_array((size_t)nt * chunk, W * sizeof(float));
     float *sq = aft_alloc_array(T, C * sizeof(float));
@@ -59,7 +61,7 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
                 /* the chunk's softmax sums (m, s0, s1; the fourth array
                  * scratch, then the keys' maximum: m itself) */
                 float *sj = sums + j * 4 * C;
-                if (aft_running_sums(buf + C, W, buf + C + KC, W, 0, len, C, sj, sj + C, sj + 2 * C, sj + 3 * C))
+                if (aft_sums_of_rows(buf + C, W, buf + C + KC, W, 0, len, C, sj, sj + C, sj + 2 * C, sj + 3 * C))
                     r = 0;
                 memcpy(sj + 3 * C, sj, C * sizeof(float));
                 for (size_t t = 0; t < len; t++)
@@ -81,7 +83,7 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         for (size_t d = 0; d < D; d++)
             for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * g[c];
         aft_linear lo;
-        *st = aft_linear_init(&lo, wog, p->bo, D, C, AFT_LINEAR_AUTO, err);
+        *st = aft_linear_init(&lo, wog, p->bo, D, C, lw->kernel, sp->threads, err);
         if (*st != AFT_OK) {
             ret = -1;
             break;
@@ -130,12 +132,12 @@ static size_t point_index(const size_t *pt, size_t n, size_t v)
  * output and the right part's per-row sums are a chunk's worth per thread,
  * not the sequence's, and the bits do not depend on the thread count.
  * Returns as layer_streamed. */
-static int layer_streamed_both(float *y, const float *x, const aft_params *p, aft_wspec ws, size_t B, size_t T,
+static int layer_streamed_both(float *y, const float *x, const aft_params *p, aft_opspec ws, size_t B, size_t T,
                                size_t chunk, size_t halo, const layer_w *lw, aft_layer_times *tm,
                                aft_status *st, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, nch = (T + chunk - 1) / chunk;
-    int nt = aft_get_threads();
+    int nt = ws.threads;
     if ((size_t)nt > nch) nt = (int)nch;
     float *kv = aft_alloc_array(T, 2 * C * sizeof(float));
     float *q = aft_alloc_array((size_t)nt * chunk, C * sizeof(float));
@@ -160,7 +162,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     float *pre = aft_alloc_array(2 * nch, 4 * C * sizeof(float));
     float *suf = aft_alloc_array(2 * nch, 4 * C * sizeof(float));
     float *bm = aft_alloc_array((size_t)nt, C * sizeof(float));
-    aft_band_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
+    aft_op_rows_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
     /* Q alone and K, V together: the stacked weights' rows [0, C) and
      * [C, 3C) (here KC = C), in their packing when C is a whole number of
      * its panels (packing them again was 0.7% of this path's time) */
@@ -170,9 +172,9 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     int ok = kv && q && h && pt && pre && suf && bm && ctx && skv == AFT_OK;
     ws.ldq = C;
     ws.ldk = ws.ldv = 2 * C;
-    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_band_ctx_new(&ws, chunk)) != NULL;
+    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_op_rows_new(&ws, chunk)) != NULL;
     if (!ok) {
-        for (int i = 0; ctx && i < nt; i++) aft_band_ctx_free(ctx[i]);
+        for (int i = 0; ctx && i < nt; i++) aft_op_rows_free(ctx[i]);
         free(kv); free(q); free(h); free(pt); free(pre); free(suf); free(bm); free(ctx);
         if (sq == AFT_OK) aft_linear_free(&lq);
         if (skv == AFT_OK) aft_linear_free(&lkv);
@@ -198,19 +200,15 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
         #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(|:bad)
         for (size_t i = 0; i < npt - 1; i++) {
             float *r = suf + i * 4 * C, *scr = bm + (size_t)omp_get_thread_num() * C;
-            bad |= aft_running_sums(kv, 2 * C, kv + C, 2 * C, pt[i], pt[i + 1], C, r, r + C, r + 2 * C, scr);
+            bad |= aft_sums_of_rows(kv, 2 * C, kv + C, 2 * C, pt[i], pt[i + 1], C, r, r + C, r + 2 * C, scr);
             memcpy(r + 3 * C, r, C * sizeof(float));
         }
         if (bad) {
             ret = 0;
             break;
         }
-        float *none[2] = {pre, suf + (npt - 1) * 4 * C};   /* no keys: [0, 0) and [T, T) */
-        for (int u = 0; u < 2; u++)
-            for (size_t c = 0; c < C; c++) {
-                none[u][c] = none[u][3 * C + c] = -INFINITY;
-                none[u][C + c] = none[u][2 * C + c] = 0.0f;
-            }
+        aft_sums_empty(pre, C);   /* no keys: [0, 0) and [T, T) */
+        aft_sums_empty(suf + (npt - 1) * 4 * C, C);
         for (size_t i = 1; i < npt; i++) {
             memcpy(pre + i * 4 * C, pre + (i - 1) * 4 * C, 4 * C * sizeof(float));
             aft_sums_merge(pre + i * 4 * C, suf + (i - 1) * 4 * C, C);
@@ -230,7 +228,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
                 double u0 = aft_now_ms();
                 aft_linear_apply(&lq, len, x + (b * T + R0) * D, D, qt, C);
                 double u1 = aft_now_ms();
-                aft_wspec w = ws;
+                aft_opspec w = ws;
                 w.T = T - (R0 - hl);
                 w.t_off = R0 - hl;
                 w.q_row0 = hl;
@@ -239,7 +237,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
                  * halo on (the pieces above checked every key) */
                 size_t il = point_index(pt, npt, R0 - hl);
                 size_t ir = point_index(pt, npt, R0 + len + halo < T ? R0 + len + halo : T);
-                (void)aft_op_band_chunk(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, j ? pre + il * 4 * C : NULL,
+                (void)aft_op_rows(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, j ? pre + il * 4 * C : NULL,
                                         NULL, j + 1 < nch ? suf + ir * 4 * C : NULL);
                 double u2 = aft_now_ms();
                 aft_linear_apply_x(&lw->o, len, ht, C, y + (b * T + R0) * D, D, 1);
@@ -252,7 +250,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
         tm->op += to / nt;
         tm->output += tw / nt;
     }
-    for (int i = 0; i < nt; i++) aft_band_ctx_free(ctx[i]);
+    for (int i = 0; i < nt; i++) aft_op_rows_free(ctx[i]);
     free(kv); free(q); free(h); free(pt); free(pre); free(suf); free(bm); free(ctx);
     aft_linear_free(&lq);
     aft_linear_free(&lkv);
@@ -301,13 +299,13 @@ static void pipe_output(float *y, const float *h, const aft_params *p, const aft
  *
  * Returns as layer_streamed. The phases' times are each thread's sums
  * averaged over the threads, the operator's with its waits. */
-static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_wspec ws, size_t B, size_t T,
+static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_opspec ws, size_t B, size_t T,
                            size_t chunk, size_t halo, const layer_w *lw, aft_layer_times *tm,
                            aft_status *st, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
     size_t nch = (T + chunk - 1) / chunk, total = B * nch;
-    int nt = aft_get_threads();
+    int nt = ws.threads;
     if ((size_t)nt > total) nt = (int)total;
     /* the slots of Q, K, V follow each other after room for a halo, so a
      * chunk's halo rows are the end of the slot before it, but slot 0's */
@@ -315,11 +313,11 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
     float *qkv = aft_alloc_array(halo + nslot * chunk, W * sizeof(float));
     float *h = aft_alloc_array(2 * (size_t)nt * slot_rows, C * sizeof(float));
     float *carry = aft_alloc_array(4, C * sizeof(float));
-    aft_band_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
+    aft_op_rows_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
     int ok = qkv && h && carry && ctx;
-    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_band_ctx_new(&ws, 0)) != NULL;
+    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_op_rows_new(&ws, 0)) != NULL;
     if (!ok) {
-        for (int i = 0; ctx && i < nt; i++) aft_band_ctx_free(ctx[i]);
+        for (int i = 0; ctx && i < nt; i++) aft_op_rows_free(ctx[i]);
         free(qkv); free(h); free(carry); free(ctx);
         *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for chunks of %zu rows of Q, K, V (%zu wide)", chunk, W);
         return -1;
@@ -370,11 +368,11 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
                  * before ours but when chunk j - 1 is in the last slot */
                 if (hl && j % nslot == 0)
                     memcpy(buf - hl * W, qkv + (halo + nslot * chunk - hl) * W, hl * W * sizeof(float));
-                aft_wspec w = ws;
+                aft_opspec w = ws;
                 w.T = hl + len;
                 w.t_off = R0 - hl;
                 const float *r = buf - hl * W;
-                int okk = aft_op_band_chunk(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len,
+                int okk = aft_op_rows(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len,
                                             R0 ? carry : NULL, carry, NULL);
                 if (!okk) {
                     #pragma omp atomic write
@@ -405,7 +403,7 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
     tm->projections += tp / nt;
     tm->op += to / nt;
     tm->output += tw / nt;
-    for (int i = 0; i < nt; i++) aft_band_ctx_free(ctx[i]);
+    for (int i = 0; i < nt; i++) aft_op_rows_free(ctx[i]);
     free(qkv); free(h); free(carry); free(ctx);
     return bad ? 0 : 1;
 }
@@ -419,16 +417,15 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_ws
  * stay small whatever T is. Returns 1 when done, 0 when not applicable or
  * when a key was +inf or NaN (then the whole-sequence path runs: y is
  * written again), -1 on error (*st). */
-static int layer_streamed(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
+static int layer_streamed(float *y, const float *x, const aft_params *p, const aft_opspec *sp, size_t B,
                           size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
                           aft_status *st, aft_error *err)
 {
-    size_t C = p->d_hidden, KC = p->k_out ? p->k_out : C;
-    aft_wspec ws;
+    size_t KC = p->k_out ? p->k_out : p->d_hidden;
     if (chunk == 0) return 0;
-    int kind = aft_op_band_rows_ok(&p->bias, cfg, B, T, C, KC, &ws);
-    if (kind != 1 && kind != 2 && kind != 3) return 0;
-    size_t halo = aft_op_band_halo(&ws);
+    aft_rows_kind kind = aft_op_rows_kind(sp, KC);
+    if (kind == AFT_ROWS_NONE) return 0;
+    size_t halo = aft_op_halo(sp);
     if (chunk == AFT_LAYER_CHUNK_AUTO) {
         /* chunks of a few tiles of the products, or of OpenBLAS's larger
          * blocks (it packs W again on every call), and at least the halo */
@@ -436,9 +433,9 @@ static int layer_streamed(float *y, const float *x, const aft_params *p, const a
         chunk = halo <= step ? step : (halo + step - 1) / step * step;
     }
     if (T <= chunk || halo > chunk) return 0;
-    if (kind == 2) return layer_streamed_simple(y, x, p, B, T, chunk, lw, tm, st, err);
-    if (kind == 3) return layer_streamed_both(y, x, p, ws, B, T, chunk, halo, lw, tm, st, err);
-    return layer_pipelined(y, x, p, ws, B, T, chunk, halo, lw, tm, st, err);
+    if (kind == AFT_ROWS_GLOBAL) return layer_streamed_simple(y, x, p, sp, B, T, chunk, lw, tm, st, err);
+    if (kind == AFT_ROWS_BAND) return layer_streamed_both(y, x, p, *sp, B, T, chunk, halo, lw, tm, st, err);
+    return layer_pipelined(y, x, p, *sp, B, T, chunk, halo, lw, tm, st, err);
 }
 
 aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
@@ -473,7 +470,6 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
         return aft_fail(err, AFT_ERR_ARG, "B * T = %zu * %zu exceeds the supported range", B, T);
     if (N == 0) return AFT_OK;
     if (!x || !y) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !x ? "input x" : "output y");
-    if (cfg->threads != aft_get_threads() || cfg->threads == 0) aft_set_threads(cfg->threads);
 
     aft_status st;
     if (cfg->impl == AFT_IMPL_REFERENCE) {
@@ -500,6 +496,9 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
         return st;
     }
 
+    aft_opspec sp;
+    if ((st = aft_op_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) return st;
+
     /* the fast path: Q, K and V from one product with the three weight
      * matrices stacked, (N, D) x (D, 2C + KC): X is read and packed once and
      * the product is wide enough to run near the machine's peak. The
@@ -522,17 +521,17 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
         else memset(bcat + off, 0, bn[i] * sizeof(float));
         off += bn[i];
     }
-    layer_w lw;
-    st = aft_linear_init(&lw.qkv, wcat, any_bias ? bcat : NULL, W, D, AFT_LINEAR_AUTO, err);
+    layer_w lw = {.kernel = cfg->projections};
+    st = aft_linear_init(&lw.qkv, wcat, any_bias ? bcat : NULL, W, D, lw.kernel, sp.threads, err);
     if (st == AFT_OK) {
-        st = aft_linear_init(&lw.o, p->wo, p->bo, D, C, AFT_LINEAR_AUTO, err);
+        st = aft_linear_init(&lw.o, p->wo, p->bo, D, C, lw.kernel, sp.threads, err);
         if (st != AFT_OK) aft_linear_free(&lw.qkv);
     }
     if (st != AFT_OK) {
         free(wcat); free(bcat);
         return st;
     }
-    int streamed = layer_streamed(y, x, p, cfg, B, T, chunk, &lw, &tm, &st, err);
+    int streamed = layer_streamed(y, x, p, &sp, B, T, chunk, &lw, &tm, &st, err);
     if (streamed_out) *streamed_out = streamed > 0;
     float *qkv = NULL, *h = NULL;
     if (streamed == 0) {
@@ -545,7 +544,8 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
             double t0 = aft_now_ms();
             aft_linear_apply(&lw.qkv, N, x, D, qkv, W);
             double t1 = aft_now_ms();
-            st = aft_op_forward_ld(h, qkv, W, qkv + C, W, qkv + C + KC, W, &p->bias, cfg, B, T, C, KC, err);
+            sp.ldq = sp.ldk = sp.ldv = W;
+            st = aft_op_run(h, qkv, qkv + C, qkv + C + KC, &sp, B, KC, err);
             double t2 = aft_now_ms();
             if (st == AFT_OK) aft_linear_apply(&lw.o, N, h, C, y, D);
             tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};

@@ -6,24 +6,18 @@
  * micro-kernel keeps an LIN_MR x LIN_NR tile of y in registers and starts
  * it from the bias, so y is written once and never read back (with inputs
  * deeper than LIN_KC it is read back once a block). The loops are BLIS's:
- * a panel of W (LIN_KC x LIN_NR, 16 KiB with AVX2) stays in L1 while the
- * packed rows of x (LIN_MC x LIN_KC) stream from L2. Rows of x that were
- * just written (the operator's output, before the output projection) are
- * read in place instead: for a chunk's 96 x 256 x 256 product the packing
- * alone was 6% of the time.
+ * a panel of W (LIN_KC x LIN_NR) stays in L1 while the packed rows of x
+ * (LIN_MC x LIN_KC) stream from L2. Rows of x that were just written (the
+ * operator's output, before the output projection) are read in place
+ * instead of packed: they are in the core's caches already.
  *
- * It is used where it beat OpenBLAS: builds for AVX/AVX2 (8-float vectors)
- * and AVX-512 (16). On the AVX2 AMD EPYC (Zen 3) OpenBLAS 0.3.21's Zen
- * kernel ran the layer's stacked Q/K/V product (4096 x 768 x 256) at
- * 145-180 GFLOP/s on two cores and its chunks of 256 rows at 145-157; this
- * kernel at 166-186 and 168-178 (the vector units' peak is 201). On the
- * AVX-512 AMD EPYC (Zen 4, 117 GFLOP/s a core) a chunk's 96 x 768 x 256
- * product on one core took 335 us here (113 GFLOP/s) against 382 us for
- * OpenBLAS's Cooperlake kernel, and the layer 0.88-0.92 of its time. With
- * 16-float vectors a panel of W is 32 KiB, all of that core's L1, yet
- * blocks of 128 or 64 inputs were no faster. AFT_LINEAR_BLAS=1 makes every
- * build use OpenBLAS. aft_linear_ref beside it is the float64 reference. */
-#include "internal.h"
+ * Builds for AVX/AVX2 (8-float vectors) and AVX-512 (16) use it by default:
+ * for the layer's products, many small chunks against one packed W, it
+ * runs nearer the FMA peak than OpenBLAS, which packs W again on every
+ * call. AFT_KERNEL_BLAS (aft_config.projections) hands every product to
+ * OpenBLAS instead. aft_linear_ref beside it is the float64 reference. */
+#include "linear.h"
+#include "numerics.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -52,23 +46,23 @@ void aft_linear_ref(float *y, size_t ldy, const float *x, size_t ldx, const floa
 
 const char *aft_linear_kernel(void)
 {
-    const char *e = getenv("AFT_LINEAR_BLAS");
-    if (AFT_VEC_BYTES < 32 || (e && strcmp(e, "1") == 0)) return NULL;
+    if (AFT_VEC_BYTES < 32) return NULL;
     /* the builds that use it by default: 8- and 16-float vectors */
     _Static_assert(AFT_VEC_BYTES != 32 || (LIN_MR == 6 && LIN_NR == 16), "the name below is the tile's");
     _Static_assert(AFT_VEC_BYTES != 64 || (LIN_MR == 12 && LIN_NR == 32), "the name below is the tile's");
     return AFT_VEC_BYTES == 64 ? "aft 12x32" : "aft 6x16";
 }
 
-aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k, int mode,
-                           aft_error *err)
+aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k,
+                           aft_kernel kernel, int threads, aft_error *err)
 {
     memset(l, 0, sizeof *l);
     l->n = n;
     l->k = k;
     l->w = w;
     l->bias = bias;
-    int own = mode == AFT_LINEAR_OWN || (mode == AFT_LINEAR_AUTO && aft_linear_kernel() != NULL);
+    l->threads = threads > 0 ? threads : 1;
+    int own = kernel == AFT_KERNEL_OWN || (kernel == AFT_KERNEL_AUTO && aft_linear_kernel() != NULL);
     if (!own || n == 0 || k == 0) return AFT_OK;
     size_t npad = (n + LIN_NR - 1) / LIN_NR * LIN_NR;
     l->pk = aft_alloc_array(npad, k * sizeof(float));
@@ -109,7 +103,8 @@ aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, s
         return aft_fail(err, AFT_ERR_ARG, "features [%zu, %zu + %zu) of a product with %zu", f0, f0, n, parent->n);
     const float *w = parent->w + f0 * parent->k, *bias = parent->bias ? parent->bias + f0 : NULL;
     if (!parent->pk || f0 % LIN_NR != 0)
-        return aft_linear_init(v, w, bias, n, parent->k, parent->pk ? AFT_LINEAR_OWN : AFT_LINEAR_BLAS, err);
+        return aft_linear_init(v, w, bias, n, parent->k, parent->pk ? AFT_KERNEL_OWN : AFT_KERNEL_BLAS,
+                               parent->threads, err);
     *v = *parent;
     v->n = n;
     v->w = w;
@@ -237,12 +232,12 @@ void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ld
             for (size_t j = 0; j < l->n; j++) y[m * ldy + j] = l->bias ? l->bias[j] : 0.0f;
         return;
     }
-    size_t nt = omp_in_parallel() ? 1 : (size_t)aft_get_threads();
+    size_t nt = omp_in_parallel() ? 1 : (size_t)l->threads;
     size_t tiles = (M + LIN_MR - 1) / LIN_MR;
     if (nt > tiles) nt = tiles;
     float *ap = l->pk ? aft_alloc_array(nt * LIN_MC, LIN_KC * sizeof(float)) : NULL;
     if (!ap) {   /* not packed, or no scratch: OpenBLAS needs none of ours */
-        aft_gemm(1, M, l->n, l->k, x, ldx, l->w, l->k, l->bias, y, ldy);
+        aft_gemm(l->threads, 1, M, l->n, l->k, x, ldx, l->w, l->k, l->bias, y, ldy);
         return;
     }
     /* whole tiles to each thread, as even as they come */

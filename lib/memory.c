@@ -1,8 +1,7 @@
 /* memory.c - what a run will allocate, what the machine has, and checks of
  * values that would poison a run. */
-#include "internal.h"
+#include "kernels.h"
 
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,7 +12,7 @@ static size_t sat_mul(size_t a, size_t b) { size_t r; return aft_mul_ok(a, b, &r
 size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, size_t C, size_t kc)
 {
     size_t N = sat_mul(B, T), f = sizeof(float);
-    size_t threads = (size_t)(cfg->threads > 0 ? cfg->threads : omp_get_num_procs());
+    size_t threads = (size_t)aft_threads_or_all(cfg->threads);
     size_t bytes = 0;
     if (kc == 0) {
         /* the layer: Q, K, V and the operator's output, (N, C) each */
@@ -29,12 +28,12 @@ size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, 
         /* (T, 2C) right-hand sides, a block of exp(w) rows per thread,
          * chunk maxima (the OpenBLAS path; the fused product holds one
          * panel of exp(w) instead of a block, so this bounds both) */
-        size_t blk = sat_mul(sat_mul(aft_dense_rows(T, threads), T), f);
+        size_t blk = sat_mul(sat_mul(aft_full_rows(T, threads), T), f);
         op = sat_add(sat_mul(sat_mul(T, 2 * C), f), sat_mul(blk, threads));
         op = sat_add(op, sat_mul(sat_mul(T, C), f));
     } else {
         /* per thread: right-part states (T, 64) x 3 and a band block */
-        size_t s = cfg->window < T ? cfg->window : T;
+        size_t s = aft_window_in(cfg->window, T);
         size_t per = sat_add(sat_mul(T, 3 * 64), sat_mul(sat_add(128, 2 * s), 2 * 64));
         op = sat_mul(sat_mul(per, threads), f);
     }

@@ -1,32 +1,94 @@
-/* op.c - aft_op_forward: check the arguments, then pick the kernel:
+/* op.c - the AFT operator's one entry point and its rules.
+ *
+ * aft_config_settle holds every rule about a configuration (a conv window
+ * from its bias, window 0 meaning simple, heads and bias shapes); aft_op_settle
+ * checks the arguments and turns a settled configuration into the aft_opspec
+ * every kernel reads. aft_op_run then picks the kernel:
  *   reference impl            -> op_ref.c (float64, O(T^2 C))
- *   local/conv/simple         -> op_band.c (O(T s C)), unless a mask that is
+ *   simple without causality  -> op_simple.c (O(T C))
+ *   local, conv, causal simple -> op_band.c (O(T s C)), unless a mask that is
  *                                neither all-visible nor exactly causal is given
- *   full, or any masked run   -> op_dense.c (blocked products through CBLAS) */
-#include "internal.h"
+ *   full, or any masked run   -> op_full.c (blocked products, O(T^2 C))
+ * and aft_op_rows gives callers that hold part of a sequence the band kernel
+ * a chunk of rows at a time. */
+#include "kernels.h"
 
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
-static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T,
-                             size_t C, size_t kc, aft_error *err)
+int aft_cores(void)
 {
-    if (!bias || !cfg)
-        return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
-    size_t H = cfg->heads ? cfg->heads : 1;
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
+}
+
+int aft_threads_or_all(int threads)
+{
+    return threads > 0 ? threads : aft_cores();
+}
+
+size_t aft_window_in(size_t window, size_t T)
+{
+    return window < T ? window : T;
+}
+
+/* conv: the window and heads a bias that records its shape holds */
+static aft_status settle_conv(aft_config *cfg, const aft_bias *bias, size_t C, size_t kc, aft_error *err)
+{
+    const char *name = bias->name ? bias->name : "the conv bias";
+    int shaped = bias->kind == AFT_BIAS_CONV && bias->conv_len > 0;
+    if (shaped) {
+        size_t n = bias->conv_len, S = (n + 1) / 2, rows = bias->conv_rows;
+        if (n % 2 == 0 || rows == 0)
+            return aft_fail(err, AFT_ERR_ARG, "%s is (%zu, %zu); a conv bias is (heads, 2*window-1)", name, rows, n);
+        if (cfg->window == AFT_WINDOW_FROM_BIAS) cfg->window = S;
+        if (cfg->window != S)
+            return aft_fail(err, AFT_ERR_ARG, "window %zu but '%s' holds a window of %zu (2S-1 = %zu)", cfg->window,
+                            name, S, n);
+        if (cfg->heads == 0) cfg->heads = rows;
+        if (rows > 1 && cfg->heads != rows)
+            return aft_fail(err, AFT_ERR_ARG, "%zu heads but '%s' has %zu rows (one per head)", cfg->heads, name,
+                            rows);
+        return AFT_OK;
+    }
+    if (cfg->window == AFT_WINDOW_FROM_BIAS)
+        return aft_fail(err, AFT_ERR_ARG, "conv: the window comes from the bias, but there is no conv bias");
+    if (cfg->heads == 0) cfg->heads = 1;
+    if (cfg->window == 0) {   /* no band at all: simple */
+        if (kc != C)
+            return aft_fail(err, AFT_ERR_ARG, "conv with window 0 is simple, which needs as many key channels as "
+                            "value channels (keys have %zu, values %zu)", kc, C);
+        cfg->variant = AFT_SIMPLE;
+    }
+    return AFT_OK;
+}
+
+aft_status aft_config_settle(aft_config *cfg, const aft_bias *bias, size_t C, size_t kc, aft_error *err)
+{
+    if (!bias || !cfg) return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
     if ((unsigned)bias->kind > AFT_BIAS_CONV)
         return aft_fail(err, AFT_ERR_ARG, "unknown position bias kind %d", (int)bias->kind);
-    if (cfg->variant > AFT_CONV)
-        return aft_fail(err, AFT_ERR_ARG, "unknown variant %d", (int)cfg->variant);
+    if ((unsigned)cfg->variant > AFT_CONV) return aft_fail(err, AFT_ERR_ARG, "unknown variant %d", (int)cfg->variant);
+    cfg->threads = aft_threads_or_all(cfg->threads);
+    if (cfg->variant == AFT_CONV) return settle_conv(cfg, bias, C, kc, err);
+    if (cfg->window == AFT_WINDOW_FROM_BIAS)
+        return aft_fail(err, AFT_ERR_ARG, "only conv takes its window from the bias");
+    return AFT_OK;
+}
+
+/* the sizes, the keys' channels and the bias against a settled cfg */
+static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C,
+                             size_t kc, aft_error *err)
+{
+    size_t H = cfg->variant == AFT_CONV ? cfg->heads : 1;
     if (T > INT_MAX || C > INT_MAX / 2 || B > INT_MAX)
         return aft_fail(err, AFT_ERR_ARG, "sizes B = %zu, T = %zu, C = %zu exceed the supported range", B, T, C);
     size_t n;
     if (!aft_mul3_ok(B, T, C, &n) || !aft_mul_ok(n, 2 * sizeof(float), &n))
         return aft_fail(err, AFT_ERR_ARG, "sizes B = %zu, T = %zu, C = %zu overflow", B, T, C);
     if (cfg->variant == AFT_CONV) {
-        if (cfg->heads == 0)
-            return aft_fail(err, AFT_ERR_ARG, "conv: the number of heads must be at least 1");
         if (C % H != 0)
             return aft_fail(err, AFT_ERR_ARG, "conv: %zu heads do not divide the %zu hidden channels", H, C);
         if (kc != C && kc != H)
@@ -35,12 +97,10 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
                             kc, C, H);
         if (bias->kind != AFT_BIAS_CONV || !bias->conv)
             return aft_fail(err, AFT_ERR_ARG, "conv: needs a per-head position bias of shape (heads, 2*window-1)");
-        if (cfg->window == 0)
-            return aft_fail(err, AFT_ERR_ARG, "conv: a per-head bias needs a window of at least 1");
     } else {
         if (kc != C)
             return aft_fail(err, AFT_ERR_ARG, "keys have %zu channels but values have %zu", kc, C);
-        if (bias->kind == AFT_BIAS_CONV)
+        if (bias->kind == AFT_BIAS_CONV && cfg->variant != AFT_SIMPLE)
             return aft_fail(err, AFT_ERR_ARG, "a per-head (conv) bias needs the conv variant");
     }
     if (cfg->variant == AFT_FULL || cfg->variant == AFT_LOCAL) {
@@ -52,6 +112,27 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
         if (bias->kind == AFT_BIAS_FACTORED && (!bias->u || !bias->v || bias->rank == 0))
             return aft_fail(err, AFT_ERR_ARG, "factored position bias needs u, v and a rank >= 1");
     }
+    return AFT_OK;
+}
+
+aft_status aft_op_settle(aft_opspec *sp, const aft_bias *bias, const aft_config *cfg_in, size_t B, size_t T,
+                         size_t C, size_t kc, aft_error *err)
+{
+    if (!bias || !cfg_in) return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
+    aft_config cfg = *cfg_in;
+    aft_status st = aft_config_settle(&cfg, bias, C, kc, err);
+    if (st) return st;
+    if ((st = check_args(bias, &cfg, B, T, C, kc, err))) return st;
+    int conv = cfg.variant == AFT_CONV;
+    size_t len = conv ? (bias->conv_len ? bias->conv_len : 2 * cfg.window - 1) : 0;
+    *sp = (aft_opspec){
+        .bias = bias, .variant = cfg.variant, .T = T, .C = C, .heads = conv ? cfg.heads : 1,
+        .window = cfg.window, .conv_len = len,
+        .conv_rows = conv ? (bias->conv_len ? bias->conv_rows : cfg.heads) : 0,
+        .zero_bias = cfg.variant == AFT_SIMPLE || cfg.window == 0 ||
+                     (conv ? bias->kind != AFT_BIAS_CONV : bias->kind == AFT_BIAS_NONE),
+        .causal = cfg.causal != 0, .threads = cfg.threads, .full_blas = cfg.full_product == AFT_KERNEL_BLAS,
+        .ldq = C, .ldk = kc, .ldv = C};
     return AFT_OK;
 }
 
@@ -70,43 +151,26 @@ static void classify_mask(const uint8_t *m, size_t T, int causal, int *all, int 
         }
 }
 
-aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float *k, size_t ldk,
-                             const float *v, size_t ldv, const aft_bias *bias, const aft_config *cfg,
-                             size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+/* each batch through a one-batch kernel (the reference, full) */
+static aft_status per_batch(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp,
+                            size_t B, const uint8_t *mask, int batched, int reference, aft_error *err)
 {
-    aft_status st = check_args(bias, cfg, B, T, C, kc, err);
-    if (st) return st;
-    if (B == 0 || T == 0 || C == 0) return AFT_OK;
-    if (!out || !q || !k || !v)
-        return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !out ? "out" : !q ? "q" : !k ? "k" : "v");
-    if (bias->mask && T > SIZE_MAX / T / B)
-        return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
-    if (cfg->threads != aft_get_threads() || cfg->threads == 0) aft_set_threads(cfg->threads);
-
-    aft_wspec ws = {bias, cfg->variant, T, C, cfg->variant == AFT_CONV ? (cfg->heads ? cfg->heads : 1) : 1,
-                    cfg->window, cfg->causal, ldq, ldk, ldv, 0, 0};
-    size_t TC = T * C;
-
-    /* one key channel per head (the paper's conv): widen to one per channel */
-    float *kwide = NULL;
-    if (kc != C) {
-        size_t ch = C / kc;
-        kwide = aft_alloc_array(B * T, C * sizeof(float));
-        if (!kwide) return aft_fail(err, AFT_ERR_NOMEM, "out of memory widening keys to %zu channels", C);
-        for (size_t bt = 0; bt < B * T; bt++)
-            for (size_t c = 0; c < C; c++) kwide[bt * C + c] = k[bt * ldk + c / ch];
-        k = kwide;
-        ws.ldk = ldk = C;
+    const size_t T = sp->T, TC = T * sp->C;
+    aft_status st = AFT_OK;
+    for (size_t b = 0; b < B && !st; b++) {
+        const uint8_t *m = mask ? mask + (batched ? b * T * T : 0) : NULL;
+        const float *qb = q + b * T * sp->ldq, *kb = k + b * T * sp->ldk, *vb = v + b * T * sp->ldv;
+        st = reference ? aft_op_reference(out + b * TC, qb, kb, vb, m, sp, err)
+                       : aft_op_full(out + b * TC, qb, kb, vb, m, sp, err);
     }
+    return st;
+}
 
-    if (cfg->impl == AFT_IMPL_REFERENCE) {
-        for (size_t b = 0; b < B && !st; b++) {
-            const uint8_t *m = bias->mask ? bias->mask + (bias->mask_batched ? b * T * T : 0) : NULL;
-            st = aft_op_reference(out + b * TC, q + b * T * ldq, k + b * T * ldk, v + b * T * ldv, m, &ws, err);
-        }
-        free(kwide);
-        return st;
-    }
+static aft_status run_kernel(float *out, const float *q, const float *k, const float *v, aft_opspec *sp,
+                             size_t B, int reference, aft_error *err)
+{
+    const aft_bias *bias = sp->bias;
+    if (reference) return per_batch(out, q, k, v, sp, B, bias->mask, bias->mask_batched, 1, err);
 
     /* a mask that is all-visible or exactly causal is dropped for the fast kernels */
     int dense_mask = 0;
@@ -115,40 +179,102 @@ aft_status aft_op_forward_ld(float *out, const float *q, size_t ldq, const float
         int all_all = 1, all_causal = 1;
         for (size_t b = 0; b < nm; b++) {
             int a, c;
-            classify_mask(bias->mask + b * T * T, T, cfg->causal, &a, &c);
+            classify_mask(bias->mask + b * sp->T * sp->T, sp->T, sp->causal, &a, &c);
             all_all &= a;
             all_causal &= c;
         }
-        if (all_causal) ws.causal = 1;
+        if (all_causal) sp->causal = 1;
         else if (!all_all) dense_mask = 1;
     }
+    if (dense_mask || sp->variant == AFT_FULL)
+        return per_batch(out, q, k, v, sp, B, dense_mask ? bias->mask : NULL, bias->mask_batched, 0, err);
+    if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);
+    return aft_op_band(out, q, k, v, B, sp, err);
+}
 
-    if (!dense_mask && cfg->variant != AFT_FULL) {
-        st = aft_op_band(out, q, k, v, B, &ws, err);
-    } else {
-        for (size_t b = 0; b < B && !st; b++) {
-            const uint8_t *m = dense_mask ? bias->mask + (bias->mask_batched ? b * T * T : 0) : NULL;
-            st = aft_op_dense(out + b * TC, q + b * T * ldq, k + b * T * ldk, v + b * T * ldv, m, &ws, err);
-        }
+/* keys widened to one per channel when they have one per head (the
+ * paper's conv), then the kernel */
+static aft_status run_all(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp_in,
+                          size_t B, size_t kc, int reference, aft_error *err)
+{
+    const size_t T = sp_in->T, C = sp_in->C;
+    if (B == 0 || T == 0 || C == 0) return AFT_OK;
+    if (!out || !q || !k || !v)
+        return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !out ? "out" : !q ? "q" : !k ? "k" : "v");
+    if (sp_in->bias->mask && T > SIZE_MAX / T / B)
+        return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
+    aft_opspec sp = *sp_in;
+    float *kwide = NULL;
+    if (kc != C) {
+        size_t ch = C / kc;
+        kwide = aft_alloc_array(B * T, C * sizeof(float));
+        if (!kwide) return aft_fail(err, AFT_ERR_NOMEM, "out of memory widening keys to %zu channels", C);
+        for (size_t bt = 0; bt < B * T; bt++)
+            for (size_t c = 0; c < C; c++) kwide[bt * C + c] = k[bt * sp.ldk + c / ch];
+        k = kwide;
+        sp.ldk = C;
     }
+    aft_status st = run_kernel(out, q, k, v, &sp, B, reference, err);
     free(kwide);
     return st;
 }
 
-int aft_op_band_rows_ok(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
-                        aft_wspec *ws)
+aft_status aft_op_run(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp,
+                      size_t B, size_t kc, aft_error *err)
 {
-    if (check_args(bias, cfg, B, T, C, kc, NULL) != AFT_OK || B == 0 || T == 0 || C == 0) return 0;
-    if (cfg->impl != AFT_IMPL_FAST || bias->mask || kc != C || cfg->variant == AFT_FULL) return 0;
-    size_t H = cfg->variant == AFT_CONV && cfg->heads ? cfg->heads : 1;
-    *ws = (aft_wspec){bias, cfg->variant, T, C, H, cfg->window, cfg->causal != 0, C, C, C, 0, 0};
-    if (cfg->causal) return 1;
-    return aft_op_band_zero_bias(ws) ? 2 : 3;
+    return run_all(out, q, k, v, sp, B, kc, 0, err);
 }
 
 aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,
                           const aft_bias *bias, const aft_config *cfg,
                           size_t B, size_t T, size_t C, size_t kc, aft_error *err)
 {
-    return aft_op_forward_ld(out, q, C, k, kc, v, C, bias, cfg, B, T, C, kc, err);
+    aft_opspec sp;
+    aft_status st = aft_op_settle(&sp, bias, cfg, B, T, C, kc, err);
+    if (st) return st;
+    return run_all(out, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);
+}
+
+/* ---- a chunk of rows at a time */
+
+aft_rows_kind aft_op_rows_kind(const aft_opspec *sp, size_t kc)
+{
+    if (sp->bias->mask || kc != sp->C || sp->variant == AFT_FULL) return AFT_ROWS_NONE;
+    if (sp->causal) return AFT_ROWS_CAUSAL;
+    return sp->zero_bias ? AFT_ROWS_GLOBAL : AFT_ROWS_BAND;
+}
+
+size_t aft_op_halo(const aft_opspec *sp)
+{
+    return aft_op_band_width(sp, SIZE_MAX);
+}
+
+struct aft_op_rows_ctx {
+    aft_band_ctx *band;
+};
+
+aft_op_rows_ctx *aft_op_rows_new(const aft_opspec *sp, size_t rows)
+{
+    aft_op_rows_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return NULL;
+    ctx->band = aft_band_ctx_new(sp, rows);
+    if (!ctx->band) {
+        free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+void aft_op_rows_free(aft_op_rows_ctx *ctx)
+{
+    if (!ctx) return;
+    aft_band_ctx_free(ctx->band);
+    free(ctx);
+}
+
+int aft_op_rows(aft_op_rows_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                const aft_opspec *sp, size_t r0, size_t r1, const float *carry_in, float *carry_out,
+                const float *right_in)
+{
+    return aft_band_rows(ctx->band, out, q, k, v, sp, r0, r1, carry_in, carry_out, right_in);
 }

@@ -26,10 +26,10 @@
  * ~45 nats), that entry is recomputed exactly in double from the band's terms
  * and the two running sums, which are exact by the rule above.
  *
- * simple (or window 0) without causality is a global softmax per channel,
- * done directly; with causality it is this kernel with a one-wide zero band.
+ * simple (or window 0) with causality is this kernel with a one-wide zero
+ * band; without causality it is a global softmax per channel (op_simple.c).
  */
-#include "internal.h"
+#include "kernels.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -334,7 +334,7 @@ static void right_block(band_scratch *sc, const float *k, const float *v, size_t
 // a key the band blocks read (every key of the rows among them) is +inf or
 // NaN, 1 otherwise.
 static int band_task(float *out, const float *q, const float *k, const float *v,
-                      const aft_wspec *ws, size_t h, size_t c0, size_t cw, size_t s,
+                      const aft_opspec *ws, size_t h, size_t c0, size_t cw, size_t s,
                       int zero_bias, band_scratch *sc, size_t r0, size_t r1, int have_left, int have_right)
 {
     const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
@@ -546,165 +546,6 @@ static int band_task(float *out, const float *q, const float *k, const float *v,
     return all_ok;
 }
 
-/* simple, not causal: Y[t,c] = sigmoid(q) * sum softmax_t'(k) v, one
- * exponential per key; the channel maximum makes the largest term 1 */
-static void simple_task(float *out, const float *q, const float *k, const float *v, const aft_wspec *ws,
-                        size_t c0, size_t cw, float *m, float *s0, float *s1)
-{
-    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
-    for (size_t c = 0; c < cw; c++) { m[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; }
-    for (size_t t = 0; t < T; t++) {
-        const float *kr = k + t * ldk + c0;
-        for (size_t c = 0; c < cw; c++) m[c] = kr[c] > m[c] ? kr[c] : m[c];
-    }
-    for (size_t c = 0; c < cw; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
-    for (size_t t = 0; t < T; t++) {
-        const float *kr = k + t * ldk + c0, *vr = v + t * ldv + c0;
-        for (size_t c = 0; c < cw; c++) {
-            float e = aft_expf(kr[c] - m[c]);
-            s0[c] += e;
-            s1[c] += e * vr[c];
-        }
-    }
-    for (size_t c = 0; c < cw; c++) s1[c] = s0[c] > 0.0f ? s1[c] / s0[c] : 0.0f;
-    for (size_t t = 0; t < T; t++) {
-        const float *qr = q + t * ldq + c0;
-        float *yr = out + t * C + c0;
-        for (size_t c = 0; c < cw; c++) yr[c] = aft_sigmoidf(qr[c]) * s1[c];
-    }
-}
-
-enum { SIMPLE_ROWS = 64 };
-
-/* Sums over rows [r0, r1) of k and v, channels [0, n): m = the largest key,
- * s0 = sum exp(k - m), s1 = sum exp(k - m) v, m raised a block of
- * SIMPLE_ROWS rows at a time so every factor is <= 1; bm: n floats of
- * scratch. Returns 1 if a key was +inf or NaN (the sums are then unusable). */
-static int running_sums(const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1,
-                        size_t n, float *restrict m, float *restrict s0, float *restrict s1, float *restrict bm)
-{
-    int bad = 0;
-    for (size_t c = 0; c < n; c++) { m[c] = -INFINITY; s0[c] = 0.0f; s1[c] = 0.0f; }
-    for (size_t b0 = r0; b0 < r1; b0 += SIMPLE_ROWS) {
-        size_t b1 = b0 + SIMPLE_ROWS < r1 ? b0 + SIMPLE_ROWS : r1;
-        memcpy(bm, m, n * sizeof(float));
-        for (size_t t = b0; t < b1; t++) {
-            const float *kr = k + t * ldk;
-            for (size_t c = 0; c < n; c++) {
-                bad |= kr[c] != kr[c];
-                bm[c] = kr[c] > bm[c] ? kr[c] : bm[c];
-            }
-        }
-        for (size_t c = 0; c < n; c++) {
-            bad |= bm[c] == INFINITY;
-            float f = m[c] == -INFINITY ? 0.0f : aft_expf(m[c] - bm[c]);
-            f = bm[c] > m[c] ? f : 1.0f;
-            s0[c] *= f;
-            s1[c] *= f;
-            m[c] = bm[c] > m[c] ? bm[c] : m[c];
-            bm[c] = isfinite(m[c]) ? m[c] : 0.0f;   /* only -inf keys so far: they give 0 */
-        }
-        /* k - bm <= 0; NaN only with a bad key, and then the sums are
-         * not used */
-        for (size_t t = b0; t < b1; t++) {
-            const float *kr = k + t * ldk, *vr = v + t * ldv;
-            for (size_t c = 0; c < n; c++) {
-                float e = aft_expf_nonpos(kr[c] - bm[c]);
-                s0[c] += e;
-                s1[c] += e * vr[c];
-            }
-        }
-    }
-    return bad;
-}
-
-void aft_sums_merge(float *a, const float *b, size_t n)
-{
-    for (size_t c = 0; c < n; c++) {
-        float ma = a[c], mb = b[c], Z = ma > mb ? ma : mb;
-        float fa = ma == -INFINITY ? 0.0f : aft_expf(ma - Z);
-        float fb = mb == -INFINITY ? 0.0f : aft_expf(mb - Z);
-        a[c] = Z;
-        a[n + c] = a[n + c] * fa + b[n + c] * fb;
-        a[2 * n + c] = a[2 * n + c] * fa + b[2 * n + c] * fb;
-        a[3 * n + c] = a[3 * n + c] > b[3 * n + c] ? a[3 * n + c] : b[3 * n + c];
-    }
-}
-
-int aft_running_sums(const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1, size_t n,
-                     float *m, float *s0, float *s1, float *scratch)
-{
-    return running_sums(k, ldk, v, ldv, r0, r1, n, m, s0, s1, scratch);
-}
-
-/* parts 0 .. np-1 of running sums, part i at parts + i * stride as (m, s0,
- * s1) of n channels each: channel c brought to the largest m and added */
-static inline void merge_sums(const float *parts, size_t stride, size_t np, size_t n, size_t c,
-                              float *m, float *s0, float *s1)
-{
-    float M = -INFINITY;
-    for (size_t i = 0; i < np; i++) {
-        float mi = parts[i * stride + c];
-        M = mi > M ? mi : M;
-    }
-    float a0 = 0.0f, a1 = 0.0f;
-    for (size_t i = 0; i < np; i++) {
-        const float *pi = parts + i * stride;
-        float f = pi[c] == -INFINITY ? 0.0f : aft_expf(pi[c] - M);
-        a0 += pi[n + c] * f;
-        a1 += pi[2 * n + c] * f;
-    }
-    *m = M;
-    *s0 = a0;
-    *s1 = a1;
-}
-
-/* simple, not causal, all batches: the same sums with the rows split over
- * the threads, so each thread reads whole rows in order (q, k and v share a
- * row in the layer's buffer) instead of every thread striding through all
- * rows for its channels. Each thread keeps per channel a running maximum m
- * and s0 = sum exp(k - m), s1 = sum exp(k - m) v over its rows, raising m a
- * block of SIMPLE_ROWS rows at a time (all factors stay <= 1); the threads'
- * sums are then brought to the largest m and added. Returns 0 when some key
- * is +inf or NaN: the caller then runs simple_task, whose rules for
- * non-finite keys this does not repeat. */
-static int simple_rows_split(float *out, const float *q, const float *k, const float *v, size_t B,
-                             const aft_wspec *ws, float *st, size_t nt)
-{
-    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
-    /* st: per thread m, s0, s1, block maxima (4C each); then s (C) */
-    float *sv = st + nt * 4 * C;
-    int ok = 1;
-    for (size_t b = 0; b < B && ok; b++) {
-        const float *qb = q + b * T * ldq, *kb = k + b * T * ldk, *vb = v + b * T * ldv;
-        float *ob = out + b * T * C;
-        int bad_key = 0;
-        #pragma omp parallel num_threads((int)nt) reduction(|:bad_key)
-        {
-            size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
-            size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
-            float *m = st + tid * 4 * C, *s0 = m + C, *s1 = m + 2 * C, *bm = m + 3 * C;
-            bad_key |= running_sums(kb, ldk, vb, ldv, t0, t1, C, m, s0, s1, bm);
-            #pragma omp barrier
-            /* merge: each thread a range of channels */
-            size_t c0 = C * tid / n, c1 = C * (tid + 1) / n;
-            for (size_t c = c0; c < c1; c++) {
-                float M, a0, a1;
-                merge_sums(st, 4 * C, n, C, c, &M, &a0, &a1);
-                sv[c] = a0 > 0.0f ? a1 / a0 : 0.0f;
-            }
-            #pragma omp barrier
-            for (size_t t = t0; t < t1; t++) {
-                const float *qr = qb + t * ldq;
-                float *yr = ob + t * C;
-                for (size_t c = 0; c < C; c++) yr[c] = aft_sigmoidf(qr[c]) * sv[c];
-            }
-        }
-        ok = !bad_key;
-    }
-    return ok;
-}
-
 /* One thread's scratch: right-part sums for a range of n_right rows (0 when
  * causal), a band block for window s (0: none), cw channels. Returns the block to
  * pass to scratch_free, NULL when out of memory (nothing to free then). */
@@ -752,7 +593,7 @@ static void scratch_free(band_scratch *sc, float *blk)
  * its rows (whole rows read in order; splitting channels made every thread
  * stride through every row and wait on memory). A thread starting at row t0
  * needs the left running sum of the keys before t0 - s: the threads first
- * sum those keys in equal pieces (running_sums), then each starts from the
+ * sum those keys in equal pieces (aft_sums_of_rows), then each starts from the
  * merged sums of the pieces before its t0 - s. Channels go in blocks of
  * ROW_SPLIT_CH.
  *
@@ -761,10 +602,10 @@ static void scratch_free(band_scratch *sc, float *blk)
  * when out of memory. */
 enum { ROW_SPLIT_CH = 512 };
 static int band_rows_split(float *out, const float *q, const float *k, const float *v,
-                           const aft_wspec *ws, size_t s, int zero_bias, size_t nt)
+                           const aft_opspec *ws, size_t s, int zero_bias, size_t nt)
 {
     const size_t C = ws->C, ldk = ws->ldk, ldv = ws->ldv, T = ws->T;
-    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    const size_t H = ws->heads, ch = C / H;
     const size_t cwr = ch < ROW_SPLIT_CH ? ch : ROW_SPLIT_CH;
     /* slots of (m, s0, s1, scratch), 4C each: n pieces, then one remainder
      * per thread */
@@ -791,14 +632,14 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
         size_t rest0 = P * full / n;
         float *m = parts + tid * 4 * C, *r = parts + (n + tid) * 4 * C;
         #pragma omp barrier
-        if (!failed && running_sums(k, ldk, v, ldv, p0, p1, C, m, m + C, m + 2 * C, m + 3 * C)) {
+        if (!failed && aft_sums_of_rows(k, ldk, v, ldv, p0, p1, C, m, m + C, m + 2 * C, m + 3 * C)) {
             #pragma omp atomic write
             bad = 1;
         }
         #pragma omp barrier
         if (!failed && !bad) {
             /* keys [rest0, need) lie in a piece checked above */
-            (void)running_sums(k, ldk, v, ldv, rest0, need > rest0 ? need : rest0, C, r, r + C, r + 2 * C,
+            (void)aft_sums_of_rows(k, ldk, v, ldv, rest0, need > rest0 ? need : rest0, C, r, r + C, r + 2 * C,
                                r + 3 * C);
             /* each head's channels in blocks (conv's heads differ in w only) */
             for (size_t c0 = 0, cw = 0; c0 < C; c0 += cw) {
@@ -806,7 +647,7 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                 cw = hend - c0 < cwr ? hend - c0 : cwr;
                 for (size_t c = 0; c < cw; c++) {
                     float M, a0, a1;
-                    merge_sums(parts, 4 * C, full, C, c0 + c, &M, &a0, &a1);
+                    aft_sums_merge_channel(parts, 4 * C, full, C, c0 + c, &M, &a0, &a1);
                     /* and the remainder */
                     float mr = r[c0 + c];
                     float Z = M > mr ? M : mr;
@@ -834,75 +675,39 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
     return failed ? -1 : bad ? 0 : 1;
 }
 
-/* the window the band kernel uses, and whether w is zero everywhere */
-static size_t band_window(const aft_wspec *ws, int *zero_bias)
-{
-    *zero_bias = ws->variant == AFT_SIMPLE || ws->window == 0 ||
-                 (ws->variant == AFT_CONV ? ws->bias->kind != AFT_BIAS_CONV
-                                          : ws->bias->kind == AFT_BIAS_NONE);
-    /* a band wider than the sequence is the whole sequence */
-    return *zero_bias ? 1 : (ws->window < ws->T ? ws->window : ws->T);
-}
-
-int aft_op_band_zero_bias(const aft_wspec *ws)
-{
-    int zero_bias;
-    (void)band_window(ws, &zero_bias);
-    return zero_bias;
-}
-
-size_t aft_op_band_halo(const aft_wspec *ws)
-{
-    int zero_bias;
-    aft_wspec w = *ws;
-    w.T = SIZE_MAX;
-    return band_window(&w, &zero_bias);
-}
-
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v,
-                       size_t B, const aft_wspec *ws, aft_error *err)
+                       size_t B, const aft_opspec *ws, aft_error *err)
 {
-    const size_t T = ws->T, C = ws->C;
-    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    const size_t T = ws->T, C = ws->C, H = ws->heads, ch = C / H;
     if (T == 0 || C == 0 || B == 0) return AFT_OK;
-    int zero_bias;
-    size_t s = band_window(ws, &zero_bias);
-    int global_simple = zero_bias && !ws->causal;
-    if (global_simple && T >= 2 * SIMPLE_ROWS) {
-        size_t nt = (size_t)aft_get_threads();
-        float *st = aft_alloc_array(nt * 4 + 1, C * sizeof(float));
-        if (!st) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for softmax sums (C = %zu)", C);
-        int ok = simple_rows_split(out, q, k, v, B, ws, st, nt);
-        free(st);
-        if (ok) return AFT_OK;
-        /* a key of +inf or NaN: the per-channel kernel below, for all batches */
-    }
+    const int zero_bias = ws->zero_bias;
+    const size_t s = aft_op_band_width(ws, T), nt = (size_t)ws->threads;
     if (ws->causal && H == 1) {
         int r = 1;
         for (size_t b = 0; b < B && r > 0; b++)
             r = band_rows_split(out + b * T * C, q + b * T * ws->ldq, k + b * T * ws->ldk, v + b * T * ws->ldv,
-                                ws, s, zero_bias, (size_t)aft_get_threads());
+                                ws, s, zero_bias, nt);
         if (r < 0) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for band scratch (T = %zu)", T);
         if (r > 0) return AFT_OK;
         /* a key of +inf or NaN: the channel-split kernel below, for all batches */
     }
     /* channel blocks as wide as BAND_CH (per-row work is shared by a block's
      * channels), narrower when that leaves threads without a block */
-    size_t bw = BAND_CH, threads = (size_t)aft_get_threads();
-    while (bw > 32 && B * H * ((ch + bw - 1) / bw) < threads) bw /= 2;
+    size_t bw = BAND_CH;
+    while (bw > 32 && B * H * ((ch + bw - 1) / bw) < nt) bw /= 2;
     size_t nblk = (ch + bw - 1) / bw;
     size_t ntask = B * H * nblk;
     size_t cw_max = ch < bw ? ch : bw;
 
     /* per-thread scratch; every size is a small multiple of T * 64 or less,
      * and T * C was checked by the caller */
-    size_t n_right = ws->causal || global_simple ? 0 : T;
+    size_t n_right = ws->causal ? 0 : T;
     int failed = 0;
 
-    #pragma omp parallel
+    #pragma omp parallel num_threads((int)nt)
     {
         band_scratch sc;
-        float *blk = scratch_alloc(&sc, n_right, global_simple ? 0 : s, cw_max);
+        float *blk = scratch_alloc(&sc, n_right, s, cw_max);
         if (!blk) {
             #pragma omp atomic write
             failed = 1;
@@ -916,11 +721,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
                 size_t c0 = hh * ch + blkno * bw;
                 size_t cw = ch - blkno * bw < bw ? ch - blkno * bw : bw;
                 const float *qb = q + b * T * ws->ldq, *kb = k + b * T * ws->ldk, *vb = v + b * T * ws->ldv;
-                float *ob = out + b * T * C;
-                if (global_simple)
-                    simple_task(ob, qb, kb, vb, ws, c0, cw, sc.mk, sc.p0, sc.p1);
-                else
-                    (void)band_task(ob, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc, 0, T, 0, 0);
+                (void)band_task(out + b * T * C, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc, 0, T, 0, 0);
             }
         }
         scratch_free(&sc, blk);
@@ -930,7 +731,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
     return AFT_OK;
 }
 
-/* ---- the layer's pipeline: one chunk of rows on the calling thread */
+/* ---- a chunk of rows on the calling thread (aft_op_rows) */
 
 struct aft_band_ctx {
     band_scratch sc;
@@ -938,13 +739,13 @@ struct aft_band_ctx {
     size_t cwr;   /* channels per block */
 };
 
-aft_band_ctx *aft_band_ctx_new(const aft_wspec *ws, size_t rows)
+aft_band_ctx *aft_band_ctx_new(const aft_opspec *ws, size_t rows)
 {
-    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = ws->C / H;
+    const size_t ch = ws->C / ws->heads;
     aft_band_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
     ctx->cwr = ch < ROW_SPLIT_CH ? ch : ROW_SPLIT_CH;
-    ctx->blk = scratch_alloc(&ctx->sc, ws->causal ? 0 : rows, aft_op_band_halo(ws), ctx->cwr);
+    ctx->blk = scratch_alloc(&ctx->sc, ws->causal ? 0 : rows, aft_op_halo(ws), ctx->cwr);
     if (!ctx->blk) {
         free(ctx);
         return NULL;
@@ -959,13 +760,13 @@ void aft_band_ctx_free(aft_band_ctx *ctx)
     free(ctx);
 }
 
-int aft_op_band_chunk(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
-                      const aft_wspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out,
+int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                      const aft_opspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out,
                       const float *right_in)
 {
-    int zero_bias;
-    size_t s = band_window(ws, &zero_bias);
-    const size_t C = ws->C, H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    const int zero_bias = ws->zero_bias;
+    const size_t s = aft_op_band_width(ws, ws->T);
+    const size_t C = ws->C, ch = C / ws->heads;
     band_scratch *sc = &ctx->sc;
     int ok = 1;
     for (size_t c0 = 0, cw = 0; c0 < C; c0 += cw) {

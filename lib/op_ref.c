@@ -1,6 +1,6 @@
 /* op_ref.c - the plain float64 AFT operator: the obvious loops, O(T^2 C).
  * Every fast kernel is checked against this one (tests, aft bench --impl both). */
-#include "internal.h"
+#include "kernels.h"
 
 #include <stdlib.h>
 
@@ -9,7 +9,7 @@
 // makes every exponent <= 0, so nothing overflows and the largest term is 1,
 // so the denominator cannot underflow to 0.
 aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v,
-                            const uint8_t *mask, const aft_wspec *ws, aft_error *err)
+                            const uint8_t *mask, const aft_opspec *ws, aft_error *err)
 {
     size_t T = ws->T, C = ws->C, H = ws->heads ? ws->heads : 1, ch = C / H;
     float *wrow = aft_alloc_array(T, sizeof(float));

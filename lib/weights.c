@@ -57,7 +57,7 @@ void aft_weights_free(aft_weights *w)
 }
 
 aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_variant variant,
-                            size_t heads, aft_weights *w, aft_error *err)
+                            aft_weights *w, aft_error *err)
 {
     static const char *const q_stems[] = {"query", "to_q", NULL};
     static const char *const k_stems[] = {"key", "to_k", NULL};
@@ -114,7 +114,7 @@ aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_varian
     p->d_model = D; p->d_hidden = C; p->k_out = KC;
     p->wq = mats[R_Q]; p->wk = mats[R_K]; p->wv = mats[R_V]; p->wo = mats[R_O];
     p->bq = vecs[R_Q]; p->bk = vecs[R_K]; p->bv = vecs[R_V]; p->bo = vecs[R_O];
-    st = aft_bias_load(f, prefix, variant, heads, w, err);
+    st = aft_bias_load(f, prefix, variant, w, err);
     if (st) goto fail;
     return AFT_OK;
 
@@ -124,7 +124,7 @@ fail:
 }
 
 aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
-                         size_t heads, aft_weights *w, aft_error *err)
+                         aft_weights *w, aft_error *err)
 {
     aft_params *p = &w->p;
     aft_status st;
@@ -147,33 +147,28 @@ aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant v
     if ((st = find_one(f, prefix, v2_stems, "", "factored position bias v", pu != NULL, &pv, w->names[R_BIAS_V], err)))
         goto fail;
     if (!pb && !pu) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "no position bias for --variant %s: expected '%spos_bias', '%swbias' "
+        st = aft_fail(err, AFT_ERR_FORMAT, "no position bias for the %s variant: expected '%spos_bias', '%swbias' "
                       "or '%spos_bias_u' with '%spos_bias_v'", aft_variant_name(variant), prefix, prefix, prefix, prefix);
         goto fail;
     }
     if (variant == AFT_CONV) {
         if (pu) {
-            st = aft_fail(err, AFT_ERR_FORMAT, "--variant conv needs a per-head bias (heads, 2*window-1), not a factored one");
+            st = aft_fail(err, AFT_ERR_FORMAT, "the conv variant needs a per-head bias (heads, 2*window-1), not a factored one");
             goto fail;
         }
         size_t H = pb->ndim == 2 ? pb->shape[0] : 1, n = pb->ndim == 2 ? pb->shape[1] : (pb->ndim == 1 ? pb->shape[0] : 0);
         if ((pb->ndim != 1 && pb->ndim != 2) || n % 2 == 0) {
             st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be (heads, 2*window-1) or (2*window-1) with an odd last "
-                          "dimension for --variant conv", w->names[R_BIAS]);
+                          "dimension for the conv variant", w->names[R_BIAS]);
             goto fail;
         }
         float *cb;
         if ((st = to_f32(w, pb, w->names[R_BIAS], &cb, err))) goto fail;
-        if (pb->ndim == 1 && heads > 1) {   /* one row shared by every head */
-            float *wide = aft_alloc_array(heads, n * sizeof(float));
-            if (!wide) { st = aft_fail(err, AFT_ERR_NOMEM, "out of memory"); goto fail; }
-            w->owned[w->nowned++] = wide;
-            for (size_t h = 0; h < heads; h++) memcpy(wide + h * n, cb, n * sizeof(float));
-            cb = wide;
-            H = heads;
-        }
         w->conv_heads = H;
         w->conv_window = (n + 1) / 2;
+        p->bias.conv_len = n;
+        p->bias.conv_rows = H;   /* one row: shared by every head */
+        p->bias.name = w->names[R_BIAS];
         p->bias.kind = AFT_BIAS_CONV;
         p->bias.conv = cb;
         return AFT_OK;
@@ -195,7 +190,7 @@ aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant v
         return AFT_OK;
     }
     if (pb->ndim != 2 || pb->shape[0] != pb->shape[1]) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be a square (Tmax, Tmax) matrix for --variant %s",
+        st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be a square (Tmax, Tmax) matrix for the %s variant",
                       w->names[R_BIAS], aft_variant_name(variant));
         goto fail;
     }

@@ -41,7 +41,7 @@ fuzz-deps:
 	@sh third_party/install-deps.sh clang libclang-rt-14-dev
 
 # lib/ is instrumented for coverage (fuzzer-no-link) so libFuzzer sees its branches
-$(FUZZ_DIR)/lib/%.o: lib/%.c lib/aft.h lib/internal.h fuzz/omp_stub/omp.h
+$(FUZZ_DIR)/lib/%.o: lib/%.c $(LIB_HDR) fuzz/omp_stub/omp.h
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 

@@ -26,7 +26,7 @@ SAN_PKG_LIBS   = $(shell pkg-config --libs cmocka 2>/dev/null)
 # san_build(DIR, FLAGS): DIR/libaft.a, DIR/aft and DIR/tests/{lib,cli}_test_*
 # compiled with FLAGS (used for compiling and linking).
 define san_build
-$(1)/lib/%.o: lib/%.c lib/aft.h lib/internal.h
+$(1)/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $$(@D)
 	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $$(PKG_CFLAGS) -c $$< -o $$@
 

@@ -8,7 +8,7 @@
 #
 # The normal build is -march=native, and the kernels' vector width and
 # register tiles follow from the CPU they are built for (aft_vf in
-# lib/internal.h: 16 floats with AVX-512, 8 with AVX, 4 otherwise; the band
+# lib/numerics.h: 16 floats with AVX-512, 8 with AVX, 4 otherwise; the band
 # kernel's rows per group, the fused product's tile), so `make test` covers
 # one width: on an AVX-512 machine the AVX2 code is never built, and the
 # other way round. This builds the other widths' code from the same sources

@@ -2,11 +2,13 @@
 # Installs the Debian packages aft builds against, if any is missing:
 #   libcjson-dev     cJSON, the JSON parser/writer (safetensors headers, --json, --timing)
 #   libcmocka-dev    cmocka, the unit-test framework (make test)
-#   libopenblas-dev  OpenBLAS, the CBLAS used for every matrix product
+#   libopenblas-dev  OpenBLAS, the CBLAS used for the matrix products aft's own
+#                    kernels do not run; libopenblas-openmp-dev its OpenMP build,
+#                    which aft links (it starts no thread pool of its own)
 #   pkg-config       to find the three above
 # Uses apt-get, through sudo when not root. Prints nothing when all are there.
 set -eu
-pkgs="libcjson-dev libcmocka-dev libopenblas-dev pkg-config $*"
+pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev pkg-config $*"
 missing=""
 for p in $pkgs; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

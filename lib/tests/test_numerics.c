@@ -22,7 +22,7 @@
 
 #include <cmocka.h>
 
-#include "internal.h"
+#include "numerics.h"
 
 #define HI 88.72283f
 #define LO -86.98f

@@ -32,7 +32,8 @@
 #include <cmocka.h>
 
 #include "aft.h"
-#include "internal.h"   /* aft_layer_forward_chunked */
+#include "layer.h"    /* aft_layer_forward_chunked */
+#include "linear.h"   /* aft_linear */
 #include "ref_aft.h"
 
 #define TOL_REL 2e-5       /* the comparison tolerance, relative to max(1, max|ref|) */
@@ -125,6 +126,10 @@ typedef struct {
     int threads;             /* cfg.threads for the library call (0 = all cores) */
 } op_case;
 
+/* who runs full's products in the cases built from here on (the OpenBLAS
+ * path: AFT_KERNEL_BLAS) */
+static aft_kernel g_full_product = AFT_KERNEL_AUTO;
+
 /* everything one case needs: inputs, bias storage, config, reference output */
 typedef struct {
     op_case c;
@@ -176,6 +181,7 @@ static void build_case(case_data *d, const op_case *c)
     d->cfg.causal = c->causal;
     d->cfg.threads = 0;
     d->cfg.impl = AFT_IMPL_FAST;
+    d->cfg.full_product = g_full_product;
 
     d->bias.kind = c->kind;
     switch (c->kind) {
@@ -448,6 +454,7 @@ static aft_config make_cfg(aft_variant v, size_t window, size_t heads, int causa
 {
     aft_config cfg;
     memset(&cfg, 0, sizeof cfg);
+    cfg.full_product = g_full_product;
     cfg.variant = v;
     cfg.window = window;
     cfg.heads = heads;
@@ -624,6 +631,63 @@ static void test_ref_local_is_banded_full(void **state)
     free(y2);
     free(dense);
     free(band);
+}
+
+/* The rules of aft_config_settle: a conv bias that records its shape gives
+ * the window and heads (the same bits as saying them), a one-row bias
+ * serves every head (as the same row repeated), conv with window 0 and no
+ * bias is simple, and a window wider than the sequence is the sequence. */
+static void test_op_settle_rules(void **state)
+{
+    (void)state;
+    const size_t B = 2, T = 37, C = 12, H = 4, S = 3, L = 2 * S - 1, n = B * T * C;
+    rng r = {777};
+    float *q = randf(&r, n, 2), *k = randf(&r, n, 3), *v = randf(&r, n, 1), *conv = randf(&r, H * L, 1);
+    float *wide = xmalloc(H * L * sizeof *wide), *y0 = xmalloc(n * sizeof *y0), *y1 = xmalloc(n * sizeof *y1);
+    for (size_t h = 0; h < H; h++) memcpy(wide + h * L, conv, L * sizeof *conv);
+    aft_error err = {{0}};
+    for (int causal = 0; causal <= 1; causal++) {
+        aft_config said = make_cfg(AFT_CONV, S, H, causal), from = make_cfg(AFT_CONV, AFT_WINDOW_FROM_BIAS, 0, causal);
+        said.impl = from.impl = AFT_IMPL_FAST;
+        aft_bias legacy = {.kind = AFT_BIAS_CONV, .conv = conv};
+        aft_bias shaped = {.kind = AFT_BIAS_CONV, .conv = conv, .conv_len = L, .conv_rows = H};
+        assert_int_equal(aft_op_forward(y0, q, k, v, &legacy, &said, B, T, C, C, &err), AFT_OK);
+        assert_int_equal(aft_op_forward(y1, q, k, v, &shaped, &from, B, T, C, C, &err), AFT_OK);
+        assert_memory_equal(y0, y1, n * sizeof *y0);
+        aft_config settled = from;
+        assert_int_equal(aft_config_settle(&settled, &shaped, C, C, &err), AFT_OK);
+        assert_int_equal(settled.window, S);
+        assert_int_equal(settled.heads, H);
+        assert_true(settled.threads >= 1);
+        /* one row for every head */
+        aft_bias one = {.kind = AFT_BIAS_CONV, .conv = conv, .conv_len = L, .conv_rows = 1};
+        aft_bias rows = {.kind = AFT_BIAS_CONV, .conv = wide, .conv_len = L, .conv_rows = H};
+        aft_config four = make_cfg(AFT_CONV, AFT_WINDOW_FROM_BIAS, H, causal);
+        four.impl = AFT_IMPL_FAST;
+        assert_int_equal(aft_op_forward(y0, q, k, v, &one, &four, B, T, C, C, &err), AFT_OK);
+        assert_int_equal(aft_op_forward(y1, q, k, v, &rows, &four, B, T, C, C, &err), AFT_OK);
+        assert_memory_equal(y0, y1, n * sizeof *y0);
+        /* conv, window 0, no bias: simple */
+        aft_bias none = {.kind = AFT_BIAS_NONE};
+        aft_config c0 = make_cfg(AFT_CONV, 0, H, causal), simple = make_cfg(AFT_SIMPLE, 0, 0, causal);
+        c0.impl = simple.impl = AFT_IMPL_FAST;
+        assert_int_equal(aft_op_forward(y0, q, k, v, &none, &c0, B, T, C, C, &err), AFT_OK);
+        assert_int_equal(aft_op_forward(y1, q, k, v, &none, &simple, B, T, C, C, &err), AFT_OK);
+        assert_memory_equal(y0, y1, n * sizeof *y0);
+        settled = c0;
+        assert_int_equal(aft_config_settle(&settled, &none, C, C, &err), AFT_OK);
+        assert_int_equal(settled.variant, AFT_SIMPLE);
+        /* a window wider than the sequence */
+        aft_bias seeded = {.kind = AFT_BIAS_SEEDED, .seed = 5, .scale = 0.5f};
+        aft_config wide_w = make_cfg(AFT_LOCAL, 1000, 0, causal), all_w = make_cfg(AFT_LOCAL, T, 0, causal);
+        wide_w.impl = all_w.impl = AFT_IMPL_FAST;
+        assert_int_equal(aft_op_forward(y0, q, k, v, &seeded, &wide_w, B, T, C, C, &err), AFT_OK);
+        assert_int_equal(aft_op_forward(y1, q, k, v, &seeded, &all_w, B, T, C, C, &err), AFT_OK);
+        assert_memory_equal(y0, y1, n * sizeof *y0);
+        assert_int_equal(aft_window_in(1000, T), T);
+        assert_int_equal(aft_window_in(3, T), 3);
+    }
+    free(q); free(k); free(v); free(conv); free(wide); free(y0); free(y1);
 }
 
 /* conv with kc == heads equals conv with each head's key copied to all of
@@ -1286,12 +1350,12 @@ static void test_op_causal_later_value(void **state)
 
 /* With one head the dense kernel runs its own fused product on AVX-512
  * machines (the grids above take that path there); these cases run the
- * OpenBLAS path it replaces (AFT_DENSE_BLAS=1), causal and not, which is
+ * OpenBLAS path it replaces (AFT_KERNEL_BLAS), causal and not, which is
  * also what machines without AVX-512 and several heads use. */
 static void test_op_full_blas(void **state)
 {
     (void)state;
-    assert_int_equal(setenv("AFT_DENSE_BLAS", "1", 1), 0);
+    g_full_product = AFT_KERNEL_BLAS;
     const aft_bias_kind kinds[] = {AFT_BIAS_DENSE, AFT_BIAS_FACTORED, AFT_BIAS_SEEDED};
     const size_t Ts[] = {7, 130, 600};
     int fails = 0, cases = 0, reports = 0;
@@ -1305,7 +1369,7 @@ static void test_op_full_blas(void **state)
                     fails += run_case(&c, &reports);
                     cases++;
                 }
-    unsetenv("AFT_DENSE_BLAS");
+    g_full_product = AFT_KERNEL_AUTO;
     finish(fails, cases);
 }
 
@@ -1321,7 +1385,7 @@ static void test_op_full_rising_bias(void **state)
     const size_t Ts[] = {255, 257, 600, 1031};
     int fails = 0, cases = 0, reports = 0;
     for (int blas = 0; blas <= 1; blas++) {
-        if (blas) assert_int_equal(setenv("AFT_DENSE_BLAS", "1", 1), 0);
+        if (blas) g_full_product = AFT_KERNEL_BLAS;
         for (int causal = 0; causal <= 1; causal++)
             for (size_t ti = 0; ti < N_OF(Ts); ti++) {
                 mask_mode mask = ti == 2 ? MASK_SHARED : MASK_NONE;
@@ -1330,7 +1394,7 @@ static void test_op_full_rising_bias(void **state)
                 fails += run_case(&c, &reports);
                 cases++;
             }
-        unsetenv("AFT_DENSE_BLAS");
+        g_full_product = AFT_KERNEL_AUTO;
     }
     finish(fails, cases);
 }
@@ -1363,7 +1427,7 @@ static void test_op_full_bad_bias(void **state)
     for (size_t i = 0; i < N_OF(bad); i++) w[bad[i].t * T + bad[i].j] = bad[i].x;
     aft_bias bias = dense_bias(w, T);
     for (int blas = 0; blas <= 1; blas++) {
-        if (blas) assert_int_equal(setenv("AFT_DENSE_BLAS", "1", 1), 0);
+        if (blas) g_full_product = AFT_KERNEL_BLAS;
         for (int causal = 0; causal <= 1; causal++) {
             aft_config cfg = make_cfg(AFT_FULL, 0, 0, causal);
             assert_int_equal(ref_aft_op_d(yd, qd, kd, vd, &bias, &cfg, 1, T, C, C), 0);
@@ -1380,7 +1444,7 @@ static void test_op_full_bad_bias(void **state)
                 }
             }
         }
-        unsetenv("AFT_DENSE_BLAS");
+        g_full_product = AFT_KERNEL_AUTO;
     }
     free(q); free(k); free(v); free(w); free(y); free(qd); free(kd); free(vd); free(yd);
 }
@@ -1456,7 +1520,7 @@ static void test_linear(void **state)
     const size_t Ms[] = {1, 5, 6, 7, 13, 97, 200};
     const size_t Ks[] = {1, 3, 256, 257, 600};
     const size_t Ns[] = {1, 15, 16, 17, 40};
-    const int modes[] = {AFT_LINEAR_OWN, AFT_LINEAR_BLAS, AFT_LINEAR_AUTO};
+    const aft_kernel modes[] = {AFT_KERNEL_OWN, AFT_KERNEL_BLAS, AFT_KERNEL_AUTO};
     const float sentinel = -12345.0f;
     int fails = 0, cases = 0, reports = 0;
     rng r = {4242};
@@ -1485,11 +1549,10 @@ static void test_linear(void **state)
                         char what[200];
                         snprintf(what, sizeof what, "linear M=%zu K=%zu N=%zu ldx=%zu ldy=%zu bias=%d mode=%d threads=%d",
                                  M, K, N, ldx, ldy, with_bias, modes[mo], th);
-                        aft_set_threads(th);
                         aft_linear l;
                         aft_error err = {{0}};
-                        assert_int_equal(aft_linear_init(&l, w, with_bias ? b : NULL, N, K, modes[mo], &err), AFT_OK);
-                        if (modes[mo] == AFT_LINEAR_OWN && !l.pk) fail_msg("the own kernel was not packed: %s", what);
+                        assert_int_equal(aft_linear_init(&l, w, with_bias ? b : NULL, N, K, modes[mo], th, &err), AFT_OK);
+                        if (modes[mo] == AFT_KERNEL_OWN && !l.pk) fail_msg("the own kernel was not packed: %s", what);
                         for (size_t i = 0; i < ny; i++) y[i] = sentinel;
                         aft_linear_apply(&l, M, x, ldx, y, ldy);
                         int bad = 0;
@@ -1512,7 +1575,7 @@ static void test_linear(void **state)
                             aft_linear v, sub;
                             assert_int_equal(aft_linear_view(&v, &l, f0, N - f0, &err), AFT_OK);
                             assert_int_equal(aft_linear_init(&sub, w + f0 * K, with_bias ? b + f0 : NULL, N - f0, K,
-                                                             modes[mo], &err), AFT_OK);
+                                                             modes[mo], th, &err), AFT_OK);
                             for (size_t i = 0; i < ny; i++) y2[i] = y3[i] = sentinel;
                             aft_linear_apply(&v, M, x, ldx, y2, ldy);
                             aft_linear_apply(&sub, M, x, ldx, y3, ldy);
@@ -1555,7 +1618,7 @@ static void test_linear(void **state)
                                                   tol, m, n, (double)y[i], ref[m * N + n], what);
                             }
                         }
-                        if (!bad && modes[mo] == AFT_LINEAR_OWN) {
+                        if (!bad && modes[mo] == AFT_KERNEL_OWN) {
                             if (th == 1) memcpy(y1, y, ny * sizeof *y);
                             else if (memcmp(y1, y, ny * sizeof *y) != 0) {
                                 bad = 1;
@@ -1573,12 +1636,11 @@ static void test_linear(void **state)
         float w[2 * 32] = {0};
         aft_linear l, v;
         aft_error err = {{0}};
-        assert_int_equal(aft_linear_init(&l, w, NULL, 32, 2, AFT_LINEAR_OWN, &err), AFT_OK);
+        assert_int_equal(aft_linear_init(&l, w, NULL, 32, 2, AFT_KERNEL_OWN, 1, &err), AFT_OK);
         assert_int_equal(aft_linear_view(&v, &l, 16, 17, &err), AFT_ERR_ARG);
         assert_int_equal(aft_linear_view(&v, &l, 33, 0, &err), AFT_ERR_ARG);
         aft_linear_free(&l);
     }
-    aft_set_threads(0);
     finish(fails, cases);
 }
 
@@ -1860,10 +1922,11 @@ static void test_layer_pipeline_threads(void **state)
          * with AVX-512 or without AVX), whose small products take other
          * paths */
         int vi = pass % NV;
-        if (pass == NV) setenv("AFT_LINEAR_BLAS", "1", 1);
+
         aft_config cfg = vs[vi] == AFT_SIMPLE ? make_cfg(AFT_SIMPLE, 0, 0, 0)
                          : vs[vi] == AFT_CONV ? make_cfg(AFT_CONV, 6, 2, causal[vi]) : make_cfg(AFT_LOCAL, 5, 0, causal[vi]);
         cfg.impl = AFT_IMPL_FAST;
+        cfg.projections = pass >= NV ? AFT_KERNEL_BLAS : AFT_KERNEL_AUTO;
         p.bias = (aft_bias){0};
         p.bias.kind = vs[vi] == AFT_SIMPLE ? AFT_BIAS_NONE : vs[vi] == AFT_CONV ? AFT_BIAS_CONV : AFT_BIAS_DENSE;
         p.bias.dense = vs[vi] == AFT_LOCAL ? dense : NULL;
@@ -1886,7 +1949,6 @@ static void test_layer_pipeline_threads(void **state)
                     assert_memory_equal(y1, yn, B * T * D * sizeof(float));
             }
     }
-    unsetenv("AFT_LINEAR_BLAS");
     free(x); free(wq); free(wk); free(wv); free(wo); free(dense); free(conv); free(y1); free(yn);
 }
 
@@ -2098,12 +2160,24 @@ static void op_errors(int part)
         st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 14, 14, &err);
         bad += !check_error(WHAT("conv C=14 heads=4"), st, &err, "head;divis",
                             (const size_t[]){14, 4, 0});
-        /* conv: heads = 0 */
+        /* conv: heads that disagree with a bias of 4 rows */
         RESET(AFT_CONV, AFT_BIAS_CONV);
         bias.conv = eb.conv;
+        bias.conv_len = 5;
+        bias.conv_rows = 4;
+        cfg.heads = 3;
         cfg.window = 3;
         st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
-        bad += !check_error(WHAT("conv heads=0"), st, &err, "head", NULL);
+        bad += !check_error(WHAT("conv heads=3, bias rows=4"), st, &err, "head;rows", (const size_t[]){3, 4, 0});
+        /* conv: a window that disagrees with a bias of 2S-1 = 5 columns */
+        RESET(AFT_CONV, AFT_BIAS_CONV);
+        bias.conv = eb.conv;
+        bias.conv_len = 5;
+        bias.conv_rows = 4;
+        cfg.heads = 4;
+        cfg.window = 2;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("conv window=2, bias window 3"), st, &err, "window", (const size_t[]){2, 3, 0});
         /* conv: kc = 5 is neither C = 12 nor heads = 4 */
         RESET(AFT_CONV, AFT_BIAS_CONV);
         bias.conv = eb.conv;
@@ -2185,12 +2259,24 @@ static void op_errors(int part)
         st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
         bad += !check_error(WHAT("conv bias NULL"), st, &err, "null;missing;without;needs;no conv;no data",
                             NULL);
-        /* conv window 0: the bias would have 2*0 - 1 columns */
+        /* conv window 0 against a bias that holds window 3 */
         RESET(AFT_CONV, AFT_BIAS_CONV);
         bias.conv = eb.conv;
+        bias.conv_len = 5;
+        bias.conv_rows = 4;
         cfg.heads = 4;
         st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
-        bad += !check_error(WHAT("conv window=0"), st, &err, "window", NULL);
+        bad += !check_error(WHAT("conv window=0, bias window 3"), st, &err, "window", NULL);
+        /* conv window 0 is simple, which needs one key channel per value channel */
+        RESET(AFT_CONV, AFT_BIAS_NONE);
+        cfg.heads = 4;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 4, &err);
+        bad += !check_error(WHAT("conv window=0, kc = heads"), st, &err, "simple;key", (const size_t[]){4, 12, 0});
+        /* a window from the bias without a conv bias */
+        RESET(AFT_CONV, AFT_BIAS_NONE);
+        cfg.window = AFT_WINDOW_FROM_BIAS;
+        st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
+        bad += !check_error(WHAT("conv window from no bias"), st, &err, "window;bias", NULL);
         /* a variant that does not exist */
         RESET((aft_variant)17, AFT_BIAS_NONE);
         st = aft_op_forward(eb.out, eb.q, eb.k, eb.v, &bias, &cfg, 1, 9, 12, 12, &err);
@@ -2319,22 +2405,8 @@ static void test_layer_errors(void **state)
     if (bad) fail_msg("%d layer argument-error checks failed", bad);
 }
 
-int main(int argc, char **argv)
+int main(void)
 {
-    (void)argc;
-    /* libgomp reads OMP_WAIT_POLICY once, when it loads. Its default lets
-     * idle workers spin, and this program makes thousands of small calls
-     * between reference computations: on a busy 2-core machine the spinning
-     * workers (and OpenBLAS's own threads) made calls with threads = 0 take
-     * ~80 ms each instead of < 1 ms. Start once more with passive waiting,
-     * unless the caller chose a policy (OMP_WAIT_POLICY=active reproduces
-     * the default); and with OPENBLAS_NUM_THREADS=1, as the aft command
-     * does, so OpenBLAS starts no workers (aft calls it single-threaded). */
-    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
-        if (!getenv("OPENBLAS_NUM_THREADS")) setenv("OPENBLAS_NUM_THREADS", "1", 1);
-        execv("/proc/self/exe", argv);   /* returns only on failure: run as is */
-    }
-
     const struct CMUnitTest tests[] = {
         /* the reference against closed forms and identities */
         cmocka_unit_test(test_ref_simple_closed_form),
@@ -2342,6 +2414,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ref_constant_bias_is_simple),
         cmocka_unit_test(test_ref_local_is_banded_full),
         cmocka_unit_test(test_ref_conv_shared_keys),
+        cmocka_unit_test(test_op_settle_rules),
         cmocka_unit_test(test_ref_conv_is_toeplitz_full),
         cmocka_unit_test(test_ref_masks),
         cmocka_unit_test(test_ref_shift_invariance),

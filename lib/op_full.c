@@ -15,7 +15,9 @@
  * Entries whose den still underflowed (w and k pulling opposite ways by more
  * than ~45 nats) are recomputed exactly in double, O(T) each.
  */
-#include "internal.h"
+#include "kernels.h"
+#include "linear.h"
+#include "numerics.h"
 
 #include <cblas.h>
 #include <float.h>
@@ -28,7 +30,7 @@ enum { CAUSAL_CHUNK = 256 };
  * 13% faster than 256-row ones, 40% faster than 128-row ones); fewer when the sequence is
  * short (so every thread gets a block) or very long (so all blocks together
  * stay under 2^26 floats, 256 MiB, and memory O(T)). */
-size_t aft_dense_rows(size_t T, size_t threads)
+size_t aft_full_rows(size_t T, size_t threads)
 {
     if (threads == 0) threads = 1;
     size_t rows = T ? ((size_t)1 << 26) / T / threads : 512;
@@ -92,7 +94,7 @@ typedef struct {
 typedef struct {
     const float *q, *k, *v, *rhs, *mk;
     const uint8_t *mask;
-    const aft_wspec *ws;
+    const aft_opspec *ws;
     size_t H, ch, chunk;
     int factored;
 } dense_job;
@@ -102,7 +104,7 @@ typedef struct {
  * with nothing visible come out 0 */
 static void redo_row(const dense_job *jb, size_t h, size_t t, size_t tv, float *wrow, float *yr)
 {
-    const aft_wspec *ws = jb->ws;
+    const aft_opspec *ws = jb->ws;
     const size_t T = ws->T, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv, ch = jb->ch;
     aft_w_row(ws, h, t, 0, tv, wrow);
     for (size_t c = 0; c < ch; c++) {
@@ -162,7 +164,7 @@ static void finish_rows(const dense_job *jb, size_t h, size_t i0, size_t bi, siz
 /* rows [i0, i1) of head h, on the calling thread alone */
 static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, dense_scratch *sc, float *out)
 {
-    const aft_wspec *ws = jb->ws;
+    const aft_opspec *ws = jb->ws;
     const size_t T = ws->T, C = ws->C, ch = jb->ch, C2 = 2 * C, chunk = jb->chunk;
     const int causal = ws->causal;
     const uint8_t *mask = jb->mask;
@@ -298,31 +300,23 @@ __attribute__((noinline)) static void fused_tile(size_t kc, const float *restric
         }
 }
 
-/* Whether the fused product is used: one head, and vectors of 8 or 16
- * floats (a build for AVX or AVX-512; -march=native makes it for the
- * machine it runs on). Causal, the products run a chunk of 256 keys at a
- * time, and at that depth OpenBLAS's own products, each repacking its
- * operands, were 5-20% slower than this kernel at T = 4096 in five A/B runs
- * on AVX-512, and 4.5% slower on an AVX2 AMD EPYC (Zen 3; faster in 1 of 8
- * pairs). Without causality, with AVX-512 the fused product is faster too
- * (see the README); with AVX2 OpenBLAS's full-depth products are not
- * (fused: 1.03-1.07 of their time, faster in 7 of 24 pairs; chunks of 128
- * keys, whose right-hand sides fit Zen 3's 512 KiB L2, made it no better;
- * with the right-hand side panels held in L1 for 96 rows, 1.02, faster in
- * 2 of 10), so there they stay. AFT_DENSE_BLAS=1 forces OpenBLAS, for comparison and
- * for the tests of that path. */
-static int fused_ok(size_t H, int causal)
+/* Whether the fused product is used: one head, a build with vectors of 8
+ * or 16 floats, and not full_blas (aft_config.full_product). Causal, the
+ * products run a chunk of 256 keys at a time, a depth at which OpenBLAS
+ * repacks its operands for every call and the fused kernel is the faster
+ * on AVX2 and AVX-512. Without causality the products are as deep as the
+ * sequence: there OpenBLAS's AVX2 kernels keep up with the fused one, and
+ * only AVX-512 builds use it. */
+static int fused_ok(size_t H, int causal, int blas)
 {
-    if (H != 1 || AFT_VEC_BYTES < 32 || (AFT_VEC_BYTES < 64 && !causal)) return 0;
-    const char *e = getenv("AFT_DENSE_BLAS");
-    return !(e && strcmp(e, "1") == 0);
+    return H == 1 && AFT_VEC_BYTES >= 32 && (AFT_VEC_BYTES >= 64 || causal) && !blas;
 }
 
 /* the rows of w for one panel: rows t0 .. t0 + nr - 1, keys [j0, j0 + kc),
  * into ap (rows FKC apart); nv[i]: how many of row i's keys it sees */
 static void panel_w(const dense_job *jb, size_t t0, size_t nr, size_t j0, size_t kc, const size_t *nv, float *ap)
 {
-    const aft_wspec *ws = jb->ws;
+    const aft_opspec *ws = jb->ws;
     if (jb->factored) {   /* u v^T, one small product */
         const size_t rank = ws->bias->rank;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nr, (int)kc, (int)rank, 1.0f,
@@ -338,7 +332,7 @@ static void panel_w(const dense_job *jb, size_t t0, size_t nr, size_t j0, size_t
 static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_scratch *sc, float *out,
                               const float *bpk, size_t npan)
 {
-    const aft_wspec *ws = jb->ws;
+    const aft_opspec *ws = jb->ws;
     const size_t T = ws->T, C = ws->C, ch = jb->ch, Np = npan * FNR;
     const int causal = ws->causal;
     const uint8_t *mask = jb->mask;
@@ -424,23 +418,24 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
 }
 
 // out, q, k, v: (T, C) of one batch   mask: (T, T) or NULL
-aft_status aft_op_dense(float *out, const float *q, const float *k, const float *v,
-                        const uint8_t *mask, const aft_wspec *ws, aft_error *err)
+aft_status aft_op_full(float *out, const float *q, const float *k, const float *v,
+                        const uint8_t *mask, const aft_opspec *ws, aft_error *err)
 {
     const size_t T = ws->T, C = ws->C, ldk = ws->ldk, ldv = ws->ldv;
     const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
     const int causal = ws->causal;
     if (T == 0 || C == 0) return AFT_OK;
+    aft_blas_one_thread();
     const size_t chunk = causal ? CAUSAL_CHUNK : T;
     const size_t nchunk = (T + chunk - 1) / chunk;
     const size_t C2 = 2 * C;
-    const size_t nt = (size_t)aft_get_threads();
+    const size_t nt = (size_t)ws->threads;
 
     /* rhs: (T, 2C), per head [exp(k - mk) v | exp(k - mk)] so a head's two
      * right-hand sides are adjacent columns; mk: (nchunk, C). For the fused
      * product the same columns packed as npan panels of FNR, each (T, FNR),
      * the last padded with zeros. */
-    const int fused = fused_ok(H, causal);
+    const int fused = fused_ok(H, causal, ws->full_blas);
     const size_t npan = (C2 + FNR - 1) / FNR, Np = npan * FNR;
     float *rhs = fused ? aft_calloc_array(T, Np * sizeof(float)) : aft_alloc_array(T, C2 * sizeof(float));
     float *mk = aft_alloc_array(nchunk, C * sizeof(float));
@@ -448,7 +443,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
         free(rhs); free(mk);
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full-variant buffers (T = %zu, C = %zu)", T, C);
     }
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) num_threads((int)nt)
     for (size_t jc = 0; jc < nchunk; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < T ? j0 + chunk : T;
         float *m = mk + jc * C;
@@ -458,7 +453,7 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
         for (size_t c = 0; c < C; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
     }
     int no_row = 0;
-    #pragma omp parallel
+    #pragma omp parallel num_threads((int)nt)
     {
         /* fused: each row's 2C values, then FNR of them to each panel */
         float *row = fused ? aft_alloc_array(Np, sizeof(float)) : NULL;
@@ -494,10 +489,10 @@ aft_status aft_op_dense(float *out, const float *q, const float *k, const float 
      * the large ones, so they are handed out first */
     dense_job jb = {q, k, v, rhs, mk, mask, ws, H, ch, chunk,
                     ws->variant == AFT_FULL && ws->bias->kind == AFT_BIAS_FACTORED};
-    const size_t rows = aft_dense_rows(T, nt);
+    const size_t rows = aft_full_rows(T, nt);
     const size_t nblk = (T + rows - 1) / rows, ntask = H * nblk;
     int failed = 0;
-    #pragma omp parallel
+    #pragma omp parallel num_threads((int)nt)
     {
         dense_scratch sc;
         if (fused) {   /* wblk: one panel; tmp: row maxima; mrow: + factors */

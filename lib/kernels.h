@@ -1,0 +1,49 @@
+/* kernels.h - the kernels behind aft_op_run, for op.c and the kernel files
+ * themselves. Nothing else in lib/ includes this: the rest reaches the
+ * kernels through op.h. Every kernel reads a settled operator (op.h) and
+ * decides no rule of its own. */
+#ifndef AFT_KERNELS_H
+#define AFT_KERNELS_H
+
+#include "op.h"
+
+/* ---- bias.c: where w[t, t'] comes from */
+
+/* raw bias entry b(t, t2) of a full/local bias (dense, factored, seeded, none) */
+float aft_bias_at(const aft_bias *b, size_t t, size_t t2);
+/* w_eff[t, j] for j in [j0, j1) of head h (conv) into out[0 .. j1-j0): the
+ * variant's bias inside its window, zero outside */
+void aft_w_row(const aft_opspec *sp, size_t h, size_t t, size_t j0, size_t j1, float *out);
+
+/* ---- op_ref.c: the float64 reference, O(T^2 C)
+ * out, q, k, v: (T, C) of one batch, rows sp->ldq/ldk/ldv apart (out: C);
+ * mask (T, T), 1 = visible, or NULL */
+aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v, const uint8_t *mask,
+                            const aft_opspec *sp, aft_error *err);
+
+/* ---- op_full.c: an explicit T x T pattern (full, and any variant under a
+ * mask), blocked products; one batch as aft_op_reference */
+aft_status aft_op_full(float *out, const float *q, const float *k, const float *v, const uint8_t *mask,
+                       const aft_opspec *sp, aft_error *err);
+/* rows of exp(w) each thread of aft_op_full holds at once, for a sequence
+ * of T on `threads` threads */
+size_t aft_full_rows(size_t T, size_t threads);
+
+/* ---- op_simple.c: simple without causality, a softmax average of v per
+ * channel; all batches: (B, T, C) */
+aft_status aft_op_simple(float *out, const float *q, const float *k, const float *v, size_t B,
+                         const aft_opspec *sp, aft_error *err);
+
+/* ---- op_band.c: local and conv, and simple with causality (a zero band
+ * of one row), in O(T s C); all batches: (B, T, C) */
+aft_status aft_op_band(float *out, const float *q, const float *k, const float *v, size_t B,
+                       const aft_opspec *sp, aft_error *err);
+/* the band kernel a chunk of rows at a time: aft_op_rows (op.h) */
+typedef struct aft_band_ctx aft_band_ctx;
+aft_band_ctx *aft_band_ctx_new(const aft_opspec *sp, size_t rows);
+void aft_band_ctx_free(aft_band_ctx *ctx);
+int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                  const aft_opspec *sp, size_t r0, size_t r1, const float *carry_in, float *carry_out,
+                  const float *right_in);
+
+#endif /* AFT_KERNELS_H */

@@ -1,0 +1,55 @@
+/* linear.h - matrix products: the layer's projections (linear.c) and
+ * products split over aft's threads (gemm.c). */
+#ifndef AFT_LINEAR_H
+#define AFT_LINEAR_H
+
+#include "internal.h"
+
+/* C (M x N) = A (M x K) op(B) (+ bias, one value per column, when not NULL);
+ * op(B) = B (K x N, rows ldb apart) or, trans_b, B^T with B (N x K). Row-major.
+ * Split over `threads` threads (one single-threaded cblas_sgemm each); one
+ * call when already inside a parallel region. */
+/* OpenBLAS on one thread a call, set once before the first product (every
+ * caller of cblas_sgemm in lib/ calls this first) */
+void aft_blas_one_thread(void);
+void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
+              const float *B, size_t ldb, const float *bias, float *C, size_t ldc);
+
+/* y (M x n, rows ldy apart) = x (M x k, rows ldx apart) W^T + bias, W
+ * (n x k) like PyTorch's Linear, bias (n) or NULL. init packs W once when
+ * aft's own kernel runs the product (kernel AFT_KERNEL_AUTO: where
+ * aft_linear_kernel() names one; AFT_KERNEL_OWN: always; AFT_KERNEL_BLAS:
+ * never, OpenBLAS's sgemm); W and bias must outlive l. apply splits the rows
+ * over `threads` threads (1 inside a parallel region); a row's result does
+ * not depend on the split. */
+typedef struct {
+    size_t n, k, npad;
+    const float *w, *bias;
+    float *pk, *bpad;   /* packed W and the bias padded to npad features (the
+                         * packing's, a view's too); NULL: OpenBLAS */
+    size_t f0;          /* a view (aft_linear_view): features from f0 of pk */
+    int view;           /* pk, bpad belong to another aft_linear */
+    int threads;
+} aft_linear;
+aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k,
+                           aft_kernel kernel, int threads, aft_error *err);
+void aft_linear_apply(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy);
+/* the same, the same bits; with x_cached (x's rows were just written and
+ * are in this core's caches) aft's kernel reads them in place instead of
+ * packing them first */
+void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy,
+                        int x_cached);
+void aft_linear_free(aft_linear *l);
+/* v = features [f0, f0 + n) of parent (rows f0.. of its W and bias), using
+ * parent's packing where it can (f0 on a panel's edge; else v packs its
+ * own): free v with aft_linear_free before parent. */
+aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, size_t n, aft_error *err);
+/* the same product as loops accumulating in double */
+void aft_linear_ref(float *y, size_t ldy, const float *x, size_t ldx, const float *w, const float *b,
+                    size_t M, size_t K, size_t N);
+/* the name of aft's projection kernel in this build ("aft 6x16", "aft
+ * 12x32"), NULL when there is none (a build with 4-float vectors: OpenBLAS
+ * runs every projection) */
+const char *aft_linear_kernel(void);
+
+#endif /* AFT_LINEAR_H */

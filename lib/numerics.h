@@ -1,0 +1,144 @@
+/* numerics.h - the float arithmetic every kernel shares: an exponential that
+ * vectorises without -ffast-math, the machine's vector width, a NaN-skipping
+ * maximum and the sigmoid. Private to lib/. */
+#ifndef AFT_NUMERICS_H
+#define AFT_NUMERICS_H
+
+#include "internal.h"
+
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+/* exp(x) for float, written so a loop of it vectorizes without -ffast-math:
+ * n = round(x / ln 2), r = x - n ln 2 (|r| <= ln2 / 2, two-part ln 2 so the
+ * reduction is exact), exp(r) by its Taylor series to r^7 (relative error
+ * below 1e-8 on that range), then scaled by 2^n by adding n to the exponent
+ * field of exp(r) (in [0.70, 1.42], so for -125 <= n <= 128 the sum stays a
+ * normal float, or reaches the largest finite one at most). n comes from
+ * the 1.5 * 2^23 rounding trick, whose sum's low bits are n itself. Results
+ * below exp(-86.98), about 1.7e-38, flush to 0 (callers only ever drop such
+ * terms); x above ln(FLT_MAX) gives +inf, NaN stays NaN. Vectorised, this
+ * is about 28 instructions per 16 lanes (splitting 2^n in two, as before,
+ * took 45: 1.6x slower), with identical results wherever they are normal. */
+/* the bits of exp(xc) for -86.98 <= xc <= 88.72283, as above */
+static inline uint32_t aft_exp_bits(float xc)
+{
+    /* 1.5 * 2^23 + n, exactly: the float's unit in the last place is 1 */
+    float big = fmaf(xc, 1.44269504088896341f, 12582912.0f);
+    float n = big - 12582912.0f;
+    float r = fmaf(n, -0.693145751953125f, xc);
+    r = fmaf(n, -1.428606765330187e-06f, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    uint32_t bb, pb;
+    memcpy(&bb, &big, sizeof bb);
+    memcpy(&pb, &p, sizeof pb);
+    return pb + ((bb - 0x4b400000u) << 23);   /* 0x4b400000: 1.5 * 2^23 */
+}
+
+static inline float aft_expf(float x)
+{
+    const float hi = 88.72283f, lo = -86.98f;   /* round(lo / ln 2) = -125 */
+    float xc = x < lo ? lo : x;
+    xc = xc > hi ? hi : xc;
+    uint32_t yb = aft_exp_bits(xc), xb;
+    memcpy(&xb, &x, sizeof xb);
+    /* the edges, from x's bits with integer masks: a float comparison or a
+     * select here makes GCC move the arithmetic above into branches, which
+     * it then cannot vectorise without AVX-512's masks. A negative float's
+     * unsigned bits grow with its magnitude; a positive one's are below
+     * 0x80000000, and as signed integers positive floats keep their order */
+    uint32_t under = 0u - (uint32_t)(xb > 0xc2adf5c3u);                  /* x < lo (-86.98f) */
+    uint32_t over = 0u - (uint32_t)((int32_t)xb > (int32_t)0x42b17217);   /* x > hi (88.72283f) */
+    uint32_t nan = 0u - (uint32_t)((xb & 0x7fffffffu) > 0x7f800000u);
+    yb = (yb & ~(under | over)) | (over & 0x7f800000u);   /* 0 below, +inf above */
+    yb = (yb & ~nan) | (xb & nan);                          /* NaN stays NaN */
+    float y;
+    memcpy(&y, &yb, sizeof y);
+    return y;
+}
+
+/* aft_expf for x <= 0 (-inf included) that is never NaN: a key less a
+ * maximum over checked keys. The same value, without the edges such x
+ * cannot reach (about 17 instructions a vector instead of 28). */
+static inline float aft_expf_nonpos(float x)
+{
+    float xc = x < -86.98f ? -86.98f : x;
+    uint32_t yb = aft_exp_bits(xc), xb;
+    memcpy(&xb, &x, sizeof xb);
+    yb &= ~(0u - (uint32_t)(xb > 0xc2adf5c3u));   /* 0 below -86.98 */
+    float y;
+    memcpy(&y, &yb, sizeof y);
+    return y;
+}
+
+/* The widest vector whose operations are single instructions here: 16
+ * floats with AVX-512, 8 with AVX/AVX2, 4 otherwise (GCC/Clang vector
+ * extensions). Kernels written with wider vectors than the machine has get
+ * them split into pieces, spilled and reassembled lane by lane: a 64-byte
+ * vector on an AVX2 CPU made the band kernel's inner loop four times slower. */
+#if defined(__AVX512F__)
+#define AFT_VEC_BYTES 64
+#elif defined(__AVX__)
+#define AFT_VEC_BYTES 32
+#else
+#define AFT_VEC_BYTES 16
+#endif
+enum { AFT_VL = AFT_VEC_BYTES / 4 };   /* floats a vector */
+typedef float aft_vf __attribute__((vector_size(AFT_VEC_BYTES)));
+typedef int32_t aft_vi __attribute__((vector_size(AFT_VEC_BYTES)));
+/* loads and stores through memcpy: rows are not vector-aligned */
+static inline aft_vf aft_vld(const float *p) { aft_vf x; memcpy(&x, p, sizeof x); return x; }
+static inline void aft_vst(float *p, aft_vf x) { memcpy(p, &x, sizeof x); }
+
+/* Hold a loaded vector in a register. Without this GCC folds the load into
+ * every FMA that uses it as a memory operand: the band kernel then issued 20
+ * loads for 16 FMAs (AVX-512), which on a core with one 512-bit load a
+ * cycle (AMD Zen 4) bound the loop by its loads instead of its FMAs, and
+ * the fused full tile 13 loads for 12 FMAs (AVX2). */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define AFT_IN_REG(x) __asm__("" : "+v"(x))
+#else
+#define AFT_IN_REG(x) ((void)0)
+#endif
+
+/* max of x[0..n), -inf when n == 0; NaNs are skipped. AFT_VL running
+ * maxima side by side, because a plain loop's float max reduction does not
+ * vectorise without -ffast-math. */
+static inline float aft_max_f32(const float *x, size_t n)
+{
+    size_t i = 0;
+    float r = -INFINITY;
+    if (n >= AFT_VL) {
+        aft_vf m = aft_vld(x);
+        for (i = AFT_VL; i + AFT_VL <= n; i += AFT_VL) {
+            aft_vf v = aft_vld(x + i);
+            aft_vi gt = v > m;   /* all ones where v is larger */
+            m = (aft_vf)(((aft_vi)v & gt) | ((aft_vi)m & ~gt));
+        }
+        for (int l = 0; l < AFT_VL; l++) r = m[l] > r ? m[l] : r;
+    }
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+/* 1 / (1 + exp(-x)): exp(-x) overflowing to inf gives exactly 0 */
+static inline float aft_sigmoidf(float x)
+{
+    return 1.0f / (1.0f + aft_expf(-x));
+}
+
+/* a den below this (in units of the row's stabiliser) means the fast path's
+ * factorised exponentials may have lost the terms that matter: such entries
+ * are recomputed exactly. Each lost term is below FLT_MIN (1.2e-38), so with
+ * den >= 1e-20 what is lost is below T * 1e-18 relative. */
+#define AFT_DEN_EXACT_BELOW 1e-20f
+
+#endif /* AFT_NUMERICS_H */
