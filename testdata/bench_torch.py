@@ -28,8 +28,9 @@ maker); nothing is imported from the upstream projects
 
 Every PyTorch measurement runs in its own subprocess (this file, re-invoked
 with a hidden --worker argument), so its peak RSS is its own, with
-OPENBLAS_CORETYPE=SkylakeX on a CPU with AVX-512 (the kernel aft itself
-switches to there; elsewhere OpenBLAS's own choice, or --torch-coretype),
+OPENBLAS_CORETYPE=SkylakeX on a CPU with AVX-512 (so that PyTorch's products
+use AVX-512 whatever OpenBLAS detects; elsewhere OpenBLAS's own choice, or
+--torch-coretype),
 OPENBLAS_NUM_THREADS and
 OMP_NUM_THREADS set to --threads, and torch.set_num_threads(--threads).
 Timings: torch.no_grad(), --warmup untimed calls, then the fastest of
@@ -274,8 +275,8 @@ def torch_env(args, coretype):
 
 
 def aft_env(args):
-    """aft gets this environment as is (it picks its OpenBLAS kernel itself),
-    plus the same OMP_WAIT_POLICY as torch when one is asked for."""
+    """aft gets this environment as is, plus the same OMP_WAIT_POLICY as
+    torch when one is asked for."""
     env = dict(os.environ)
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
