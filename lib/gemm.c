@@ -2,14 +2,12 @@
  *
  * OpenBLAS runs with one thread (blas_one_thread below) and aft splits
  * each product into parts, one single-threaded cblas_sgemm per OpenMP
- * thread. Two thread pools on one machine fight: OpenBLAS's pthread workers
- * spin (sched_yield) for a while after every product, and on a two-core
- * machine that spinning took a quarter of the CPU time away from the
- * operator's own OpenMP loops between the products. With one pool nothing
- * spins, the parts of a product and the work around them share threads, and
- * a part's rows come out as the whole product's would (OpenBLAS blocks the
- * inner dimension the same way whatever the row count: the full variant's
- * output at T = 4096 was bitwise the same with one thread and with two).
+ * thread. Two thread pools on one machine fight: a pool's idle workers spin
+ * for a while after every product and take the cores from the other's
+ * threads. With one pool nothing spins, the parts of a product and the work
+ * around them share threads, and a part's rows come out as the whole
+ * product's would (OpenBLAS blocks the inner dimension the same way
+ * whatever the row count), so the thread count does not change the bits.
  */
 #include "linear.h"
 

@@ -165,7 +165,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
     aft_op_rows_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
     /* Q alone and K, V together: the stacked weights' rows [0, C) and
      * [C, 3C) (here KC = C), in their packing when C is a whole number of
-     * its panels (packing them again was 0.7% of this path's time) */
+     * its panels (no second packing of the same weights) */
     aft_linear lq, lkv;
     aft_status sq = aft_linear_view(&lq, &lw->qkv, 0, C, err);
     aft_status skv = sq == AFT_OK ? aft_linear_view(&lkv, &lw->qkv, C, 2 * C, err) : sq;
@@ -270,8 +270,8 @@ static void pipe_output(float *y, const float *h, const aft_params *p, const aft
  * channel, and a window no wider than a chunk. The sequences go through in
  * chunks of `chunk` rows, taken in order by whichever of the n threads is
  * free (so a thread slowed by other work on its core takes fewer chunks
- * instead of holding the others up: with chunk j fixed on thread j % n the
- * faster thread spent up to a tenth of its time waiting on a busy machine),
+ * instead of holding the others up, as it would with chunk j fixed on
+ * thread j % n),
  * each on its thread from start to end: Q, K, V of the chunk (one product),
  * the operator on its rows, the output projection of its rows. A chunk's
  * Q, K, V and operator output stay in its core's caches, and no step waits

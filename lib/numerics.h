@@ -19,8 +19,7 @@
  * the 1.5 * 2^23 rounding trick, whose sum's low bits are n itself. Results
  * below exp(-86.98), about 1.7e-38, flush to 0 (callers only ever drop such
  * terms); x above ln(FLT_MAX) gives +inf, NaN stays NaN. Vectorised, this
- * is about 28 instructions per 16 lanes (splitting 2^n in two, as before,
- * took 45: 1.6x slower), with identical results wherever they are normal. */
+ * is about 28 instructions per 16 lanes. */
 /* the bits of exp(xc) for -86.98 <= xc <= 88.72283, as above */
 static inline uint32_t aft_exp_bits(float xc)
 {
@@ -82,8 +81,8 @@ static inline float aft_expf_nonpos(float x)
 /* The widest vector whose operations are single instructions here: 16
  * floats with AVX-512, 8 with AVX/AVX2, 4 otherwise (GCC/Clang vector
  * extensions). Kernels written with wider vectors than the machine has get
- * them split into pieces, spilled and reassembled lane by lane: a 64-byte
- * vector on an AVX2 CPU made the band kernel's inner loop four times slower. */
+ * them split into pieces, spilled and reassembled lane by lane, several
+ * times slower than the machine's own width. */
 #if defined(__AVX512F__)
 #define AFT_VEC_BYTES 64
 #elif defined(__AVX__)
@@ -99,10 +98,9 @@ static inline aft_vf aft_vld(const float *p) { aft_vf x; memcpy(&x, p, sizeof x)
 static inline void aft_vst(float *p, aft_vf x) { memcpy(p, &x, sizeof x); }
 
 /* Hold a loaded vector in a register. Without this GCC folds the load into
- * every FMA that uses it as a memory operand: the band kernel then issued 20
- * loads for 16 FMAs (AVX-512), which on a core with one 512-bit load a
- * cycle (AMD Zen 4) bound the loop by its loads instead of its FMAs, and
- * the fused full tile 13 loads for 12 FMAs (AVX2). */
+ * every FMA that uses it as a memory operand, issuing more loads than
+ * FMAs; on cores with one 512-bit load a cycle the loop is then bound by
+ * its loads instead of its FMAs. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define AFT_IN_REG(x) __asm__("" : "+v"(x))
 #else

@@ -37,8 +37,8 @@
 enum { BAND_ROWS = 128, BAND_CH = 128 };
 /* GROUP: rows whose band sums share loads (band_sums). Its GROUP x BV x 2
  * sums stay in registers: 4 x 2 x 2 = 16 of AVX-512's 32, 6 x 1 x 2 = 12 of
- * the 16 elsewhere (6 rows: 0.85 of the time of 4 on an AVX2 AMD EPYC, 5 and
- * 7 in between; the sums are the same, so the output is too) */
+ * the 16 elsewhere; more rows a group means fewer loads a row (the group
+ * does not change the sums, so not the output either) */
 #if defined(__AVX512F__)
 enum { GROUP = 4, BV = 2 };
 #else
@@ -655,8 +655,7 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                     float fr = mr == -INFINITY ? 0.0f : aft_expf(mr - Z);
                     sc.pst[c] = Z;
                     sc.pmax[c] = Z;
-                    /* fused as before the layer's carry left this
-                     * function: the same bits as then */
+                    /* one rounding for the merged pieces' part */
                     sc.p0[c] = fmaf(a0, fa, r[C + c0 + c] * fr);
                     sc.p1[c] = fmaf(a1, fa, r[2 * C + c0 + c] * fr);
                 }

@@ -26,10 +26,10 @@
 enum { CAUSAL_CHUNK = 256 };
 
 /* Rows of exp(w) each thread holds at once: 512 keeps each thread's product
- * large enough to run near the kernel's peak (measured: 512-row products ran
- * 13% faster than 256-row ones, 40% faster than 128-row ones); fewer when the sequence is
- * short (so every thread gets a block) or very long (so all blocks together
- * stay under 2^26 floats, 256 MiB, and memory O(T)). */
+ * large enough to run near the kernel's peak (smaller blocks run markedly
+ * slower); fewer when the sequence is short (so every thread gets a block)
+ * or very long (so all blocks together stay under 2^26 floats, 256 MiB,
+ * and memory O(T)). */
 size_t aft_full_rows(size_t T, size_t threads)
 {
     if (threads == 0) threads = 1;
@@ -68,10 +68,9 @@ static float visible_max(const float *w, size_t nv, const uint8_t *mrow)
  * when no a[k] is NaN and r is below +inf the shorter exponential for
  * non-positive arguments gives aft_expf's values (a masked entry above r
  * gets some value the caller then drops); otherwise aft_expf, so NaN stays
- * NaN and +inf - +inf is NaN as before (a -nan would otherwise be taken
- * for a value below -87 and become 0). The check is one compare a value;
- * on the AVX-512 Zen 4 full took 0.98 of the time (8 of 8 pairs, causal
- * and not; the same bytes out). */
+ * NaN and +inf - +inf is NaN (a -nan would otherwise be taken
+ * for a value below -87 and become 0). The check is one compare a value,
+ * the shorter exponential about half the instructions. */
 static void exp_row_shifted(float *restrict a, size_t n, float r)
 {
     int clean = r < INFINITY;
@@ -239,9 +238,7 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
  * AVX/AVX2 (FROWS below), and a
  * thread holds FSUB panels (96 rows) of them for a chunk of keys, so each
  * panel of right-hand sides (FKC x FNR: 16 KiB with AVX2) is loaded into L1
- * once for all of them, not once per panel: reading the rows as FMR strided
- * streams, one panel at a time, the causal product took 1.07 of this one's
- * time on an AVX2 AMD EPYC (6 of 8 pairs; the output is byte-identical).
+ * once for all of them, not once per panel.
  * The tile: 12 x 32 (24 of AVX-512's 32 registers), 6 x 16 with AVX/AVX2
  * (12 of 16); without either, OpenBLAS's products serve. */
 #if AFT_VEC_BYTES >= 64
@@ -251,11 +248,10 @@ enum { FMR = 6, FNR = 16 };
 #endif
 enum { FKC = 256, FNV = FNR / AFT_VL };   /* FNV: vectors across the tile */
 /* The panel of exp(w) the tile reads: with AVX-512 its FMR rows as they
- * were computed, FKC apart (the tile reads FMR strided streams); else
- * interleaved, key by key, FMR values each. On the AVX-512 AMD EPYC (Zen
- * 4) the interleaving, a scalar transpose, was 2.3% of full's time, and
- * reading the rows in place took 0.97 of the time (11 of 12 pairs, causal
- * and not; the same bits); on the AVX2 Zen 3 strided rows were 1.07. */
+ * were computed, FKC apart (the tile reads FMR strided streams, and the
+ * interleaving, a scalar transpose, is saved); else interleaved, key by
+ * key, FMR values each, which AVX2's narrower loads read faster. Either
+ * way the same bits. */
 enum { FROWS = AFT_VEC_BYTES >= 64 };
 enum { FSI = FROWS ? FKC : 1, FSK = FROWS ? 1 : FMR };   /* row i, key k at i * FSI + k * FSK */
 /* panels of rows whose exp(w) a thread holds at once (96 rows) */
