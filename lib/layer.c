@@ -1,441 +1,71 @@
-/* layer.c - the AFT layer: projections, the operator, the output projection. */
+/* layer.c - the AFT layer: projections, the operator, the output projection.
+ * The layer reaches the operator through op.h alone; the chunked paths are in
+ * layer_chunks.c. */
 #include "layer.h"
-#include "linear.h"
-#include "op.h"
-
-#include <omp.h>
 
 #include <limits.h>
-#include <math.h>
-#include <sched.h>
 #include <stdlib.h>
 
-/* the layer's products: Q, K, V stacked (qkv, one product; rows of W:
- * C for Q, KC for K, C for V, in that order) and the output (o); packed
- * once per call (linear.c) */
-typedef struct {
-    aft_linear qkv, o;
-    aft_kernel kernel;   /* who runs the projections (aft_config.projections) */
-} layer_w;
-
-/* The streamed path of simple without causality: Y = sigmoid(Q) * g, g the
- * softmax average of V over the whole sequence. Each sequence goes through
- * in chunks of rows, each on the next free thread: Q, K, V of the chunk (one
- * product), sigmoid(Q) kept (T x C), the chunk's keys and values taken into
- * softmax sums of its own, all while the chunk is in its core's caches.
- * Then the chunks' sums are added up in order, g is folded into the output
- * weights (Wo diag(g)) and the output comes from sigmoid(Q) a chunk at a
- * time, the same bits whatever the thread count. Q, K, V are never held
- * for the whole sequence.
- * Returns as layer_streamed. */
-static int layer_streamed_simple(float *y, const float *x, const aft_params *p, const aft_opspec *sp, size_t B,
-                                 size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
-                                 aft_status *st, aft_error *err)
+/* the sizes and pointers every entry point checks first */
+static aft_status check_params(const aft_params *p, aft_error *err)
 {
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C;
+    if (!p->wq || !p->wk || !p->wv || !p->wo)
+        return aft_fail(err, AFT_ERR_ARG, "the layer needs query, key, value and output weights");
+    if (D == 0 || C == 0)
+        return aft_fail(err, AFT_ERR_ARG, "model size %zu and hidden size %zu must be positive", D, C);
+    if (D > INT_MAX || C > INT_MAX / 4 || KC > INT_MAX / 4)
+        return aft_fail(err, AFT_ERR_ARG, "sizes D = %zu, C = %zu exceed the supported range", D, C);
+    return AFT_OK;
+}
+
+aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, int threads,
+                               aft_error *err)
+{
+    memset(lp, 0, sizeof *lp);
+    aft_status st = check_params(p, err);
+    if (st) return st;
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
-    size_t nch = (T + chunk - 1) / chunk;
-    int nt = sp->threads;
-    if ((size_t)nt > nch) nt = (int)nch;
-    float *qkv = aft_alloc_array((size_t)nt * chunk, W * sizeof(float));
-    float *sq = aft_alloc_array(T, C * sizeof(float));
-    float *sums = aft_alloc_array(nch, 4 * C * sizeof(float));
-    float *wog = aft_alloc_array(D, C * sizeof(float));
-    if (!qkv || !sq || !sums || !wog) {
-        free(qkv); free(sq); free(sums); free(wog);
-        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for chunks of %zu rows of Q, K, V (%zu wide)", chunk, W);
-        return -1;
+    *lp = (aft_layer_prep){.p = p, .D = D, .C = C, .KC = KC, .W = W, .kernel = kernel, .threads = threads};
+    lp->wcat = aft_alloc_array(W, D * sizeof(float));
+    lp->bcat = aft_alloc_array(W, sizeof(float));
+    if (!lp->wcat || !lp->bcat) {
+        aft_layer_prep_free(lp);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the stacked weights (%zu x %zu)", W, D);
     }
-    int ret = 1;
-    for (size_t b = 0; b < B && ret == 1; b++) {
-        double tp = 0, to = 0;
-        int r = 1;
-        #pragma omp parallel num_threads(nt) reduction(+:tp, to) reduction(min:r)
-        {
-            float *buf = qkv + (size_t)omp_get_thread_num() * chunk * W;
-            #pragma omp for schedule(dynamic, 1)
-            for (size_t j = 0; j < nch; j++) {
-                size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
-                double t0 = aft_now_ms();
-                aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, buf, W);
-                double t1 = aft_now_ms();
-                /* the chunk's softmax sums (m, s0, s1; the fourth array
-                 * scratch, then the keys' maximum: m itself) */
-                float *sj = sums + j * 4 * C;
-                if (aft_sums_of_rows(buf + C, W, buf + C + KC, W, 0, len, C, sj, sj + C, sj + 2 * C, sj + 3 * C))
-                    r = 0;
-                memcpy(sj + 3 * C, sj, C * sizeof(float));
-                for (size_t t = 0; t < len; t++)
-                    for (size_t c = 0; c < C; c++) sq[(R0 + t) * C + c] = aft_sigmoidf(buf[t * W + c]);
-                tp += t1 - t0;
-                to += aft_now_ms() - t1;
-            }
-        }
-        tm->projections += tp / nt;
-        tm->op += to / nt;
-        if (!r) {   /* a key of +inf or NaN */
-            ret = 0;
-            break;
-        }
-        double t2 = aft_now_ms();
-        for (size_t j = 1; j < nch; j++) aft_sums_merge(sums, sums + j * 4 * C, C);
-        float *g = sums;   /* the softmax average of v per channel */
-        for (size_t c = 0; c < C; c++) g[c] = sums[C + c] > 0.0f ? sums[2 * C + c] / sums[C + c] : 0.0f;
-        for (size_t d = 0; d < D; d++)
-            for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * g[c];
-        aft_linear lo;
-        *st = aft_linear_init(&lo, wog, p->bo, D, C, lw->kernel, sp->threads, err);
-        if (*st != AFT_OK) {
-            ret = -1;
-            break;
-        }
-        /* a chunk's rows at a time, so that each row comes from a product
-         * of the same shape whatever the thread count (OpenBLAS takes
-         * other paths for small products: a row's bits can depend on M) */
-        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-        for (size_t j = 0; j < nch; j++) {
-            size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
-            aft_linear_apply(&lo, len, sq + R0 * C, C, y + (b * T + R0) * D, D);
-        }
-        aft_linear_free(&lo);
-        tm->output += aft_now_ms() - t2;
+    memcpy(lp->wcat, p->wq, C * D * sizeof(float));
+    memcpy(lp->wcat + C * D, p->wk, KC * D * sizeof(float));
+    memcpy(lp->wcat + (C + KC) * D, p->wv, C * D * sizeof(float));
+    int any_bias = p->bq || p->bk || p->bv;
+    const float *bs[3] = {p->bq, p->bk, p->bv};
+    size_t bn[3] = {C, KC, C}, off = 0;
+    for (int i = 0; i < 3; i++) {
+        if (bs[i]) memcpy(lp->bcat + off, bs[i], bn[i] * sizeof(float));
+        else memset(lp->bcat + off, 0, bn[i] * sizeof(float));
+        off += bn[i];
     }
-    free(qkv);
-    free(sq);
-    free(sums);
-    free(wog);
-    return ret;
+    st = aft_linear_init(&lp->qkv, lp->wcat, any_bias ? lp->bcat : NULL, W, D, kernel, threads, err);
+    if (st == AFT_OK) {
+        st = aft_linear_init(&lp->o, p->wo, p->bo, D, C, kernel, threads, err);
+        if (st != AFT_OK) aft_linear_free(&lp->qkv);
+    }
+    if (st != AFT_OK) {
+        free(lp->wcat);
+        free(lp->bcat);
+        memset(lp, 0, sizeof *lp);
+    }
+    return st;
 }
 
-/* the index of point v in pt[0 .. n) (sorted, v one of them) */
-static size_t point_index(const size_t *pt, size_t n, size_t v)
+void aft_layer_prep_free(aft_layer_prep *lp)
 {
-    size_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (pt[mid] < v) lo = mid + 1;
-        else hi = mid;
+    if (lp->wcat && lp->bcat) {
+        aft_linear_free(&lp->qkv);
+        aft_linear_free(&lp->o);
     }
-    return lo;
-}
-
-/* The streamed path without causality: no mask, a band (local, or conv
- * with keys of one channel per value channel). A row needs the keys left
- * of its window and right of it, so K and V of the whole sequence come
- * first (one product, 2 x T x C floats), then the keys' running sums in
- * pieces, in parallel: the pieces end where a chunk's held rows start (its
- * first row less the halo) and where its window ends (its last row plus
- * the halo), so each key is in one piece (and checked once). Added up from
- * the start and from the end, they give each chunk the sums of every key
- * before its rows and after its window. Then every chunk is
- * independent: each on the next free thread, start to end there: its
- * Q, the band kernel on its rows, its output projection. Q, the operator's
- * output and the right part's per-row sums are a chunk's worth per thread,
- * not the sequence's, and the bits do not depend on the thread count.
- * Returns as layer_streamed. */
-static int layer_streamed_both(float *y, const float *x, const aft_params *p, aft_opspec ws, size_t B, size_t T,
-                               size_t chunk, size_t halo, const layer_w *lw, aft_layer_times *tm,
-                               aft_status *st, aft_error *err)
-{
-    size_t D = p->d_model, C = p->d_hidden, nch = (T + chunk - 1) / chunk;
-    int nt = ws.threads;
-    if ((size_t)nt > nch) nt = (int)nch;
-    float *kv = aft_alloc_array(T, 2 * C * sizeof(float));
-    float *q = aft_alloc_array((size_t)nt * chunk, C * sizeof(float));
-    float *h = aft_alloc_array((size_t)nt * chunk, C * sizeof(float));
-    /* the points 0, j chunk - halo, j chunk + halo (0 < j < nch) and T,
-     * clamped to T, in order and without repeats: at most 2 nch of them
-     * (halo <= chunk) */
-    size_t *pt = calloc(2 * nch, sizeof *pt), npt = 0;
-    if (pt) {
-        pt[npt++] = 0;
-        for (size_t a = 1, b = 1; a < nch || b < nch;) {
-            size_t va = a < nch ? a * chunk - halo : SIZE_MAX, vb = b < nch ? b * chunk + halo : SIZE_MAX;
-            size_t v = va <= vb ? va : vb;
-            if (va <= vb) a++;
-            else b++;
-            v = v < T ? v : T;
-            if (v != pt[npt - 1]) pt[npt++] = v;
-        }
-        if (pt[npt - 1] != T) pt[npt++] = T;
-    }
-    /* pre[i]: the keys' sums over [0, pt[i]); suf[i]: over [pt[i], T) */
-    float *pre = aft_alloc_array(2 * nch, 4 * C * sizeof(float));
-    float *suf = aft_alloc_array(2 * nch, 4 * C * sizeof(float));
-    float *bm = aft_alloc_array((size_t)nt, C * sizeof(float));
-    aft_op_rows_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
-    /* Q alone and K, V together: the stacked weights' rows [0, C) and
-     * [C, 3C) (here KC = C), in their packing when C is a whole number of
-     * its panels (no second packing of the same weights) */
-    aft_linear lq, lkv;
-    aft_status sq = aft_linear_view(&lq, &lw->qkv, 0, C, err);
-    aft_status skv = sq == AFT_OK ? aft_linear_view(&lkv, &lw->qkv, C, 2 * C, err) : sq;
-    int ok = kv && q && h && pt && pre && suf && bm && ctx && skv == AFT_OK;
-    ws.ldq = C;
-    ws.ldk = ws.ldv = 2 * C;
-    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_op_rows_new(&ws, chunk)) != NULL;
-    if (!ok) {
-        for (int i = 0; ctx && i < nt; i++) aft_op_rows_free(ctx[i]);
-        free(kv); free(q); free(h); free(pt); free(pre); free(suf); free(bm); free(ctx);
-        if (sq == AFT_OK) aft_linear_free(&lq);
-        if (skv == AFT_OK) aft_linear_free(&lkv);
-        *st = skv != AFT_OK ? skv : aft_fail(err, AFT_ERR_NOMEM, "out of memory for K, V of %zu x %zu", T, C);
-        return -1;
-    }
-    int ret = 1;
-    for (size_t b = 0; b < B && ret == 1; b++) {
-        double t0 = aft_now_ms();
-        /* the stacked weights hold Q, K, V in that order: K and V are the
-         * rows from C on; a chunk at a time, so that each row comes from a
-         * product of the same shape whatever the thread count (OpenBLAS
-         * takes other paths for small products) */
-        #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (size_t j = 0; j < nch; j++) {
-            size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
-            aft_linear_apply(&lkv, len, x + (b * T + R0) * D, D, kv + R0 * 2 * C, 2 * C);
-        }
-        double t1 = aft_now_ms();
-        /* each key in one piece [pt[i], pt[i + 1]), its sums in suf[i];
-         * then the prefixes into pre and the suffixes in place */
-        int bad = 0;
-        #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(|:bad)
-        for (size_t i = 0; i < npt - 1; i++) {
-            float *r = suf + i * 4 * C, *scr = bm + (size_t)omp_get_thread_num() * C;
-            bad |= aft_sums_of_rows(kv, 2 * C, kv + C, 2 * C, pt[i], pt[i + 1], C, r, r + C, r + 2 * C, scr);
-            memcpy(r + 3 * C, r, C * sizeof(float));
-        }
-        if (bad) {
-            ret = 0;
-            break;
-        }
-        aft_sums_empty(pre, C);   /* no keys: [0, 0) and [T, T) */
-        aft_sums_empty(suf + (npt - 1) * 4 * C, C);
-        for (size_t i = 1; i < npt; i++) {
-            memcpy(pre + i * 4 * C, pre + (i - 1) * 4 * C, 4 * C * sizeof(float));
-            aft_sums_merge(pre + i * 4 * C, suf + (i - 1) * 4 * C, C);
-        }
-        for (size_t i = npt - 1; i-- > 0;) aft_sums_merge(suf + i * 4 * C, suf + (i + 1) * 4 * C, C);
-        double t2 = aft_now_ms();
-        tm->projections += t1 - t0;
-        tm->op += t2 - t1;
-        double tp = 0, to = 0, tw = 0;
-        #pragma omp parallel num_threads(nt) reduction(+:tp, to, tw)
-        {
-            size_t tid = (size_t)omp_get_thread_num();
-            float *qt = q + tid * chunk * C, *ht = h + tid * chunk * C;
-            #pragma omp for schedule(dynamic, 1)
-            for (size_t j = 0; j < nch; j++) {
-                size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
-                double u0 = aft_now_ms();
-                aft_linear_apply(&lq, len, x + (b * T + R0) * D, D, qt, C);
-                double u1 = aft_now_ms();
-                aft_opspec w = ws;
-                w.T = T - (R0 - hl);
-                w.t_off = R0 - hl;
-                w.q_row0 = hl;
-                const float *kr = kv + (R0 - hl) * 2 * C;
-                /* the sums of the keys before R0 - halo and from R0 + len +
-                 * halo on (the pieces above checked every key) */
-                size_t il = point_index(pt, npt, R0 - hl);
-                size_t ir = point_index(pt, npt, R0 + len + halo < T ? R0 + len + halo : T);
-                (void)aft_op_rows(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, j ? pre + il * 4 * C : NULL,
-                                        NULL, j + 1 < nch ? suf + ir * 4 * C : NULL);
-                double u2 = aft_now_ms();
-                aft_linear_apply_x(&lw->o, len, ht, C, y + (b * T + R0) * D, D, 1);
-                tp += u1 - u0;
-                to += u2 - u1;
-                tw += aft_now_ms() - u2;
-            }
-        }
-        tm->projections += tp / nt;
-        tm->op += to / nt;
-        tm->output += tw / nt;
-    }
-    for (int i = 0; i < nt; i++) aft_op_rows_free(ctx[i]);
-    free(kv); free(q); free(h); free(pt); free(pre); free(suf); free(bm); free(ctx);
-    aft_linear_free(&lq);
-    aft_linear_free(&lkv);
-    return ret;
-}
-
-/* the output projection of the pipeline's chunk j (its operator output in
- * h, rows from the halo's end on) */
-static void pipe_output(float *y, const float *h, const aft_params *p, const aft_linear *lo, size_t j, size_t nch,
-                        size_t chunk, size_t halo, size_t T)
-{
-    size_t b = j / nch, R0 = j % nch * chunk, len = T - R0 < chunk ? T - R0 : chunk, hl = R0 ? halo : 0;
-    aft_linear_apply_x(lo, len, h + hl * p->d_hidden, p->d_hidden, y + (b * T + R0) * p->d_model, p->d_model, 1);
-}
-
-/* The causal pipeline: causal, no mask, keys of one channel per value
- * channel, and a window no wider than a chunk. The sequences go through in
- * chunks of `chunk` rows, taken in order by whichever of the n threads is
- * free (so a thread slowed by other work on its core takes fewer chunks
- * instead of holding the others up, as it would with chunk j fixed on
- * thread j % n),
- * each on its thread from start to end: Q, K, V of the chunk (one product),
- * the operator on its rows, the output projection of its rows. A chunk's
- * Q, K, V and operator output stay in its core's caches, and no step waits
- * for all threads to finish theirs. The one order kept is the operator's: chunk j starts from
- * the left running sums chunk j - 1 ended with (the carry), so it waits
- * until chunk j - 1's operator is done; while it waits, its thread does the
- * output projection of its own last chunk, which otherwise follows the
- * operator (waits then cost nothing: without this the threads fell into a
- * rhythm where one finished its product just as the other's operator
- * ended, and waited at every chunk). Every chunk is computed the same way
- * whichever thread runs it, so the bits do not depend on the thread count.
- *
- * The operator of chunk j also reads the window's halo of earlier rows,
- * chunk j - 1's last rows, from another thread's buffer. The 2 n buffers
- * of Q, K, V (slots) lie one after the other and are used in turn, so
- * those rows are just before chunk j's own, where the operator reads them;
- * only after the last slot are they copied, to room left before the first
- * (once chunk j - 1's operator is done, before chunk j's says it is). A
- * slot is written again only after the operator reading its rows last is
- * done: chunk j - 1's slot next holds chunk m = j - 1 + 2 n. A thread takes
- * a chunk only once its previous chunk's operator is done, so when chunk m
- * is taken at most n - 1 chunks taken before it (one a thread) still wait
- * for their operator; operators finish in order, so chunk m - n's is done,
- * and with it chunk j's (j = m - 2 n + 1 <= m - n).
- *
- * Returns as layer_streamed. The phases' times are each thread's sums
- * averaged over the threads, the operator's with its waits. */
-static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_opspec ws, size_t B, size_t T,
-                           size_t chunk, size_t halo, const layer_w *lw, aft_layer_times *tm,
-                           aft_status *st, aft_error *err)
-{
-    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
-    size_t nch = (T + chunk - 1) / chunk, total = B * nch;
-    int nt = ws.threads;
-    if ((size_t)nt > total) nt = (int)total;
-    /* the slots of Q, K, V follow each other after room for a halo, so a
-     * chunk's halo rows are the end of the slot before it, but slot 0's */
-    size_t nslot = 2 * (size_t)nt, slot_rows = halo + chunk;
-    float *qkv = aft_alloc_array(halo + nslot * chunk, W * sizeof(float));
-    float *h = aft_alloc_array(2 * (size_t)nt * slot_rows, C * sizeof(float));
-    float *carry = aft_alloc_array(4, C * sizeof(float));
-    aft_op_rows_ctx **ctx = calloc((size_t)nt, sizeof *ctx);
-    int ok = qkv && h && carry && ctx;
-    for (int i = 0; ok && i < nt; i++) ok = (ctx[i] = aft_op_rows_new(&ws, 0)) != NULL;
-    if (!ok) {
-        for (int i = 0; ctx && i < nt; i++) aft_op_rows_free(ctx[i]);
-        free(qkv); free(h); free(carry); free(ctx);
-        *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for chunks of %zu rows of Q, K, V (%zu wide)", chunk, W);
-        return -1;
-    }
-    ws.ldq = ws.ldk = ws.ldv = W;
-    size_t done = 0;   /* chunks whose operator is done (atomic) */
-    size_t next = 0;   /* chunks taken by a thread (atomic) */
-    int bad = 0;       /* a key was +inf or NaN (atomic) */
-    double tp = 0, to = 0, tw = 0;
-    #pragma omp parallel num_threads(nt) reduction(+:tp, to, tw)
-    {
-        size_t tid = (size_t)omp_get_thread_num();
-        size_t pend = SIZE_MAX;   /* a chunk of ours whose output projection is still to do */
-        const float *pend_h = NULL;
-        for (size_t it = 0;; it++) {
-            size_t j;   /* the next chunk not taken yet */
-            #pragma omp atomic capture
-            j = next++;
-            if (j >= total) break;
-            size_t b = j / nch, R0 = j % nch * chunk, len = T - R0 < chunk ? T - R0 : chunk;
-            size_t hl = R0 ? halo : 0;
-            float *buf = qkv + (halo + j % nslot * chunk) * W;   /* this chunk's rows */
-            float *ht = h + (2 * tid + it % 2) * slot_rows * C;
-            double t0 = aft_now_ms();
-            aft_linear_apply(&lw->qkv, len, x + (b * T + R0) * D, D, buf, W);
-            double t1 = aft_now_ms();
-            int stop;
-            for (;;) {   /* wait for chunk j - 1's operator; meanwhile, our last chunk's output */
-                size_t seen;
-                #pragma omp atomic read acquire
-                seen = done;
-                #pragma omp atomic read
-                stop = bad;
-                if (seen == j || stop) break;
-                if (pend != SIZE_MAX) {
-                    double u = aft_now_ms();
-                    pipe_output(y, pend_h, p, &lw->o, pend, nch, chunk, halo, T);
-                    pend = SIZE_MAX;
-                    double u1 = aft_now_ms();
-                    tw += u1 - u;
-                    t1 += u1 - u;
-                    continue;
-                }
-                sched_yield();
-            }
-            if (!stop) {
-                /* the halo: the last rows of chunk j - 1 (a whole chunk), just
-                 * before ours but when chunk j - 1 is in the last slot */
-                if (hl && j % nslot == 0)
-                    memcpy(buf - hl * W, qkv + (halo + nslot * chunk - hl) * W, hl * W * sizeof(float));
-                aft_opspec w = ws;
-                w.T = hl + len;
-                w.t_off = R0 - hl;
-                const float *r = buf - hl * W;
-                int okk = aft_op_rows(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len,
-                                            R0 ? carry : NULL, carry, NULL);
-                if (!okk) {
-                    #pragma omp atomic write
-                    bad = 1;
-                    stop = 1;
-                }
-            }
-            #pragma omp atomic write release
-            done = j + 1;
-            double t2 = aft_now_ms();
-            if (pend != SIZE_MAX && !stop) pipe_output(y, pend_h, p, &lw->o, pend, nch, chunk, halo, T);
-            pend = stop ? SIZE_MAX : j;
-            pend_h = ht;
-            double t3 = aft_now_ms();
-            tp += t1 - t0;
-            to += t2 - t1;
-            tw += t3 - t2;
-        }
-        int stop;
-        #pragma omp atomic read
-        stop = bad;
-        if (pend != SIZE_MAX && !stop) {
-            double u = aft_now_ms();
-            pipe_output(y, pend_h, p, &lw->o, pend, nch, chunk, halo, T);
-            tw += aft_now_ms() - u;
-        }
-    }
-    tm->projections += tp / nt;
-    tm->op += to / nt;
-    tm->output += tw / nt;
-    for (int i = 0; i < nt; i++) aft_op_rows_free(ctx[i]);
-    free(qkv); free(h); free(carry); free(ctx);
-    return bad ? 0 : 1;
-}
-
-/* The chunked paths: no mask, and a band with keys of one channel per value
- * channel and a window no wider than a chunk (causal: layer_pipelined; not
- * causal: layer_streamed_both), or simple without causality
- * (layer_streamed_simple). Each takes the sequence in chunks of rows, each
- * chunk on one thread from its Q, K, V to its output rows, so a chunk's
- * Q, K, V and operator output stay in that core's caches and the buffers
- * stay small whatever T is. Returns 1 when done, 0 when not applicable or
- * when a key was +inf or NaN (then the whole-sequence path runs: y is
- * written again), -1 on error (*st). */
-static int layer_streamed(float *y, const float *x, const aft_params *p, const aft_opspec *sp, size_t B,
-                          size_t T, size_t chunk, const layer_w *lw, aft_layer_times *tm,
-                          aft_status *st, aft_error *err)
-{
-    size_t KC = p->k_out ? p->k_out : p->d_hidden;
-    if (chunk == 0) return 0;
-    aft_rows_kind kind = aft_op_rows_kind(sp, KC);
-    if (kind == AFT_ROWS_NONE) return 0;
-    size_t halo = aft_op_halo(sp);
-    if (chunk == AFT_LAYER_CHUNK_AUTO) {
-        /* chunks of a few tiles of the products, or of OpenBLAS's larger
-         * blocks (it packs W again on every call), and at least the halo */
-        size_t step = lw->qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
-        chunk = halo <= step ? step : (halo + step - 1) / step * step;
-    }
-    if (T <= chunk || halo > chunk) return 0;
-    if (kind == AFT_ROWS_GLOBAL) return layer_streamed_simple(y, x, p, sp, B, T, chunk, lw, tm, st, err);
-    if (kind == AFT_ROWS_BAND) return layer_streamed_both(y, x, p, *sp, B, T, chunk, halo, lw, tm, st, err);
-    return layer_pipelined(y, x, p, *sp, B, T, chunk, halo, lw, tm, st, err);
+    free(lp->wcat);
+    free(lp->bcat);
+    memset(lp, 0, sizeof *lp);
 }
 
 aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
@@ -451,6 +81,58 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
     return aft_layer_forward_chunked(y, x, p, cfg, B, T, AFT_LAYER_CHUNK_AUTO, times, NULL, err);
 }
 
+/* the plain path: each projection on its own, in double */
+static aft_status layer_reference(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
+                                  size_t T, aft_layer_times *tm, aft_error *err)
+{
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, N = B * T;
+    float *q = aft_alloc_array(N, C * sizeof(float));
+    float *k = aft_alloc_array(N, KC * sizeof(float));
+    float *v = aft_alloc_array(N, C * sizeof(float));
+    float *h = aft_alloc_array(N, C * sizeof(float));
+    if (!q || !k || !v || !h) {
+        free(q); free(k); free(v); free(h);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, C);
+    }
+    double t0 = aft_now_ms();
+    aft_linear_ref(q, C, x, D, p->wq, p->bq, N, D, C);
+    aft_linear_ref(k, KC, x, D, p->wk, p->bk, N, D, KC);
+    aft_linear_ref(v, C, x, D, p->wv, p->bv, N, D, C);
+    double t1 = aft_now_ms();
+    aft_status st = aft_op_forward(h, q, k, v, &p->bias, cfg, B, T, C, KC, err);
+    double t2 = aft_now_ms();
+    if (st == AFT_OK) aft_linear_ref(y, D, h, C, p->wo, p->bo, N, C, D);
+    *tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
+    free(q); free(k); free(v); free(h);
+    return st;
+}
+
+/* the whole sequence at once: Q, K, V of every row (one product), the
+ * operator reading them in place, rows W apart, the output projection */
+static aft_status layer_whole(float *y, const float *x, const aft_layer_prep *lp, aft_opspec sp, size_t B, size_t T,
+                              aft_layer_times *tm, aft_error *err)
+{
+    size_t N = B * T, C = lp->C, KC = lp->KC, W = lp->W;
+    float *qkv = aft_alloc_array(N, W * sizeof(float));
+    float *h = aft_alloc_array(N, C * sizeof(float));
+    aft_status st;
+    if (!qkv || !h) {
+        st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, W);
+    } else {
+        double t0 = aft_now_ms();
+        aft_linear_apply(&lp->qkv, N, x, lp->D, qkv, W);
+        double t1 = aft_now_ms();
+        sp.ldq = sp.ldk = sp.ldv = W;
+        st = aft_op_run(h, qkv, qkv + C, qkv + C + KC, &sp, B, KC, err);
+        double t2 = aft_now_ms();
+        if (st == AFT_OK) aft_linear_apply(&lp->o, N, h, C, y, lp->D);
+        *tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
+    }
+    free(qkv);
+    free(h);
+    return st;
+}
+
 aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params *p,
                                      const aft_config *cfg, size_t B, size_t T, size_t chunk,
                                      aft_layer_times *times, int *streamed_out, aft_error *err)
@@ -458,105 +140,26 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
     if (streamed_out) *streamed_out = 0;
     aft_layer_times tm = {0, 0, 0};
     if (times) *times = tm;
-    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C;
-    if (!p->wq || !p->wk || !p->wv || !p->wo)
-        return aft_fail(err, AFT_ERR_ARG, "the layer needs query, key, value and output weights");
-    if (D == 0 || C == 0)
-        return aft_fail(err, AFT_ERR_ARG, "model size %zu and hidden size %zu must be positive", D, C);
-    if (D > INT_MAX || C > INT_MAX / 4 || KC > INT_MAX / 4)
-        return aft_fail(err, AFT_ERR_ARG, "sizes D = %zu, C = %zu exceed the supported range", D, C);
-    size_t N;
+    aft_status st = check_params(p, err);
+    if (st) return st;
+    size_t C = p->d_hidden, KC = p->k_out ? p->k_out : C, N;
     if (!aft_mul_ok(B, T, &N) || N > INT_MAX)
         return aft_fail(err, AFT_ERR_ARG, "B * T = %zu * %zu exceeds the supported range", B, T);
     if (N == 0) return AFT_OK;
     if (!x || !y) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !x ? "input x" : "output y");
-
-    aft_status st;
     if (cfg->impl == AFT_IMPL_REFERENCE) {
-        /* the plain path: each projection on its own, in double */
-        float *q = aft_alloc_array(N, C * sizeof(float));
-        float *k = aft_alloc_array(N, KC * sizeof(float));
-        float *v = aft_alloc_array(N, C * sizeof(float));
-        float *h = aft_alloc_array(N, C * sizeof(float));
-        if (!q || !k || !v || !h) {
-            free(q); free(k); free(v); free(h);
-            return aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, C);
-        }
-        double t0 = aft_now_ms();
-        aft_linear_ref(q, C, x, D, p->wq, p->bq, N, D, C);
-        aft_linear_ref(k, KC, x, D, p->wk, p->bk, N, D, KC);
-        aft_linear_ref(v, C, x, D, p->wv, p->bv, N, D, C);
-        double t1 = aft_now_ms();
-        st = aft_op_forward(h, q, k, v, &p->bias, cfg, B, T, C, KC, err);
-        double t2 = aft_now_ms();
-        if (st == AFT_OK) aft_linear_ref(y, D, h, C, p->wo, p->bo, N, C, D);
-        tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
+        st = layer_reference(y, x, p, cfg, B, T, &tm, err);
         if (times) *times = tm;
-        free(q); free(k); free(v); free(h);
         return st;
     }
-
     aft_opspec sp;
     if ((st = aft_op_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) return st;
-
-    /* the fast path: Q, K and V from one product with the three weight
-     * matrices stacked, (N, D) x (D, 2C + KC): X is read and packed once and
-     * the product is wide enough to run near the machine's peak. The
-     * operator reads Q, K, V in place, rows 2C + KC apart. */
-    size_t W = 2 * C + KC;
-    float *wcat = aft_alloc_array(W, D * sizeof(float));
-    float *bcat = aft_alloc_array(W, sizeof(float));
-    if (!wcat || !bcat) {
-        free(wcat); free(bcat);
-        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the stacked weights (%zu x %zu)", W, D);
-    }
-    memcpy(wcat, p->wq, C * D * sizeof(float));
-    memcpy(wcat + C * D, p->wk, KC * D * sizeof(float));
-    memcpy(wcat + (C + KC) * D, p->wv, C * D * sizeof(float));
-    int any_bias = p->bq || p->bk || p->bv;
-    const float *bs[3] = {p->bq, p->bk, p->bv};
-    size_t bn[3] = {C, KC, C}, off = 0;
-    for (int i = 0; i < 3; i++) {
-        if (bs[i]) memcpy(bcat + off, bs[i], bn[i] * sizeof(float));
-        else memset(bcat + off, 0, bn[i] * sizeof(float));
-        off += bn[i];
-    }
-    layer_w lw = {.kernel = cfg->projections};
-    st = aft_linear_init(&lw.qkv, wcat, any_bias ? bcat : NULL, W, D, lw.kernel, sp.threads, err);
-    if (st == AFT_OK) {
-        st = aft_linear_init(&lw.o, p->wo, p->bo, D, C, lw.kernel, sp.threads, err);
-        if (st != AFT_OK) aft_linear_free(&lw.qkv);
-    }
-    if (st != AFT_OK) {
-        free(wcat); free(bcat);
-        return st;
-    }
-    int streamed = layer_streamed(y, x, p, &sp, B, T, chunk, &lw, &tm, &st, err);
+    aft_layer_prep lp;
+    if ((st = aft_layer_prep_init(&lp, p, cfg->projections, sp.threads, err))) return st;
+    int streamed = aft_layer_chunked(y, x, &lp, &sp, B, T, chunk, &tm, NULL, &st, err);
     if (streamed_out) *streamed_out = streamed > 0;
-    float *qkv = NULL, *h = NULL;
-    if (streamed == 0) {
-        tm = (aft_layer_times){0, 0, 0};
-        qkv = aft_alloc_array(N, W * sizeof(float));
-        h = aft_alloc_array(N, C * sizeof(float));
-        if (!qkv || !h) {
-            st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, W);
-        } else {
-            double t0 = aft_now_ms();
-            aft_linear_apply(&lw.qkv, N, x, D, qkv, W);
-            double t1 = aft_now_ms();
-            sp.ldq = sp.ldk = sp.ldv = W;
-            st = aft_op_run(h, qkv, qkv + C, qkv + C + KC, &sp, B, KC, err);
-            double t2 = aft_now_ms();
-            if (st == AFT_OK) aft_linear_apply(&lw.o, N, h, C, y, D);
-            tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
-        }
-    }
+    if (streamed == 0) st = layer_whole(y, x, &lp, sp, B, T, &tm, err);
     if (times) *times = tm;
-    aft_linear_free(&lw.qkv);
-    aft_linear_free(&lw.o);
-    free(wcat);
-    free(bcat);
-    free(qkv);
-    free(h);
+    aft_layer_prep_free(&lp);
     return st;
 }

@@ -1,8 +1,10 @@
-/* layer.h - the layer's chunked paths, for lib/ and its tests. */
+/* layer.h - the layer inside lib/: its weights packed once, its chunked
+ * paths, and what a causal run carries from one call to the next. */
 #ifndef AFT_LAYER_H
 #define AFT_LAYER_H
 
-#include "internal.h"
+#include "linear.h"
+#include "op.h"
 
 /* rows per chunk of the layer's chunked paths with aft's own projection
  * kernel (4 times as many with OpenBLAS's) */
@@ -17,5 +19,50 @@
 aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params *p,
                                      const aft_config *cfg, size_t B, size_t T, size_t chunk,
                                      aft_layer_times *times, int *streamed_out, aft_error *err);
+
+/* The layer's products: Q, K, V stacked into one (rows of W: C for Q, KC for
+ * K, C for V, in that order: X is read once and the product is wide enough
+ * to run near the machine's peak) and the output projection, packed once
+ * (linear.c). p must outlive it. */
+typedef struct {
+    const aft_params *p;
+    size_t D, C, KC, W;   /* W = 2C + KC, a row of the stacked product */
+    float *wcat, *bcat;
+    aft_linear qkv, o;
+    aft_kernel kernel;    /* who runs the projections */
+    int threads;
+} aft_layer_prep;
+/* checks p's sizes and pointers; threads >= 1 */
+aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, int threads,
+                               aft_error *err);
+void aft_layer_prep_free(aft_layer_prep *lp);
+
+/* What a causal run leaves for the next, per sequence: the sums (sums.h) of
+ * the keys before row pos - kept, and K | V of the `kept` rows before pos,
+ * kept = min(pos, keep) (keep: the band's halo; SIZE_MAX for full, which
+ * needs every past row). NULL where a run starts from nothing. */
+typedef struct {
+    size_t pos;      /* rows already run */
+    size_t keep;
+    size_t cap;      /* rows of kv room per sequence (>= kept) */
+    float *carry;    /* (B, 4C) */
+    float *kv;       /* (B, cap, 2C): row i of sequence b at kv + (b cap + i) 2C,
+                      * its key (C floats, one per value channel) then its value */
+} aft_layer_carry;
+static inline size_t aft_carry_kept(const aft_layer_carry *lc)
+{
+    return lc->pos < lc->keep ? lc->pos : lc->keep;
+}
+
+/* The chunked paths (layer_chunks.c): no mask, a band with keys of one
+ * channel per value channel and a window no wider than a chunk (causal:
+ * the pipeline; not causal: both-sided), or simple without causality. With
+ * lc (causal only) the pipeline continues from lc and leaves its rows and
+ * sums there; sp's positions are then lc->pos on. Returns 1 when done, 0
+ * when not applicable or when a key was +inf or NaN (y, and lc, are then
+ * unusable), -1 on error (*st). */
+int aft_layer_chunked(float *y, const float *x, const aft_layer_prep *lp, const aft_opspec *sp, size_t B,
+                      size_t T, size_t chunk, aft_layer_times *tm, aft_layer_carry *lc, aft_status *st,
+                      aft_error *err);
 
 #endif /* AFT_LAYER_H */

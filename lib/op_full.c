@@ -123,7 +123,7 @@ static void redo_row(const dense_job *jb, size_t h, size_t t, size_t tv, float *
                     den += e;
                     num += e * (double)jb->v[j * ldv + cc];
                 }
-        double sq = 1.0 / (1.0 + exp(-(double)jb->q[t * ldq + cc]));
+        double sq = 1.0 / (1.0 + exp(-(double)jb->q[(t - ws->q_row0) * ldq + cc]));
         yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
     }
 }
@@ -155,8 +155,9 @@ static void finish_rows(const dense_job *jb, size_t h, size_t i0, size_t bi, siz
     for (size_t i = 0; i < bi; i++) {
         size_t t = i0 + i;
         const float *a = acc + i * lda;
-        float *yr = out + t * C + h * ch;
-        if (dense_row_out(yr, jb->q + t * ldq + h * ch, a, a + ch, ch)) redo_row(jb, h, t, tv, wrow, yr);
+        size_t tq = t - jb->ws->q_row0;   /* q and out hold rows from q_row0 on */
+        float *yr = out + tq * C + h * ch;
+        if (dense_row_out(yr, jb->q + tq * ldq + h * ch, a, a + ch, ch)) redo_row(jb, h, t, tv, wrow, yr);
     }
 }
 
@@ -485,8 +486,9 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
      * the large ones, so they are handed out first */
     dense_job jb = {q, k, v, rhs, mk, mask, ws, H, ch, chunk,
                     ws->variant == AFT_FULL && ws->bias->kind == AFT_BIAS_FACTORED};
-    const size_t rows = aft_full_rows(T, nt);
-    const size_t nblk = (T + rows - 1) / rows, ntask = H * nblk;
+    /* the rows wanted: [q_row0, T) */
+    const size_t row0 = ws->q_row0 < T ? ws->q_row0 : T, rows = aft_full_rows(T, nt);
+    const size_t nblk = (T - row0 + rows - 1) / rows, ntask = H * nblk;
     int failed = 0;
     #pragma omp parallel num_threads((int)nt)
     {
@@ -516,7 +518,7 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
             for (size_t task = 0; task < ntask; task++) {
                 size_t h = task / nblk, b = task % nblk;
                 if (causal) b = nblk - 1 - b;
-                size_t i0 = b * rows, i1 = i0 + rows < T ? i0 + rows : T;
+                size_t i0 = row0 + b * rows, i1 = i0 + rows < T ? i0 + rows : T;
                 if (fused) dense_block_fused(&jb, i0, i1, &sc, out, rhs, npan);
                 else dense_block(&jb, h, i0, i1, &sc, out);
             }
