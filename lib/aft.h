@@ -296,6 +296,53 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
                                    const aft_config *cfg, size_t B, size_t T,
                                    aft_layer_times *times, aft_error *err);
 
+/* ---------------------------------------------------------------- streaming state
+ *
+ * A causal layer, or the causal bare operator, run a chunk of rows at a
+ * time, as the RNN it is: row t needs only the stabilised running sums of
+ * the keys before its window, per channel, and the rows of its window
+ * (full: every earlier row, since w[t, t'] is learned for each pair). The
+ * state holds those and the absolute position reached. Feeding a sequence
+ * in chunks of any sizes gives the one-shot causal run's output to
+ * rounding. Memory: O(B S C) for local and conv (S the window), O(B C) for
+ * simple, O(B t C) for full at position t.
+ *
+ * A key of +inf or NaN (only non-finite inputs or weights make one) poisons
+ * the state: that chunk's and every later output is NaN. */
+typedef struct aft_state aft_state;
+
+/* A state at position 0 for the layer p (borrowed: it and what it points to
+ * must outlive the state) under cfg (causal, no mask, impl fast), for B
+ * sequences. */
+aft_status aft_state_new(aft_state **out, const aft_params *p, const aft_config *cfg, size_t B, aft_error *err);
+/* The same for the bare operator: C value channels, kc key channels (C,
+ * or conv's heads); bias borrowed as above. */
+aft_status aft_state_new_op(aft_state **out, const aft_bias *bias, const aft_config *cfg, size_t B, size_t C,
+                            size_t kc, aft_error *err);
+void aft_state_free(aft_state *s);
+
+/* y, x: (B, n, D) batch-major, the rows from the state's position on;
+ * advances the position by n. y may not alias x. */
+aft_status aft_state_step(aft_state *s, float *y, const float *x, size_t n, aft_error *err);
+/* the bare operator: out, q, v (B, n, C), k (B, n, kc) */
+aft_status aft_state_step_op(aft_state *s, float *out, const float *q, const float *k, const float *v, size_t n,
+                             aft_error *err);
+size_t aft_state_position(const aft_state *s);
+
+/* Writes the state as a .safetensors (atomically, as aft_st_write), and
+ * reads one back into a state made for the same layer or operator,
+ * configuration and batch (anything else is refused, naming what differs).
+ * Tensors: sums_max, sums_den, sums_num, keys_max (B, C) each: the running
+ * sums of the keys before the kept rows; keys, values (B, kept, C): the
+ * kept rows, oldest first. Metadata: aft_state (the format, "1"), kind
+ * ("layer" or "operator"), variant, window, heads, d_model, d_hidden,
+ * key_channels, batch, position, poisoned, fingerprint (of the weights and
+ * bias, as aft_state_fingerprint). */
+aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err);
+aft_status aft_state_load(aft_state *s, const aft_st_file *f, aft_error *err);
+/* 16 hex digits naming the weights, bias and sizes the state runs */
+const char *aft_state_fingerprint(const aft_state *s);
+
 /* ---------------------------------------------------------------- weights from a file */
 
 /* A layer's parameters found in a .safetensors file, converted to float32.

@@ -157,8 +157,9 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
     aft_layer_prep lp;
     if ((st = aft_layer_prep_init(&lp, p, cfg->projections, sp.threads, err))) return st;
     int streamed = aft_layer_chunked(y, x, &lp, &sp, B, T, chunk, &tm, NULL, &st, err);
-    if (streamed_out) *streamed_out = streamed > 0;
-    if (streamed == 0) st = layer_whole(y, x, &lp, sp, B, T, &tm, err);
+    if (streamed_out) *streamed_out = streamed == 1;
+    /* not chunked, or a key of +inf or NaN stopped it: the whole sequence */
+    if (streamed == 0 || streamed == -2) st = layer_whole(y, x, &lp, sp, B, T, &tm, err);
     if (times) *times = tm;
     aft_layer_prep_free(&lp);
     return st;

@@ -59,7 +59,7 @@ static inline size_t aft_carry_kept(const aft_layer_carry *lc)
  * the pipeline; not causal: both-sided), or simple without causality. With
  * lc (causal only) the pipeline continues from lc and leaves its rows and
  * sums there; sp's positions are then lc->pos on. Returns 1 when done, 0
- * when not applicable or when a key was +inf or NaN (y, and lc, are then
+ * when not applicable, -2 when a key was +inf or NaN (y, and lc, are then
  * unusable), -1 on error (*st). */
 int aft_layer_chunked(float *y, const float *x, const aft_layer_prep *lp, const aft_opspec *sp, size_t B,
                       size_t T, size_t chunk, aft_layer_times *tm, aft_layer_carry *lc, aft_status *st,

@@ -68,7 +68,7 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         tm->projections += tp / nt;
         tm->op += to / nt;
         if (!r) {   /* a key of +inf or NaN */
-            ret = 0;
+            ret = -2;   /* a key of +inf or NaN */
             break;
         }
         double t2 = aft_now_ms();
@@ -199,7 +199,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
             memcpy(r + 3 * C, r, C * sizeof(float));
         }
         if (bad) {
-            ret = 0;
+            ret = -2;   /* a key of +inf or NaN */
             break;
         }
         aft_sums_empty(pre, C);   /* no keys: [0, 0) and [T, T) */
@@ -438,7 +438,7 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_op
     tm->output += tw / nt;
     for (int i = 0; i < nt; i++) aft_op_rows_free(ctx[i]);
     free(qkv); free(h); free(carry); free(ctx);
-    return bad ? 0 : 1;
+    return bad ? -2 : 1;
 }
 
 int aft_layer_chunked(float *y, const float *x, const aft_layer_prep *lw, const aft_opspec *sp, size_t B,

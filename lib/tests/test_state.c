@@ -1,0 +1,508 @@
+/* test_state.c - the streaming state: a causal layer or operator fed in
+ * chunks gives the one-shot output (and the float64 reference's) within
+ * 2e-5 x max(1, |Y|), for every variant and key form, B = 1 and 3, chunks of
+ * one row, random sizes, one chunk, and chunks long enough for the layer's
+ * pipeline; keys of +-500 and biases of +-250. A state written to a file
+ * and read back continues with the same bits as in memory; states made for
+ * something else are refused, naming what differs; hostile files are
+ * refused. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "aft.h"
+#include "ref_aft.h"
+
+#define TOL_REL 2e-5
+
+typedef struct { uint64_t s; } rng;
+static uint64_t rng_next(rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rng_sym(rng *r) { return 2.0 * (double)(rng_next(r) >> 11) * 0x1.0p-53 - 1.0; }
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+static float *randf(rng *r, size_t n, double scale)
+{
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * rng_sym(r));
+    return x;
+}
+
+enum { D = 16, C = 24, T = 260, H = 2 };
+
+/* a layer of one variant: weights, and a bias of the given kind */
+typedef struct {
+    aft_variant variant;
+    aft_bias_kind kind;
+    size_t window;
+    int shared_keys;   /* conv: one key channel per head */
+    const char *name;
+} lcase;
+
+static const lcase cases[] = {
+    {AFT_LOCAL, AFT_BIAS_DENSE, 5, 0, "local dense"},
+    {AFT_LOCAL, AFT_BIAS_SEEDED, 7, 0, "local seeded"},
+    {AFT_LOCAL, AFT_BIAS_FACTORED, 4, 0, "local factored"},
+    {AFT_CONV, AFT_BIAS_CONV, 6, 0, "conv"},
+    {AFT_CONV, AFT_BIAS_CONV, 3, 1, "conv shared keys"},
+    {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, "simple"},
+    {AFT_FULL, AFT_BIAS_DENSE, 0, 0, "full dense"},
+    {AFT_FULL, AFT_BIAS_FACTORED, 0, 0, "full factored"},
+    {AFT_FULL, AFT_BIAS_SEEDED, 0, 0, "full seeded"},
+};
+
+typedef struct {
+    aft_params p;
+    aft_config cfg;
+    float *w[4], *b[4], *dense, *u, *v, *conv;
+} layer;
+
+/* extreme: key biases of +-500 and position biases of +-250 */
+static void make_layer(layer *L, const lcase *lc, int extreme, uint64_t seed)
+{
+    memset(L, 0, sizeof *L);
+    rng r = {seed};
+    size_t KC = lc->shared_keys ? H : C;
+    size_t rows[4] = {C, KC, C, D}, cols[4] = {D, D, D, C};
+    for (int i = 0; i < 4; i++) {
+        L->w[i] = randf(&r, rows[i] * cols[i], 0.5);
+        L->b[i] = randf(&r, rows[i], i == 1 && extreme ? 500.0 : 0.3);
+    }
+    double bs = extreme ? 250.0 : 1.0;
+    L->p = (aft_params){.d_model = D, .d_hidden = C, .k_out = KC, .wq = L->w[0], .wk = L->w[1], .wv = L->w[2],
+                        .wo = L->w[3], .bq = L->b[0], .bk = L->b[1], .bv = L->b[2], .bo = L->b[3]};
+    aft_bias *b = &L->p.bias;
+    b->kind = lc->kind;
+    switch (lc->kind) {
+    case AFT_BIAS_DENSE:
+        b->dense = L->dense = randf(&r, T * T, bs);
+        b->tmax = T;
+        break;
+    case AFT_BIAS_FACTORED:
+        b->u = L->u = randf(&r, T * 2, sqrt(bs));
+        b->v = L->v = randf(&r, T * 2, sqrt(bs));
+        b->tmax = T;
+        b->rank = 2;
+        break;
+    case AFT_BIAS_SEEDED:
+        b->seed = seed;
+        b->scale = (float)bs;
+        break;
+    case AFT_BIAS_CONV:
+        b->conv = L->conv = randf(&r, H * (2 * lc->window - 1), bs);
+        break;
+    default:
+        break;
+    }
+    L->cfg = (aft_config){.variant = lc->variant, .window = lc->window, .heads = lc->variant == AFT_CONV ? H : 1,
+                          .causal = 1};
+}
+
+static void free_layer(layer *L)
+{
+    for (int i = 0; i < 4; i++) { free(L->w[i]); free(L->b[i]); }
+    free(L->dense); free(L->u); free(L->v); free(L->conv);
+}
+
+/* y (B, T, D) from x fed to a state in chunks of sizes[0], sizes[1], ...
+ * (sum T); with save_at, the state is written to a file after that many
+ * rows and a new state read from it carries on */
+static void run_chunks(const layer *L, float *y, const float *x, size_t B, const size_t *sizes, size_t nsizes,
+                       size_t save_at)
+{
+    aft_error err = {{0}};
+    aft_state *s;
+    assert_int_equal(aft_state_new(&s, &L->p, &L->cfg, B, &err), AFT_OK);
+    float *xc = xmalloc(B * T * D * sizeof *xc), *yc = xmalloc(B * T * D * sizeof *yc);
+    size_t t0 = 0;
+    char path[] = "/tmp/aft_test_state_XXXXXX";
+    for (size_t i = 0; i < nsizes; i++) {
+        size_t n = sizes[i];
+        for (size_t b = 0; b < B; b++) memcpy(xc + b * n * D, x + (b * T + t0) * D, n * D * sizeof *xc);
+        if (aft_state_step(s, yc, xc, n, &err) != AFT_OK) fail_msg("step at %zu (+%zu): %s", t0, n, err.msg);
+        for (size_t b = 0; b < B; b++) memcpy(y + (b * T + t0) * D, yc + b * n * D, n * D * sizeof *yc);
+        t0 += n;
+        assert_int_equal(aft_state_position(s), t0);
+        if (t0 == save_at) {
+            int fd = mkstemp(path);
+            assert_true(fd >= 0);
+            close(fd);
+            assert_int_equal(aft_state_save(s, path, &err), AFT_OK);
+            aft_state_free(s);
+            assert_int_equal(aft_state_new(&s, &L->p, &L->cfg, B, &err), AFT_OK);
+            aft_st_file *f;
+            assert_int_equal(aft_st_open(path, &f, &err), AFT_OK);
+            if (aft_state_load(s, f, &err) != AFT_OK) fail_msg("load: %s", err.msg);
+            aft_st_close(f);
+            unlink(path);
+            assert_int_equal(aft_state_position(s), t0);
+        }
+    }
+    assert_int_equal(t0, T);
+    aft_state_free(s);
+    free(xc);
+    free(yc);
+}
+
+/* max |a - ref| against TOL_REL max(1, max |ref|); a finite wherever ref is */
+static void check_close(const char *what, const float *a, const double *ref, size_t n)
+{
+    double scale = 1.0, e = 0.0;
+    for (size_t i = 0; i < n; i++) scale = fabs(ref[i]) > scale ? fabs(ref[i]) : scale;
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(ref[i]) && !isfinite(a[i])) fail_msg("%s: entry %zu is %g, the reference %g", what, i, a[i], ref[i]);
+        double d = fabs((double)a[i] - ref[i]);
+        e = d > e ? d : e;
+    }
+    if (!(e <= TOL_REL * scale)) fail_msg("%s: max |diff| %.3g > %.3g", what, e, TOL_REL * scale);
+}
+
+/* the chunkings every case runs: ones, random sizes, one chunk, and chunks
+ * long enough for the layer's pipeline before, after and between others */
+static size_t chunking(int which, rng *r, size_t *sizes)
+{
+    size_t n = 0, left = T;
+    switch (which) {
+    case 0: for (size_t i = 0; i < T; i++) sizes[n++] = 1; return n;
+    case 1:
+        while (left) {
+            size_t k = 1 + (size_t)((rng_sym(r) + 1.0) * 0.5 * 97) % 97;
+            k = k < left ? k : left;
+            sizes[n++] = k;
+            left -= k;
+        }
+        return n;
+    case 2: sizes[0] = T; return 1;
+    case 3: sizes[0] = 200; sizes[1] = 3; sizes[2] = 57; return 3;
+    case 4: sizes[0] = 10; sizes[1] = 200; sizes[2] = 50; return 3;
+    default: sizes[0] = 130; sizes[1] = 130; return 2;
+    }
+}
+
+static void test_layer_chunkings(void **state)
+{
+    (void)state;
+    size_t *sizes = xmalloc(T * sizeof *sizes);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int extreme = 0; extreme <= 1; extreme++)
+            for (size_t B = 1; B <= 3; B += 2) {
+                layer L;
+                make_layer(&L, &cases[ci], extreme, 100 + ci * 7 + (uint64_t)extreme);
+                rng r = {ci * 31 + B};
+                float *x = randf(&r, B * T * D, 1.0), *y1 = xmalloc(B * T * D * sizeof *y1),
+                      *y = xmalloc(B * T * D * sizeof *y);
+                double *ref = xmalloc(B * T * D * sizeof *ref);
+                aft_error err = {{0}};
+                assert_int_equal(aft_layer_forward(y1, x, &L.p, &L.cfg, B, T, &err), AFT_OK);
+                assert_int_equal(ref_aft_layer(ref, x, &L.p, &L.cfg, B, T), 0);
+                char what[160];
+                snprintf(what, sizeof what, "%s%s B=%zu one-shot", cases[ci].name, extreme ? " extreme" : "", B);
+                check_close(what, y1, ref, B * T * D);
+                for (int which = 0; which < 6; which++) {
+                    size_t n = chunking(which, &r, sizes);
+                    run_chunks(&L, y, x, B, sizes, n, 0);
+                    snprintf(what, sizeof what, "%s%s B=%zu chunking %d", cases[ci].name, extreme ? " extreme" : "",
+                             B, which);
+                    check_close(what, y, ref, B * T * D);
+                    /* and within the same bound of the one-shot float output */
+                    double *y1d = xmalloc(B * T * D * sizeof *y1d);
+                    for (size_t i = 0; i < B * T * D; i++) y1d[i] = y1[i];
+                    check_close(what, y, y1d, B * T * D);
+                    free(y1d);
+                }
+                free(x); free(y1); free(y); free(ref);
+                free_layer(&L);
+            }
+    free(sizes);
+}
+
+/* written to a file mid-way and read back: the same bits as in memory */
+static void test_save_load_same_bits(void **state)
+{
+    (void)state;
+    const size_t idx[] = {0, 3, 4, 5, 6}, sizes[] = {1, 120, 7, 1, 1, 100, 30};
+    for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++)
+        for (size_t at = 1; at <= 129; at += 128) {
+            layer L;
+            make_layer(&L, &cases[idx[i]], 0, 900 + i);
+            rng r = {77 + i};
+            size_t B = 3;
+            float *x = randf(&r, B * T * D, 1.0), *ya = xmalloc(B * T * D * sizeof *ya),
+                  *yb = xmalloc(B * T * D * sizeof *yb);
+            run_chunks(&L, ya, x, B, sizes, 7, 0);
+            run_chunks(&L, yb, x, B, sizes, 7, at);
+            assert_memory_equal(ya, yb, B * T * D * sizeof *ya);
+            free(x); free(ya); free(yb);
+            free_layer(&L);
+        }
+}
+
+/* the bare operator: q, k, v in chunks against the one-shot and the reference */
+static void test_operator_chunkings(void **state)
+{
+    (void)state;
+    const size_t B = 2, n = B * T * C;
+    size_t *sizes = xmalloc(T * sizeof *sizes);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        layer L;
+        make_layer(&L, &cases[ci], 1, 500 + ci);
+        size_t kc = cases[ci].shared_keys ? H : C;
+        rng r = {600 + ci};
+        float *q = randf(&r, n, 3), *k = randf(&r, B * T * kc, 500), *v = randf(&r, n, 1);
+        float *y1 = xmalloc(n * sizeof *y1), *y = xmalloc(n * sizeof *y);
+        double *ref = xmalloc(n * sizeof *ref);
+        aft_error err = {{0}};
+        assert_int_equal(aft_op_forward(y1, q, k, v, &L.p.bias, &L.cfg, B, T, C, kc, &err), AFT_OK);
+        assert_int_equal(ref_aft_op(ref, q, k, v, &L.p.bias, &L.cfg, B, T, C, kc), 0);
+        for (int which = 0; which < 4; which++) {
+            size_t ns = chunking(which, &r, sizes), t0 = 0;
+            aft_state *s;
+            assert_int_equal(aft_state_new_op(&s, &L.p.bias, &L.cfg, B, C, kc, &err), AFT_OK);
+            float *qc = xmalloc(n * sizeof *qc), *kc_ = xmalloc(B * T * kc * sizeof *kc_), *vc = xmalloc(n * sizeof *vc),
+                  *oc = xmalloc(n * sizeof *oc);
+            for (size_t i = 0; i < ns; i++) {
+                size_t m = sizes[i];
+                for (size_t b = 0; b < B; b++) {
+                    memcpy(qc + b * m * C, q + (b * T + t0) * C, m * C * sizeof *qc);
+                    memcpy(kc_ + b * m * kc, k + (b * T + t0) * kc, m * kc * sizeof *kc_);
+                    memcpy(vc + b * m * C, v + (b * T + t0) * C, m * C * sizeof *vc);
+                }
+                if (aft_state_step_op(s, oc, qc, kc_, vc, m, &err) != AFT_OK) fail_msg("%s: %s", cases[ci].name, err.msg);
+                for (size_t b = 0; b < B; b++) memcpy(y + (b * T + t0) * C, oc + b * m * C, m * C * sizeof *oc);
+                t0 += m;
+            }
+            aft_state_free(s);
+            free(qc); free(kc_); free(vc); free(oc);
+            char what[128];
+            snprintf(what, sizeof what, "operator %s chunking %d", cases[ci].name, which);
+            check_close(what, y, ref, n);
+        }
+        free(q); free(k); free(v); free(y1); free(y); free(ref);
+        free_layer(&L);
+    }
+    free(sizes);
+}
+
+/* saves a state of L (batch B, after `rows` rows) to path */
+static void save_state(const layer *L, size_t B, size_t rows, const char *path)
+{
+    aft_error err = {{0}};
+    aft_state *s;
+    assert_int_equal(aft_state_new(&s, &L->p, &L->cfg, B, &err), AFT_OK);
+    float *x = xmalloc(B * rows * D * sizeof *x), *y = xmalloc(B * rows * D * sizeof *y);
+    for (size_t i = 0; i < B * rows * D; i++) x[i] = (float)(i % 7) * 0.1f;
+    assert_int_equal(aft_state_step(s, y, x, rows, &err), AFT_OK);
+    assert_int_equal(aft_state_save(s, path, &err), AFT_OK);
+    aft_state_free(s);
+    free(x);
+    free(y);
+}
+
+/* loading `path` into a state of L with batch B fails naming `word` */
+static void expect_refused(const layer *L, size_t B, const char *path, const char *word)
+{
+    aft_error err = {{0}};
+    aft_state *s;
+    assert_int_equal(aft_state_new(&s, &L->p, &L->cfg, B, &err), AFT_OK);
+    aft_st_file *f;
+    assert_int_equal(aft_st_open(path, &f, &err), AFT_OK);
+    aft_status st = aft_state_load(s, f, &err);
+    aft_st_close(f);
+    aft_state_free(s);
+    if (st == AFT_OK) fail_msg("a state for something else was accepted (expected a message naming '%s')", word);
+    if (!strstr(err.msg, word)) fail_msg("message '%s' does not name '%s'", err.msg, word);
+    if (strchr(err.msg, '\n')) fail_msg("message is more than one line: %s", err.msg);
+}
+
+static void test_mismatches_refused(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/aft_test_state_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    layer L, other;
+    make_layer(&L, &cases[0], 0, 11);
+    save_state(&L, 1, 20, path);
+    expect_refused(&L, 3, path, "batch");
+    make_layer(&other, &cases[0], 0, 12);   /* other weights */
+    expect_refused(&other, 1, path, "weights");
+    free_layer(&other);
+    lcase wider = cases[0];
+    wider.window = 9;
+    make_layer(&other, &wider, 0, 11);
+    expect_refused(&other, 1, path, "window");
+    free_layer(&other);
+    make_layer(&other, &cases[6], 0, 11);   /* full */
+    expect_refused(&other, 1, path, "variant");
+    free_layer(&other);
+    /* a state of the operator for a layer */
+    aft_error err = {{0}};
+    aft_state *s;
+    assert_int_equal(aft_state_new_op(&s, &L.p.bias, &L.cfg, 1, C, C, &err), AFT_OK);
+    assert_int_equal(aft_state_save(s, path, &err), AFT_OK);
+    aft_state_free(s);
+    expect_refused(&L, 1, path, "kind");
+    unlink(path);
+    free_layer(&L);
+}
+
+/* a file written by aft_st_write with the state's tensors and metadata, one
+ * thing spoilt, is refused */
+static void test_hostile_states(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/aft_test_state_XXXXXX", bad[] = "/tmp/aft_test_bad_XXXXXX";
+    int fd = mkstemp(path), fd2 = mkstemp(bad);
+    assert_true(fd >= 0 && fd2 >= 0);
+    close(fd);
+    close(fd2);
+    layer L;
+    make_layer(&L, &cases[0], 0, 21);
+    save_state(&L, 1, 20, path);
+    aft_error err = {{0}};
+    aft_st_file *f;
+    assert_int_equal(aft_st_open(path, &f, &err), AFT_OK);
+    size_t nt = aft_st_count(f), nm = aft_st_metadata_count(f);
+    /* spoil: 0 a position that is not a number, 1 a position past the kept
+     * rows' tensors, 2 NaN in the sums, 3 a tensor missing, 4 the wrong dtype */
+    for (int spoil = 0; spoil < 5; spoil++) {
+        const char *names[8], *meta[32];
+        aft_tensor ts[8];
+        float *copy = NULL;
+        size_t k = 0;
+        for (size_t i = 0; i < nt; i++) {
+            const char *name;
+            const aft_tensor *t = aft_st_get(f, i, &name);
+            if (spoil == 3 && strcmp(name, "keys") == 0) continue;
+            names[k] = name;
+            ts[k] = *t;
+            ts[k].owned = NULL;
+            if (spoil == 2 && strcmp(name, "sums_den") == 0) {
+                copy = xmalloc(t->nbytes);
+                memcpy(copy, t->data, t->nbytes);
+                copy[3] = NAN;
+                ts[k].data = copy;
+            }
+            if (spoil == 4 && strcmp(name, "values") == 0) ts[k].dtype = AFT_I32;
+            k++;
+        }
+        for (size_t i = 0; i < nm; i++) {
+            aft_st_metadata(f, i, &meta[2 * i], &meta[2 * i + 1]);
+            if (strcmp(meta[2 * i], "position") == 0) meta[2 * i + 1] = spoil == 0 ? "2O" : spoil == 1 ? "4" : meta[2 * i + 1];
+        }
+        assert_int_equal(aft_st_write(bad, names, ts, k, meta, nm, &err), AFT_OK);
+        free(copy);
+        aft_state *s;
+        assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 1, &err), AFT_OK);
+        aft_st_file *g;
+        assert_int_equal(aft_st_open(bad, &g, &err), AFT_OK);
+        memset(&err, 0, sizeof err);
+        aft_status st = aft_state_load(s, g, &err);
+        aft_st_close(g);
+        aft_state_free(s);
+        if (st == AFT_OK) fail_msg("spoilt state %d accepted", spoil);
+        assert_true(err.msg[0] != 0 && !strchr(err.msg, '\n'));
+    }
+    aft_st_close(f);
+    unlink(path);
+    unlink(bad);
+    free_layer(&L);
+}
+
+/* a learned (Tmax, Tmax) bias: a step past Tmax is refused naming both */
+static void test_past_tmax_refused(void **state)
+{
+    (void)state;
+    layer L;
+    make_layer(&L, &cases[6], 0, 31);   /* full dense, Tmax = T */
+    aft_error err = {{0}};
+    aft_state *s;
+    assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 1, &err), AFT_OK);
+    float *x = xmalloc((T + 1) * D * sizeof *x), *y = xmalloc((T + 1) * D * sizeof *y);
+    for (size_t i = 0; i < (T + 1) * D; i++) x[i] = 0.01f * (float)(i % 13);
+    assert_int_equal(aft_state_step(s, y, x, T - 1, &err), AFT_OK);
+    assert_int_equal(aft_state_step(s, y, x, 2, &err), AFT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "260"));
+    assert_non_null(strstr(err.msg, "Tmax"));
+    assert_int_equal(aft_state_position(s), T - 1);
+    assert_int_equal(aft_state_step(s, y, x, 1, &err), AFT_OK);
+    aft_state_free(s);
+    free(x);
+    free(y);
+    free_layer(&L);
+}
+
+/* what a state refuses to be made for */
+static void test_state_needs_causal(void **state)
+{
+    (void)state;
+    layer L;
+    make_layer(&L, &cases[0], 0, 41);
+    aft_error err = {{0}};
+    aft_state *s;
+    L.cfg.causal = 0;
+    assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 1, &err), AFT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "causal"));
+    L.cfg.causal = 1;
+    uint8_t m[4] = {1, 0, 1, 1};
+    L.p.bias.mask = m;
+    assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 1, &err), AFT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "mask"));
+    free_layer(&L);
+}
+
+/* a NaN input makes NaN keys: that row's output and every later one is NaN */
+static void test_poisoned(void **state)
+{
+    (void)state;
+    layer L;
+    make_layer(&L, &cases[0], 0, 51);
+    aft_error err = {{0}};
+    aft_state *s;
+    assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 1, &err), AFT_OK);
+    float x[3 * D], y[3 * D];
+    for (size_t i = 0; i < 3 * D; i++) x[i] = 0.1f;
+    assert_int_equal(aft_state_step(s, y, x, 3, &err), AFT_OK);
+    for (size_t i = 0; i < 3 * D; i++) assert_true(isfinite(y[i]));
+    x[D + 2] = NAN;
+    assert_int_equal(aft_state_step(s, y, x, 3, &err), AFT_OK);
+    x[D + 2] = 0.1f;
+    assert_int_equal(aft_state_step(s, y, x, 3, &err), AFT_OK);
+    for (size_t i = 0; i < 3 * D; i++) assert_true(isnan(y[i]));
+    aft_state_free(s);
+    free_layer(&L);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layer_chunkings),
+        cmocka_unit_test(test_save_load_same_bits),
+        cmocka_unit_test(test_operator_chunkings),
+        cmocka_unit_test(test_mismatches_refused),
+        cmocka_unit_test(test_hostile_states),
+        cmocka_unit_test(test_past_tmax_refused),
+        cmocka_unit_test(test_state_needs_causal),
+        cmocka_unit_test(test_poisoned),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
