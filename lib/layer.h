@@ -44,10 +44,14 @@ void aft_layer_prep_free(aft_layer_prep *lp);
 typedef struct {
     size_t pos;      /* rows already run */
     size_t keep;
-    size_t cap;      /* rows of kv room per sequence (>= kept) */
+    size_t cap;      /* rows of kv room per sequence (>= off + kept) */
+    size_t off;      /* the kept rows start at row off of each sequence's room
+                      * (new rows go after them; they move to 0 when the
+                      * room runs out, rarely, instead of at every step) */
     float *carry;    /* (B, 4C) */
-    float *kv;       /* (B, cap, 2C): row i of sequence b at kv + (b cap + i) 2C,
-                      * its key (C floats, one per value channel) then its value */
+    float *kv;       /* (B, cap, 2C): kept row i of sequence b at
+                      * kv + (b cap + off + i) 2C, its key (C floats, one per
+                      * value channel) then its value */
 } aft_layer_carry;
 static inline size_t aft_carry_kept(const aft_layer_carry *lc)
 {

@@ -266,15 +266,16 @@ static void pipe_output(float *y, const float *h, const aft_params *p, const aft
  * C + KC (Q's columns are not read) */
 static void carry_rows_in(float *dst, size_t W, const aft_layer_carry *lc, size_t b, size_t n, size_t C, size_t KC)
 {
-    const float *src = lc->kv + (b * lc->cap + aft_carry_kept(lc) - n) * 2 * C;
+    const float *src = lc->kv + (b * lc->cap + lc->off + aft_carry_kept(lc) - n) * 2 * C;
     for (size_t i = 0; i < n; i++) {
         memcpy(dst + i * W + C, src + i * 2 * C, C * sizeof(float));
         memcpy(dst + i * W + C + KC, src + i * 2 * C + C, C * sizeof(float));
     }
 }
 
-/* the last rows of sequence b into lc: rows r[0, nr), W apart, end at
- * row `end` of the sequence; lc keeps min(end, keep) of them */
+/* the last rows of sequence b into lc, from row 0 of its room (the caller
+ * then sets lc->off to 0): rows r[0, nr), W apart, end at row `end` of the
+ * sequence; lc keeps min(end, keep) of them */
 static void carry_rows_out(aft_layer_carry *lc, size_t b, const float *r, size_t W, size_t nr, size_t end, size_t C,
                            size_t KC)
 {

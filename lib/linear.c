@@ -167,6 +167,63 @@ static void lin_tile_rows(size_t kc, const float *restrict a, size_t lda, const 
     lin_tile_s(kc, a, lda, 1, bp, c, ldc, init);
 }
 
+// One row of the tile above, across RP panels at once: c + q LIN_NR (1 x
+// LIN_NR for panel q < np) = init + q LIN_NR (or c itself) + a (kc inputs,
+// in place) x bp + q pstride. Each panel's sums take the same operations in
+// the same order as that row of lin_tile_s, so the same bits; for the few
+// rows of a last part tile (a token at a time: one row) it does one row's
+// work instead of a whole tile's, and the panels' independent sums keep
+// the FMA units busy where one panel's would wait on each other.
+enum { RP = 4 };
+static void lin_row_panels(size_t kc, const float *restrict a, const float *restrict bp, size_t pstride,
+                           float *restrict c, const float *restrict init, size_t np)
+{
+    aft_vf acc[RP][LIN_NV];
+    for (size_t q = 0; q < RP; q++)
+        #pragma GCC unroll 4
+        for (int u = 0; u < LIN_NV; u++)
+            acc[q][u] = q < np ? aft_vld((init ? init : c) + q * LIN_NR + u * AFT_VL) : (aft_vf){0};
+    if (np == RP) {
+        for (size_t k = 0; k < kc; k++) {
+            float ak = a[k];
+            #pragma GCC unroll 4
+            for (int q = 0; q < RP; q++)
+                #pragma GCC unroll 4
+                for (int u = 0; u < LIN_NV; u++) acc[q][u] += ak * aft_vld(bp + q * pstride + k * LIN_NR + u * AFT_VL);
+        }
+    } else {
+        for (size_t k = 0; k < kc; k++) {
+            float ak = a[k];
+            for (size_t q = 0; q < np; q++)
+                #pragma GCC unroll 4
+                for (int u = 0; u < LIN_NV; u++) acc[q][u] += ak * aft_vld(bp + q * pstride + k * LIN_NR + u * AFT_VL);
+        }
+    }
+    for (size_t q = 0; q < np; q++)
+        #pragma GCC unroll 4
+        for (int u = 0; u < LIN_NV; u++) aft_vst(c + q * LIN_NR + u * AFT_VL, acc[q][u]);
+}
+
+/* one row of y, columns [0, n): whole panels RP at a time, the last part
+ * panel through one on the stack */
+static void lin_row(const aft_linear *l, size_t p0, size_t kc, const float *a, float *c)
+{
+    const size_t n = l->n, full = n / LIN_NR * LIN_NR;
+    const float *pk = l->pk + p0 * l->npad + l->f0 * kc, *bias = p0 == 0 ? l->bpad + l->f0 : NULL;
+    for (size_t j = 0; j < full; j += RP * LIN_NR) {
+        size_t np = (full - j) / LIN_NR < RP ? (full - j) / LIN_NR : RP;
+        lin_row_panels(kc, a, pk + j * kc, kc * LIN_NR, c + j, bias ? bias + j : NULL, np);
+    }
+    if (full == n) return;
+    float t[LIN_NR] = {0};
+    if (!bias) memcpy(t, c + full, (n - full) * sizeof(float));
+    lin_row_panels(kc, a, pk + full * kc, kc * LIN_NR, t, bias ? bias + full : NULL, 1);
+    memcpy(c + full, t, (n - full) * sizeof(float));
+}
+
+/* a part tile of at most this many rows goes a row at a time */
+enum { LIN_ROW_AT_A_TIME = LIN_MR / 2 };
+
 // rows [r0, r1) of y; ap: LIN_MC x LIN_KC floats of scratch. With in_place
 // whole tiles of rows read x where it is (only a last part tile is packed)
 static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, size_t ldx, float *y,
@@ -179,7 +236,8 @@ static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, 
             size_t kc = k - p0 < LIN_KC ? k - p0 : LIN_KC;
             /* the rows' inputs [p0, p0 + kc), LIN_MR rows interleaved;
              * rows past mc are zero */
-            for (size_t ir = in_place ? mc / LIN_MR * LIN_MR : 0; ir < mc; ir += LIN_MR)
+            size_t tail = mc % LIN_MR, packed = tail && tail <= LIN_ROW_AT_A_TIME ? mc - tail : mc;
+            for (size_t ir = in_place ? mc / LIN_MR * LIN_MR : 0; ir < packed; ir += LIN_MR)
                 for (size_t i = 0; i < LIN_MR; i++) {
                     float *dst = ap + ir * kc + i;
                     if (ir + i < mc) {
@@ -197,6 +255,7 @@ static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, 
                     size_t mr = mc - ir < LIN_MR ? mc - ir : LIN_MR;
                     float *c = y + (ic + ir) * ldy + j;
                     const float *xr = x + (ic + ir) * ldx + p0;
+                    if (ir >= packed) break;   /* the last few rows: below */
                     int rows = in_place && mr == LIN_MR;   /* read in place */
                     if (mr == LIN_MR && nr == LIN_NR) {
                         if (rows) lin_tile_rows(kc, xr, ldx, bp, c, ldy, init);
@@ -214,6 +273,8 @@ static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, 
                     for (size_t i = 0; i < mr; i++) memcpy(c + i * ldy, t + i * LIN_NR, nr * sizeof(float));
                 }
             }
+            /* a few rows: one at a time, x in place */
+            for (size_t i = packed; i < mc; i++) lin_row(l, p0, kc, x + (ic + i) * ldx + p0, y + (ic + i) * ldy);
         }
     }
 }

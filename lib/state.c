@@ -29,6 +29,8 @@ struct aft_state {
     char fingerprint[17];
 };
 
+static aft_status make_room(aft_state *s, size_t n, size_t min, aft_error *err);
+
 /* ---- the fingerprint: a 64-bit hash of the sizes, the weights and the bias */
 
 static uint64_t mix(uint64_t h, uint64_t x)
@@ -115,13 +117,11 @@ static aft_status state_init(aft_state *s, const aft_bias *bias, const aft_confi
     s->C = C;
     s->KC = kc;
     s->lc.keep = s->sp.variant == AFT_FULL ? SIZE_MAX : aft_op_halo(&s->sp);
-    s->lc.cap = s->sp.variant == AFT_FULL ? 0 : s->lc.keep;
-    size_t n;
-    if (!aft_mul3_ok(B, s->lc.cap, 2 * C, &n) || !aft_mul_ok(n, sizeof(float), &n))
-        return aft_fail(err, AFT_ERR_NOMEM, "a window of %zu rows for %zu sequences overflows", s->lc.cap, B);
     s->lc.carry = aft_alloc_array(B, 4 * C * sizeof(float));
-    s->lc.kv = aft_alloc_array(B * s->lc.cap, 2 * C * sizeof(float));
-    if (!s->lc.carry || !s->lc.kv) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for a state of %zu sequences", B);
+    if (!s->lc.carry) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for a state of %zu sequences", B);
+    /* room for the window twice over: the rows move back to the start once
+     * every `keep` rows */
+    if (s->sp.variant != AFT_FULL && (st = make_room(s, 0, s->lc.keep, err))) return st;
     for (size_t b = 0; b < B; b++) aft_sums_empty(s->lc.carry + b * 4 * C, C);
     if (s->sp.variant != AFT_FULL && !(s->ctx = aft_op_rows_new(&s->sp, 0)))
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band's scratch");
@@ -186,6 +186,36 @@ const char *aft_state_fingerprint(const aft_state *s)
 
 /* ---- a step */
 
+/* Room for n rows after the kept ones in each sequence's room: the kept rows
+ * move to its start when they would run past its end, and the room grows
+ * (at least doubling, so full's every-row history costs O(1) a row) when
+ * even that is too little; also makes the first room, of `min` rows. */
+static aft_status make_room(aft_state *s, size_t n, size_t min, aft_error *err)
+{
+    aft_layer_carry *lc = &s->lc;
+    const size_t C2 = 2 * s->C, nk = aft_carry_kept(lc), need = nk + n;
+    if (lc->kv && lc->off + need <= lc->cap) return AFT_OK;
+    if (lc->kv && need <= lc->cap) {
+        for (size_t b = 0; b < s->B; b++)
+            memmove(lc->kv + b * lc->cap * C2, lc->kv + (b * lc->cap + lc->off) * C2, nk * C2 * sizeof(float));
+        lc->off = 0;
+        return AFT_OK;
+    }
+    size_t cap = lc->cap * 2 > need ? lc->cap * 2 : need, bytes;
+    if (cap < 2 * min && min <= SIZE_MAX / 2) cap = 2 * min;
+    if (!aft_mul3_ok(s->B, cap, C2, &bytes) || !aft_mul_ok(bytes, sizeof(float), &bytes))
+        return aft_fail(err, AFT_ERR_NOMEM, "%zu rows of %zu sequences overflow", cap, s->B);
+    float *kv = aft_alloc_array(s->B * cap, C2 * sizeof(float));
+    if (!kv) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu rows of %zu sequences", cap, s->B);
+    for (size_t b = 0; lc->kv && b < s->B; b++)
+        memcpy(kv + b * cap * C2, lc->kv + (b * lc->cap + lc->off) * C2, nk * C2 * sizeof(float));
+    free(lc->kv);
+    lc->kv = kv;
+    lc->cap = cap;
+    lc->off = 0;
+    return AFT_OK;
+}
+
 /* positions the bias covers: a learned (Tmax, Tmax) bias ends at Tmax */
 static aft_status check_reach(const aft_state *s, size_t n, aft_error *err)
 {
@@ -200,23 +230,6 @@ static aft_status check_reach(const aft_state *s, size_t n, aft_error *err)
     return AFT_OK;
 }
 
-/* full keeps every row: room for `rows` of each sequence, its rows moved */
-static aft_status grow_rows(aft_state *s, size_t rows, aft_error *err)
-{
-    aft_layer_carry *lc = &s->lc;
-    if (rows <= lc->cap) return AFT_OK;
-    size_t cap = lc->cap * 2 > rows ? lc->cap * 2 : rows, C2 = 2 * s->C, n;
-    if (!aft_mul3_ok(s->B, cap, C2, &n) || !aft_mul_ok(n, sizeof(float), &n))
-        return aft_fail(err, AFT_ERR_NOMEM, "%zu past rows of %zu sequences overflow", cap, s->B);
-    float *kv = aft_alloc_array(s->B * cap, C2 * sizeof(float));
-    if (!kv) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu past rows of %zu sequences", cap, s->B);
-    size_t kept = aft_carry_kept(lc);
-    for (size_t b = 0; b < s->B; b++) memcpy(kv + b * cap * C2, lc->kv + b * lc->cap * C2, kept * C2 * sizeof(float));
-    free(lc->kv);
-    lc->kv = kv;
-    lc->cap = cap;
-    return AFT_OK;
-}
 
 /* rows [nk, nk + n) of kv: the chunk's keys (widened to one per value
  * channel when there is one per head) and values, after the nk kept */
@@ -234,46 +247,38 @@ static void put_rows(float *kv, size_t nk, const float *k, size_t ldk, const flo
 }
 
 /* The operator's rows for every sequence: out (B, n, C); q row i of
- * sequence b at q + (b n + i) ldq, likewise k (kc channels) and v. */
+ * sequence b at q + (b n + i) ldq, likewise k (kc channels) and v. The
+ * chunk's keys and values go after the kept rows in each sequence's room,
+ * where the kernel reads them all in place. */
 static aft_status step_rows(aft_state *s, float *out, const float *q, size_t ldq, const float *k, size_t ldk,
                             const float *v, size_t ldv, size_t n, aft_error *err)
 {
     aft_layer_carry *lc = &s->lc;
+    aft_status st = make_room(s, n, 0, err);
+    if (st) return st;
     const size_t C = s->C, C2 = 2 * C, B = s->B, pos = lc->pos, nk = aft_carry_kept(lc);
     int full = s->sp.variant == AFT_FULL;
-    if (full) {
-        aft_status st = grow_rows(s, pos + n, err);
-        if (st) return st;
-    }
-    /* band: the kept rows and the chunk's side by side, then the last
-     * `keep` of them kept; full: the chunk's rows after all the others */
-    float *buf = full ? NULL : aft_alloc_array(nk + n, C2 * sizeof(float));
-    if (!full && !buf) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu rows of keys and values", nk + n);
-    aft_status st = AFT_OK;
     for (size_t b = 0; b < B && !st; b++) {
-        float *kept = lc->kv + b * lc->cap * C2, *rows = full ? kept : buf, *o = out + b * n * C;
+        float *rows = lc->kv + (b * lc->cap + lc->off) * C2, *o = out + b * n * C;
         const float *qb = q + b * n * ldq;
-        if (!full) memcpy(buf, kept, nk * C2 * sizeof(float));
-        put_rows(rows, full ? pos : nk, k + b * n * ldk, ldk, v + b * n * ldv, ldv, n, C, s->KC);
+        put_rows(rows, nk, k + b * n * ldk, ldk, v + b * n * ldv, ldv, n, C, s->KC);
         aft_opspec sp = s->sp;
         sp.ldq = ldq;
         sp.ldk = sp.ldv = C2;
-        if (full) {
-            sp.T = pos + n;
-            sp.q_row0 = pos;
-            st = aft_op_run(o, qb, rows, rows + C, &sp, 1, C, err);
-            continue;
-        }
         sp.T = nk + n;
         sp.t_off = pos - nk;
         sp.q_row0 = nk;
+        if (full) {
+            st = aft_op_run(o, qb, rows, rows + C, &sp, 1, C, err);
+            continue;
+        }
         float *carry = lc->carry + b * 4 * C;
         if (!aft_op_rows(s->ctx, o, qb, rows, rows + C, &sp, nk, nk + n, sp.t_off ? carry : NULL, carry, NULL))
             s->poisoned = 1;
-        size_t keep = pos + n < lc->keep ? pos + n : lc->keep;
-        memcpy(kept, buf + (nk + n - keep) * C2, keep * C2 * sizeof(float));
     }
-    free(buf);
+    /* the kept rows: the last min(pos + n, keep) */
+    size_t keep = pos + n < lc->keep ? pos + n : lc->keep;
+    if (!st) lc->off += nk + n - keep;
     return st;
 }
 
@@ -335,6 +340,7 @@ aft_status aft_state_step(aft_state *s, float *y, const float *x, size_t n, aft_
                                                               &s->lc, &st, err);
         if (r == -1) return st;
         if (r == -2) s->poisoned = 1;
+        if (r == 1) s->lc.off = 0;   /* the pipeline left the rows at the room's start */
         if (r == 0 && (st = step_layer_rows(s, y, x, n, err))) return st;
     }
     if (s->poisoned) fill_nan(y, s->B * n * s->D);
@@ -399,7 +405,7 @@ aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err)
     float *keys = kv, *vals = kv + B * nk * C;
     for (size_t b = 0; b < B; b++)
         for (size_t r = 0; r < nk; r++) {
-            const float *row = s->lc.kv + (b * s->lc.cap + r) * 2 * C;
+            const float *row = s->lc.kv + (b * s->lc.cap + s->lc.off + r) * 2 * C;
             memcpy(keys + (b * nk + r) * C, row, C * sizeof(float));
             memcpy(vals + (b * nk + r) * C, row + C, C * sizeof(float));
         }
@@ -518,7 +524,9 @@ aft_status aft_state_load(aft_state *s, const aft_st_file *f, aft_error *err)
     for (size_t q = 0; q < B && !poisoned; q++)
         if (!sums_ok(sd[0] + q * C, sd[1] + q * C, sd[2] + q * C, sd[3] + q * C, C))
             return aft_fail(err, AFT_ERR_FORMAT, "sequence %zu's sums hold NaN, infinite or negative values", q);
-    if (s->sp.variant == AFT_FULL && (st = grow_rows(s, nk, err))) return st;
+    s->lc.pos = 0;   /* an empty room, then room for the file's rows */
+    s->lc.off = 0;
+    if ((st = make_room(s, nk, 0, err))) return st;
     for (size_t q = 0; q < B; q++) {
         for (int i = 0; i < N_SUMS; i++) memcpy(s->lc.carry + (q * N_SUMS + i) * C, sd[i] + q * C, C * sizeof(float));
         const float *kq = (const float *)keys->data + q * nk * C, *vq = (const float *)vals->data + q * nk * C;

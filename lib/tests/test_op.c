@@ -1598,6 +1598,18 @@ static void test_linear(void **state)
                                         break;
                                     }
                         }
+                        /* each row alone (a token at a time: the one-row
+                         * path) gives the bits it got among all M rows */
+                        for (size_t m = 0; m < M && !bad && modes[mo] == AFT_KERNEL_OWN; m++) {
+                            float row[64];
+                            aft_linear_apply(&l, 1, x + m * ldx, ldx, row, N);
+                            if (memcmp(row, y + m * ldy, N * sizeof *row) != 0) {
+                                bad = 1;
+                                if (reports++ < MAX_REPORTS)
+                                    print_message("FAIL row %zu alone: not the bits it had among %zu: %s\n", m, M,
+                                                  what);
+                            }
+                        }
                         aft_linear_free(&l);
                         for (size_t i = 0; i < ny && !bad; i++) {
                             size_t m = i / ldy, n = i % ldy;
