@@ -759,6 +759,66 @@ void aft_band_ctx_free(aft_band_ctx *ctx)
     free(ctx);
 }
 
+/* One causal row t of channels [c0, c0 + cw) of head h, the left sum in
+ * sc (pst, p0, p1, pmax) holding the keys before t - s + 1 once it has taken
+ * key t - s here. The band's terms exp(k + w - Z) are summed directly, Z the
+ * exact maximum of the band's k + w and the left sum's stabiliser, so the
+ * largest term is 1 and no sum can underflow: s exponentials a channel,
+ * where the blocked kernel shares each key's among the rows of its window,
+ * which pays only over many rows. For a step of a row or two (a token at a
+ * time) this is several times faster. Returns 0 when a key it reads is +inf
+ * or NaN. */
+static int band_row1(float *out, const float *q, const float *k, const float *v, const aft_opspec *ws, size_t h,
+                     size_t c0, size_t cw, size_t s, band_scratch *sc, size_t t)
+{
+    const size_t ldk = ws->ldk, ldv = ws->ldv;
+    k += c0; v += c0; q += c0; out += c0;
+    float *restrict pst = sc->pst, *restrict p0 = sc->p0, *restrict p1 = sc->p1, *restrict pmax = sc->pmax;
+    int ok = 1;
+    if (t >= s) {   /* key t - s leaves the band for the left sum */
+        const float *kr = k + (t - s) * ldk;
+        for (size_t c = 0; c < cw; c++) ok &= kr[c] < INFINITY;
+        add_exact(pst, p0, p1, kr, v + (t - s) * ldv, cw);
+        for (size_t c = 0; c < cw; c++) pmax[c] = kr[c] > pmax[c] ? kr[c] : pmax[c];
+    }
+    size_t lo = t + 1 >= s ? t + 1 - s : 0, nw = t + 1 - lo;
+    float *w = sc->w, *restrict Z = sc->mk, *restrict den = sc->b0, *restrict num = sc->b1;
+    if (ws->zero_bias) memset(w, 0, nw * sizeof(float));
+    else aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + t + 1, w);
+    for (size_t c = 0; c < cw; c++) Z[c] = pst[c];
+    for (size_t j = 0; j < nw; j++) {
+        const float *kr = k + (lo + j) * ldk;
+        const float wj = w[j];
+        for (size_t c = 0; c < cw; c++) {
+            float e = kr[c] + wj;
+            ok &= kr[c] < INFINITY;
+            Z[c] = e > Z[c] ? e : Z[c];
+        }
+    }
+    for (size_t c = 0; c < cw; c++) {
+        Z[c] = Z[c] == -INFINITY ? 0.0f : Z[c];   /* nothing visible: every term 0 */
+        float f = scale_down(pst[c], Z[c]);
+        den[c] = p0[c] * f;
+        num[c] = p1[c] * f;
+    }
+    for (size_t j = 0; j < nw; j++) {
+        const float *kr = k + (lo + j) * ldk, *vr = v + (lo + j) * ldv;
+        const float wj = w[j];
+        for (size_t c = 0; c < cw; c++) {
+            float e = aft_expf(kr[c] + wj - Z[c]);
+            den[c] += e;
+            num[c] += e * vr[c];
+        }
+    }
+    const float *qr = q + (t - ws->q_row0) * ws->ldq;
+    float *yr = out + (t - ws->q_row0) * ws->C;
+    for (size_t c = 0; c < cw; c++) yr[c] = den[c] > 0.0f ? aft_sigmoidf(qr[c]) * (num[c] / den[c]) : 0.0f;
+    return ok;
+}
+
+/* rows a causal step takes one at a time (band_row1) */
+enum { ROW1_MAX = 2 };
+
 int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                       const aft_opspec *ws, size_t r0, size_t r1, const float *carry_in, float *carry_out,
                       const float *right_in)
@@ -780,7 +840,10 @@ int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k,
         int have_right = !ws->causal && right_in;
         for (size_t i = 0; i < 4 && have_right; i++)
             memcpy(sc->rin + i * cw, right_in + i * C + c0, cw * sizeof(float));
-        ok &= band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, sc, r0, r1, 1, have_right);
+        if (ws->causal && r1 - r0 <= ROW1_MAX)
+            for (size_t t = r0; t < r1; t++) ok &= band_row1(out, q, k, v, ws, hh, c0, cw, s, sc, t);
+        else
+            ok &= band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, sc, r0, r1, 1, have_right);
         if (!carry_out) continue;
         memcpy(carry_out + c0, sc->pst, cw * sizeof(float));
         memcpy(carry_out + C + c0, sc->p0, cw * sizeof(float));
