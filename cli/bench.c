@@ -13,40 +13,13 @@
 #include <malloc.h>
 #endif
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static const char usage_text[] =
-    "usage: aft bench [options]\n"
-    "\n"
-    "Times one AFT layer (projections included) on seeded inputs and weights.\n"
-    "Lists are comma-separated; every combination runs.\n"
-    "  --seq-len L         sequence lengths (default 1024,4096)\n"
-    "  --d-model L         model sizes D (default 256)\n"
-    "  --d-hidden N        hidden size (default: D)\n"
-    "  --variant L         variants: full,local,simple,conv (default all four)\n"
-    "  --window S          window for local and conv (default 32)\n"
-    "  --heads H           heads for conv (default 4)\n"
-    "  --causal            causal sums\n"
-    "  --batch B           batch size (default 1)\n"
-    "  --threads N         threads (default: all cores)\n"
-    "  --repeat N          timed runs per configuration (default 5; ms is the median)\n"
-    "  --impl fast|reference|both   both: also run the float64 reference and report\n"
-    "                      the largest difference (the reference is O(T^2 d): slow)\n"
-    "  --json              one JSON object per configuration instead of the table\n"
-    "  --no-ceiling        skip measuring the matrix-product ceiling (ceil shows -)\n"
-    "  --plot FILE         also draw time and memory against T (log-log) with gnuplot\n"
-    "                      into FILE.svg or FILE.png\n"
-    "  -h, --help          this text\n"
-    "\n"
-    "Columns: ms (median), GFLOP/s, tokens/s, peak resident memory of the run,\n"
-    "the fraction of the measured single-precision matrix-product ceiling\n"
-    "(cblas_sgemm, 2048^3, same threads) that the run's GFLOP/s reach, and proj:\n"
-    "the share of the fastest run spent in the input and output projections.\n";
 
 #define MAX_LIST 32
 
@@ -57,6 +30,7 @@ typedef struct {
     size_t nvar;
     size_t d_hidden, window, heads, batch, repeat;
     int causal, threads, json, impl_both, impl_ref, no_ceiling;
+    int one;   /* --one: the child's mode */
     const char *plot;
 } bench_opts;
 
@@ -86,6 +60,109 @@ static int parse_variants(const char *s, aft_variant *out, size_t *n)
     }
     return *n ? 0 : -1;
 }
+
+/* ---------------------------------------------------------------- options */
+
+#define BENCH_OPTS(opts) ((bench_opts *)(opts))
+
+static int set_seq_len(const cli_option *opt, void *opts, const char *v)
+{
+    if (parse_list(v, BENCH_OPTS(opts)->seq, &BENCH_OPTS(opts)->nseq))
+        return cli_usage_error("bench", "--seq-len takes sizes like 1024,4096");
+    return 0;
+}
+
+static int set_d_model(const cli_option *opt, void *opts, const char *v)
+{
+    if (parse_list(v, BENCH_OPTS(opts)->dm, &BENCH_OPTS(opts)->ndm))
+        return cli_usage_error("bench", "--d-model takes sizes like 256,512");
+    return 0;
+}
+
+static int set_variants(const cli_option *opt, void *opts, const char *v)
+{
+    if (parse_variants(v, BENCH_OPTS(opts)->var, &BENCH_OPTS(opts)->nvar))
+        return cli_usage_error("bench", "--variant takes a list of full, local, simple, conv");
+    return 0;
+}
+
+/* --d-hidden, --window, --heads, --batch: a whole number >= 1 */
+static int set_positive(const cli_option *opt, void *opts, const char *v)
+{
+    size_t *out = (size_t *)((char *)opts + opt->field);
+    if (cli_parse_size(v, out) || *out == 0)
+        return cli_usage_error("bench", "%s takes a whole number >= 1", opt->name);
+    return 0;
+}
+
+static int set_threads(const cli_option *opt, void *opts, const char *v)
+{
+    size_t n;
+    if (cli_parse_size(v, &n) || n > 1024) return cli_usage_error("bench", "--threads takes 0 to 1024");
+    BENCH_OPTS(opts)->threads = (int)n;
+    return 0;
+}
+
+static int set_repeat(const cli_option *opt, void *opts, const char *v)
+{
+    size_t *r = &BENCH_OPTS(opts)->repeat;
+    if (cli_parse_size(v, r) || *r == 0 || *r > 10000)
+        return cli_usage_error("bench", "--repeat takes a whole number from 1 to 10000");
+    return 0;
+}
+
+static int set_impl(const cli_option *opt, void *opts, const char *v)
+{
+    bench_opts *o = opts;
+    if (strcmp(v, "both") == 0) o->impl_both = 1;
+    else if (strcmp(v, "reference") == 0) o->impl_ref = 1;
+    else if (strcmp(v, "fast") != 0) return cli_usage_error("bench", "--impl takes fast, reference or both");
+    return 0;
+}
+
+#define NEEDS_VALUE "%s needs a value"
+#define FIELD(f) offsetof(bench_opts, f)
+
+static const cli_option options[] = {
+    {"--seq-len", NULL, "L", "sequence lengths (default 1024,4096)", set_seq_len, 0, NEEDS_VALUE, 0},
+    {"--d-model", NULL, "L", "model sizes D (default 256)", set_d_model, 0, NEEDS_VALUE, 0},
+    {"--d-hidden", NULL, "N", "hidden size (default: D)", set_positive, FIELD(d_hidden), NEEDS_VALUE, 0},
+    {"--variant", NULL, "L", "variants: full,local,simple,conv (default all four)", set_variants, 0, NEEDS_VALUE, 0},
+    {"--window", NULL, "S", "window for local and conv (default 32)", set_positive, FIELD(window), NEEDS_VALUE, 0},
+    {"--heads", NULL, "H", "heads for conv (default 4)", set_positive, FIELD(heads), NEEDS_VALUE, 0},
+    {"--causal", NULL, NULL, "causal sums", cli_set_flag, FIELD(causal), NULL, 0},
+    {"--batch", NULL, "B", "batch size (default 1)", set_positive, FIELD(batch), NEEDS_VALUE, 0},
+    {"--threads", NULL, "N", "threads (default: all cores)", set_threads, 0, NEEDS_VALUE, 0},
+    {"--repeat", NULL, "N", "timed runs per configuration (default 5; ms is the median)", set_repeat, 0,
+     NEEDS_VALUE, 0},
+    {"--impl", NULL, "fast|reference|both",
+     "both: also run the float64 reference and report the largest difference (the reference is O(T^2 d): slow)",
+     set_impl, 0, NEEDS_VALUE, 0},
+    {"--json", NULL, NULL, "one JSON object per configuration instead of the table", cli_set_flag, FIELD(json),
+     NULL, 0},
+    {"--no-ceiling", NULL, NULL, "skip measuring the matrix-product ceiling (ceil shows -)", cli_set_flag,
+     FIELD(no_ceiling), NULL, 0},
+    {"--plot", NULL, "FILE",
+     "also draw time and memory against T (log-log) with gnuplot into FILE.svg or FILE.png", cli_set_string,
+     FIELD(plot), NEEDS_VALUE, 0},
+    /* one configuration in this process: how the parent runs each */
+    {"--one", NULL, NULL, "run the first configuration here and print its JSON", cli_set_flag, FIELD(one), NULL,
+     1},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_bench_command = {
+    .name = "bench",
+    .usage = "usage: aft bench [options]\n"
+             "\n"
+             "Times one AFT layer (projections included) on seeded inputs and weights.\n"
+             "Lists are comma-separated; every combination runs.\n",
+    .options = options,
+    .more = "Columns: ms (median), GFLOP/s, tokens/s, peak resident memory of the run,\n"
+            "the fraction of the measured single-precision matrix-product ceiling\n"
+            "(cblas_sgemm, 2048^3, same threads) that the run's GFLOP/s reach, and proj:\n"
+            "the share of the fastest run spent in the input and output projections.\n",
+};
 
 /* useful floating-point operations of one layer: the four projections and
  * the AFT sums (two products, numerator and denominator, per visible term) */
@@ -418,84 +495,15 @@ int cmd_bench(int argc, char **argv)
     bench_opts o = {.nseq = 2, .seq = {1024, 4096}, .ndm = 1, .dm = {256}, .nvar = 4,
                     .var = {AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV}, .window = 32, .heads = 4, .batch = 1,
                     .repeat = 5};
-    int one = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage_text, stdout);
-            return cli_finish_stdout("bench");
-        }
-        if (strcmp(a, "--causal") == 0) { o.causal = 1; continue; }
-        if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
-        if (strcmp(a, "--no-ceiling") == 0) { o.no_ceiling = 1; continue; }
-        if (strcmp(a, "--one") == 0) { one = 1; continue; }
-        static const char *const with_value[] = {"--seq-len", "--d-model", "--d-hidden", "--variant", "--window",
-                                                 "--heads", "--batch", "--threads", "--repeat", "--impl", "--plot"};
-        int which = -1;
-        for (int j = 0; j < (int)(sizeof with_value / sizeof with_value[0]); j++) {
-            size_t L = strlen(with_value[j]);
-            if (strncmp(a, with_value[j], L) == 0 && (a[L] == 0 || a[L] == '=')) {
-                which = j;
-                if (a[L] == '=') val = a + L + 1;
-                else if (i + 1 < argc) val = argv[++i];
-                else return cli_usage_error("bench", "%s needs a value", a);
-            }
-        }
-        size_t n;
-        switch (which) {
-        case 0:
-            if (parse_list(val, o.seq, &o.nseq)) return cli_usage_error("bench", "--seq-len takes sizes like 1024,4096");
-            break;
-        case 1:
-            if (parse_list(val, o.dm, &o.ndm)) return cli_usage_error("bench", "--d-model takes sizes like 256,512");
-            break;
-        case 2:
-            if (cli_parse_size(val, &o.d_hidden) || o.d_hidden == 0)
-                return cli_usage_error("bench", "--d-hidden takes a whole number >= 1");
-            break;
-        case 3:
-            if (parse_variants(val, o.var, &o.nvar))
-                return cli_usage_error("bench", "--variant takes a list of full, local, simple, conv");
-            break;
-        case 4:
-            if (cli_parse_size(val, &o.window) || o.window == 0)
-                return cli_usage_error("bench", "--window takes a whole number >= 1");
-            break;
-        case 5:
-            if (cli_parse_size(val, &o.heads) || o.heads == 0)
-                return cli_usage_error("bench", "--heads takes a whole number >= 1");
-            break;
-        case 6:
-            if (cli_parse_size(val, &o.batch) || o.batch == 0)
-                return cli_usage_error("bench", "--batch takes a whole number >= 1");
-            break;
-        case 7:
-            if (cli_parse_size(val, &n) || n > 1024) return cli_usage_error("bench", "--threads takes 0 to 1024");
-            o.threads = (int)n;
-            break;
-        case 8:
-            if (cli_parse_size(val, &o.repeat) || o.repeat == 0 || o.repeat > 10000)
-                return cli_usage_error("bench", "--repeat takes a whole number from 1 to 10000");
-            break;
-        case 9:
-            if (strcmp(val, "both") == 0) o.impl_both = 1;
-            else if (strcmp(val, "reference") == 0) o.impl_ref = 1;
-            else if (strcmp(val, "fast") != 0) return cli_usage_error("bench", "--impl takes fast, reference or both");
-            break;
-        case 10:
-            o.plot = val;
-            break;
-        default:
-            return cli_usage_error("bench", "unknown option '%s'", a);
-        }
-    }
+    int rc = cli_parse_options(&cli_bench_command, argc, argv, &o);
+    if (rc) return rc < 0 ? cli_finish_stdout("bench") : rc;
     for (size_t d = 0; d < o.ndm; d++) {
         size_t C = o.d_hidden ? o.d_hidden : o.dm[d];
         for (size_t v = 0; v < o.nvar; v++)
             if (o.var[v] == AFT_CONV && C % o.heads)
                 return cli_usage_error("bench", "--heads %zu does not divide the hidden size %zu", o.heads, C);
     }
-    if (one) return run_one(&o, o.var[0], o.seq[0], o.dm[0]);
+    if (o.one) return run_one(&o, o.var[0], o.seq[0], o.dm[0]);
 
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -523,7 +531,6 @@ int cmd_bench(int argc, char **argv)
     }
     cJSON *rows = cJSON_CreateArray();
     size_t total = o.nvar * o.nseq * o.ndm, done = 0;
-    int rc = 0;
     for (size_t d = 0; d < o.ndm; d++)
         for (size_t v = 0; v < o.nvar; v++)
             for (size_t s = 0; s < o.nseq; s++) {

@@ -16,7 +16,7 @@ _aft_options()
     case $1 in
     info) echo "--json -h --help" ;;
     run) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
-              "--d-hidden -o --timing --repeat --threads --impl --max-memory --strict" \
+              "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --strict" \
               "-h --help" ;;
     mask) echo "--len --window --causal --format -o -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json -h --help" ;;
