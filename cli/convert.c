@@ -2,8 +2,8 @@
  * tensor from one, change the floating-point dtype of tensors.
  *
  * Streaming: the output header is computed from the inputs' shapes and dtypes
- * alone (a .safetensors input is memory-mapped; a .npy input's header is
- * peeked), then each tensor's data is converted and written a chunk at a
+ * alone (a .safetensors input is memory-mapped; of a .npy input only the
+ * header is read, by aft_npy_read_header), then each tensor's data is converted and written a chunk at a
  * time, one input tensor at a time. Peak memory is about one .npy input
  * tensor plus a 1 MiB buffer, never the whole output.
  *
@@ -165,71 +165,6 @@ static int utf8_valid(const char *s)
         p += len;
     }
     return 1;
-}
-
-/* Learns a .npy file's dtype and shape from its header alone, so that a
- * .safetensors header can be written before any data is read. Only the plain
- * form numpy writes is understood; anything else returns -1 and the caller
- * reads the whole file instead (whose strict reader then judges it). The
- * data is checked against this answer when it is read. */
-static int npy_peek(const char *path, aft_dtype *dt, size_t *ndim, size_t *shape)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return -1;
-    unsigned char pre[12];
-    char *h = NULL;
-    int rc = -1;
-    if (fread(pre, 1, 8, fp) != 8 || memcmp(pre, "\x93NUMPY", 6) != 0) goto out;
-    size_t len = 0, plen = pre[6] == 1 ? 2 : 4;
-    if (pre[6] < 1 || pre[6] > 3 || fread(pre + 8, 1, plen, fp) != plen) goto out;
-    for (size_t i = 0; i < plen; i++) len |= (size_t)pre[8 + i] << (8 * i);
-    if (len > ((size_t)1 << 20) || !(h = malloc(len + 1)) || fread(h, 1, len, fp) != len) goto out;
-    h[len] = '\0';
-    if (strlen(h) != len) goto out;
-
-    /* 'descr': '<f4' */
-    const char *p = strstr(h, "'descr':");
-    if (!p) goto out;
-    p += 8;
-    while (*p == ' ') p++;
-    if (p[0] != '\'' || !strchr("<>|=", p[1]) || !p[2] || !p[3] || p[4] != '\'') goto out;
-    static const aft_dtype all[] = {AFT_F64, AFT_F32, AFT_F16, AFT_BOOL, AFT_U8, AFT_I8,
-                                    AFT_I16, AFT_U16, AFT_I32, AFT_U32, AFT_I64, AFT_U64};
-    int found = 0;
-    for (size_t i = 0; i < sizeof all / sizeof all[0] && !found; i++)
-        if (memcmp(p + 2, aft_npy_code(all[i]), 2) == 0) {
-            *dt = all[i];
-            found = 1;
-        }
-    if (!found) goto out;
-
-    /* 'shape': (2, 3) or (4,) or () */
-    p = strstr(h, "'shape':");
-    if (!p) goto out;
-    p += 8;
-    while (*p == ' ') p++;
-    if (*p++ != '(') goto out;
-    size_t n = 0;
-    for (;;) {
-        while (*p == ' ') p++;
-        if (*p == ')') break;
-        if (*p < '0' || *p > '9' || n == AFT_MAX_DIMS) goto out;
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (errno || v > SIZE_MAX) goto out;
-        shape[n++] = (size_t)v;
-        p = end;
-        while (*p == ' ') p++;
-        if (*p == ',') p++;
-        else if (*p != ')') goto out;
-    }
-    *ndim = n;
-    rc = 0;
-out:
-    free(h);
-    fclose(fp);
-    return rc;
 }
 
 /* ---------------------------------------------------------------- inputs */
@@ -417,10 +352,9 @@ static char *stem(const char *path)
 }
 
 /* Opens what spec s names and adds its tensors to the job. For a .npy the
- * whole file is read now when read_npy is set (a .npy output, standard
- * input, a pipe, a header npy_peek does not follow); otherwise only its
- * header is, and the data later. Returns 0, or an exit status after
- * reporting. */
+ * whole file is read now for a .npy output, standard input or a pipe;
+ * otherwise only its header is, and the data when it is written. Returns 0,
+ * or an exit status after reporting. */
 static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
 {
     aft_error err = {{0}};
@@ -437,7 +371,15 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
             if (*stdin_used) return cli_usage_error(cmd, "standard input ('-') can be read only once");
             *stdin_used = 1;
         }
-        if (!to_st || !regular || npy_peek(file, &it->dtype, &it->ndim, it->shape) != 0) {
+        if (to_st && regular) {
+            /* the header now, the data when its turn comes */
+            aft_tensor head;
+            if (aft_npy_read_header(file, &head, NULL, &err) != AFT_OK) {
+                report_file(file, err.msg);
+                return EXIT_DATA;
+            }
+            take_shape(it, &head);
+        } else {
             if (aft_npy_read(file, &it->held, NULL, &err) != AFT_OK) {
                 report_file(file, err.msg);
                 return EXIT_DATA;
@@ -588,7 +530,7 @@ static int write_data(FILE *fp, const void *src, aft_dtype from, aft_dtype to, s
 }
 
 /* The data of item it: already there, or its .npy read now and checked
- * against the header peeked before. 0, or EXIT_DATA after reporting. */
+ * against the header read before. 0, or EXIT_DATA after reporting. */
 static int item_data(item *it)
 {
     if (it->src) return 0;
