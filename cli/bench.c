@@ -140,7 +140,7 @@ static const cli_option options[] = {
      set_impl, 0, NEEDS_VALUE, 0},
     {"--json", NULL, NULL, "one JSON object per configuration instead of the table", cli_set_flag, FIELD(json),
      NULL, 0},
-    {"--no-ceiling", NULL, NULL, "skip measuring the matrix-product ceiling (ceil shows -)", cli_set_flag,
+    {"--no-ceiling", NULL, NULL, "skip measuring the matrix-product ceiling (the ceil column shows -)", cli_set_flag,
      FIELD(no_ceiling), NULL, 0},
     {"--plot", NULL, "FILE",
      "also draw time and memory against T (log-log) with gnuplot into FILE.svg or FILE.png", cli_set_string,
@@ -155,7 +155,8 @@ const cli_command cli_bench_command = {
     .name = "bench",
     .usage = "usage: aft bench [options]\n"
              "\n"
-             "Times one AFT layer (projections included) on seeded inputs and weights.\n"
+             "Times one AFT layer (projections included) on seeded inputs, with the\n"
+             "seeded initialisation of aft run (seed 0).\n"
              "Lists are comma-separated; every combination runs.\n",
     .options = options,
     .more = "Columns: ms (median), GFLOP/s, tokens/s, peak resident memory of the run,\n"

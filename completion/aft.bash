@@ -1,7 +1,7 @@
 # aft.bash - bash completion for aft(1).                    -*- shell-script -*-
 #
-# Completes the subcommands, each subcommand's options (as its --help lists
-# them), the values of options that take one of a fixed set, file names, and
+# Completes the subcommands, each subcommand's options (its option table in
+# cli/; cli/tests/test_docs.c checks the lists below against it), the values of options that take one of a fixed set, file names, and
 # the NAME of a FILE.safetensors:NAME operand (read with `aft info --json`).
 #
 # Installed by `make install` as share/bash-completion/completions/aft, where
