@@ -65,9 +65,13 @@ build/tests/lib_%: lib/tests/%.c $(TEST_HELP_SRC) lib/libaft.a lib/aft.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Ilib/tests -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(filter lib/tests/%,$(TEST_HELP_SRC)) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL)
 
+# the CLI tests also link the CLI's objects but main (the option tables, the
+# numpy-style printer), to check them directly
+CLI_TEST_OBJ = $(filter-out build/cli/main.o,$(CLI_OBJ))
+
 build/tests/cli_%: cli/tests/%.c $(TEST_HELP_SRC) aft
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Icli/tests -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(filter cli/tests/%,$(TEST_HELP_SRC)) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -Icli/tests -Icli -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(filter cli/tests/%,$(TEST_HELP_SRC)) $(CLI_TEST_OBJ) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL)
 
 # Each test binary prints cmocka's summary; the last line sums them up.
 test: deps

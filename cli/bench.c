@@ -13,40 +13,13 @@
 #include <malloc.h>
 #endif
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static const char usage_text[] =
-    "usage: aft bench [options]\n"
-    "\n"
-    "Times one AFT layer (projections included) on seeded inputs and weights.\n"
-    "Lists are comma-separated; every combination runs.\n"
-    "  --seq-len L         sequence lengths (default 1024,4096)\n"
-    "  --d-model L         model sizes D (default 256)\n"
-    "  --d-hidden N        hidden size (default: D)\n"
-    "  --variant L         variants: full,local,simple,conv (default all four)\n"
-    "  --window S          window for local and conv (default 32)\n"
-    "  --heads H           heads for conv (default 4)\n"
-    "  --causal            causal sums\n"
-    "  --batch B           batch size (default 1)\n"
-    "  --threads N         threads (default: all cores)\n"
-    "  --repeat N          timed runs per configuration (default 5; ms is the median)\n"
-    "  --impl fast|reference|both   both: also run the float64 reference and report\n"
-    "                      the largest difference (the reference is O(T^2 d): slow)\n"
-    "  --json              one JSON object per configuration instead of the table\n"
-    "  --no-ceiling        skip measuring the matrix-product ceiling (ceil shows -)\n"
-    "  --plot FILE         also draw time and memory against T (log-log) with gnuplot\n"
-    "                      into FILE.svg or FILE.png\n"
-    "  -h, --help          this text\n"
-    "\n"
-    "Columns: ms (median), GFLOP/s, tokens/s, peak resident memory of the run,\n"
-    "the fraction of the measured single-precision matrix-product ceiling\n"
-    "(cblas_sgemm, 2048^3, same threads) that the run's GFLOP/s reach, and proj:\n"
-    "the share of the fastest run spent in the input and output projections.\n";
 
 #define MAX_LIST 32
 
@@ -57,6 +30,7 @@ typedef struct {
     size_t nvar;
     size_t d_hidden, window, heads, batch, repeat;
     int causal, threads, json, impl_both, impl_ref, no_ceiling;
+    int one;   /* --one: the child's mode */
     const char *plot;
 } bench_opts;
 
@@ -87,6 +61,110 @@ static int parse_variants(const char *s, aft_variant *out, size_t *n)
     return *n ? 0 : -1;
 }
 
+/* ---------------------------------------------------------------- options */
+
+#define BENCH_OPTS(opts) ((bench_opts *)(opts))
+
+static int set_seq_len(const cli_option *opt, void *opts, const char *v)
+{
+    if (parse_list(v, BENCH_OPTS(opts)->seq, &BENCH_OPTS(opts)->nseq))
+        return cli_usage_error("bench", "--seq-len takes sizes like 1024,4096");
+    return 0;
+}
+
+static int set_d_model(const cli_option *opt, void *opts, const char *v)
+{
+    if (parse_list(v, BENCH_OPTS(opts)->dm, &BENCH_OPTS(opts)->ndm))
+        return cli_usage_error("bench", "--d-model takes sizes like 256,512");
+    return 0;
+}
+
+static int set_variants(const cli_option *opt, void *opts, const char *v)
+{
+    if (parse_variants(v, BENCH_OPTS(opts)->var, &BENCH_OPTS(opts)->nvar))
+        return cli_usage_error("bench", "--variant takes a list of full, local, simple, conv");
+    return 0;
+}
+
+/* --d-hidden, --window, --heads, --batch: a whole number >= 1 */
+static int set_positive(const cli_option *opt, void *opts, const char *v)
+{
+    size_t *out = (size_t *)((char *)opts + opt->field);
+    if (cli_parse_size(v, out) || *out == 0)
+        return cli_usage_error("bench", "%s takes a whole number >= 1", opt->name);
+    return 0;
+}
+
+static int set_threads(const cli_option *opt, void *opts, const char *v)
+{
+    size_t n;
+    if (cli_parse_size(v, &n) || n > 1024) return cli_usage_error("bench", "--threads takes 0 to 1024");
+    BENCH_OPTS(opts)->threads = (int)n;
+    return 0;
+}
+
+static int set_repeat(const cli_option *opt, void *opts, const char *v)
+{
+    size_t *r = &BENCH_OPTS(opts)->repeat;
+    if (cli_parse_size(v, r) || *r == 0 || *r > 10000)
+        return cli_usage_error("bench", "--repeat takes a whole number from 1 to 10000");
+    return 0;
+}
+
+static int set_impl(const cli_option *opt, void *opts, const char *v)
+{
+    bench_opts *o = opts;
+    if (strcmp(v, "both") == 0) o->impl_both = 1;
+    else if (strcmp(v, "reference") == 0) o->impl_ref = 1;
+    else if (strcmp(v, "fast") != 0) return cli_usage_error("bench", "--impl takes fast, reference or both");
+    return 0;
+}
+
+#define NEEDS_VALUE "%s needs a value"
+#define FIELD(f) offsetof(bench_opts, f)
+
+static const cli_option options[] = {
+    {"--seq-len", NULL, "L", "sequence lengths (default 1024,4096)", set_seq_len, 0, NEEDS_VALUE, 0},
+    {"--d-model", NULL, "L", "model sizes D (default 256)", set_d_model, 0, NEEDS_VALUE, 0},
+    {"--d-hidden", NULL, "N", "hidden size (default: D)", set_positive, FIELD(d_hidden), NEEDS_VALUE, 0},
+    {"--variant", NULL, "L", "variants: full,local,simple,conv (default all four)", set_variants, 0, NEEDS_VALUE, 0},
+    {"--window", NULL, "S", "window for local and conv (default 32)", set_positive, FIELD(window), NEEDS_VALUE, 0},
+    {"--heads", NULL, "H", "heads for conv (default 4)", set_positive, FIELD(heads), NEEDS_VALUE, 0},
+    {"--causal", NULL, NULL, "causal sums", cli_set_flag, FIELD(causal), NULL, 0},
+    {"--batch", NULL, "B", "batch size (default 1)", set_positive, FIELD(batch), NEEDS_VALUE, 0},
+    {"--threads", NULL, "N", "threads (default: all cores)", set_threads, 0, NEEDS_VALUE, 0},
+    {"--repeat", NULL, "N", "timed runs per configuration (default 5; ms is the median)", set_repeat, 0,
+     NEEDS_VALUE, 0},
+    {"--impl", NULL, "fast|reference|both",
+     "both: also run the float64 reference and report the largest difference (the reference is O(T^2 d): slow)",
+     set_impl, 0, NEEDS_VALUE, 0},
+    {"--json", NULL, NULL, "one JSON object per configuration instead of the table", cli_set_flag, FIELD(json),
+     NULL, 0},
+    {"--no-ceiling", NULL, NULL, "skip measuring the matrix-product ceiling (the ceil column shows -)", cli_set_flag,
+     FIELD(no_ceiling), NULL, 0},
+    {"--plot", NULL, "FILE",
+     "also draw time and memory against T (log-log) with gnuplot into FILE.svg or FILE.png", cli_set_string,
+     FIELD(plot), NEEDS_VALUE, 0},
+    /* one configuration in this process: how the parent runs each */
+    {"--one", NULL, NULL, "run the first configuration here and print its JSON", cli_set_flag, FIELD(one), NULL,
+     1},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_bench_command = {
+    .name = "bench",
+    .usage = "usage: aft bench [options]\n"
+             "\n"
+             "Times one AFT layer (projections included) on seeded inputs, with the\n"
+             "seeded initialisation of aft run (seed 0).\n"
+             "Lists are comma-separated; every combination runs.\n",
+    .options = options,
+    .more = "Columns: ms (median), GFLOP/s, tokens/s, peak resident memory of the run,\n"
+            "the fraction of the measured single-precision matrix-product ceiling\n"
+            "(cblas_sgemm, 2048^3, same threads) that the run's GFLOP/s reach, and proj:\n"
+            "the share of the fastest run spent in the input and output projections.\n",
+};
+
 /* useful floating-point operations of one layer: the four projections and
  * the AFT sums (two products, numerator and denominator, per visible term) */
 static double layer_flops(aft_variant v, size_t B, size_t T, size_t D, size_t C, size_t s, int causal)
@@ -111,74 +189,37 @@ static double layer_flops(aft_variant v, size_t B, size_t T, size_t D, size_t C,
     return proj + 4.0 * (double)B * terms * (double)C;
 }
 
-/* one configuration, run in this (child) process: prints one JSON line */
-static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
+/* ---------------------------------------------------------------- one configuration (the child) */
+
+/* what one configuration measured */
+typedef struct {
+    double med, min;             /* ms */
+    aft_layer_times phases;      /* of the fastest run */
+    double maxdiff, maxref;      /* --impl both: vs the float64 reference; maxdiff < 0 otherwise */
+} measured;
+
+/* runs the layer o->repeat times after one untimed run (thread pools and
+ * page faults belong to start-up); y: (B, T, D) */
+static int measure(const bench_opts *o, float *y, const float *x, const aft_params *p, const aft_config *cfg,
+                   size_t B, size_t T, measured *m)
 {
-    size_t B = o->batch, C = o->d_hidden ? o->d_hidden : D, H = var == AFT_CONV ? o->heads : 1;
-    size_t s = var == AFT_LOCAL || var == AFT_CONV ? o->window : 0;
     aft_error err;
-    /* every size below comes from options: check the products first */
-    size_t nx, ncd, nconv;
-    if (__builtin_mul_overflow(B * 1, T, &nx) || __builtin_mul_overflow(nx, D, &nx) ||
-        __builtin_mul_overflow(C, D, &ncd) || __builtin_mul_overflow(H, 2 * s + 1, &nconv) ||
-        nx > SIZE_MAX / 8 || ncd > SIZE_MAX / 8 || nconv > SIZE_MAX / 8 || s > SIZE_MAX / 4) {
-        cli_error("bench", "sizes B = %zu, T = %zu, D = %zu, C = %zu are too large", B, T, D, C);
-        return EXIT_DATA;
-    }
-    float *x = malloc(nx * sizeof(float) + 1), *y = malloc(nx * sizeof(float) + 1);
-    float *w[4], *bvec = malloc(4 * (C > D ? C : D) * sizeof(float)), *conv = NULL;
-    size_t rows[4] = {C, C, C, D}, cols[4] = {D, D, D, C};
-    int bad = !x || !y || !bvec;
-    for (int i = 0; i < 4; i++) {
-        w[i] = malloc(rows[i] * cols[i] * sizeof(float) + 1);
-        bad |= !w[i];
-    }
-    if (var == AFT_CONV) {
-        conv = malloc(H * (2 * s + 1) * sizeof(float));
-        bad |= !conv;
-    }
-    if (bad) {
-        cli_error("bench", "out of memory for T = %zu, D = %zu", T, D);
-        return EXIT_DATA;
-    }
-    /* inputs ~ U(-1, 1), weights as PyTorch's Linear default, bias in +-0.5 */
-    for (size_t i = 0; i < nx; i++) x[i] = aft_seeded_bias(11, 1.0f, i / D, i % D);
-    for (int i = 0; i < 4; i++)
-        for (size_t r = 0; r < rows[i]; r++)
-            for (size_t c = 0; c < cols[i]; c++)
-                w[i][r * cols[i] + c] = aft_seeded_bias(20 + (uint64_t)i, 1.0f / sqrtf((float)cols[i]), r, c);
-    size_t ld = C > D ? C : D;
-    for (size_t i = 0; i < 4 * ld; i++) bvec[i] = aft_seeded_bias(30, 0.1f, i, 0);
-    aft_params p = {.d_model = D, .d_hidden = C, .k_out = C, .wq = w[0], .wk = w[1], .wv = w[2], .wo = w[3],
-                    .bq = bvec, .bk = bvec + ld, .bv = bvec + 2 * ld, .bo = bvec + 3 * ld};
-    if (var == AFT_CONV) {
-        for (size_t i = 0; i < H * (2 * s - 1); i++) conv[i] = aft_seeded_bias(40, 0.5f, i, 0);
-        p.bias.kind = AFT_BIAS_CONV;
-        p.bias.conv = conv;
-    } else if (var != AFT_SIMPLE) {
-        p.bias.kind = AFT_BIAS_SEEDED;
-        p.bias.seed = 50;
-        p.bias.scale = 0.5f;
-    }
-    aft_config cfg = {.variant = var, .window = s, .heads = H, .causal = o->causal, .threads = o->threads,
-                      .impl = o->impl_ref ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST};
-    cli_kernels_from_env(&cfg);
     double *times = malloc(o->repeat * sizeof(double));
     if (!times) return EXIT_DATA;
-    /* one untimed run first: thread pools and page faults belong to start-up */
-    if (aft_layer_forward(y, x, &p, &cfg, B, T, &err) != AFT_OK) {
+    if (aft_layer_forward(y, x, p, cfg, B, T, &err) != AFT_OK) {
         cli_error("bench", "%s", err.msg);
+        free(times);
         return EXIT_DATA;
     }
-    aft_layer_times ph, best_ph = {0, 0, 0};
-    double best_t = 0.0;
+    aft_layer_times ph;
+    double best = 0.0;
     for (size_t r = 0; r < o->repeat; r++) {
         double t0 = aft_now_ms();
-        aft_layer_forward_timed(y, x, &p, &cfg, B, T, &ph, &err);
+        aft_layer_forward_timed(y, x, p, cfg, B, T, &ph, &err);
         times[r] = aft_now_ms() - t0;
-        if (r == 0 || times[r] < best_t) {   /* the phases of the fastest run */
-            best_t = times[r];
-            best_ph = ph;
+        if (r == 0 || times[r] < best) {   /* the phases of the fastest run */
+            best = times[r];
+            m->phases = ph;
         }
     }
     for (size_t i = 1; i < o->repeat; i++)   /* insertion sort: a handful of values */
@@ -187,60 +228,113 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
             times[j] = times[j - 1];
             times[j - 1] = tmp;
         }
-    double med = o->repeat % 2 ? times[o->repeat / 2] : 0.5 * (times[o->repeat / 2 - 1] + times[o->repeat / 2]);
-    double maxdiff = -1.0, maxref = 0.0;
-    if (o->impl_both) {
-        float *yr = malloc(nx * sizeof(float) + 1);
-        aft_config rc = cfg;
-        rc.impl = AFT_IMPL_REFERENCE;
-        if (!yr || aft_layer_forward(yr, x, &p, &rc, B, T, &err) != AFT_OK) {
-            cli_error("bench", "reference run failed: %s", yr ? err.msg : "out of memory");
-            return EXIT_DATA;
-        }
-        maxdiff = 0.0;
-        for (size_t i = 0; i < nx; i++) {
-            double d = fabs((double)y[i] - (double)yr[i]);
-            if (!(d <= maxdiff)) maxdiff = d;   /* NaN counts as the worst */
-            if (fabs((double)yr[i]) > maxref) maxref = fabs((double)yr[i]);
-        }
+    size_t n = o->repeat;
+    m->med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    m->min = times[0];
+    free(times);
+    return 0;
+}
+
+/* --impl both: the largest |y - reference| and |reference| over nx values */
+static int against_reference(const float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
+                             size_t T, size_t nx, measured *m)
+{
+    aft_error err;
+    float *yr = malloc(nx * sizeof(float) + 1);
+    aft_config rc = *cfg;
+    rc.impl = AFT_IMPL_REFERENCE;
+    if (!yr || aft_layer_forward(yr, x, p, &rc, B, T, &err) != AFT_OK) {
+        cli_error("bench", "reference run failed: %s", yr ? err.msg : "out of memory");
         free(yr);
+        return EXIT_DATA;
     }
+    m->maxdiff = 0.0;
+    for (size_t i = 0; i < nx; i++) {
+        double d = fabs((double)y[i] - (double)yr[i]);
+        if (!(d <= m->maxdiff)) m->maxdiff = d;   /* NaN counts as the worst */
+        if (fabs((double)yr[i]) > m->maxref) m->maxref = fabs((double)yr[i]);
+    }
+    free(yr);
+    return 0;
+}
+
+/* the configuration and what it measured, as one JSON line on stdout */
+static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
+                     const measured *m)
+{
     aft_blas_info bi;
-    aft_blas_get_info(&bi, cfg.projections);
+    aft_blas_get_info(&bi, cfg->projections);
+    size_t s = cfg->variant == AFT_LOCAL || cfg->variant == AFT_CONV ? o->window : 0;
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "variant", aft_variant_name(var));
+    cJSON_AddStringToObject(j, "variant", aft_variant_name(cfg->variant));
     cJSON_AddBoolToObject(j, "causal", o->causal);
     cJSON_AddNumberToObject(j, "batch", (double)B);
     cJSON_AddNumberToObject(j, "seq_len", (double)T);
     cJSON_AddNumberToObject(j, "d_model", (double)D);
     cJSON_AddNumberToObject(j, "d_hidden", (double)C);
     cJSON_AddNumberToObject(j, "window", (double)s);
-    cJSON_AddNumberToObject(j, "heads", (double)H);
+    cJSON_AddNumberToObject(j, "heads", (double)cfg->heads);
     cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
     cJSON_AddStringToObject(j, "impl", o->impl_ref ? "reference" : "fast");
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections", bi.projections);
-    cJSON_AddNumberToObject(j, "ms", med);
-    cJSON_AddNumberToObject(j, "ms_min", times[0]);
-    cJSON_AddNumberToObject(j, "ms_projections", best_ph.projections);
-    cJSON_AddNumberToObject(j, "ms_operator", best_ph.op);
-    cJSON_AddNumberToObject(j, "ms_output", best_ph.output);
-    double fl = layer_flops(var, B, T, D, C, s, o->causal);
+    cJSON_AddNumberToObject(j, "ms", m->med);
+    cJSON_AddNumberToObject(j, "ms_min", m->min);
+    cJSON_AddNumberToObject(j, "ms_projections", m->phases.projections);
+    cJSON_AddNumberToObject(j, "ms_operator", m->phases.op);
+    cJSON_AddNumberToObject(j, "ms_output", m->phases.output);
+    double fl = layer_flops(cfg->variant, B, T, D, C, s, o->causal);
     cJSON_AddNumberToObject(j, "gflop", fl * 1e-9);
-    cJSON_AddNumberToObject(j, "gflops", fl / (med * 1e6));
-    cJSON_AddNumberToObject(j, "tokens_per_s", (double)(B * T) / (med * 1e-3));
-    if (maxdiff >= 0) {
-        cJSON_AddNumberToObject(j, "max_diff_vs_reference", maxdiff);
-        cJSON_AddNumberToObject(j, "max_abs_reference", maxref);
+    cJSON_AddNumberToObject(j, "gflops", fl / (m->med * 1e6));
+    cJSON_AddNumberToObject(j, "tokens_per_s", (double)(B * T) / (m->med * 1e-3));
+    if (m->maxdiff >= 0) {
+        cJSON_AddNumberToObject(j, "max_diff_vs_reference", m->maxdiff);
+        cJSON_AddNumberToObject(j, "max_abs_reference", m->maxref);
     }
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
+    if (!text) return EXIT_DATA;
     printf("%s\n", text);
     free(text);
-    free(times); free(x); free(y); free(bvec); free(conv);
-    for (int i = 0; i < 4; i++) free(w[i]);
     return cli_finish_stdout("bench");
 }
+
+/* One configuration, run in this (child) process: the inputs ~ U(-1, 1)
+ * and the parameters of the seeded initialisation aft run uses (seed 0),
+ * timed; prints one JSON line. */
+static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
+{
+    size_t B = o->batch, C = o->d_hidden ? o->d_hidden : D;
+    /* every size below comes from options: check the products first */
+    size_t nx;
+    if (__builtin_mul_overflow(B, T, &nx) || __builtin_mul_overflow(nx, D, &nx) || nx > SIZE_MAX / 8 ||
+        o->window > SIZE_MAX / 4) {
+        cli_error("bench", "sizes B = %zu, T = %zu, D = %zu, C = %zu are too large", B, T, D, C);
+        return EXIT_DATA;
+    }
+    aft_config cfg = {.variant = var, .window = var == AFT_LOCAL || var == AFT_CONV ? o->window : 0,
+                      .heads = var == AFT_CONV ? o->heads : 1, .causal = o->causal, .threads = o->threads,
+                      .impl = o->impl_ref ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST};
+    cli_kernels_from_env(&cfg);
+    float *x = malloc(nx * sizeof(float) + 1), *y = malloc(nx * sizeof(float) + 1);
+    cli_params params = {0};
+    measured m = {.maxdiff = -1.0};
+    int rc = EXIT_DATA;
+    if (!x || !y) {
+        cli_error("bench", "out of memory for T = %zu, D = %zu", T, D);
+    } else if (cli_params_seeded(&params, &cfg, 0, T, D, C, 1, "bench") == 0) {
+        for (size_t i = 0; i < nx; i++) x[i] = aft_seeded_bias(11, 1.0f, i / D, i % D);
+        rc = measure(o, y, x, &params.p, &cfg, B, T, &m);
+        if (!rc && o->impl_both) rc = against_reference(y, x, &params.p, &cfg, B, T, nx, &m);
+        if (!rc) rc = print_one(o, &cfg, B, T, D, C, &m);
+    }
+    free(x);
+    free(y);
+    cli_params_free(&params);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the sweep (the parent) */
 
 /* single-precision matrix-product ceiling: best of three 2048^3 products,
  * one cblas_sgemm with OpenBLAS's own threads (as many as aft's) */
@@ -271,7 +365,7 @@ static double sgemm_ceiling(int threads)
 }
 
 /* runs one configuration in a child; fills line (its JSON) and peak (bytes) */
-static int run_child(char *self, const bench_opts *o, aft_variant var, size_t T, size_t D, char **line,
+static int run_child(const char *self, const bench_opts *o, aft_variant var, size_t T, size_t D, char **line,
                      size_t *peak)
 {
     char a_var[16], a_T[32], a_D[32], a_C[32], a_s[32], a_h[32], a_b[32], a_th[32], a_r[32];
@@ -286,7 +380,7 @@ static int run_child(char *self, const bench_opts *o, aft_variant var, size_t T,
     snprintf(a_r, sizeof a_r, "%zu", o->repeat);
     char *argv[32];
     int n = 0;
-    argv[n++] = self;
+    argv[n++] = (char *)self;
     argv[n++] = "bench";
     argv[n++] = "--one";
     argv[n++] = "--variant"; argv[n++] = a_var;
@@ -413,89 +507,103 @@ static int write_plot(const char *path, cJSON *rows)
     return 0;
 }
 
+/* the table's first line (library, kernel, threads, ceiling) and header */
+static void print_header(const bench_opts *o, int threads, double ceiling)
+{
+    aft_config kc = {0};
+    cli_kernels_from_env(&kc);
+    aft_blas_info bi;
+    aft_blas_get_info(&bi, kc.projections);
+    printf("# %s, kernel %s, %d thread%s; projections %s; ", bi.library, bi.core, threads, threads == 1 ? "" : "s",
+           bi.projections);
+    if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
+    else printf("sgemm ceiling not measured\n");
+    printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s\n", "variant", "causal", "T", "B", "d", "ms",
+           "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil", "proj", o->impl_both ? "  max|diff| vs ref" : "");
+    fflush(stdout);
+}
+
+/* one configuration's result (a child's JSON with the parent's peak and
+ * ceiling added) as a line of the table or of JSON */
+static void print_row(const bench_opts *o, cJSON *j, double ceiling)
+{
+    if (o->json) {
+        char *text = cJSON_PrintUnformatted(j);
+        printf("%s\n", text);
+        free(text);
+        fflush(stdout);
+        return;
+    }
+#define NUM(key) cJSON_GetObjectItem(j, key)->valuedouble
+    cJSON *md = cJSON_GetObjectItem(j, "max_diff_vs_reference");
+    char diff[48] = "";
+    if (md) snprintf(diff, sizeof diff, "  %.3g", md->valuedouble);
+    double gf = NUM("gflops"), ms_min = NUM("ms_min"), proj = NUM("ms_projections") + NUM("ms_output");
+    char ceil_txt[16] = "-";
+    if (ceiling > 0) snprintf(ceil_txt, sizeof ceil_txt, "%.0f%%", 100.0 * gf / ceiling);
+    printf("%-7s %-6s %6.0f %3.0f %5.0f %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s\n",
+           cJSON_GetObjectItem(j, "variant")->valuestring, o->causal ? "yes" : "no", NUM("seq_len"), NUM("batch"),
+           NUM("d_model"), NUM("ms"), ms_min, gf, NUM("tokens_per_s"), NUM("peak_bytes") / 1048576.0, ceil_txt,
+           ms_min > 0 ? 100.0 * proj / ms_min : 0.0, diff);
+#undef NUM
+    fflush(stdout);
+}
+
+/* every configuration, each in a child process, printed as it ends and
+ * gathered in rows; 0, or EXIT_DATA when one failed */
+static int sweep(const bench_opts *o, const char *self, double ceiling, cJSON *rows)
+{
+    int tty = isatty(STDERR_FILENO) && !cli_quiet, rc = 0;
+    size_t total = o->nvar * o->nseq * o->ndm, done = 0;
+    for (size_t d = 0; d < o->ndm; d++)
+        for (size_t v = 0; v < o->nvar; v++)
+            for (size_t s = 0; s < o->nseq; s++) {
+                const char *name = aft_variant_name(o->var[v]);
+                if (tty)
+                    fprintf(stderr, "\raft bench: [%zu/%zu] %s T=%zu d=%zu ...   ", done + 1, total, name, o->seq[s],
+                            o->dm[d]);
+                char *line = NULL;
+                size_t peak = 0;
+                if (run_child(self, o, o->var[v], o->seq[s], o->dm[d], &line, &peak) != 0) {
+                    if (tty) fputc('\n', stderr);
+                    cli_error("bench", "%s T=%zu d=%zu failed", name, o->seq[s], o->dm[d]);
+                    free(line);
+                    rc = EXIT_DATA;
+                    continue;
+                }
+                done++;
+                cJSON *j = cJSON_Parse(line);
+                free(line);
+                if (!j) {
+                    rc = EXIT_DATA;
+                    continue;
+                }
+                cJSON_AddNumberToObject(j, "peak_bytes", (double)peak);
+                if (ceiling > 0) {
+                    cJSON_AddNumberToObject(j, "sgemm_ceiling_gflops", ceiling);
+                    cJSON_AddNumberToObject(j, "ceiling_fraction", cJSON_GetObjectItem(j, "gflops")->valuedouble / ceiling);
+                }
+                if (tty) fputs("\r\033[K", stderr);
+                print_row(o, j, ceiling);
+                cJSON_AddItemToArray(rows, j);
+            }
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     bench_opts o = {.nseq = 2, .seq = {1024, 4096}, .ndm = 1, .dm = {256}, .nvar = 4,
                     .var = {AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV}, .window = 32, .heads = 4, .batch = 1,
                     .repeat = 5};
-    int one = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage_text, stdout);
-            return cli_finish_stdout("bench");
-        }
-        if (strcmp(a, "--causal") == 0) { o.causal = 1; continue; }
-        if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
-        if (strcmp(a, "--no-ceiling") == 0) { o.no_ceiling = 1; continue; }
-        if (strcmp(a, "--one") == 0) { one = 1; continue; }
-        static const char *const with_value[] = {"--seq-len", "--d-model", "--d-hidden", "--variant", "--window",
-                                                 "--heads", "--batch", "--threads", "--repeat", "--impl", "--plot"};
-        int which = -1;
-        for (int j = 0; j < (int)(sizeof with_value / sizeof with_value[0]); j++) {
-            size_t L = strlen(with_value[j]);
-            if (strncmp(a, with_value[j], L) == 0 && (a[L] == 0 || a[L] == '=')) {
-                which = j;
-                if (a[L] == '=') val = a + L + 1;
-                else if (i + 1 < argc) val = argv[++i];
-                else return cli_usage_error("bench", "%s needs a value", a);
-            }
-        }
-        size_t n;
-        switch (which) {
-        case 0:
-            if (parse_list(val, o.seq, &o.nseq)) return cli_usage_error("bench", "--seq-len takes sizes like 1024,4096");
-            break;
-        case 1:
-            if (parse_list(val, o.dm, &o.ndm)) return cli_usage_error("bench", "--d-model takes sizes like 256,512");
-            break;
-        case 2:
-            if (cli_parse_size(val, &o.d_hidden) || o.d_hidden == 0)
-                return cli_usage_error("bench", "--d-hidden takes a whole number >= 1");
-            break;
-        case 3:
-            if (parse_variants(val, o.var, &o.nvar))
-                return cli_usage_error("bench", "--variant takes a list of full, local, simple, conv");
-            break;
-        case 4:
-            if (cli_parse_size(val, &o.window) || o.window == 0)
-                return cli_usage_error("bench", "--window takes a whole number >= 1");
-            break;
-        case 5:
-            if (cli_parse_size(val, &o.heads) || o.heads == 0)
-                return cli_usage_error("bench", "--heads takes a whole number >= 1");
-            break;
-        case 6:
-            if (cli_parse_size(val, &o.batch) || o.batch == 0)
-                return cli_usage_error("bench", "--batch takes a whole number >= 1");
-            break;
-        case 7:
-            if (cli_parse_size(val, &n) || n > 1024) return cli_usage_error("bench", "--threads takes 0 to 1024");
-            o.threads = (int)n;
-            break;
-        case 8:
-            if (cli_parse_size(val, &o.repeat) || o.repeat == 0 || o.repeat > 10000)
-                return cli_usage_error("bench", "--repeat takes a whole number from 1 to 10000");
-            break;
-        case 9:
-            if (strcmp(val, "both") == 0) o.impl_both = 1;
-            else if (strcmp(val, "reference") == 0) o.impl_ref = 1;
-            else if (strcmp(val, "fast") != 0) return cli_usage_error("bench", "--impl takes fast, reference or both");
-            break;
-        case 10:
-            o.plot = val;
-            break;
-        default:
-            return cli_usage_error("bench", "unknown option '%s'", a);
-        }
-    }
+    int rc = cli_parse_options(&cli_bench_command, argc, argv, &o);
+    if (rc) return rc < 0 ? cli_finish_stdout("bench") : rc;
     for (size_t d = 0; d < o.ndm; d++) {
         size_t C = o.d_hidden ? o.d_hidden : o.dm[d];
         for (size_t v = 0; v < o.nvar; v++)
             if (o.var[v] == AFT_CONV && C % o.heads)
                 return cli_usage_error("bench", "--heads %zu does not divide the hidden size %zu", o.heads, C);
     }
-    if (one) return run_one(&o, o.var[0], o.seq[0], o.dm[0]);
+    if (o.one) return run_one(&o, o.var[0], o.seq[0], o.dm[0]);
 
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -504,74 +612,11 @@ int cmd_bench(int argc, char **argv)
         return EXIT_DATA;
     }
     self[sl] = 0;
-    int tty = isatty(STDERR_FILENO) && !cli_quiet;
     int threads = o.threads ? o.threads : aft_cores();
     double ceiling = o.no_ceiling ? 0.0 : sgemm_ceiling(threads);
-    aft_config kc = {0};
-    cli_kernels_from_env(&kc);
-    aft_blas_info bi;
-    aft_blas_get_info(&bi, kc.projections);
-    if (!o.json) {
-        printf("# %s, kernel %s, %d thread%s; projections %s; ", bi.library, bi.core, threads,
-               threads == 1 ? "" : "s", bi.projections);
-        if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
-        else printf("sgemm ceiling not measured\n");
-        printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s\n", "variant", "causal", "T", "B", "d",
-               "ms", "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil", "proj",
-               o.impl_both ? "  max|diff| vs ref" : "");
-        fflush(stdout);
-    }
+    if (!o.json) print_header(&o, threads, ceiling);
     cJSON *rows = cJSON_CreateArray();
-    size_t total = o.nvar * o.nseq * o.ndm, done = 0;
-    int rc = 0;
-    for (size_t d = 0; d < o.ndm; d++)
-        for (size_t v = 0; v < o.nvar; v++)
-            for (size_t s = 0; s < o.nseq; s++) {
-                if (tty)
-                    fprintf(stderr, "\raft bench: [%zu/%zu] %s T=%zu d=%zu ...   ", done + 1, total,
-                            aft_variant_name(o.var[v]), o.seq[s], o.dm[d]);
-                char *line = NULL;
-                size_t peak = 0;
-                if (run_child(self, &o, o.var[v], o.seq[s], o.dm[d], &line, &peak) != 0) {
-                    if (tty) fputc('\n', stderr);
-                    cli_error("bench", "%s T=%zu d=%zu failed", aft_variant_name(o.var[v]), o.seq[s], o.dm[d]);
-                    free(line);
-                    rc = EXIT_DATA;
-                    continue;
-                }
-                done++;
-                cJSON *j = cJSON_Parse(line);
-                free(line);
-                if (!j) { rc = EXIT_DATA; continue; }
-                double gf = cJSON_GetObjectItem(j, "gflops")->valuedouble;
-                cJSON_AddNumberToObject(j, "peak_bytes", (double)peak);
-                if (ceiling > 0) {
-                    cJSON_AddNumberToObject(j, "sgemm_ceiling_gflops", ceiling);
-                    cJSON_AddNumberToObject(j, "ceiling_fraction", gf / ceiling);
-                }
-                if (tty) fputs("\r\033[K", stderr);
-                if (o.json) {
-                    char *text = cJSON_PrintUnformatted(j);
-                    printf("%s\n", text);
-                    free(text);
-                } else {
-                    cJSON *md = cJSON_GetObjectItem(j, "max_diff_vs_reference");
-                    char diff[48] = "";
-                    if (md) snprintf(diff, sizeof diff, "  %.3g", md->valuedouble);
-                    double ms_min = cJSON_GetObjectItem(j, "ms_min")->valuedouble;
-                    double proj = cJSON_GetObjectItem(j, "ms_projections")->valuedouble +
-                                  cJSON_GetObjectItem(j, "ms_output")->valuedouble;
-                    char ceil_txt[16] = "-";
-                    if (ceiling > 0) snprintf(ceil_txt, sizeof ceil_txt, "%.0f%%", 100.0 * gf / ceiling);
-                    printf("%-7s %-6s %6zu %3zu %5zu %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s\n",
-                           aft_variant_name(o.var[v]), o.causal ? "yes" : "no", o.seq[s], o.batch, o.dm[d],
-                           cJSON_GetObjectItem(j, "ms")->valuedouble, ms_min, gf,
-                           cJSON_GetObjectItem(j, "tokens_per_s")->valuedouble, (double)peak / 1048576.0, ceil_txt,
-                           ms_min > 0 ? 100.0 * proj / ms_min : 0.0, diff);
-                }
-                fflush(stdout);
-                cJSON_AddItemToArray(rows, j);
-            }
+    rc = sweep(&o, self, ceiling, rows);
     if (o.plot && rc == 0) rc = write_plot(o.plot, rows);
     cJSON_Delete(rows);
     int frc = cli_finish_stdout("bench");

@@ -20,11 +20,62 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 /* usage error: message plus a hint line, returns EXIT_USAGE */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ---------------------------------------------------------------- options (options.c)
+ *
+ * Each subcommand declares its options once, as a table, in the manner of
+ * git's parse_options: cli_parse_options walks argv against it, and the
+ * --help text is made from it (the man page and the bash completion are
+ * checked against it by a test). */
+typedef struct cli_option cli_option;
+
+/* Puts the value of opt (NULL for a flag, and for a value the command line
+ * lacks when opt->missing is NULL) where it goes in the command's options
+ * struct, checking it first; returns 0, or an exit status after reporting. */
+typedef int (*cli_option_fn)(const cli_option *opt, void *opts, const char *value);
+
+struct cli_option {
+    const char *name;      /* "--window", "-o" */
+    const char *alias;     /* another spelling ("--output"), or NULL */
+    const char *arg;       /* the value's name in the help ("S"); NULL: a flag */
+    const char *help;      /* '\n' starts a new line; long lines are wrapped */
+    cli_option_fn set;     /* where the value goes */
+    size_t field;          /* for cli_set_flag and cli_set_string: the field's
+                            * offsetof in the options struct */
+    const char *missing;   /* the usage error when the value is missing ("%s":
+                            * the option as typed); NULL: set() gets NULL */
+    int hidden;            /* left out of the help (bench's --one) */
+};
+
+typedef struct {
+    const char *name;             /* "run" */
+    const char *usage;            /* the help before the options: usage, description */
+    const cli_option *options;    /* ends with an entry whose name is NULL */
+    const char *more;             /* the help after the options, or NULL */
+    /* takes an operand (a word not starting with '-', "-", or anything after
+     * "--"): 0, or an exit status after reporting; NULL: the command takes
+     * none (and "--" is an unknown option) */
+    int (*operand)(void *opts, const char *arg);
+    const char *unknown;          /* the usage error for an unknown option ("%s":
+                                   * it); NULL: "unknown option '%s'" */
+} cli_command;
+
+/* Walks argv[1..argc) in order against c's options; -h and --help print the
+ * help. Returns 0 to go on, -1 after printing the help to stdout (the caller
+ * returns cli_finish_stdout), or EXIT_USAGE after a usage error. */
+int cli_parse_options(const cli_command *c, int argc, char **argv, void *opts);
+void cli_print_help(const cli_command *c, FILE *fp);
+/* for options whose value needs no check: a flag sets an int to 1, a
+ * value is kept as a const char * (pointing into argv) */
+int cli_set_flag(const cli_option *opt, void *opts, const char *value);
+int cli_set_string(const cli_option *opt, void *opts, const char *value);
+
+/* the option tables, for the tests that check the help, the man page and
+ * the completion against them */
+extern const cli_command cli_info_command, cli_run_command, cli_mask_command, cli_compare_command,
+    cli_convert_command, cli_bench_command;
+
 /* strict number parsing: whole string, no sign for unsigned, range checked.
  * Return 0 on success, -1 otherwise. */
-/* --opt VALUE or --opt=VALUE at argv[*i]: the value (and *i advanced past
- * a separate one), or NULL: not this option, or (*missing) it has no value */
-const char *cli_opt_value(int argc, char **argv, int *i, const char *opt, int *missing);
 int cli_parse_size(const char *s, size_t *out);
 int cli_parse_u64(const char *s, uint64_t *out);
 int cli_parse_double(const char *s, double *out);
@@ -49,6 +100,37 @@ int cli_path_exists(const char *path);
 /* the kernel choices the environment asks for (AFT_LINEAR_BLAS=1,
  * AFT_DENSE_BLAS=1: OpenBLAS) into cfg */
 void cli_kernels_from_env(aft_config *cfg);
+
+/* ---------------------------------------------------------------- seeded parameters (params.c) */
+
+/* a layer's parameters made from a seed, and the memory behind them */
+typedef struct {
+    aft_params p;
+    float *owned[6];
+} cli_params;
+
+/* The one deterministic initialisation, used by aft run without --weights
+ * and by aft bench: entry (i, j) of each projection matrix and bias (for a
+ * layer D -> C -> D) uniform in [-1/sqrt(in), 1/sqrt(in)) from a hash of
+ * (seed, tensor, i, j); the position bias of cfg's variant, window and heads
+ * uniform in [-0.5, 0.5) (full and local: generated as needed from (seed, t,
+ * t'); conv: (heads, 2S - 1)). Without projections only the position bias is
+ * made (the bare operator). A conv window wider than T is narrowed to T in
+ * cfg. sp must be zeroed; free it with cli_params_free. Returns 0, or
+ * EXIT_DATA after reporting as "aft CMD: ...". */
+int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, size_t D, size_t C,
+                      int projections, const char *cmd);
+void cli_params_free(cli_params *sp);
+
+/* ---------------------------------------------------------------- a tensor for a terminal (show.c) */
+
+/* numpy's repr of a float32 array of that shape ("array([[ 0.5, -1. ]],
+ * dtype=float32)"), with numpy's default print options: malloc'd, or NULL
+ * when out of memory */
+char *cli_numpy_repr(const float *x, size_t ndim, const size_t *shape);
+/* a float32 tensor for a reader: "shape (2, 3), dtype float32, min ..., max
+ * ..., mean ..." and its numpy repr; 0, or -1 when out of memory */
+int cli_show_tensor(FILE *fp, const aft_tensor *t);
 
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);

@@ -131,24 +131,6 @@ int cli_path_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
-/* --opt VALUE or --opt=VALUE: the value, or NULL when argv[*i] is not opt
- * (then *missing says whether it was opt without a value); advances *i past
- * a separate value */
-const char *cli_opt_value(int argc, char **argv, int *i, const char *opt, int *missing)
-{
-    size_t n = strlen(opt);
-    const char *a = argv[*i];
-    *missing = 0;
-    if (strncmp(a, opt, n) != 0) return NULL;
-    if (a[n] == '=') return a + n + 1;
-    if (a[n] != 0) return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 /* AFT_LINEAR_BLAS=1 and AFT_DENSE_BLAS=1 hand the projections, and full's
  * products, to OpenBLAS: for comparing against aft's own kernels */
 void cli_kernels_from_env(aft_config *cfg)

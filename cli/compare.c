@@ -3,43 +3,11 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-static const char usage_text[] =
-    "usage: aft compare A B [--rtol R] [--atol A] [--equal-nan] [--json]\n"
-    "\n"
-    "Compare two tensors element by element with numpy's allclose rule:\n"
-    "a and b are close when |a - b| <= atol + rtol * |b| (B is the reference).\n"
-    "Infinities are close only to the same infinity; NaN is close to nothing,\n"
-    "or to NaN with --equal-nan. Values are compared as doubles; the dtypes\n"
-    "may differ. The shapes must be equal (no broadcasting).\n"
-    "\n"
-    "A and B are each a .npy file, '-' (a .npy on standard input), or\n"
-    "FILE.safetensors:NAME, the tensor NAME in a .safetensors file (a\n"
-    ".safetensors file that holds a single tensor may be named alone).\n"
-    "\n"
-    "options:\n"
-    "  --rtol R       relative tolerance, a number >= 0 (default 1e-05)\n"
-    "  --atol A       absolute tolerance, a number >= 0 (default 1e-08)\n"
-    "  --equal-nan    treat NaN as close to NaN\n"
-    "  --json         print one JSON object instead of the text report\n"
-    "  -h, --help     print this help and exit\n"
-    "\n"
-    "The report gives the shapes and dtypes, the largest |a - b| and the\n"
-    "largest |a - b| / |b| (both over the pairs where neither value is NaN;\n"
-    "the relative error skips pairs with b == 0), the number of elements that\n"
-    "are not close, and the worst index: the element where |a - b| most\n"
-    "exceeds atol + rtol * |b| (a NaN or infinity mismatch counts as the\n"
-    "worst), shown with its two values. The last line is 'close' or\n"
-    "'not close'. In --json output, infinite or NaN numbers are the strings\n"
-    "\"inf\", \"-inf\" and \"nan\"; when the shapes differ the error fields\n"
-    "are null.\n"
-    "\n"
-    "exit status: 0 close, 1 not close (or the shapes differ) or a file could\n"
-    "not be read, 2 usage error\n";
 
 static const char *const cmd = "compare";
 
@@ -355,52 +323,81 @@ static int print_json(const operand *a, const operand *b, int same_shape,
     return 0;
 }
 
-/* parses a tolerance: a finite number >= 0 */
-static int parse_tol(const char *opt, const char *val, double *out)
+struct compare_opts {
+    double rtol, atol;
+    int equal_nan, json, nops;
+    const char *ops[2];
+};
+
+/* a tolerance: a finite number >= 0 */
+static int set_tol(const cli_option *opt, void *opts, const char *val)
 {
-    if (!val) return cli_usage_error(cmd, "option '%s' needs a value", opt);
+    double *out = (double *)((char *)opts + opt->field);
     if (cli_parse_double(val, out) != 0 || *out < 0)
-        return cli_usage_error(cmd, "invalid %s '%s': want a number >= 0", opt, val);
+        return cli_usage_error(cmd, "invalid %s '%s': want a number >= 0", opt->name, val);
     return 0;
 }
 
+static int add_operand(void *opts, const char *arg)
+{
+    struct compare_opts *o = opts;
+    if (o->nops == 2) return cli_usage_error(cmd, "too many operands: '%s'", arg);
+    o->ops[o->nops++] = arg;
+    return 0;
+}
+
+#define NEEDS_VALUE "option '%s' needs a value"
+
+static const cli_option options[] = {
+    {"--rtol", NULL, "R", "relative tolerance, a number >= 0 (default 1e-05)", set_tol,
+     offsetof(struct compare_opts, rtol), NEEDS_VALUE, 0},
+    {"--atol", NULL, "A", "absolute tolerance, a number >= 0 (default 1e-08)", set_tol,
+     offsetof(struct compare_opts, atol), NEEDS_VALUE, 0},
+    {"--equal-nan", NULL, NULL, "treat NaN as close to NaN", cli_set_flag, offsetof(struct compare_opts, equal_nan),
+     NULL, 0},
+    {"--json", NULL, NULL, "print one JSON object instead of the text report", cli_set_flag,
+     offsetof(struct compare_opts, json), NULL, 0},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_compare_command = {
+    .name = "compare",
+    .usage = "usage: aft compare A B [--rtol R] [--atol A] [--equal-nan] [--json]\n"
+             "\n"
+             "Compare two tensors element by element with numpy's allclose rule:\n"
+             "a and b are close when |a - b| <= atol + rtol * |b| (B is the reference).\n"
+             "Infinities are close only to the same infinity; NaN is close to nothing,\n"
+             "or to NaN with --equal-nan. Values are compared as doubles; the dtypes\n"
+             "may differ. The shapes must be equal (no broadcasting).\n"
+             "\n"
+             "A and B are each a .npy file, '-' (a .npy on standard input), or\n"
+             "FILE.safetensors:NAME, the tensor NAME in a .safetensors file (a\n"
+             ".safetensors file that holds a single tensor may be named alone).\n",
+    .options = options,
+    .more = "The report gives the shapes and dtypes, the largest |a - b| and the\n"
+            "largest |a - b| / |b| (both over the pairs where neither value is NaN;\n"
+            "the relative error skips pairs with b == 0), the number of elements that\n"
+            "are not close, and the worst index: the element where |a - b| most\n"
+            "exceeds atol + rtol * |b| (a NaN or infinity mismatch counts as the\n"
+            "worst), shown with its two values. The last line is 'close' or\n"
+            "'not close'. In --json output, infinite or NaN numbers are the strings\n"
+            "\"inf\", \"-inf\" and \"nan\"; when the shapes differ the error fields\n"
+            "are null.\n"
+            "\n"
+            "exit status: 0 close, 1 not close (or the shapes differ) or a file could\n"
+            "not be read, 2 usage error\n",
+    .operand = add_operand,
+};
+
 int cmd_compare(int argc, char **argv)
 {
-    double rtol = 1e-5, atol = 1e-8;
-    int equal_nan = 0, json = 0, only_operands = 0, nops = 0;
-    const char *ops[2] = {NULL, NULL};
-
     /* options may come before, between or after the operands */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (only_operands || a[0] != '-' || strcmp(a, "-") == 0) {
-            if (nops == 2) return cli_usage_error(cmd, "too many operands: '%s'", a);
-            ops[nops++] = a;
-            continue;
-        }
-        if (strcmp(a, "--") == 0) {
-            only_operands = 1;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(usage_text, stdout);
-            return cli_finish_stdout(cmd);
-        } else if (strcmp(a, "--json") == 0) {
-            json = 1;
-        } else if (strcmp(a, "--equal-nan") == 0) {
-            equal_nan = 1;
-        } else if (strcmp(a, "--rtol") == 0 || strcmp(a, "--atol") == 0) {
-            const char *val = i + 1 < argc ? argv[++i] : NULL;
-            int rc = parse_tol(a, val, a[2] == 'r' ? &rtol : &atol);
-            if (rc) return rc;
-        } else if (strncmp(a, "--rtol=", 7) == 0 || strncmp(a, "--atol=", 7) == 0) {
-            char opt[7];
-            memcpy(opt, a, 6);
-            opt[6] = '\0';
-            int rc = parse_tol(opt, a + 7, a[2] == 'r' ? &rtol : &atol);
-            if (rc) return rc;
-        } else {
-            return cli_usage_error(cmd, "unknown option '%s'", a);
-        }
-    }
+    struct compare_opts o = {.rtol = 1e-5, .atol = 1e-8};
+    int rc = cli_parse_options(&cli_compare_command, argc, argv, &o);
+    if (rc) return rc < 0 ? cli_finish_stdout(cmd) : rc;
+    double rtol = o.rtol, atol = o.atol;
+    int equal_nan = o.equal_nan, json = o.json, nops = o.nops;
+    const char **ops = o.ops;
     if (nops != 2) return cli_usage_error(cmd, "need two operands, A and B");
     if (strcmp(ops[0], "-") == 0 && strcmp(ops[1], "-") == 0)
         return cli_usage_error(cmd, "only one operand can be '-' (standard input)");
@@ -423,7 +420,6 @@ int cmd_compare(int argc, char **argv)
     if (same_shape) compare(&s, a.t, b.t, rtol, atol, equal_nan);
     int close = same_shape && s.mismatches == 0;
 
-    int rc = 0;
     if (json)
         rc = print_json(&a, &b, same_shape, &s, rtol, atol, equal_nan, close);
     else

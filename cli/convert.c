@@ -2,8 +2,8 @@
  * tensor from one, change the floating-point dtype of tensors.
  *
  * Streaming: the output header is computed from the inputs' shapes and dtypes
- * alone (a .safetensors input is memory-mapped; a .npy input's header is
- * peeked), then each tensor's data is converted and written a chunk at a
+ * alone (a .safetensors input is memory-mapped; of a .npy input only the
+ * header is read, by aft_npy_read_header), then each tensor's data is converted and written a chunk at a
  * time, one input tensor at a time. Peak memory is about one .npy input
  * tensor plus a 1 MiB buffer, never the whole output.
  *
@@ -14,55 +14,12 @@
 
 #include <errno.h>
 #include <malloc.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static const char usage_text[] =
-    "usage: aft convert [-o OUT] [--dtype f32|f16|bf16|f64] [--metadata KEY=VALUE]...\n"
-    "                   [--format npy|safetensors] INPUT...\n"
-    "\n"
-    "Pack .npy files into one .safetensors, extract a tensor from a .safetensors,\n"
-    "or change the floating-point dtype of tensors. Tensors are converted and\n"
-    "written a chunk at a time: memory holds at most one input tensor.\n"
-    "\n"
-    "  aft convert -o model.safetensors wq=wq.npy wk=wk.npy --metadata format=pt\n"
-    "  aft convert -o wq.npy model.safetensors:blocks.0.wq\n"
-    "  aft convert --dtype f16 -o x16.npy x.npy\n"
-    "  aft convert --dtype bf16 -o small.safetensors model.safetensors\n"
-    "\n"
-    "INPUT is one of:\n"
-    "  FILE.npy               a .npy file (in a .safetensors output it is named\n"
-    "                         after the file, without directory and '.npy')\n"
-    "  -                      a .npy on standard input (NAME=- in a .safetensors)\n"
-    "  FILE.safetensors       every tensor of the file, with its names and metadata\n"
-    "  FILE.safetensors:NAME  the tensor NAME in the file\n"
-    "  NAME=INPUT             the one tensor of INPUT, called NAME in the output\n"
-    "\n"
-    "The output is a .safetensors holding the inputs' tensors in the order given,\n"
-    "or a .npy holding the one input tensor. Which one: --format, else the name\n"
-    "of OUT (.npy or .safetensors), else .npy for a single INPUT that is one\n"
-    "tensor without NAME=, .safetensors otherwise.\n"
-    "\n"
-    "options:\n"
-    "  -o, --output OUT      the output file, written atomically (a temporary\n"
-    "                        renamed into place); '-' or no -o: standard output,\n"
-    "                        unless it is a terminal\n"
-    "  --dtype D             convert every floating-point tensor to D: f32, f16,\n"
-    "                        bf16 or f64, rounding to nearest, ties to even (too\n"
-    "                        large values become infinity, NaN stays NaN). Bool\n"
-    "                        and integer tensors are copied unchanged. Default:\n"
-    "                        keep every dtype (the data is copied bit for bit)\n"
-    "  --metadata KEY=VALUE  a .safetensors __metadata__ entry (repeatable); it\n"
-    "                        replaces a key of the same name from an input file\n"
-    "  --format F            npy or safetensors, whatever OUT is called\n"
-    "  -h, --help            print this help and exit\n"
-    "\n"
-    ".npy cannot hold bfloat16: convert BF16 tensors with --dtype f32 (exact).\n"
-    "\n"
-    "exit status: 0 done, 1 a file could not be read or written, 2 usage error\n";
 
 static const char *const cmd = "convert";
 
@@ -208,71 +165,6 @@ static int utf8_valid(const char *s)
         p += len;
     }
     return 1;
-}
-
-/* Learns a .npy file's dtype and shape from its header alone, so that a
- * .safetensors header can be written before any data is read. Only the plain
- * form numpy writes is understood; anything else returns -1 and the caller
- * reads the whole file instead (whose strict reader then judges it). The
- * data is checked against this answer when it is read. */
-static int npy_peek(const char *path, aft_dtype *dt, size_t *ndim, size_t *shape)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return -1;
-    unsigned char pre[12];
-    char *h = NULL;
-    int rc = -1;
-    if (fread(pre, 1, 8, fp) != 8 || memcmp(pre, "\x93NUMPY", 6) != 0) goto out;
-    size_t len = 0, plen = pre[6] == 1 ? 2 : 4;
-    if (pre[6] < 1 || pre[6] > 3 || fread(pre + 8, 1, plen, fp) != plen) goto out;
-    for (size_t i = 0; i < plen; i++) len |= (size_t)pre[8 + i] << (8 * i);
-    if (len > ((size_t)1 << 20) || !(h = malloc(len + 1)) || fread(h, 1, len, fp) != len) goto out;
-    h[len] = '\0';
-    if (strlen(h) != len) goto out;
-
-    /* 'descr': '<f4' */
-    const char *p = strstr(h, "'descr':");
-    if (!p) goto out;
-    p += 8;
-    while (*p == ' ') p++;
-    if (p[0] != '\'' || !strchr("<>|=", p[1]) || !p[2] || !p[3] || p[4] != '\'') goto out;
-    static const aft_dtype all[] = {AFT_F64, AFT_F32, AFT_F16, AFT_BOOL, AFT_U8, AFT_I8,
-                                    AFT_I16, AFT_U16, AFT_I32, AFT_U32, AFT_I64, AFT_U64};
-    int found = 0;
-    for (size_t i = 0; i < sizeof all / sizeof all[0] && !found; i++)
-        if (memcmp(p + 2, aft_npy_code(all[i]), 2) == 0) {
-            *dt = all[i];
-            found = 1;
-        }
-    if (!found) goto out;
-
-    /* 'shape': (2, 3) or (4,) or () */
-    p = strstr(h, "'shape':");
-    if (!p) goto out;
-    p += 8;
-    while (*p == ' ') p++;
-    if (*p++ != '(') goto out;
-    size_t n = 0;
-    for (;;) {
-        while (*p == ' ') p++;
-        if (*p == ')') break;
-        if (*p < '0' || *p > '9' || n == AFT_MAX_DIMS) goto out;
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (errno || v > SIZE_MAX) goto out;
-        shape[n++] = (size_t)v;
-        p = end;
-        while (*p == ' ') p++;
-        if (*p == ',') p++;
-        else if (*p != ')') goto out;
-    }
-    *ndim = n;
-    rc = 0;
-out:
-    free(h);
-    fclose(fp);
-    return rc;
 }
 
 /* ---------------------------------------------------------------- inputs */
@@ -460,10 +352,9 @@ static char *stem(const char *path)
 }
 
 /* Opens what spec s names and adds its tensors to the job. For a .npy the
- * whole file is read now when read_npy is set (a .npy output, standard
- * input, a pipe, a header npy_peek does not follow); otherwise only its
- * header is, and the data later. Returns 0, or an exit status after
- * reporting. */
+ * whole file is read now for a .npy output, standard input or a pipe;
+ * otherwise only its header is, and the data when it is written. Returns 0,
+ * or an exit status after reporting. */
 static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
 {
     aft_error err = {{0}};
@@ -480,7 +371,15 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
             if (*stdin_used) return cli_usage_error(cmd, "standard input ('-') can be read only once");
             *stdin_used = 1;
         }
-        if (!to_st || !regular || npy_peek(file, &it->dtype, &it->ndim, it->shape) != 0) {
+        if (to_st && regular) {
+            /* the header now, the data when its turn comes */
+            aft_tensor head;
+            if (aft_npy_read_header(file, &head, NULL, &err) != AFT_OK) {
+                report_file(file, err.msg);
+                return EXIT_DATA;
+            }
+            take_shape(it, &head);
+        } else {
             if (aft_npy_read(file, &it->held, NULL, &err) != AFT_OK) {
                 report_file(file, err.msg);
                 return EXIT_DATA;
@@ -631,7 +530,7 @@ static int write_data(FILE *fp, const void *src, aft_dtype from, aft_dtype to, s
 }
 
 /* The data of item it: already there, or its .npy read now and checked
- * against the header peeked before. 0, or EXIT_DATA after reporting. */
+ * against the header read before. 0, or EXIT_DATA after reporting. */
 static int item_data(item *it)
 {
     if (it->src) return 0;
@@ -816,156 +715,171 @@ static int write_npy(job *j, const char *out_path)
     return 0;
 }
 
+/* ---------------------------------------------------------------- options */
+
+struct convert_opts {
+    const char *out_path, *format;
+    int have_dtype;
+    aft_dtype target;
+    char **meta;              /* --metadata pairs: key (a malloc'd copy), value (in argv) */
+    size_t nmeta;
+    const char **operands;    /* the INPUTs, in order */
+    size_t nops;
+};
+
+static int set_dtype(const cli_option *opt, void *opts, const char *val)
+{
+    struct convert_opts *o = opts;
+    if (parse_dtype(val, &o->target) != 0)
+        return cli_usage_error(cmd, "unknown --dtype '%s': want f32, f16, bf16 or f64", val);
+    o->have_dtype = 1;
+    return 0;
+}
+
+static int set_format(const cli_option *opt, void *opts, const char *val)
+{
+    if (!val || (strcmp(val, "npy") != 0 && strcmp(val, "safetensors") != 0))
+        return cli_usage_error(cmd, "--format takes npy or safetensors");
+    ((struct convert_opts *)opts)->format = val;
+    return 0;
+}
+
+static int add_metadata(const cli_option *opt, void *opts, const char *val)
+{
+    struct convert_opts *o = opts;
+    const char *eq = val ? strchr(val, '=') : NULL;
+    if (!eq || eq == val) return cli_usage_error(cmd, "--metadata takes KEY=VALUE, not '%s'", val ? val : "");
+    char *key = strndup(val, (size_t)(eq - val));
+    if (!key) {
+        cli_error(cmd, "out of memory");
+        return EXIT_DATA;
+    }
+    o->meta[2 * o->nmeta] = key;
+    o->meta[2 * o->nmeta + 1] = (char *)eq + 1;   /* borrowed from argv */
+    o->nmeta++;
+    if (!utf8_valid(key) || !utf8_valid(eq + 1)) return cli_usage_error(cmd, "--metadata '%s' is not valid UTF-8", val);
+    for (size_t k = 0; k + 1 < o->nmeta; k++)
+        if (strcmp(o->meta[2 * k], key) == 0) return cli_usage_error(cmd, "--metadata key '%s' is given twice", key);
+    return 0;
+}
+
+static int add_operand(void *opts, const char *arg)
+{
+    struct convert_opts *o = opts;
+    o->operands[o->nops++] = arg;
+    return 0;
+}
+
+static const cli_option options[] = {
+    {"-o", "--output", "OUT",
+     "the output file, written atomically (a temporary renamed into place); '-' or no -o: standard output, unless "
+     "it is a terminal",
+     cli_set_string, offsetof(struct convert_opts, out_path), "%s needs a file", 0},
+    {"--dtype", NULL, "D",
+     "convert every floating-point tensor to D: f32, f16, bf16 or f64, rounding to nearest, ties to even (too "
+     "large values become infinity, NaN stays NaN). Bool and integer tensors are copied unchanged. Default: keep "
+     "every dtype (the data is copied bit for bit)",
+     set_dtype, 0, "--dtype needs a value", 0},
+    {"--metadata", NULL, "KEY=VALUE",
+     "a .safetensors __metadata__ entry (repeatable); it replaces a key of the same name from an input file",
+     add_metadata, 0, NULL, 0},
+    {"--format", NULL, "F", "npy or safetensors, whatever OUT is called", set_format, 0, NULL, 0},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_convert_command = {
+    .name = "convert",
+    .usage = "usage: aft convert [-o OUT] [--dtype f32|f16|bf16|f64] [--metadata KEY=VALUE]...\n"
+             "                   [--format npy|safetensors] INPUT...\n"
+             "\n"
+             "Pack .npy files into one .safetensors, extract a tensor from a .safetensors,\n"
+             "or change the floating-point dtype of tensors. Tensors are converted and\n"
+             "written a chunk at a time: memory holds at most one input tensor.\n"
+             "\n"
+             "  aft convert -o model.safetensors wq=wq.npy wk=wk.npy --metadata format=pt\n"
+             "  aft convert -o wq.npy model.safetensors:blocks.0.wq\n"
+             "  aft convert --dtype f16 -o x16.npy x.npy\n"
+             "  aft convert --dtype bf16 -o small.safetensors model.safetensors\n"
+             "\n"
+             "INPUT is one of:\n"
+             "  FILE.npy               a .npy file (in a .safetensors output it is named\n"
+             "                         after the file, without directory and '.npy')\n"
+             "  -                      a .npy on standard input (NAME=- in a .safetensors)\n"
+             "  FILE.safetensors       every tensor of the file, with its names and metadata\n"
+             "  FILE.safetensors:NAME  the tensor NAME in the file\n"
+             "  NAME=INPUT             the one tensor of INPUT, called NAME in the output\n"
+             "\n"
+             "The output is a .safetensors holding the inputs' tensors in the order given,\n"
+             "or a .npy holding the one input tensor. Which one: --format, else the name\n"
+             "of OUT (.npy or .safetensors), else .npy for a single INPUT that is one\n"
+             "tensor without NAME=, .safetensors otherwise.\n",
+    .options = options,
+    .more = ".npy cannot hold bfloat16: convert BF16 tensors with --dtype f32 (exact).\n"
+            "\n"
+            "exit status: 0 done, 1 a file could not be read or written, 2 usage error\n",
+    .operand = add_operand,
+};
+
 /* ---------------------------------------------------------------- the command */
 
-int cmd_convert(int argc, char **argv)
+/* The output format (*to_st: .safetensors, else .npy): asked for, else by
+ * the name of OUT, else by the inputs; and the usage errors of that choice.
+ * 0, or an exit status after reporting. */
+static int choose_output(const struct convert_opts *o, const job *j, int *to_st)
 {
-    const char *out_path = NULL, *format = NULL;
-    int have_dtype = 0, only_operands = 0;
-    aft_dtype target = AFT_F32;
-    job j;
-    memset(&j, 0, sizeof j);
-    /* --metadata pairs, split in place into copies: key, value */
-    char **cli_meta = calloc((size_t)argc + 1, sizeof *cli_meta);
-    const char **operands = calloc((size_t)argc + 1, sizeof *operands);
-    size_t ncli_meta = 0, nops = 0;
-    int rc = 0;
-    if (!cli_meta || !operands) {
-        cli_error(cmd, "out of memory");
-        rc = EXIT_DATA;
-        goto done;
-    }
+    const spec *first = &j->specs[0];
+    if (o->format) *to_st = strcmp(o->format, "safetensors") == 0;
+    else if (o->out_path && cli_ends_with(o->out_path, ".safetensors")) *to_st = 1;
+    else if (o->out_path && cli_ends_with(o->out_path, ".npy")) *to_st = 0;
+    else *to_st = o->nops > 1 || first->name || first->kind == SRC_ST_WHOLE;
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val;
-        int missing = 0;
-        if (only_operands || a[0] != '-' || strcmp(a, "-") == 0) {
-            operands[nops++] = a;
-            continue;
-        }
-        if (strcmp(a, "--") == 0) {
-            only_operands = 1;
-        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage_text, stdout);
-            rc = cli_finish_stdout(cmd);
-            goto done;
-        } else if ((val = cli_opt_value(argc, argv, &i, "-o", &missing)) || missing ||
-                   (val = cli_opt_value(argc, argv, &i, "--output", &missing)) || missing) {
-            if (missing) { rc = cli_usage_error(cmd, "%s needs a file", a); goto done; }
-            out_path = val;
-        } else if ((val = cli_opt_value(argc, argv, &i, "--dtype", &missing)) || missing) {
-            if (missing) { rc = cli_usage_error(cmd, "--dtype needs a value"); goto done; }
-            if (parse_dtype(val, &target) != 0) {
-                rc = cli_usage_error(cmd, "unknown --dtype '%s': want f32, f16, bf16 or f64", val);
-                goto done;
-            }
-            have_dtype = 1;
-        } else if ((val = cli_opt_value(argc, argv, &i, "--format", &missing)) || missing) {
-            if (missing || (strcmp(val, "npy") != 0 && strcmp(val, "safetensors") != 0)) {
-                rc = cli_usage_error(cmd, "--format takes npy or safetensors");
-                goto done;
-            }
-            format = val;
-        } else if ((val = cli_opt_value(argc, argv, &i, "--metadata", &missing)) || missing) {
-            const char *eq = missing ? NULL : strchr(val, '=');
-            if (!eq || eq == val) {
-                rc = cli_usage_error(cmd, "--metadata takes KEY=VALUE, not '%s'", missing ? "" : val);
-                goto done;
-            }
-            char *key = strndup(val, (size_t)(eq - val));
-            if (!key) { cli_error(cmd, "out of memory"); rc = EXIT_DATA; goto done; }
-            cli_meta[2 * ncli_meta] = key;
-            cli_meta[2 * ncli_meta + 1] = (char *)eq + 1;   /* borrowed from argv */
-            ncli_meta++;
-            if (!utf8_valid(key) || !utf8_valid(eq + 1)) {
-                rc = cli_usage_error(cmd, "--metadata '%s' is not valid UTF-8", val);
-                goto done;
-            }
-            for (size_t k = 0; k + 1 < ncli_meta; k++)
-                if (strcmp(cli_meta[2 * k], key) == 0) {
-                    rc = cli_usage_error(cmd, "--metadata key '%s' is given twice", key);
-                    goto done;
-                }
-        } else {
-            rc = cli_usage_error(cmd, "unknown option '%s'", a);
-            goto done;
-        }
-    }
-    if (nops == 0) {
-        rc = cli_usage_error(cmd, "no INPUT given");
-        goto done;
-    }
-
-    if (!(j.specs = calloc(nops, sizeof *j.specs))) {
-        cli_error(cmd, "out of memory");
-        rc = EXIT_DATA;
-        goto done;
-    }
-    for (size_t i = 0; i < nops; i++) {
-        j.nspecs++;
-        if ((rc = parse_spec(&j.specs[i], operands[i])) != 0) goto done;
-    }
-
-    /* the output format: asked for, else by name, else by the inputs */
-    int to_st;
-    if (format) to_st = strcmp(format, "safetensors") == 0;
-    else if (out_path && cli_ends_with(out_path, ".safetensors")) to_st = 1;
-    else if (out_path && cli_ends_with(out_path, ".npy")) to_st = 0;
-    else to_st = nops > 1 || j.specs[0].name || j.specs[0].kind == SRC_ST_WHOLE;
-
-    if (!to_st) {
-        if (nops > 1) {
-            rc = cli_usage_error(cmd, "a .npy output holds one tensor, but %zu inputs are given", nops);
-            goto done;
-        }
-        if (j.specs[0].name) {
-            rc = cli_usage_error(cmd, "'%s': NAME= names a tensor in a .safetensors output; a .npy has no names",
-                                 j.specs[0].arg);
-            goto done;
-        }
-        if (ncli_meta) {
-            rc = cli_usage_error(cmd, "--metadata applies to a .safetensors output, not .npy");
-            goto done;
-        }
-        if (have_dtype && target == AFT_BF16) {
-            rc = cli_usage_error(cmd, ".npy cannot hold bfloat16; write a .safetensors or choose another --dtype");
-            goto done;
-        }
+    if (!*to_st) {
+        if (o->nops > 1)
+            return cli_usage_error(cmd, "a .npy output holds one tensor, but %zu inputs are given", o->nops);
+        if (first->name)
+            return cli_usage_error(cmd, "'%s': NAME= names a tensor in a .safetensors output; a .npy has no names",
+                                   first->arg);
+        if (o->nmeta) return cli_usage_error(cmd, "--metadata applies to a .safetensors output, not .npy");
+        if (o->have_dtype && o->target == AFT_BF16)
+            return cli_usage_error(cmd, ".npy cannot hold bfloat16; write a .safetensors or choose another --dtype");
     } else {
-        for (size_t i = 0; i < nops; i++)
-            if (j.specs[i].kind == SRC_STDIN && !j.specs[i].name) {
-                rc = cli_usage_error(cmd, "name the tensor read from standard input: NAME=-");
-                goto done;
-            }
+        for (size_t i = 0; i < o->nops; i++)
+            if (j->specs[i].kind == SRC_STDIN && !j->specs[i].name)
+                return cli_usage_error(cmd, "name the tensor read from standard input: NAME=-");
     }
-    if ((!out_path || strcmp(out_path, "-") == 0) && isatty(STDOUT_FILENO)) {
-        rc = cli_usage_error(cmd, "refusing to write binary %s to a terminal; use -o FILE or a pipe",
-                             to_st ? ".safetensors" : ".npy");
-        goto done;
-    }
-    if (!out_path) out_path = "-";
+    if ((!o->out_path || strcmp(o->out_path, "-") == 0) && isatty(STDOUT_FILENO))
+        return cli_usage_error(cmd, "refusing to write binary %s to a terminal; use -o FILE or a pipe",
+                               *to_st ? ".safetensors" : ".npy");
     if (!HOST_LITTLE) {
         /* both formats are written here as little-endian from native data */
         cli_error(cmd, "converting on a big-endian machine is not supported");
-        rc = EXIT_DATA;
-        goto done;
+        return EXIT_DATA;
     }
+    return 0;
+}
 
-    int stdin_used = 0;
-    for (size_t i = 0; i < nops; i++)
-        if ((rc = load_spec(&j, &j.specs[i], to_st, &stdin_used)) != 0) goto done;
-    for (size_t i = 0; i < ncli_meta; i++)
-        if (put_meta(&j, cli_meta[2 * i], cli_meta[2 * i + 1]) != 0) {
+/* Every INPUT's tensors (and metadata) into the job, then --metadata.
+ * 0, or an exit status after reporting. */
+static int load_inputs(const struct convert_opts *o, job *j, int to_st)
+{
+    int rc, stdin_used = 0;
+    for (size_t i = 0; i < o->nops; i++)
+        if ((rc = load_spec(j, &j->specs[i], to_st, &stdin_used)) != 0) return rc;
+    for (size_t i = 0; i < o->nmeta; i++)
+        if (put_meta(j, o->meta[2 * i], o->meta[2 * i + 1]) != 0) {
             cli_error(cmd, "out of memory");
-            rc = EXIT_DATA;
-            goto done;
+            return EXIT_DATA;
         }
-    if (to_st && (rc = check_names(&j)) != 0) goto done;
+    return to_st ? check_names(j) : 0;
+}
 
-    /* output dtypes and sizes: --dtype changes floating-point tensors only */
-    for (size_t i = 0; i < j.nitems; i++) {
-        item *it = &j.items[i];
-        it->out = have_dtype && aft_dtype_is_float(it->dtype) ? target : it->dtype;
+/* Each item's output dtype and size: --dtype changes floating-point tensors
+ * only. 0, or EXIT_DATA after reporting. */
+static int plan_outputs(const struct convert_opts *o, job *j)
+{
+    for (size_t i = 0; i < j->nitems; i++) {
+        item *it = &j->items[i];
+        it->out = o->have_dtype && aft_dtype_is_float(it->dtype) ? o->target : it->dtype;
         /* a zero dimension makes the tensor empty whatever the others say */
         size_t n = 1;
         int over = 0;
@@ -975,17 +889,63 @@ int cmd_convert(int argc, char **argv)
         it->nelem = n;
         if (over || __builtin_mul_overflow(n, aft_dtype_size(it->out), &it->nbytes_out)) {
             report_file(it->file, "shape too large");
-            rc = EXIT_DATA;
-            goto done;
+            return EXIT_DATA;
         }
     }
-    rc = to_st ? write_safetensors(&j, out_path) : write_npy(&j, out_path);
-    if (!rc) rc = cli_finish_stdout(cmd);
+    return 0;
+}
 
-done:
+/* the INPUTs taken apart into j->specs; 0, or an exit status after reporting */
+static int parse_inputs(const struct convert_opts *o, job *j)
+{
+    if (!(j->specs = calloc(o->nops, sizeof *j->specs))) {
+        cli_error(cmd, "out of memory");
+        return EXIT_DATA;
+    }
+    for (size_t i = 0; i < o->nops; i++) {
+        j->nspecs++;
+        int rc = parse_spec(&j->specs[i], o->operands[i]);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* the options and INPUTs into o (o->meta and o->operands allocated here);
+ * 0, -1 after the help, or an exit status after reporting */
+static int parse_args(int argc, char **argv, struct convert_opts *o)
+{
+    o->meta = calloc((size_t)argc + 1, 2 * sizeof *o->meta);
+    o->operands = calloc((size_t)argc + 1, sizeof *o->operands);
+    if (!o->meta || !o->operands) {
+        cli_error(cmd, "out of memory");
+        return EXIT_DATA;
+    }
+    int rc = cli_parse_options(&cli_convert_command, argc, argv, o);
+    if (rc) return rc;
+    if (o->nops == 0) return cli_usage_error(cmd, "no INPUT given");
+    return 0;
+}
+
+int cmd_convert(int argc, char **argv)
+{
+    struct convert_opts o = {.target = AFT_F32};
+    job j;
+    memset(&j, 0, sizeof j);
+    int to_st = 0, rc = parse_args(argc, argv, &o);
+    if (rc < 0) {
+        rc = cli_finish_stdout(cmd);
+    } else if (rc == 0) {
+        const char *out_path = o.out_path ? o.out_path : "-";
+        rc = parse_inputs(&o, &j);
+        if (!rc) rc = choose_output(&o, &j, &to_st);
+        if (!rc) rc = load_inputs(&o, &j, to_st);
+        if (!rc) rc = plan_outputs(&o, &j);
+        if (!rc) rc = to_st ? write_safetensors(&j, out_path) : write_npy(&j, out_path);
+        if (!rc) rc = cli_finish_stdout(cmd);
+    }
     job_free(&j);
-    for (size_t i = 0; cli_meta && i < ncli_meta; i++) free(cli_meta[2 * i]);
-    free(cli_meta);
-    free(operands);
+    for (size_t i = 0; o.meta && i < o.nmeta; i++) free(o.meta[2 * i]);
+    free(o.meta);
+    free(o.operands);
     return rc;
 }

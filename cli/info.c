@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,29 +13,6 @@ static void report_file(const char *path, const char *msg)
 {
     cli_report_file(NULL, path, msg);
 }
-
-static const char usage_text[] =
-    "usage: aft info [--json] FILE...\n"
-    "\n"
-    "Print each tensor's name, dtype, shape and size in bytes, for .npy and\n"
-    ".safetensors files; .safetensors metadata is printed as key = value.\n"
-    "For .npy also the header version, the byte order and the memory order.\n"
-    "The format comes from the extension (.npy, .safetensors); other files\n"
-    "are recognised by their first bytes. '-' reads a .npy from standard input.\n"
-    "A .npy holds one tensor, named after the file without '.npy' ('(array)'\n"
-    "for standard input).\n"
-    "\n"
-    "options:\n"
-    "  --json      one JSON object per file, one per line:\n"
-    "              {\"file\", \"format\": \"npy\"|\"safetensors\",\n"
-    "               \"tensors\": [{\"name\", \"dtype\", \"shape\", \"bytes\"}],\n"
-    "               \"metadata\": {...}, and for .npy \"npy\": {\"version\",\n"
-    "               \"byte_order\": \"little\"|\"big\"|\"none\", \"fortran_order\"}}\n"
-    "  -h, --help  print this help and exit\n"
-    "\n"
-    "Files are read in order; the first one that cannot be read stops the\n"
-    "command with a message on stderr.\n"
-    "exit status: 0 all files read, 1 a file could not be read, 2 usage error\n";
 
 /* one row of the human table */
 typedef struct {
@@ -330,38 +308,66 @@ static int info_st(const char *path, int json)
     return 0;
 }
 
+struct info_opts {
+    int json;
+    char **files;   /* the operands, gathered over argv (argv + 1 on) */
+    int nfiles;
+};
+
+static int add_file(void *opts, const char *arg)
+{
+    struct info_opts *o = opts;
+    o->files[o->nfiles++] = (char *)arg;   /* never past the argument it came from */
+    return 0;
+}
+
+static const cli_option options[] = {
+    {"--json", NULL, NULL,
+     "one JSON object per file, one per line:\n"
+     "{\"file\", \"format\": \"npy\"|\"safetensors\",\n"
+     " \"tensors\": [{\"name\", \"dtype\", \"shape\", \"bytes\"}],\n"
+     " \"metadata\": {...}, and for .npy \"npy\": {\"version\",\n"
+     " \"byte_order\": \"little\"|\"big\"|\"none\", \"fortran_order\"}}",
+     cli_set_flag, offsetof(struct info_opts, json), NULL, 0},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_info_command = {
+    .name = "info",
+    .usage = "usage: aft info [--json] FILE...\n"
+             "\n"
+             "Print each tensor's name, dtype, shape and size in bytes, for .npy and\n"
+             ".safetensors files; .safetensors metadata is printed as key = value.\n"
+             "For .npy also the header version, the byte order and the memory order.\n"
+             "The format comes from the extension (.npy, .safetensors); other files\n"
+             "are recognised by their first bytes. '-' reads a .npy from standard input.\n"
+             "A .npy holds one tensor, named after the file without '.npy' ('(array)'\n"
+             "for standard input).\n",
+    .options = options,
+    .more = "Files are read in order; the first one that cannot be read stops the\n"
+            "command with a message on stderr.\n"
+            "exit status: 0 all files read, 1 a file could not be read, 2 usage error\n",
+    .operand = add_file,
+};
+
 int cmd_info(int argc, char **argv)
 {
     const char *cmd = "info";
-    int json = 0, nfiles = 0, only_operands = 0;
     /* options may come anywhere; "--" ends them; "-" is an operand */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (only_operands || a[0] != '-' || strcmp(a, "-") == 0) {
-            argv[++nfiles] = argv[i];   /* compact operands to argv[1..nfiles] */
-            continue;
-        }
-        if (strcmp(a, "--") == 0) only_operands = 1;
-        else if (strcmp(a, "--json") == 0) json = 1;
-        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(usage_text, stdout);
-            return cli_finish_stdout(cmd);
-        } else
-            return cli_usage_error(cmd, "unknown option '%s'", a);
-    }
-    if (nfiles == 0) return cli_usage_error(cmd, "no file given");
-
-    int rc = 0;
-    for (int i = 1; i <= nfiles && rc == 0; i++) {
-        const char *path = argv[i];
+    struct info_opts o = {.files = argv + 1};
+    int rc = cli_parse_options(&cli_info_command, argc, argv, &o);
+    if (rc) return rc < 0 ? cli_finish_stdout(cmd) : rc;
+    if (o.nfiles == 0) return cli_usage_error(cmd, "no file given");
+    for (int i = 0; i < o.nfiles && rc == 0; i++) {
+        const char *path = o.files[i];
         file_format fmt;
         if (detect_format(path, &fmt) != 0) {
             rc = EXIT_DATA;
             break;
         }
         /* a blank line between the reports of several files */
-        if (!json && i > 1) putchar('\n');
-        rc = fmt == FMT_NPY ? info_npy(path, json) : info_st(path, json);
+        if (!o.json && i > 0) putchar('\n');
+        rc = fmt == FMT_NPY ? info_npy(path, o.json) : info_st(path, o.json);
     }
     /* report a failed write even when a file failed too */
     int out = cli_finish_stdout(cmd);

@@ -1,73 +1,73 @@
 /* mask.c - aft mask: the local (and causal) visibility pattern as text, .npy or JSON. */
 #include "cli.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char usage_text[] =
-    "usage: aft mask --len N --window S [--causal] [--format text|npy|json] [-o FILE]\n"
-    "\n"
-    "Prints the N x N mask that is 1 where |i - j| < S (and j <= i with --causal).\n"
-    "  --len N            sequence length, N >= 1\n"
-    "  --window S         window, S >= 0 (S = 0 gives all zeros)\n"
-    "  --causal           also require j <= i\n"
-    "  --format F         text (default: N lines of N entries 1 or 0, single spaces),\n"
-    "                     npy (bool .npy), json (array of N arrays of 0/1)\n"
-    "  -o FILE            write to FILE instead of stdout\n";
+struct mask_opts {
+    size_t n, s;
+    int have_n, have_s, causal;
+    const char *format, *out_path;
+};
 
-int cmd_mask(int argc, char **argv)
+static int set_len(const cli_option *opt, void *opts, const char *v)
 {
-    size_t n = 0, s = 0;
-    int have_n = 0, have_s = 0, causal = 0;
-    const char *format = "text", *out_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage_text, stdout);
-            return cli_finish_stdout("mask");
-        }
-        if (strcmp(a, "--causal") == 0) { causal = 1; continue; }
-        const char *opts[] = {"--len", "--window", "--format", "-o"};
-        int which = -1;
-        for (int j = 0; j < 4; j++) {
-            size_t L = strlen(opts[j]);
-            if (strncmp(a, opts[j], L) == 0 && (a[L] == 0 || a[L] == '=')) {
-                which = j;
-                if (a[L] == '=') val = a + L + 1;
-                else if (i + 1 < argc) val = argv[++i];
-                else return cli_usage_error("mask", "%s needs a value", opts[j]);
-            }
-        }
-        switch (which) {
-        case 0:
-            if (cli_parse_size(val, &n) != 0 || n == 0)
-                return cli_usage_error("mask", "--len takes a whole number >= 1, not '%s'", val);
-            have_n = 1;
-            break;
-        case 1:
-            if (cli_parse_size(val, &s) != 0)
-                return cli_usage_error("mask", "--window takes a whole number >= 0, not '%s'", val);
-            have_s = 1;
-            break;
-        case 2:
-            if (strcmp(val, "text") && strcmp(val, "npy") && strcmp(val, "json"))
-                return cli_usage_error("mask", "--format takes text, npy or json, not '%s'", val);
-            format = val;
-            break;
-        case 3:
-            out_path = val;
-            break;
-        default:
-            return cli_usage_error("mask", "unknown argument '%s'", a);
-        }
-    }
-    if (!have_n) return cli_usage_error("mask", "--len N is required");
-    if (!have_s) return cli_usage_error("mask", "--window S is required");
-    /* a text mask is 2 bytes an entry: keep it to what a terminal or file can take */
-    if (n > 65536) return cli_usage_error("mask", "--len %zu is too large (at most 65536)", n);
+    struct mask_opts *o = opts;
+    if (cli_parse_size(v, &o->n) != 0 || o->n == 0)
+        return cli_usage_error("mask", "--len takes a whole number >= 1, not '%s'", v);
+    o->have_n = 1;
+    return 0;
+}
 
+static int set_window(const cli_option *opt, void *opts, const char *v)
+{
+    struct mask_opts *o = opts;
+    if (cli_parse_size(v, &o->s) != 0)
+        return cli_usage_error("mask", "--window takes a whole number >= 0, not '%s'", v);
+    o->have_s = 1;
+    return 0;
+}
+
+static int set_format(const cli_option *opt, void *opts, const char *v)
+{
+    struct mask_opts *o = opts;
+    if (strcmp(v, "text") && strcmp(v, "npy") && strcmp(v, "json"))
+        return cli_usage_error("mask", "--format takes text, npy or json, not '%s'", v);
+    o->format = v;
+    return 0;
+}
+
+#define NEEDS_VALUE "%s needs a value"
+
+static const cli_option options[] = {
+    {"--len", NULL, "N", "sequence length, N >= 1", set_len, 0, NEEDS_VALUE, 0},
+    {"--window", NULL, "S", "window, S >= 0 (S = 0 gives all zeros)", set_window, 0, NEEDS_VALUE, 0},
+    {"--causal", NULL, NULL, "also require j <= i", cli_set_flag, offsetof(struct mask_opts, causal), NULL, 0},
+    {"--format", NULL, "F",
+     "text (default: N lines of N entries 1 or 0, single spaces), npy (bool .npy), json (array of N arrays of 0/1)",
+     set_format, 0, NEEDS_VALUE, 0},
+    {"-o", NULL, "FILE", "write to FILE instead of stdout", cli_set_string, offsetof(struct mask_opts, out_path),
+     NEEDS_VALUE, 0},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_mask_command = {
+    .name = "mask",
+    .usage = "usage: aft mask --len N --window S [--causal] [--format text|npy|json] [-o FILE]\n"
+             "\n"
+             "Prints the N x N mask that is 1 where |i - j| < S (and j <= i with --causal).\n",
+    .options = options,
+    .unknown = "unknown argument '%s'",   /* mask takes no operands */
+};
+
+/* the mask in o's format, to o's output */
+static int write_mask(const struct mask_opts *o)
+{
+    size_t n = o->n, s = o->s;
+    int causal = o->causal;
+    const char *format = o->format, *out_path = o->out_path;
     aft_error err;
     aft_out out;
     if (aft_out_open(&out, out_path ? out_path : "-", &err) != AFT_OK) {
@@ -118,4 +118,16 @@ int cmd_mask(int argc, char **argv)
         return EXIT_DATA;
     }
     return out_path ? 0 : cli_finish_stdout("mask");
+}
+
+int cmd_mask(int argc, char **argv)
+{
+    struct mask_opts o = {.format = "text"};
+    int rc = cli_parse_options(&cli_mask_command, argc, argv, &o);
+    if (rc) return rc < 0 ? cli_finish_stdout("mask") : rc;
+    if (!o.have_n) return cli_usage_error("mask", "--len N is required");
+    if (!o.have_s) return cli_usage_error("mask", "--window S is required");
+    /* a text mask is 2 bytes an entry: keep it to what a terminal or file can take */
+    if (o.n > 65536) return cli_usage_error("mask", "--len %zu is too large (at most 65536)", o.n);
+    return write_mask(&o);
 }

@@ -1,39 +1,21 @@
-/* run.c - aft run: one AFT layer (or the bare operator) on a user's files. */
+/* run.c - aft run: one AFT layer (or the bare operator) on a user's files.
+ *
+ * cmd_run reads as its steps: parse the options, load the input, get the
+ * parameters (from --weights, or the seeded initialisation aft bench shares)
+ * and settle the configuration by the library's rules, check the values and
+ * the memory, load the mask, compute, write. Each step takes the options and
+ * the run's state (struct run) and returns 0 or an exit status after
+ * reporting. */
 #include "cli.h"
 
 #include <cJSON.h>
-#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static const char usage_text[] =
-    "usage: aft run [options] INPUT\n"
-    "\n"
-    "INPUT is a .npy holding X as [B, T, D] or [T, D] ('-' reads it from stdin),\n"
-    "or a .safetensors holding tensors q, k, v (the bare operator, no projections).\n"
-    "\n"
-    "  --variant full|local|simple|conv   AFT variant (default full)\n"
-    "  --window S          local, conv: keep w[t,t'] where |t - t'| < S (S = 0: simple)\n"
-    "  --heads H           conv: number of heads (default 1, or the bias's rows)\n"
-    "  --causal            sums run over t' <= t only\n"
-    "  --mask FILE.npy     boolean or 0/1 [T, T] or [B, T, T], true = visible\n"
-    "  --layout btd|tbd    input and output layout (default btd; tbd = [T, B, D])\n"
-    "  --weights FILE      .safetensors with the layer's weights\n"
-    "  --prefix P          prepended to every weight name (e.g. blocks.2.attn.)\n"
-    "  --seed N            seed of the initialisation used without --weights (default 0)\n"
-    "  --d-hidden N        hidden size without --weights (default: D)\n"
-    "  -o FILE             output .npy, float32 (default: stdout, unless a terminal)\n"
-    "  --timing FILE       write timings and the configuration as JSON\n"
-    "  --repeat N          run the computation N times (timing: median and min)\n"
-    "  --threads N         threads (default: all cores)\n"
-    "  --impl fast|reference   reference: the plain float64 kernels\n"
-    "  --max-memory SIZE   refuse runs needing more (bytes, or with K, M, G; default:\n"
-    "                      the memory available)\n"
-    "  --strict            non-finite values (NaN, inf) in inputs or weights are an\n"
-    "                      error (default: a warning)\n"
-    "  -h, --help          this text\n";
+/* ---------------------------------------------------------------- options */
 
 struct run_opts {
     aft_config cfg;
@@ -47,6 +29,142 @@ struct run_opts {
     int strict;
 };
 
+#define RUN_OPTS(opts) ((struct run_opts *)(opts))
+
+static int set_variant(const cli_option *opt, void *opts, const char *v)
+{
+    if (!v || aft_variant_from_name(v, &RUN_OPTS(opts)->cfg.variant) != 0)
+        return cli_usage_error("run", "--variant takes full, local, simple or conv");
+    return 0;
+}
+
+static int set_window(const cli_option *opt, void *opts, const char *v)
+{
+    struct run_opts *o = opts;
+    if (cli_parse_size(v, &o->cfg.window) != 0) return cli_usage_error("run", "--window takes a whole number >= 0");
+    o->window_set = 1;
+    return 0;
+}
+
+static int set_heads(const cli_option *opt, void *opts, const char *v)
+{
+    struct run_opts *o = opts;
+    if (cli_parse_size(v, &o->cfg.heads) != 0 || o->cfg.heads == 0)
+        return cli_usage_error("run", "--heads takes a whole number >= 1");
+    o->heads_set = 1;
+    return 0;
+}
+
+static int set_layout(const cli_option *opt, void *opts, const char *v)
+{
+    if (!v || (strcmp(v, "btd") != 0 && strcmp(v, "tbd") != 0))
+        return cli_usage_error("run", "--layout takes btd or tbd");
+    RUN_OPTS(opts)->tbd = strcmp(v, "tbd") == 0;
+    return 0;
+}
+
+static int set_seed(const cli_option *opt, void *opts, const char *v)
+{
+    if (cli_parse_u64(v, &RUN_OPTS(opts)->seed) != 0)
+        return cli_usage_error("run", "--seed takes a whole number >= 0");
+    return 0;
+}
+
+static int set_d_hidden(const cli_option *opt, void *opts, const char *v)
+{
+    size_t n;
+    if (cli_parse_size(v, &n) != 0 || n == 0) return cli_usage_error("run", "--d-hidden takes a whole number >= 1");
+    RUN_OPTS(opts)->d_hidden = n;
+    return 0;
+}
+
+static int set_repeat(const cli_option *opt, void *opts, const char *v)
+{
+    size_t n;
+    if (cli_parse_size(v, &n) != 0 || n == 0 || n > 1000000)
+        return cli_usage_error("run", "--repeat takes a whole number from 1 to 1000000");
+    RUN_OPTS(opts)->repeat = n;
+    return 0;
+}
+
+static int set_threads(const cli_option *opt, void *opts, const char *v)
+{
+    size_t n;
+    if (cli_parse_size(v, &n) != 0 || n == 0 || n > 1024)
+        return cli_usage_error("run", "--threads takes a whole number from 1 to 1024");
+    RUN_OPTS(opts)->cfg.threads = (int)n;
+    return 0;
+}
+
+static int set_max_memory(const cli_option *opt, void *opts, const char *v)
+{
+    size_t *m = &RUN_OPTS(opts)->max_memory;
+    if (cli_parse_bytes(v, m) != 0 || *m == 0)
+        return cli_usage_error("run", "--max-memory takes a size like 4G, 512M or 1000000");
+    return 0;
+}
+
+static int set_impl(const cli_option *opt, void *opts, const char *v)
+{
+    if (!v || (strcmp(v, "fast") != 0 && strcmp(v, "reference") != 0))
+        return cli_usage_error("run", "--impl takes fast or reference");
+    RUN_OPTS(opts)->cfg.impl = strcmp(v, "reference") == 0 ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST;
+    return 0;
+}
+
+static int set_input(void *opts, const char *arg)
+{
+    struct run_opts *o = opts;
+    if (o->input) return cli_usage_error("run", "more than one INPUT: '%s' and '%s'", o->input, arg);
+    o->input = arg;
+    return 0;
+}
+
+#define FIELD(f) offsetof(struct run_opts, f)
+
+static const cli_option options[] = {
+    {"--variant", NULL, "full|local|simple|conv", "AFT variant (default full)", set_variant, 0, NULL, 0},
+    {"--window", NULL, "S", "local, conv: keep w[t,t'] where |t - t'| < S (S = 0: simple)", set_window, 0, NULL, 0},
+    {"--heads", NULL, "H", "conv: number of heads (default 1, or the bias's rows)", set_heads, 0, NULL, 0},
+    {"--causal", NULL, NULL, "sums run over t' <= t only", cli_set_flag, FIELD(cfg.causal), NULL, 0},
+    {"--mask", NULL, "FILE.npy", "boolean or 0/1 [T, T] or [B, T, T], true = visible", cli_set_string,
+     FIELD(mask_path), "--mask needs a file", 0},
+    {"--layout", NULL, "btd|tbd", "input and output layout (default btd; tbd = [T, B, D])", set_layout, 0, NULL, 0},
+    {"--weights", NULL, "FILE", ".safetensors with the layer's weights", cli_set_string, FIELD(weights_path),
+     "--weights needs a file", 0},
+    {"--prefix", NULL, "P", "prepended to every weight name (e.g. blocks.2.attn.)", cli_set_string, FIELD(prefix),
+     "--prefix needs a value", 0},
+    {"--seed", NULL, "N", "seed of the initialisation used without --weights (default 0)", set_seed, 0, NULL, 0},
+    {"--d-hidden", NULL, "N", "hidden size without --weights (default: D)", set_d_hidden, 0, NULL, 0},
+    {"-o", "--output", "FILE",
+     "output .npy, float32 (default: stdout; on a terminal, a summary of the result instead)", cli_set_string,
+     FIELD(out_path), "-o needs a file", 0},
+    {"--timing", NULL, "FILE", "write timings and the configuration as JSON", cli_set_string, FIELD(timing_path),
+     "--timing needs a file", 0},
+    {"--repeat", NULL, "N", "run the computation N times (timing: median and min)", set_repeat, 0, NULL, 0},
+    {"--threads", NULL, "N", "threads (default: all cores)", set_threads, 0, NULL, 0},
+    {"--impl", NULL, "fast|reference", "reference: the plain float64 kernels", set_impl, 0, NULL, 0},
+    {"--max-memory", NULL, "SIZE",
+     "refuse runs needing more (bytes, or with K, M, G; default: the memory available)", set_max_memory, 0, NULL,
+     0},
+    {"--strict", NULL, NULL,
+     "non-finite values (NaN, inf) in inputs or weights are an error (default: a warning)", cli_set_flag,
+     FIELD(strict), NULL, 0},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_run_command = {
+    .name = "run",
+    .usage = "usage: aft run [options] INPUT\n"
+             "\n"
+             "INPUT is a .npy holding X as [B, T, D] or [T, D] ('-' reads it from stdin),\n"
+             "or a .safetensors holding tensors q, k, v (the bare operator, no projections).\n",
+    .options = options,
+    .operand = set_input,
+};
+
+/* the options, then the usage errors of options that do not go together;
+ * 0, -1 after the help, or EXIT_USAGE */
 static int parse_args(int argc, char **argv, struct run_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -54,99 +172,58 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->cfg.heads = 1;
     o->repeat = 1;
     o->prefix = "";
-    int only_files = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val;
-        int missing = 0;
-        size_t n;
-        if (only_files || a[0] != '-' || strcmp(a, "-") == 0) {
-            if (o->input) return cli_usage_error("run", "more than one INPUT: '%s' and '%s'", o->input, a);
-            o->input = a;
-            continue;
-        }
-        if (strcmp(a, "--") == 0) { only_files = 1; continue; }
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage_text, stdout);
-            return -1;
-        }
-        if (strcmp(a, "--causal") == 0) { o->cfg.causal = 1; continue; }
-        if (strcmp(a, "--strict") == 0) { o->strict = 1; continue; }
-#define OPT(name) ((val = cli_opt_value(argc, argv, &i, name, &missing)) != NULL || missing)
-        if (OPT("--variant")) {
-            if (missing || aft_variant_from_name(val, &o->cfg.variant) != 0)
-                return cli_usage_error("run", "--variant takes full, local, simple or conv");
-        } else if (OPT("--window")) {
-            if (missing || cli_parse_size(val, &n) != 0)
-                return cli_usage_error("run", "--window takes a whole number >= 0");
-            o->cfg.window = n;
-            o->window_set = 1;
-        } else if (OPT("--heads")) {
-            if (missing || cli_parse_size(val, &n) != 0 || n == 0)
-                return cli_usage_error("run", "--heads takes a whole number >= 1");
-            o->cfg.heads = n;
-            o->heads_set = 1;
-        } else if (OPT("--mask")) {
-            if (missing) return cli_usage_error("run", "--mask needs a file");
-            o->mask_path = val;
-        } else if (OPT("--layout")) {
-            if (missing || (strcmp(val, "btd") != 0 && strcmp(val, "tbd") != 0))
-                return cli_usage_error("run", "--layout takes btd or tbd");
-            o->tbd = strcmp(val, "tbd") == 0;
-        } else if (OPT("--weights")) {
-            if (missing) return cli_usage_error("run", "--weights needs a file");
-            o->weights_path = val;
-        } else if (OPT("--prefix")) {
-            if (missing) return cli_usage_error("run", "--prefix needs a value");
-            o->prefix = val;
-        } else if (OPT("--seed")) {
-            if (missing || cli_parse_u64(val, &o->seed) != 0)
-                return cli_usage_error("run", "--seed takes a whole number >= 0");
-        } else if (OPT("--d-hidden")) {
-            if (missing || cli_parse_size(val, &n) != 0 || n == 0)
-                return cli_usage_error("run", "--d-hidden takes a whole number >= 1");
-            o->d_hidden = n;
-        } else if (OPT("-o") || OPT("--output")) {
-            if (missing) return cli_usage_error("run", "-o needs a file");
-            o->out_path = val;
-        } else if (OPT("--timing")) {
-            if (missing) return cli_usage_error("run", "--timing needs a file");
-            o->timing_path = val;
-        } else if (OPT("--repeat")) {
-            if (missing || cli_parse_size(val, &n) != 0 || n == 0 || n > 1000000)
-                return cli_usage_error("run", "--repeat takes a whole number from 1 to 1000000");
-            o->repeat = n;
-        } else if (OPT("--threads")) {
-            if (missing || cli_parse_size(val, &n) != 0 || n == 0 || n > 1024)
-                return cli_usage_error("run", "--threads takes a whole number from 1 to 1024");
-            o->cfg.threads = (int)n;
-        } else if (OPT("--max-memory")) {
-            if (missing || cli_parse_bytes(val, &o->max_memory) != 0 || o->max_memory == 0)
-                return cli_usage_error("run", "--max-memory takes a size like 4G, 512M or 1000000");
-        } else if (OPT("--impl")) {
-            if (missing || (strcmp(val, "fast") != 0 && strcmp(val, "reference") != 0))
-                return cli_usage_error("run", "--impl takes fast or reference");
-            o->cfg.impl = strcmp(val, "reference") == 0 ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST;
-        } else {
-            return cli_usage_error("run", "unknown option '%s'", a);
-        }
-#undef OPT
-    }
+    int rc = cli_parse_options(&cli_run_command, argc, argv, o);
+    if (rc) return rc;
     if (!o->input) return cli_usage_error("run", "no INPUT given");
     aft_variant v = o->cfg.variant;
     if (o->window_set && v != AFT_LOCAL && v != AFT_CONV)
         return cli_usage_error("run", "--window applies to --variant local and conv, not %s", aft_variant_name(v));
     if (o->heads_set && v != AFT_CONV)
         return cli_usage_error("run", "--heads applies to --variant conv, not %s", aft_variant_name(v));
-    if (v == AFT_LOCAL && !o->window_set)
-        return cli_usage_error("run", "--variant local needs --window S");
+    if (v == AFT_LOCAL && !o->window_set) return cli_usage_error("run", "--variant local needs --window S");
     if (v == AFT_CONV && !o->window_set && !o->weights_path)
         return cli_usage_error("run", "--variant conv needs --window S (or a conv bias in --weights)");
     if (o->weights_path && o->d_hidden)
         return cli_usage_error("run", "--d-hidden applies without --weights; the weights fix the hidden size");
-    if (!o->out_path && isatty(STDOUT_FILENO))
-        return cli_usage_error("run", "refusing to write binary .npy to a terminal; use -o FILE or a pipe");
     return 0;
 }
+
+/* ---------------------------------------------------------------- the run's state */
+
+struct timing {
+    double load, write, total, compute_med, compute_min;
+    int layer;              /* phases apply: a layer run, not the bare operator */
+    aft_layer_times phases; /* of the fastest run */
+};
+
+/* what a run holds from one step to the next */
+struct run {
+    double t_start, t_loaded;
+    int bare;                 /* a .safetensors INPUT: the bare operator on its q, k, v */
+    size_t B, T, D, C, KC;    /* batch, sequence, model width, value and key channels */
+    size_t in_rank;           /* the input's rank, 2 or 3: the output's too */
+    float *x;                 /* (B, T, D): the layer's input */
+    float *q, *k, *v;         /* bare: (B, T, C), (B, T, KC), (B, T, C) */
+    aft_st_file *in_st, *w_st;
+    aft_weights wts;          /* from --weights */
+    cli_params seeded;        /* without --weights */
+    aft_params *p;            /* &wts.p or &seeded.p */
+    aft_config cfg;           /* as asked, then settled by the library */
+    uint8_t *mask;            /* (T, T) or (B, T, T), 1 = visible */
+    float *y;                 /* (B, T, C or D): the result, btd */
+    struct timing tm;
+};
+
+static void run_free(struct run *r)
+{
+    if (r->in_st) aft_st_close(r->in_st);
+    if (r->w_st) aft_st_close(r->w_st);
+    aft_weights_free(&r->wts);
+    cli_params_free(&r->seeded);
+    free(r->x); free(r->q); free(r->k); free(r->v); free(r->y); free(r->mask);
+}
+
+/* ---------------------------------------------------------------- load the input */
 
 /* [T, B, X] -> [B, T, X] (or back when to_tbd) */
 static float *swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd)
@@ -199,28 +276,307 @@ static int load_activation(const char *file, const char *what, const aft_tensor 
     return 0;
 }
 
-/* deterministic initialisation without --weights: entry (i, j) of tensor id is
- * uniform in [-1/sqrt(in), 1/sqrt(in)), like PyTorch's Linear default bound */
-static float *seeded_matrix(uint64_t seed, unsigned id, size_t rows, size_t cols, size_t fan_in)
+/* a .safetensors INPUT: its tensors q, k and v, as float32 in btd order */
+static int load_qkv(const struct run_opts *o, struct run *r)
 {
-    size_t n;
-    if (__builtin_mul_overflow(rows, cols, &n) || n > SIZE_MAX / sizeof(float)) return NULL;
-    float *m = malloc(n * sizeof(float) + 1);
-    if (!m) return NULL;
-    float bound = 1.0f / sqrtf((float)fan_in);
-    uint64_t s = seed ^ (0x100000001b3ULL * (id + 1));
-    for (size_t i = 0; i < rows; i++)
-        for (size_t j = 0; j < cols; j++) m[i * cols + j] = aft_seeded_bias(s, bound, i, j);
-    return m;
+    aft_error err;
+    if (aft_st_open(o->input, &r->in_st, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->input, err.msg);
+        return EXIT_DATA;
+    }
+    const char *names[3] = {"q", "k", "v"};
+    float **dst[3] = {&r->q, &r->k, &r->v};
+    size_t dims[3][3];
+    for (int i = 0; i < 3; i++) {
+        const aft_tensor *t = aft_st_find(r->in_st, names[i]);
+        if (!t) {
+            cli_error(NULL, "%s: no tensor '%s'; a .safetensors INPUT holds q, k and v", o->input, names[i]);
+            return EXIT_DATA;
+        }
+        char what[16];
+        snprintf(what, sizeof what, "'%s'", names[i]);
+        if (load_activation(o->input, what, t, o->tbd, dst[i], &dims[i][0], &dims[i][1], &dims[i][2]))
+            return EXIT_DATA;
+    }
+    r->B = dims[0][0];
+    r->T = dims[0][1];
+    r->C = dims[0][2];
+    r->KC = dims[1][2];
+    r->D = r->C;
+    r->in_rank = aft_st_find(r->in_st, "q")->ndim;
+    for (int i = 1; i < 3; i++)
+        if (dims[i][0] != r->B || dims[i][1] != r->T || (i == 2 && dims[i][2] != r->C)) {
+            cli_error(NULL, "%s: '%s' is [B=%zu, T=%zu, %zu] but 'q' is [B=%zu, T=%zu, %zu]", o->input, names[i],
+                      dims[i][0], dims[i][1], dims[i][2], r->B, r->T, r->C);
+            return EXIT_DATA;
+        }
+    return 0;
 }
 
-#define SEEDED_BIAS_SCALE 0.5f
+/* the layer's input X from a .npy (or the bare operator's q, k, v from a
+ * .safetensors), as float32 in btd order */
+static int load_input(const struct run_opts *o, struct run *r)
+{
+    if (r->bare) return load_qkv(o, r);
+    aft_error err;
+    aft_tensor xt;
+    if (aft_npy_read(o->input, &xt, NULL, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->input, err.msg);
+        return EXIT_DATA;
+    }
+    r->in_rank = xt.ndim;
+    int rc = load_activation(o->input, "the input", &xt, o->tbd, &r->x, &r->B, &r->T, &r->D);
+    aft_tensor_free(&xt);
+    return rc;
+}
 
-struct timing {
-    double load, write, total, compute_med, compute_min;
-    int layer;              /* phases apply: a layer run, not the bare operator */
-    aft_layer_times phases; /* of the fastest run */
-};
+/* ---------------------------------------------------------------- get the parameters */
+
+/* --weights: the layer's weights (for the bare operator only its position
+ * bias) */
+static int load_weights(const struct run_opts *o, struct run *r)
+{
+    aft_error err;
+    aft_params *p = r->p = &r->wts.p;
+    if (aft_st_open(o->weights_path, &r->w_st, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->weights_path, err.msg);
+        return EXIT_DATA;
+    }
+    aft_status st = r->bare ? aft_bias_load(r->w_st, o->prefix, o->cfg.variant, &r->wts, &err)
+                            : aft_weights_load(r->w_st, o->prefix, o->cfg.variant, &r->wts, &err);
+    if (st != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->weights_path, err.msg);
+        return EXIT_DATA;
+    }
+    if (!r->bare && p->d_model != r->D) {
+        cli_error(NULL, "%s: the input has D = %zu but '%s' expects %zu", o->weights_path, r->D, r->wts.names[0],
+                  p->d_model);
+        return EXIT_DATA;
+    }
+    /* conv: the window and heads the bias holds, unless given */
+    if (o->cfg.variant == AFT_CONV && p->bias.kind == AFT_BIAS_CONV) {
+        if (!o->window_set) r->cfg.window = AFT_WINDOW_FROM_BIAS;
+        if (!o->heads_set) r->cfg.heads = 0;
+    }
+    if (!r->bare) {
+        r->C = p->d_hidden;
+        r->KC = p->k_out;
+    }
+    return 0;
+}
+
+/* without --weights: the seeded initialisation (params.c) */
+static int seed_params(const struct run_opts *o, struct run *r)
+{
+    /* sizes from options must fit before anything is allocated for them */
+    size_t C = r->bare ? r->C : (o->d_hidden ? o->d_hidden : r->D);
+    if (r->cfg.variant == AFT_CONV && C % r->cfg.heads != 0) {
+        cli_error("run", "--heads %zu does not divide the hidden size %zu", r->cfg.heads, C);
+        return EXIT_USAGE;
+    }
+    r->p = &r->seeded.p;
+    int rc = cli_params_seeded(&r->seeded, &r->cfg, o->seed, r->T, r->D, C, !r->bare, "run");
+    if (rc) return rc;
+    if (!r->bare) r->C = r->KC = C;
+    return 0;
+}
+
+/* the library's rules (a conv window and heads from the bias, window 0
+ * meaning simple) settle r->cfg; then what only the sizes can tell */
+static int settle(const struct run_opts *o, struct run *r)
+{
+    aft_error err;
+    const aft_bias *b = &r->p->bias;
+    if (aft_config_settle(&r->cfg, b, r->C, r->KC, &err) != AFT_OK) {
+        if (o->weights_path) cli_error(NULL, "%s: %s", o->weights_path, err.msg);
+        else cli_error("run", "%s", err.msg);
+        return EXIT_DATA;
+    }
+    if (r->bare && r->KC != r->C && !(r->cfg.variant == AFT_CONV && r->KC == r->cfg.heads)) {
+        if (o->cfg.variant == AFT_CONV)
+            cli_error(NULL, "%s: 'k' has %zu channels; conv needs %zu (one per value channel) or %zu (one per head)",
+                      o->input, r->KC, r->C, r->cfg.heads);
+        else
+            cli_error(NULL, "%s: 'k' has %zu channels but 'q' and 'v' have %zu", o->input, r->KC, r->C);
+        return EXIT_DATA;
+    }
+    if ((b->kind == AFT_BIAS_DENSE || b->kind == AFT_BIAS_FACTORED) && b->tmax < r->T &&
+        o->cfg.variant != AFT_SIMPLE) {
+        cli_error(NULL, "%s: sequence length T = %zu exceeds the position bias '%s' size Tmax = %zu",
+                  o->weights_path, r->T, r->wts.names[4], b->tmax);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+static int get_params(const struct run_opts *o, struct run *r)
+{
+    int rc = o->weights_path ? load_weights(o, r) : seed_params(o, r);
+    return rc ? rc : settle(o, r);
+}
+
+/* ---------------------------------------------------------------- check */
+
+/* non-finite values poison every output they reach: a warning, or with
+ * --strict an error */
+static int check_values(const struct run_opts *o, const struct run *r)
+{
+    const aft_params *p = r->p;
+    size_t B = r->B, T = r->T, D = r->D, C = r->C, KC = r->KC, bad_in = 0, bad_w = 0;
+    if (r->bare)
+        bad_in = aft_count_nonfinite(r->q, B * T * C) + aft_count_nonfinite(r->k, B * T * KC) +
+                 aft_count_nonfinite(r->v, B * T * C);
+    else
+        bad_in = aft_count_nonfinite(r->x, B * T * D);
+    if (o->weights_path) {
+        const float *mats[] = {p->wq, p->wk, p->wv, p->wo, p->bq, p->bk, p->bv, p->bo};
+        size_t lens[] = {C * D, KC * D, C * D, D * C, C, KC, C, D};
+        for (int i = 0; i < 8; i++)
+            if (mats[i] && !r->bare) bad_w += aft_count_nonfinite(mats[i], lens[i]);
+        const aft_bias *b = &p->bias;
+        if (b->kind == AFT_BIAS_DENSE) bad_w += aft_count_nonfinite(b->dense, b->tmax * b->tmax);
+        if (b->kind == AFT_BIAS_FACTORED)
+            bad_w += aft_count_nonfinite(b->u, b->tmax * b->rank) + aft_count_nonfinite(b->v, b->tmax * b->rank);
+        if (b->kind == AFT_BIAS_CONV) bad_w += aft_count_nonfinite(b->conv, b->conv_rows * b->conv_len);
+    }
+    const char *where = bad_in ? o->input : o->weights_path;
+    size_t nbad = bad_in ? bad_in : bad_w;
+    if (nbad && o->strict) {
+        cli_error(NULL, "%s: %zu non-finite values (NaN or inf); --strict refuses them", where, nbad);
+        return EXIT_DATA;
+    }
+    if (nbad)
+        cli_error("run", "warning: %s holds %zu non-finite values (NaN or inf); outputs they reach will be NaN", where,
+                  nbad);
+    return 0;
+}
+
+/* refuse, with both numbers, a run the machine cannot hold */
+static int check_memory(const struct run_opts *o, const struct run *r)
+{
+    size_t B = r->B, T = r->T, outw = r->bare ? r->C : r->D;
+    size_t need = aft_workspace_bytes(&r->cfg, B, T, r->D, r->C, r->bare ? r->KC : 0);
+    size_t outb = B * T * outw * sizeof(float), maskb = 0;
+    if (o->mask_path) maskb = B * T * T * (sizeof(float) + 1);   /* the mask as read and as bytes */
+    need = need > SIZE_MAX - outb - maskb ? SIZE_MAX : need + outb + maskb;
+    size_t limit = o->max_memory ? o->max_memory : aft_available_memory();
+    if (limit && need > limit) {
+        cli_error("run", "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
+                  o->max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the mask */
+
+/* "2, 3" for messages */
+static void shape_list(const aft_tensor *t, char *buf, size_t cap)
+{
+    size_t u = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < t->ndim && u < cap - 24; i++)
+        u += (size_t)snprintf(buf + u, cap - u, "%s%zu", i ? ", " : "", t->shape[i]);
+}
+
+/* --mask: [T, T] or [B, T, T] of 0 and 1 (bool, integers or floats) into
+ * r->mask, one byte an entry, and the bias */
+static int load_mask(const struct run_opts *o, struct run *r)
+{
+    if (!o->mask_path) return 0;
+    aft_error err;
+    aft_tensor mt;
+    size_t B = r->B, T = r->T;
+    if (aft_npy_read(o->mask_path, &mt, NULL, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->mask_path, err.msg);
+        return EXIT_DATA;
+    }
+    int batched = mt.ndim == 3, rc = EXIT_DATA;
+    float *mf = NULL;
+    if (!((mt.ndim == 2 && mt.shape[0] == T && mt.shape[1] == T) ||
+          (batched && mt.shape[0] == B && mt.shape[1] == T && mt.shape[2] == T))) {
+        char shp[96];
+        shape_list(&mt, shp, sizeof shp);
+        cli_error(NULL, "%s: mask is [%s] but the input needs [T, T] = [%zu, %zu] or [B, T, T] = [%zu, %zu, %zu]",
+                  o->mask_path, shp, T, T, B, T, T);
+    } else if (aft_dtype_is_float(mt.dtype) && mt.dtype != AFT_F32 && mt.dtype != AFT_F64) {
+        cli_error(NULL, "%s: mask has dtype %s; expected bool or 0/1 integers", o->mask_path, aft_dtype_name(mt.dtype));
+    } else if (aft_tensor_to_f32(&mt, &mf, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->mask_path, err.msg);
+    } else if (!(r->mask = malloc(mt.nelem + 1))) {
+        cli_error("run", "out of memory for the mask");
+    } else {
+        rc = 0;
+        for (size_t i = 0; i < mt.nelem && !rc; i++) {
+            if (mf[i] != 0.0f && mf[i] != 1.0f) {
+                cli_error(NULL, "%s: mask entry %zu is %g; entries must be 0 or 1", o->mask_path, i, (double)mf[i]);
+                rc = EXIT_DATA;
+            }
+            r->mask[i] = mf[i] != 0.0f;
+        }
+        r->p->bias.mask = r->mask;
+        r->p->bias.mask_batched = batched;
+    }
+    free(mf);
+    aft_tensor_free(&mt);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- compute */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* the layer (or the operator) --repeat times into r->y; the times' median
+ * and minimum, and the phases of the fastest run */
+static int compute(const struct run_opts *o, struct run *r)
+{
+    size_t B = r->B, T = r->T, N = B * T, outw = r->bare ? r->C : r->D;
+    r->y = malloc(N * outw * sizeof(float) + 1);
+    double *times = malloc(o->repeat * sizeof(double));
+    if (!r->y || !times) {
+        free(times);
+        cli_error("run", "out of memory for the output (%zu x %zu)", N, outw);
+        return EXIT_DATA;
+    }
+    r->t_loaded = aft_now_ms();
+    aft_layer_times ph, best_ph = {0, 0, 0};
+    double best = -1.0;
+    aft_error err;
+    const char *name = aft_variant_name(o->cfg.variant);
+    cli_progress_start("aft run: %s T=%zu B=%zu", name, T, B);
+    for (size_t i = 0; i < o->repeat; i++) {
+        if (o->repeat > 1) cli_progress_label("aft run: %s T=%zu B=%zu, run %zu of %zu", name, T, B, i + 1, o->repeat);
+        double t0 = aft_now_ms();
+        aft_status st = r->bare ? aft_op_forward(r->y, r->q, r->k, r->v, &r->p->bias, &r->cfg, B, T, r->C, r->KC, &err)
+                                : aft_layer_forward_timed(r->y, r->x, r->p, &r->cfg, B, T, &ph, &err);
+        times[i] = aft_now_ms() - t0;
+        if (!r->bare && (best < 0 || times[i] < best)) {
+            best = times[i];
+            best_ph = ph;
+        }
+        if (st != AFT_OK) {
+            cli_progress_stop();
+            free(times);
+            cli_error("run", "%s", err.msg);
+            return EXIT_DATA;   /* the options were checked: what is left is the data */
+        }
+    }
+    cli_progress_stop();
+    qsort(times, o->repeat, sizeof(double), cmp_double);
+    size_t n = o->repeat;
+    r->tm.layer = !r->bare;
+    r->tm.phases = best_ph;
+    r->tm.compute_min = times[0];
+    r->tm.compute_med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    free(times);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- write */
 
 static int write_timing(aft_out *out, const struct run_opts *o, const aft_config *cfg, size_t B, size_t T,
                         size_t D, size_t C, const struct timing *tm)
@@ -269,346 +625,103 @@ static int write_timing(aft_out *out, const struct run_opts *o, const aft_config
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
+/* the result as a tensor in the input's layout and rank (y is swapped to
+ * tbd in place when asked) */
+static int output_tensor(const struct run_opts *o, struct run *r, aft_tensor *yt)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    size_t B = r->B, T = r->T, outw = r->bare ? r->C : r->D, n = B * T * outw;
+    if (o->tbd && r->in_rank == 3) {
+        float *z = swap_tb(r->y, B, T, outw, 1);
+        if (!z) {
+            cli_error("run", "out of memory");
+            return EXIT_DATA;
+        }
+        free(r->y);
+        r->y = z;
+    }
+    *yt = (aft_tensor){.dtype = AFT_F32, .data = r->y, .nelem = n, .nbytes = n * sizeof(float)};
+    if (r->in_rank == 2) {
+        yt->ndim = 2;
+        yt->shape[0] = T;
+        yt->shape[1] = outw;
+    } else {
+        yt->ndim = 3;
+        yt->shape[0] = o->tbd ? T : B;
+        yt->shape[1] = o->tbd ? B : T;
+        yt->shape[2] = outw;
+    }
+    return 0;
 }
+
+/* the result to -o or standard output as .npy, or, when standard output is
+ * a terminal and no -o is given, a summary for the reader; and --timing */
+static int write_result(const struct run_opts *o, struct run *r)
+{
+    double t_w0 = aft_now_ms();
+    aft_tensor yt;
+    if (output_tensor(o, r, &yt) != 0) return EXIT_DATA;
+    int show = !o->out_path && isatty(STDOUT_FILENO);
+    aft_out yout = {0}, tout = {0};
+    aft_error err;
+    int rc = EXIT_DATA;
+    /* both outputs are opened (as temporaries) before either is written,
+     * and renamed into place only when both were written */
+    if ((!show && aft_out_open(&yout, o->out_path ? o->out_path : "-", &err) != AFT_OK) ||
+        (o->timing_path && aft_out_open(&tout, o->timing_path, &err) != AFT_OK)) {
+        cli_error(NULL, "%s", err.msg);
+        goto out;
+    }
+    if (show) {
+        if (cli_show_tensor(stdout, &yt) != 0) {
+            cli_error("run", "out of memory");
+            goto out;
+        }
+        puts("(not saved: -o FILE or a pipe writes the result as .npy)");
+    } else if (aft_npy_write_fp(yout.fp, &yt, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->out_path ? o->out_path : "standard output", err.msg);
+        goto out;
+    }
+    r->tm.load = r->t_loaded - r->t_start;
+    r->tm.write = aft_now_ms() - t_w0;
+    r->tm.total = aft_now_ms() - r->t_start;
+    size_t outw = r->bare ? r->C : r->D;
+    if (o->timing_path && write_timing(&tout, o, &r->cfg, r->B, r->T, outw, r->C, &r->tm) != 0) goto out;
+    /* the messages of commit name the file already */
+    if ((!show && aft_out_commit(&yout, &err) != AFT_OK) ||
+        (o->timing_path && aft_out_commit(&tout, &err) != AFT_OK)) {
+        cli_error(NULL, "%s", err.msg);
+        goto out;
+    }
+    rc = 0;
+out:
+    if (yout.fp) aft_out_abort(&yout);
+    if (tout.fp) aft_out_abort(&tout);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the command */
 
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o;
     int rc = parse_args(argc, argv, &o);
-    if (rc < 0) return cli_finish_stdout("run");
-    if (rc) return rc;
+    if (rc) return rc < 0 ? cli_finish_stdout("run") : rc;
 
-    double t_start = aft_now_ms();
-    aft_error err;
-    aft_tensor xt = {0}, mt = {0};
-    aft_st_file *in_st = NULL, *w_st = NULL;
-    aft_weights wts = {0};
-    float *x = NULL, *q = NULL, *k = NULL, *v = NULL, *y = NULL, *owned[6] = {0};
-    uint8_t *mask = NULL;
-    aft_out yout = {0}, tout = {0};
-    size_t B = 0, T = 0, D = 0, C = 0, KC = 0, in_rank = 3;
-    int bare = cli_ends_with(o.input, ".safetensors");
-    rc = EXIT_DATA;
-    cli_kernels_from_env(&o.cfg);
+    struct run r;
+    memset(&r, 0, sizeof r);
+    r.t_start = aft_now_ms();
+    r.bare = cli_ends_with(o.input, ".safetensors");
+    r.cfg = o.cfg;
+    cli_kernels_from_env(&r.cfg);
 
-    /* ---- load the input */
-    if (bare) {
-        if (aft_st_open(o.input, &in_st, &err) != AFT_OK) {
-            cli_error(NULL, "%s: %s", o.input, err.msg);
-            goto out;
-        }
-        const char *names[3] = {"q", "k", "v"};
-        float **dst[3] = {&q, &k, &v};
-        size_t dims[3][3];
-        for (int i = 0; i < 3; i++) {
-            const aft_tensor *t = aft_st_find(in_st, names[i]);
-            if (!t) {
-                cli_error(NULL, "%s: no tensor '%s'; a .safetensors INPUT holds q, k and v", o.input, names[i]);
-                goto out;
-            }
-            char what[16];
-            snprintf(what, sizeof what, "'%s'", names[i]);
-            if (load_activation(o.input, what, t, o.tbd, dst[i], &dims[i][0], &dims[i][1], &dims[i][2])) goto out;
-        }
-        B = dims[0][0]; T = dims[0][1]; C = dims[0][2]; KC = dims[1][2];
-        in_rank = aft_st_find(in_st, "q")->ndim;
-        D = C;
-        for (int i = 1; i < 3; i++)
-            if (dims[i][0] != B || dims[i][1] != T || (i == 2 && dims[i][2] != C)) {
-                cli_error(NULL, "%s: '%s' is [B=%zu, T=%zu, %zu] but 'q' is [B=%zu, T=%zu, %zu]", o.input, names[i],
-                          dims[i][0], dims[i][1], dims[i][2], B, T, C);
-                goto out;
-            }
-    } else {
-        aft_npy_info info;
-        if (aft_npy_read(o.input, &xt, &info, &err) != AFT_OK) {
-            cli_error(NULL, "%s: %s", o.input, err.msg);
-            goto out;
-        }
-        in_rank = xt.ndim;
-        if (load_activation(o.input, "the input", &xt, o.tbd, &x, &B, &T, &D)) goto out;
-        aft_tensor_free(&xt);
-    }
-
-    /* ---- weights, or the seeded initialisation */
-    aft_params *p = &wts.p;
-    if (o.weights_path) {
-        if (aft_st_open(o.weights_path, &w_st, &err) != AFT_OK) {
-            cli_error(NULL, "%s: %s", o.weights_path, err.msg);
-            goto out;
-        }
-        aft_status st = bare ? aft_bias_load(w_st, o.prefix, o.cfg.variant, &wts, &err)
-                             : aft_weights_load(w_st, o.prefix, o.cfg.variant, &wts, &err);
-        if (st != AFT_OK) {
-            cli_error(NULL, "%s: %s", o.weights_path, err.msg);
-            goto out;
-        }
-        if (!bare && p->d_model != D) {
-            cli_error(NULL, "%s: the input has D = %zu but '%s' expects %zu", o.weights_path, D, wts.names[0],
-                      p->d_model);
-            goto out;
-        }
-        /* conv: the window and heads the bias holds, unless given */
-        if (o.cfg.variant == AFT_CONV && p->bias.kind == AFT_BIAS_CONV) {
-            if (!o.window_set) o.cfg.window = AFT_WINDOW_FROM_BIAS;
-            if (!o.heads_set) o.cfg.heads = 0;
-        }
-        if (!bare) { C = p->d_hidden; KC = p->k_out; }
-    } else {
-        /* sizes from options must fit before anything is allocated for them */
-        size_t Cw = bare ? C : (o.d_hidden ? o.d_hidden : D);
-        if (o.cfg.variant == AFT_CONV && Cw % o.cfg.heads != 0) {
-            cli_error("run", "--heads %zu does not divide the hidden size %zu", o.cfg.heads, Cw);
-            rc = EXIT_USAGE;
-            goto out;
-        }
-        size_t wbytes;
-        if (!bare && (__builtin_mul_overflow(Cw, D, &wbytes) || __builtin_mul_overflow(wbytes, 4 * sizeof(float), &wbytes))) {
-            cli_error("run", "weights of %zu x %zu do not fit in memory", Cw, D);
-            goto out;
-        }
-        /* a conv window past the sequence sees everything: generate only the
-         * offsets that can occur */
-        if (o.cfg.variant == AFT_CONV && o.cfg.window) o.cfg.window = aft_window_in(o.cfg.window, T ? T : 1);
-        if (!bare) {
-            C = o.d_hidden ? o.d_hidden : D;
-            KC = C;
-            size_t dims[4][2] = {{C, D}, {C, D}, {C, D}, {D, C}};
-            for (unsigned i = 0; i < 4; i++) {
-                owned[i] = seeded_matrix(o.seed, i, dims[i][0], dims[i][1], dims[i][1]);
-                if (!owned[i]) { cli_error("run", "out of memory for weights"); goto out; }
-            }
-            owned[4] = seeded_matrix(o.seed, 4, 4, C > D ? C : D, D ? D : 1);   /* rows: bq, bk, bv, bo */
-            if (!owned[4]) { cli_error("run", "out of memory for weights"); goto out; }
-            size_t ld = C > D ? C : D;
-            p->d_model = D; p->d_hidden = C; p->k_out = C;
-            p->wq = owned[0]; p->wk = owned[1]; p->wv = owned[2]; p->wo = owned[3];
-            p->bq = owned[4]; p->bk = owned[4] + ld; p->bv = owned[4] + 2 * ld; p->bo = owned[4] + 3 * ld;
-        }
-        if (o.cfg.variant == AFT_CONV && o.cfg.window) {
-            size_t H = o.cfg.heads, n = 2 * o.cfg.window - 1;
-            owned[5] = seeded_matrix(o.seed, 5, H, n, 1);
-            if (!owned[5]) { cli_error("run", "out of memory for the conv bias"); goto out; }
-            for (size_t i = 0; i < H * n; i++) owned[5][i] *= SEEDED_BIAS_SCALE;
-            p->bias.kind = AFT_BIAS_CONV;
-            p->bias.conv = owned[5];
-            p->bias.conv_len = n;
-            p->bias.conv_rows = H;
-        } else if (o.cfg.variant == AFT_CONV) {
-            /* window 0: no band, simple */
-        } else if (o.cfg.variant != AFT_SIMPLE) {
-            p->bias.kind = AFT_BIAS_SEEDED;
-            p->bias.seed = o.seed;
-            p->bias.scale = SEEDED_BIAS_SCALE;
-        }
-    }
-
-    /* the library's rules: a conv window and heads from the bias, window 0
-     * meaning simple */
-    aft_config run_cfg = o.cfg;
-    if (aft_config_settle(&run_cfg, &p->bias, C, KC, &err) != AFT_OK) {
-        if (o.weights_path) cli_error(NULL, "%s: %s", o.weights_path, err.msg);
-        else cli_error("run", "%s", err.msg);
-        goto out;
-    }
-    if (bare && KC != C && !(run_cfg.variant == AFT_CONV && KC == run_cfg.heads)) {
-        if (o.cfg.variant == AFT_CONV)
-            cli_error(NULL, "%s: 'k' has %zu channels; conv needs %zu (one per value channel) or %zu (one per head)",
-                      o.input, KC, C, run_cfg.heads);
-        else
-            cli_error(NULL, "%s: 'k' has %zu channels but 'q' and 'v' have %zu", o.input, KC, C);
-        goto out;
-    }
-    if ((p->bias.kind == AFT_BIAS_DENSE || p->bias.kind == AFT_BIAS_FACTORED) && p->bias.tmax < T &&
-        o.cfg.variant != AFT_SIMPLE) {
-        cli_error(NULL, "%s: sequence length T = %zu exceeds the position bias '%s' size Tmax = %zu",
-                  o.weights_path, T, wts.names[4], p->bias.tmax);
-        goto out;
-    }
-
-    /* ---- non-finite values poison every output they reach */
-    {
-        size_t bad_in = 0, bad_w = 0;
-        if (bare) bad_in = aft_count_nonfinite(q, B * T * C) + aft_count_nonfinite(k, B * T * KC) +
-                           aft_count_nonfinite(v, B * T * C);
-        else bad_in = aft_count_nonfinite(x, B * T * D);
-        if (o.weights_path) {
-            const float *mats[] = {p->wq, p->wk, p->wv, p->wo, p->bq, p->bk, p->bv, p->bo};
-            size_t lens[] = {C * D, KC * D, C * D, D * C, C, KC, C, D};
-            for (int i = 0; i < 8; i++)
-                if (mats[i] && !bare) bad_w += aft_count_nonfinite(mats[i], lens[i]);
-            if (p->bias.kind == AFT_BIAS_DENSE) bad_w += aft_count_nonfinite(p->bias.dense, p->bias.tmax * p->bias.tmax);
-            if (p->bias.kind == AFT_BIAS_FACTORED)
-                bad_w += aft_count_nonfinite(p->bias.u, p->bias.tmax * p->bias.rank) +
-                         aft_count_nonfinite(p->bias.v, p->bias.tmax * p->bias.rank);
-            if (p->bias.kind == AFT_BIAS_CONV)
-                bad_w += aft_count_nonfinite(p->bias.conv, p->bias.conv_rows * p->bias.conv_len);
-        }
-        const char *where = bad_in ? o.input : o.weights_path;
-        size_t nbad = bad_in ? bad_in : bad_w;
-        if (nbad && o.strict) {
-            cli_error(NULL, "%s: %zu non-finite values (NaN or inf); --strict refuses them", where, nbad);
-            goto out;
-        }
-        if (nbad)
-            cli_error("run", "warning: %s holds %zu non-finite values (NaN or inf); outputs they reach will be NaN",
-                      where, nbad);
-    }
-
-    /* ---- refuse, with both numbers, a run the machine cannot hold */
-    {
-        size_t outw0 = bare ? C : D;
-        size_t need = aft_workspace_bytes(&run_cfg, B, T, D, C, bare ? KC : 0);
-        size_t outb = B * T * outw0 * sizeof(float), maskb = 0;
-        if (o.mask_path) maskb = B * T * T * (sizeof(float) + 1);   /* the mask as read and as bytes */
-        need = need > SIZE_MAX - outb - maskb ? SIZE_MAX : need + outb + maskb;
-        size_t limit = o.max_memory ? o.max_memory : aft_available_memory();
-        if (limit && need > limit) {
-            cli_error("run", "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
-                      o.max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
-            goto out;
-        }
-    }
-
-    /* ---- the mask */
-    if (o.mask_path) {
-        if (aft_npy_read(o.mask_path, &mt, NULL, &err) != AFT_OK) {
-            cli_error(NULL, "%s: %s", o.mask_path, err.msg);
-            goto out;
-        }
-        int batched = mt.ndim == 3;
-        if (!((mt.ndim == 2 && mt.shape[0] == T && mt.shape[1] == T) ||
-              (batched && mt.shape[0] == B && mt.shape[1] == T && mt.shape[2] == T))) {
-            char shp[96] = "";
-            size_t u = 0;
-            for (size_t i = 0; i < mt.ndim && u < sizeof shp - 24; i++)
-                u += (size_t)snprintf(shp + u, sizeof shp - u, "%s%zu", i ? ", " : "", mt.shape[i]);
-            cli_error(NULL, "%s: mask is [%s] but the input needs [T, T] = [%zu, %zu] or [B, T, T] = [%zu, %zu, %zu]",
-                      o.mask_path, shp, T, T, B, T, T);
-            goto out;
-        }
-        if (aft_dtype_is_float(mt.dtype) && mt.dtype != AFT_F32 && mt.dtype != AFT_F64) {
-            cli_error(NULL, "%s: mask has dtype %s; expected bool or 0/1 integers", o.mask_path,
-                      aft_dtype_name(mt.dtype));
-            goto out;
-        }
-        float *mf;
-        if (aft_tensor_to_f32(&mt, &mf, &err) != AFT_OK) {
-            cli_error(NULL, "%s: %s", o.mask_path, err.msg);
-            goto out;
-        }
-        mask = malloc(mt.nelem + 1);
-        if (!mask) { free(mf); cli_error("run", "out of memory for the mask"); goto out; }
-        for (size_t i = 0; i < mt.nelem; i++) {
-            if (mf[i] != 0.0f && mf[i] != 1.0f) {
-                cli_error(NULL, "%s: mask entry %zu is %g; entries must be 0 or 1", o.mask_path, i, (double)mf[i]);
-                free(mf);
-                goto out;
-            }
-            mask[i] = mf[i] != 0.0f;
-        }
-        free(mf);
-        p->bias.mask = mask;
-        p->bias.mask_batched = batched;
-    }
-
-    /* ---- compute */
-    size_t N = B * T, outw = bare ? C : D;
-    y = malloc(N * outw * sizeof(float) + 1);
-    double *times = malloc(o.repeat * sizeof(double));
-    if (!y || !times) {
-        free(times);
-        cli_error("run", "out of memory for the output (%zu x %zu)", N, outw);
-        goto out;
-    }
-    double t_loaded = aft_now_ms();
-    aft_layer_times ph, best_ph = {0, 0, 0};
-    double best = -1.0;
-    cli_progress_start("aft run: %s T=%zu B=%zu", aft_variant_name(o.cfg.variant), T, B);
-    for (size_t r = 0; r < o.repeat; r++) {
-        if (o.repeat > 1)
-            cli_progress_label("aft run: %s T=%zu B=%zu, run %zu of %zu", aft_variant_name(o.cfg.variant), T, B,
-                               r + 1, o.repeat);
-        double t0 = aft_now_ms();
-        aft_status st = bare ? aft_op_forward(y, q, k, v, &p->bias, &run_cfg, B, T, C, KC, &err)
-                             : aft_layer_forward_timed(y, x, p, &run_cfg, B, T, &ph, &err);
-        times[r] = aft_now_ms() - t0;
-        if (!bare && (best < 0 || times[r] < best)) {
-            best = times[r];
-            best_ph = ph;
-        }
-        if (st != AFT_OK) {
-            cli_progress_stop();
-            free(times);
-            cli_error("run", "%s", err.msg);
-            rc = EXIT_DATA;   /* the options were checked: what is left is the data */
-            goto out;
-        }
-    }
-    cli_progress_stop();
-    qsort(times, o.repeat, sizeof(double), cmp_double);
-    struct timing tm = {0};
-    tm.layer = !bare;
-    tm.phases = best_ph;
-    tm.compute_min = times[0];
-    tm.compute_med = o.repeat % 2 ? times[o.repeat / 2] : 0.5 * (times[o.repeat / 2 - 1] + times[o.repeat / 2]);
-    free(times);
-
-    /* ---- write, in the input's layout and rank */
-    double t_w0 = aft_now_ms();
-    if (o.tbd && in_rank == 3) {
-        float *z = swap_tb(y, B, T, outw, 1);
-        if (!z) { cli_error("run", "out of memory"); goto out; }
-        free(y);
-        y = z;
-    }
-    aft_tensor yt = {.dtype = AFT_F32, .data = y, .nelem = N * outw, .nbytes = N * outw * sizeof(float)};
-    if (in_rank == 2) {
-        yt.ndim = 2; yt.shape[0] = T; yt.shape[1] = outw;
-    } else {
-        yt.ndim = 3;
-        yt.shape[0] = o.tbd ? T : B; yt.shape[1] = o.tbd ? B : T; yt.shape[2] = outw;
-    }
-    /* both outputs are opened (as temporaries) before either is written,
-     * and renamed into place only when both were written */
-    const char *dest = o.out_path ? o.out_path : "-";
-    if (aft_out_open(&yout, dest, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        goto out;
-    }
-    if (o.timing_path && aft_out_open(&tout, o.timing_path, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        goto out;
-    }
-    if (aft_npy_write_fp(yout.fp, &yt, &err) != AFT_OK) {
-        cli_error(NULL, "%s: %s", o.out_path ? o.out_path : "standard output", err.msg);
-        goto out;
-    }
-    tm.load = t_loaded - t_start;
-    tm.write = aft_now_ms() - t_w0;
-    tm.total = aft_now_ms() - t_start;
-    if (o.timing_path && write_timing(&tout, &o, &run_cfg, B, T, bare ? C : D, C, &tm) != 0) goto out;
-    /* the messages of commit name the file already */
-    if (aft_out_commit(&yout, &err) != AFT_OK || (o.timing_path && aft_out_commit(&tout, &err) != AFT_OK)) {
-        cli_error(NULL, "%s", err.msg);
-        goto out;
-    }
-    rc = 0;
-
-out:
-    if (yout.fp) aft_out_abort(&yout);
-    if (tout.fp) aft_out_abort(&tout);
-    aft_tensor_free(&xt);
-    aft_tensor_free(&mt);
-    if (in_st) aft_st_close(in_st);
-    if (w_st) aft_st_close(w_st);
-    aft_weights_free(&wts);
-    free(x); free(q); free(k); free(v); free(y); free(mask);
-    for (int i = 0; i < 6; i++) free(owned[i]);
+    rc = load_input(&o, &r);
+    if (!rc) rc = get_params(&o, &r);
+    if (!rc) rc = check_values(&o, &r);
+    if (!rc) rc = check_memory(&o, &r);
+    if (!rc) rc = load_mask(&o, &r);
+    if (!rc) rc = compute(&o, &r);
+    if (!rc) rc = write_result(&o, &r);
+    run_free(&r);
     if (rc == 0 && !o.out_path) return cli_finish_stdout("run");
     return rc;
 }

@@ -1,7 +1,7 @@
 # aft.bash - bash completion for aft(1).                    -*- shell-script -*-
 #
-# Completes the subcommands, each subcommand's options (as its --help lists
-# them), the values of options that take one of a fixed set, file names, and
+# Completes the subcommands, each subcommand's options (its option table in
+# cli/; cli/tests/test_docs.c checks the lists below against it), the values of options that take one of a fixed set, file names, and
 # the NAME of a FILE.safetensors:NAME operand (read with `aft info --json`).
 #
 # Installed by `make install` as share/bash-completion/completions/aft, where
@@ -16,7 +16,7 @@ _aft_options()
     case $1 in
     info) echo "--json -h --help" ;;
     run) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
-              "--d-hidden -o --timing --repeat --threads --impl --max-memory --strict" \
+              "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --strict" \
               "-h --help" ;;
     mask) echo "--len --window --causal --format -o -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json -h --help" ;;

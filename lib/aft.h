@@ -99,7 +99,15 @@ typedef struct {
  * i1 i2 u2 i4 u4 i8 u8. */
 aft_status aft_npy_read(const char *path, aft_tensor *out, aft_npy_info *info,
                         aft_error *err);
-/* Same, from a buffer of len bytes (copied; the buffer may be freed after). */
+/* Only the preamble and header of a .npy file, checked as aft_npy_read
+ * checks them: out gets the dtype, shape, nelem and nbytes the header
+ * promises (no data: out->data and out->owned stay NULL), info may be NULL.
+ * The data is not read or checked. path is a file; "-" is refused (reading
+ * the header would consume standard input). For writers that stream
+ * tensors a file at a time. */
+aft_status aft_npy_read_header(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err);
+/* Same as aft_npy_read, from a buffer of len bytes (copied; the buffer may
+ * be freed after). */
 aft_status aft_npy_read_mem(const void *buf, size_t len, aft_tensor *out,
                             aft_npy_info *info, aft_error *err);
 

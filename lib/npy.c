@@ -333,6 +333,93 @@ static void fortran_to_c(unsigned char *dst, const unsigned char *src, const siz
 
 /* ---------------------------------------------------------------- reader */
 
+/* what the preamble and the header dict of a .npy say */
+typedef struct {
+    int major, minor;
+    size_t hlen;              /* bytes of the header dict, padding included */
+    size_t data_off;          /* where the data starts */
+    hfields h;                /* h.descr points into the image */
+    aft_dtype dt;
+    int little;               /* the data's bytes are little-endian */
+    size_t nelem, nbytes;
+} npy_head;
+
+/* Parses the preamble and header of a .npy image of len bytes (the data may
+ * follow or not; len is the file's size when all of it is there). */
+static aft_status parse_head(const unsigned char *buf, size_t len, npy_head *H, aft_error *err)
+{
+    aft_status st;
+    memset(H, 0, sizeof *H);
+
+    /* magic and version */
+    if (memcmp(buf, NPY_MAGIC, len < NPY_MAGIC_LEN ? len : NPY_MAGIC_LEN) != 0 || len == 0)
+        return aft_fail(err, AFT_ERR_FORMAT, "bad magic: not a .npy file");
+    if (len < NPY_MAGIC_LEN + 2)
+        return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu bytes)", len);
+    H->major = buf[6];
+    H->minor = buf[7];
+    if (!((H->major == 1 || H->major == 2 || H->major == 3) && H->minor == 0))
+        return aft_fail(err, AFT_ERR_FORMAT, "unknown .npy version %d.%d", H->major, H->minor);
+
+    /* header length: 2 bytes little-endian in 1.0, 4 bytes in 2.0 and 3.0 */
+    size_t lenbytes = H->major == 1 ? 2 : 4, prefix = 8 + lenbytes;
+    if (len < prefix) return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu bytes)", len);
+    size_t hlen = 0;
+    for (size_t i = lenbytes; i-- > 0;) hlen = hlen << 8 | buf[8 + i];
+    if (hlen > NPY_MAX_HEADER)
+        return aft_fail(err, AFT_ERR_FORMAT, "header of %zu bytes is over the %d-byte limit", hlen, NPY_MAX_HEADER);
+    size_t data_off = prefix + hlen;   /* no overflow: hlen <= 10000 */
+    if (data_off > len)
+        return aft_fail(err, AFT_ERR_FORMAT, "header extends past the end of the file: needs %zu bytes, file holds %zu",
+                        data_off, len);
+    if (hlen == 0 || buf[data_off - 1] != '\n')
+        return aft_fail(err, AFT_ERR_FORMAT, "bad .npy header: does not end with a newline");
+    H->hlen = hlen;
+    H->data_off = data_off;
+
+    /* the dict, without the final newline */
+    hparser P = {.s = buf + prefix, .pos = 0, .end = hlen - 1, .base = prefix, .err = err};
+    if ((st = parse_header(&P, &H->h))) return st;
+    if ((st = parse_descr(H->h.descr, H->h.descr_len, &H->dt, &H->little, err))) return st;
+    size_t size = aft_dtype_size(H->dt);
+
+    /* element and byte counts. Zero dimensions make the array empty, but the
+     * product of the other dimensions must still fit, so that code computing
+     * strides from the shape never overflows either. */
+    size_t nz = 1, nelem = 1, nbytes;
+    for (size_t k = 0; k < H->h.ndim; k++) {
+        if (H->h.shape[k] == 0) { nelem = 0; continue; }
+        if (!aft_mul_ok(nz, H->h.shape[k], &nz))
+            return aft_fail(err, AFT_ERR_FORMAT, "array too large: element count overflows");
+    }
+    if (nelem) nelem = nz;
+    if (!aft_mul_ok(nz, size, &nbytes)) return aft_fail(err, AFT_ERR_FORMAT, "array too large: byte count overflows");
+    H->nelem = nelem;
+    H->nbytes = nelem * size;   /* <= nz * size, checked above */
+    return AFT_OK;
+}
+
+/* info and the dtype and shape of out from a parsed header (out's data is
+ * left alone) */
+static void fill_head(const npy_head *H, aft_tensor *out, aft_npy_info *info)
+{
+    if (info) {
+        info->major = H->major;
+        info->minor = H->minor;
+        info->byteorder = (char)H->h.descr[0];
+        info->fortran_order = H->h.fortran;
+        memcpy(info->descr, H->h.descr, H->h.descr_len);   /* 3 bytes: parse_descr checked */
+        info->descr[H->h.descr_len] = '\0';
+        info->header_len = H->hlen;
+        info->data_offset = H->data_off;
+    }
+    out->dtype = H->dt;
+    out->ndim = H->h.ndim;
+    memcpy(out->shape, H->h.shape, H->h.ndim * sizeof H->h.shape[0]);
+    out->nelem = H->nelem;
+    out->nbytes = H->nbytes;
+}
+
 /* Parses a .npy image of len bytes. When own is non-NULL it is the malloc'd
  * block holding buf, and the result may reuse it (the data is moved to its
  * start), which keeps a file's peak memory near its size; own is consumed
@@ -343,78 +430,13 @@ static aft_status decode(const unsigned char *buf, size_t len, unsigned char *ow
     aft_status st;
     memset(out, 0, sizeof *out);
     if (info) memset(info, 0, sizeof *info);
-
-    /* magic and version */
-    if (memcmp(buf, NPY_MAGIC, len < NPY_MAGIC_LEN ? len : NPY_MAGIC_LEN) != 0 || len == 0) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "bad magic: not a .npy file");
-        goto fail;
-    }
-    if (len < NPY_MAGIC_LEN + 2) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu bytes)", len);
-        goto fail;
-    }
-    int major = buf[6], minor = buf[7];
-    if (!((major == 1 || major == 2 || major == 3) && minor == 0)) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "unknown .npy version %d.%d", major, minor);
-        goto fail;
-    }
-
-    /* header length: 2 bytes little-endian in 1.0, 4 bytes in 2.0 and 3.0 */
-    size_t lenbytes = major == 1 ? 2 : 4, prefix = 8 + lenbytes;
-    if (len < prefix) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu bytes)", len);
-        goto fail;
-    }
-    size_t hlen = 0;
-    for (size_t i = lenbytes; i-- > 0;) hlen = hlen << 8 | buf[8 + i];
-    if (hlen > NPY_MAX_HEADER) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "header of %zu bytes is over the %d-byte limit",
-                      hlen, NPY_MAX_HEADER);
-        goto fail;
-    }
-    size_t data_off = prefix + hlen;   /* no overflow: hlen <= 10000 */
-    if (data_off > len) {
-        st = aft_fail(err, AFT_ERR_FORMAT,
-                      "header extends past the end of the file: needs %zu bytes, file holds %zu",
-                      data_off, len);
-        goto fail;
-    }
-    if (hlen == 0 || buf[data_off - 1] != '\n') {
-        st = aft_fail(err, AFT_ERR_FORMAT, "bad .npy header: does not end with a newline");
-        goto fail;
-    }
-
-    /* the dict, without the final newline */
-    hfields h;
-    memset(&h, 0, sizeof h);
-    hparser P = {.s = buf + prefix, .pos = 0, .end = hlen - 1, .base = prefix, .err = err};
-    if ((st = parse_header(&P, &h))) goto fail;
-    aft_dtype dt = AFT_U8;
-    int little = 1;
-    if ((st = parse_descr(h.descr, h.descr_len, &dt, &little, err))) goto fail;
-    size_t size = aft_dtype_size(dt);
-
-    /* element and byte counts. Zero dimensions make the array empty, but the
-     * product of the other dimensions must still fit, so that code computing
-     * strides from the shape never overflows either. */
-    size_t nz = 1, nelem = 1, nbytes;
-    for (size_t k = 0; k < h.ndim; k++) {
-        if (h.shape[k] == 0) { nelem = 0; continue; }
-        if (!aft_mul_ok(nz, h.shape[k], &nz)) {
-            st = aft_fail(err, AFT_ERR_FORMAT, "array too large: element count overflows");
-            goto fail;
-        }
-    }
-    if (nelem) nelem = nz;
-    if (!aft_mul_ok(nz, size, &nbytes)) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "array too large: byte count overflows");
-        goto fail;
-    }
-    nbytes = nelem * size;   /* <= nz * size, checked above */
+    npy_head H;
+    if ((st = parse_head(buf, len, &H, err))) goto fail;
+    size_t size = aft_dtype_size(H.dt), nelem = H.nelem, nbytes = H.nbytes;
 
     /* the data must be exactly what the header promises; checked before any
      * allocation, so a tiny file claiming a huge shape costs nothing */
-    size_t have = len - data_off;
+    size_t have = len - H.data_off;
     if (have < nbytes) {
         st = aft_fail(err, AFT_ERR_FORMAT, "data truncated: header promises %zu bytes, file holds %zu",
                       nbytes, have);
@@ -426,44 +448,29 @@ static aft_status decode(const unsigned char *buf, size_t len, unsigned char *ow
     }
 
     /* fill info now: descr points into buf, which the data may overwrite below */
-    if (info) {
-        info->major = major;
-        info->minor = minor;
-        info->byteorder = (char)h.descr[0];
-        info->fortran_order = h.fortran;
-        memcpy(info->descr, h.descr, h.descr_len);   /* 3 bytes: parse_descr checked */
-        info->descr[h.descr_len] = '\0';
-        info->header_len = hlen;
-        info->data_offset = data_off;
-    }
+    fill_head(&H, out, info);
 
     /* Fortran order only differs from C order with two or more dimensions */
-    int transpose = h.fortran && h.ndim >= 2 && nelem > 0;
+    int transpose = H.h.fortran && H.h.ndim >= 2 && nelem > 0;
     unsigned char *data;
     if (transpose) {
         data = aft_alloc_array(nbytes, 1);
         if (!data) goto nomem;
-        fortran_to_c(data, buf + data_off, h.shape, h.ndim, size, nelem);
+        fortran_to_c(data, buf + H.data_off, H.h.shape, H.h.ndim, size, nelem);
         free(own);
         own = NULL;
     } else if (own) {
         /* reuse the file buffer: move the data to its start, return the rest */
-        memmove(own, own + data_off, nbytes);
+        memmove(own, own + H.data_off, nbytes);
         data = realloc(own, nbytes ? nbytes : 1);
         if (!data) data = own;   /* shrinking failed: keep the larger block */
         own = NULL;
     } else {
         data = aft_alloc_array(nbytes, 1);
         if (!data) goto nomem;
-        memcpy(data, buf + data_off, nbytes);
+        memcpy(data, buf + H.data_off, nbytes);
     }
-    if (size > 1 && little != HOST_LITTLE) byteswap(data, nelem, size);
-
-    out->dtype = dt;
-    out->ndim = h.ndim;
-    memcpy(out->shape, h.shape, h.ndim * sizeof h.shape[0]);
-    out->nelem = nelem;
-    out->nbytes = nbytes;
+    if (size > 1 && H.little != HOST_LITTLE) byteswap(data, nelem, size);
     out->data = data;
     out->owned = data;
     return AFT_OK;
@@ -550,6 +557,28 @@ aft_status aft_npy_read(const char *path, aft_tensor *out, aft_npy_info *info, a
     if (!is_stdin) fclose(fp);
     if (st) return st;
     return decode(buf, len, buf, out, info, err);
+}
+
+aft_status aft_npy_read_header(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (info) memset(info, 0, sizeof *info);
+    if (strcmp(path, "-") == 0)
+        return aft_fail(err, AFT_ERR_ARG, "the header alone cannot be read from standard input");
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return aft_fail(err, AFT_ERR_IO, "cannot open: %s", strerror(errno));
+    /* the preamble and the longest header allowed, or the whole file when
+     * it is shorter: what parse_head needs, and its sizes for messages */
+    unsigned char buf[12 + NPY_MAX_HEADER];
+    size_t len = fread(buf, 1, sizeof buf, fp);
+    int e = errno, bad = ferror(fp);
+    fclose(fp);
+    if (bad) return aft_fail(err, AFT_ERR_IO, "read failed: %s", strerror(e));
+    npy_head H;
+    aft_status st = parse_head(buf, len, &H, err);
+    if (st) return st;
+    fill_head(&H, out, info);
+    return AFT_OK;
 }
 
 /* ---------------------------------------------------------------- writer */

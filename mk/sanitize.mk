@@ -46,10 +46,11 @@ $(1)/tests/lib_%: lib/tests/%.c $$(TEST_HELP_SRC) $(1)/libaft.a lib/aft.h
 	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib/tests -Ilib $$(PKG_CFLAGS) $$(SAN_PKG_CFLAGS) \
 	    -o $$@ $$< $$(filter lib/tests/%,$$(TEST_HELP_SRC)) $(1)/libaft.a $$(SAN_PKG_LIBS) $$(LDLIBS_ALL)
 
-$(1)/tests/cli_%: cli/tests/%.c $$(TEST_HELP_SRC) $(1)/libaft.a lib/aft.h
+$(1)/tests/cli_%: cli/tests/%.c $$(TEST_HELP_SRC) $$(filter-out $(1)/cli/main.o,$$(CLI_SRC:cli/%.c=$(1)/cli/%.o)) $(1)/libaft.a lib/aft.h
 	@mkdir -p $$(@D)
-	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Icli/tests -Ilib $$(PKG_CFLAGS) $$(SAN_PKG_CFLAGS) \
-	    -o $$@ $$< $$(filter cli/tests/%,$$(TEST_HELP_SRC)) $(1)/libaft.a $$(SAN_PKG_LIBS) $$(LDLIBS_ALL)
+	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Icli/tests -Icli -Ilib $$(PKG_CFLAGS) $$(SAN_PKG_CFLAGS) \
+	    -o $$@ $$< $$(filter cli/tests/%,$$(TEST_HELP_SRC)) $$(filter-out $(1)/cli/main.o,$$(CLI_SRC:cli/%.c=$(1)/cli/%.o)) \
+	    $(1)/libaft.a $$(SAN_PKG_LIBS) $$(LDLIBS_ALL)
 endef
 
 # the test programs of a build directory, named as the main Makefile names them

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "aft.h"
+#include "cli.h"
 #include "harness.h"
 
 static char *dir;   /* temp dir for every input and output */
@@ -1841,8 +1842,11 @@ static void test_usage_errors(void **state)
 /* ------------------------------------------------------------------ a terminal on stdout */
 
 /* runs `aft ARGS` with stdout on a new pseudo-terminal and stderr on a pipe;
- * returns -1 when no pty can be made (the test is then skipped) */
-static int run_on_pty(const char *const *args, int *exit_code, char *err, size_t errcap, size_t *tty_bytes)
+ * tty gets what the terminal showed (its "\r\n" as "\n"; *tty_bytes counts
+ * every byte, kept or not); returns -1 when no pty can be made (the test is
+ * then skipped) */
+static int run_on_pty(const char *const *args, int *exit_code, char *err, size_t errcap, char *tty, size_t ttycap,
+                      size_t *tty_bytes)
 {
     int m = posix_openpt(O_RDWR | O_NOCTTY);
     if (m < 0) return -1;
@@ -1880,13 +1884,17 @@ static int run_on_pty(const char *const *args, int *exit_code, char *err, size_t
     /* drain the pty while waiting, so a misbehaving child cannot block on it */
     fcntl(m, F_SETFL, fcntl(m, F_GETFL) | O_NONBLOCK);
     fcntl(ep[0], F_SETFL, fcntl(ep[0], F_GETFL) | O_NONBLOCK);
-    size_t got = 0, tb = 0;
+    size_t got = 0, tb = 0, kept = 0;
     int status = 0;
     struct timespec ts = {0, 5 * 1000 * 1000};
+    char buf[4096];
+    ssize_t k;
     for (int i = 0;; i++) {
-        char buf[4096];
-        ssize_t k;
-        while ((k = read(m, buf, sizeof buf)) > 0) tb += (size_t)k;
+        while ((k = read(m, buf, sizeof buf)) > 0) {
+            tb += (size_t)k;
+            for (ssize_t c = 0; c < k; c++)
+                if (buf[c] != '\r' && kept + 1 < ttycap) tty[kept++] = buf[c];
+        }
         while (got + 1 < errcap && (k = read(ep[0], err + got, errcap - 1 - got)) > 0) got += (size_t)k;
         pid_t w = waitpid(pid, &status, WNOHANG);
         if (w == pid) break;
@@ -1897,11 +1905,14 @@ static int run_on_pty(const char *const *args, int *exit_code, char *err, size_t
         }
         nanosleep(&ts, NULL);
     }
-    ssize_t k;
     while (got + 1 < errcap && (k = read(ep[0], err + got, errcap - 1 - got)) > 0) got += (size_t)k;
     err[got] = 0;
-    char buf[4096];
-    while ((k = read(m, buf, sizeof buf)) > 0) tb += (size_t)k;
+    while ((k = read(m, buf, sizeof buf)) > 0) {
+        tb += (size_t)k;
+        for (ssize_t c = 0; c < k; c++)
+            if (buf[c] != '\r' && kept + 1 < ttycap) tty[kept++] = buf[c];
+    }
+    tty[kept] = 0;
     close(ep[0]);
     close(m);
     *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -1909,34 +1920,167 @@ static int run_on_pty(const char *const *args, int *exit_code, char *err, size_t
     return 0;
 }
 
-static void test_terminal_refused(void **state)
+/* `aft run x.npy` on a terminal prints a summary of the result: its shape,
+ * dtype, range and mean, the values as numpy's repr shows them (here checked
+ * against the repr of the same result saved with -o), and a hint */
+static void check_terminal_summary(size_t B, size_t T, size_t D, const char *shape, int summarised)
 {
-    (void)state;
     char *x = tmp("tty_x.npy"), *out = tmp("tty_out.npy");
-    free(write_x(x, 1, 4, 3, 251));
+    free(write_x(x, B, T, D, 251));
     int code;
     char err[2048];
+    static char tty[1 << 16];
     size_t tty_bytes;
-    if (run_on_pty((const char *const[]){"run", x, NULL}, &code, err, sizeof err, &tty_bytes) != 0) {
+    if (run_on_pty((const char *const[]){"run", x, NULL}, &code, err, sizeof err, tty, sizeof tty, &tty_bytes) != 0) {
         free(x);
         free(out);
         skip();
     }
-    if (code != 2) fprintf(stderr, "exit %d, stderr: %s\n", code, err);
-    assert_int_equal(code, 2);
-    assert_true(strncmp(err, "aft run: ", 9) == 0);
-    assert_non_null(strstr(err, "terminal"));
-    assert_int_equal(harness_count_lines(err), 2);
-    assert_int_equal(tty_bytes, 0);
-    /* with -o the terminal is not written to, and the run succeeds */
-    assert_int_equal(run_on_pty((const char *const[]){"run", x, "-o", out, NULL}, &code, err, sizeof err, &tty_bytes),
-                     0);
+    if (code != 0) fprintf(stderr, "exit %d, stderr: %s\n", code, err);
+    assert_int_equal(code, 0);
+    assert_string_equal(err, "");
+    /* the first line: shape, dtype, min, max, mean */
+    char first[128];
+    snprintf(first, sizeof first, "shape %s, dtype float32, min ", shape);
+    assert_true(strncmp(tty, first, strlen(first)) == 0);
+    char *body = strchr(tty, '\n');
+    assert_non_null(body);
+    *body++ = '\0';
+    assert_non_null(strstr(tty, ", max "));
+    assert_non_null(strstr(tty, ", mean "));
+    /* the values, as numpy prints them */
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "run", x, "-o", out), 0);
+    assert_int_equal(r.exit_code, 0);
+    harness_result_free(&r);
+    aft_tensor y;
+    aft_error e;
+    assert_int_equal(aft_npy_read(out, &y, NULL, &e), AFT_OK);
+    char *want = cli_numpy_repr(y.data, y.ndim, y.shape);
+    assert_non_null(want);
+    assert_true(strncmp(body, want, strlen(want)) == 0);
+    assert_int_equal(strstr(want, "...") != NULL, summarised);
+    /* then the hint, as the last line */
+    const char *hint = body + strlen(want);
+    assert_string_equal(hint, "\n(not saved: -o FILE or a pipe writes the result as .npy)\n");
+    free(want);
+    aft_tensor_free(&y);
+    free(x);
+    free(out);
+}
+
+static void test_terminal_summary(void **state)
+{
+    (void)state;
+    check_terminal_summary(1, 4, 3, "(1, 4, 3)", 0);
+    check_terminal_summary(0, 5, 8, "(5, 8)", 0);
+    check_terminal_summary(2, 300, 32, "(2, 300, 32)", 1);
+}
+
+/* with -o (or -o - or a pipe) nothing changes: the terminal is not written
+ * to, or gets the .npy asked for */
+static void test_terminal_with_output(void **state)
+{
+    (void)state;
+    char *x = tmp("tty_o_x.npy"), *out = tmp("tty_o_out.npy");
+    free(write_x(x, 1, 4, 3, 252));
+    int code;
+    char err[2048], tty[4096];
+    size_t tty_bytes;
+    if (run_on_pty((const char *const[]){"run", x, "-o", out, NULL}, &code, err, sizeof err, tty, sizeof tty,
+                   &tty_bytes) != 0) {
+        free(x);
+        free(out);
+        skip();
+    }
     if (code != 0) fprintf(stderr, "exit %d, stderr: %s\n", code, err);
     assert_int_equal(code, 0);
     assert_int_equal(tty_bytes, 0);
     assert_true(file_exists(out));
+    /* "-o -" asks for the .npy on standard output, terminal or not */
+    assert_int_equal(run_on_pty((const char *const[]){"run", x, "-o", "-", NULL}, &code, err, sizeof err, tty,
+                                sizeof tty, &tty_bytes), 0);
+    assert_int_equal(code, 0);
+    assert_true(strncmp(tty, "\x93NUMPY", 6) == 0);
     free(x);
     free(out);
+}
+
+/* numpy's repr, for arrays whose repr numpy 1.24 printed (default print
+ * options); the values are made as numpy made them, in float32 */
+static void test_numpy_repr(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *want;
+        size_t ndim, shape[3];
+        float x[3];   /* or, when x[0] is NaN and x[1] 0: i * x[2], then / denominator */
+    } lit[] = {
+        {"array([[ 0.1   , -0.5678,  1.    ]], dtype=float32)", 2, {1, 3}, {0.1f, -0.5678f, 1.0f}},
+        {"array([[1., 2., 3.]], dtype=float32)", 2, {1, 3}, {1, 2, 3}},
+        {"array([[ nan,   1., -inf]], dtype=float32)", 2, {1, 3}, {NAN, 1, -INFINITY}},
+        {"array([[1.e+10, 1.e-10]], dtype=float32)", 2, {1, 2}, {1e10f, 1e-10f}},
+        {"array([[9.9999997e-05, 1.2345678e-04, 1.0000000e-01]], dtype=float32)", 2, {1, 3},
+         {0.0001f, 0.00012345678f, 0.1f}},
+        {"array([[4.508641e+07, 1.500000e+00, 1.000000e+04]], dtype=float32)", 2, {1, 3}, {45086408.0f, 1.5f, 1e4f}},
+        {"array([], shape=(2, 0, 3), dtype=float32)", 3, {2, 0, 3}, {0}},
+    };
+    for (size_t i = 0; i < sizeof lit / sizeof lit[0]; i++) {
+        char *got = cli_numpy_repr(lit[i].x, lit[i].ndim, lit[i].shape);
+        assert_non_null(got);
+        if (strcmp(got, lit[i].want) != 0) fail_msg("got\n%s\nwanted\n%s", got, lit[i].want);
+        free(got);
+    }
+    /* ranges: i * mul / div for i = 0, 1, ..., in float32 */
+    static const struct {
+        const char *want;
+        size_t ndim, shape[3];
+        float mul, div;
+    } ranges[] = {
+        {"array([[0.0000000e+00, 1.4285715e-01, 2.8571430e-01, ..., 2.8528571e+02,\n"
+         "        2.8542856e+02, 2.8557144e+02]], dtype=float32)",
+         2, {1, 2000}, 1, 7},
+        {"array([[0.0000000e+00, 3.3333334e-01, 6.6666669e-01, ..., 1.3233333e+02,\n"
+         "        1.3266667e+02, 1.3300000e+02],\n"
+         "       [1.3333333e+02, 1.3366667e+02, 1.3400000e+02, ..., 2.6566666e+02,\n"
+         "        2.6600000e+02, 2.6633334e+02],\n"
+         "       [2.6666666e+02, 2.6700000e+02, 2.6733334e+02, ..., 3.9900000e+02,\n"
+         "        3.9933334e+02, 3.9966666e+02],\n"
+         "       [4.0000000e+02, 4.0033334e+02, 4.0066666e+02, ..., 5.3233331e+02,\n"
+         "        5.3266669e+02, 5.3300000e+02]], dtype=float32)",
+         2, {4, 400}, 1, 3},
+        {"array([[[0.        , 0.36666667, 0.73333335],\n"
+         "        [1.1       , 1.4666667 , 1.8333334 ],\n"
+         "        [2.2       , 2.5666668 , 2.9333334 ]],\n"
+         "\n"
+         "       [[3.3000002 , 3.6666667 , 4.0333333 ],\n"
+         "        [4.4       , 4.766667  , 5.1333337 ],\n"
+         "        [5.5       , 5.866667  , 6.2333336 ]],\n"
+         "\n"
+         "       [[6.6000004 , 6.9666667 , 7.3333335 ],\n"
+         "        [7.7000003 , 8.066667  , 8.433333  ],\n"
+         "        [8.8       , 9.166667  , 9.533334  ]]], dtype=float32)",
+         3, {3, 3, 3}, 1.1f, 3},
+        {"array([[-0.        , -0.11111111, -0.22222222, -0.33333334, -0.44444445,\n"
+         "        -0.5555556 , -0.6666667 , -0.7777778 , -0.8888889 , -1.        ,\n"
+         "        -1.1111112 , -1.2222222 ]], dtype=float32)",
+         2, {1, 12}, 1, -9},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        size_t n = 1;
+        for (size_t a = 0; a < ranges[i].ndim; a++) n *= ranges[i].shape[a];
+        float *x = malloc(n * sizeof *x);
+        assert_non_null(x);
+        for (size_t k = 0; k < n; k++) {
+            volatile float f = (float)k * ranges[i].mul;   /* rounded to float32 before the division */
+            x[k] = f / ranges[i].div;
+        }
+        char *got = cli_numpy_repr(x, ranges[i].ndim, ranges[i].shape);
+        assert_non_null(got);
+        if (strcmp(got, ranges[i].want) != 0) fail_msg("got\n%s\nwanted\n%s", got, ranges[i].want);
+        free(got);
+        free(x);
+    }
 }
 
 /* ------------------------------------------------------------------ atomic output */
@@ -2098,7 +2242,9 @@ int main(void)
         cmocka_unit_test(test_weights_errors),
         cmocka_unit_test(test_weights_t_above_tmax),
         cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_terminal_refused),
+        cmocka_unit_test(test_terminal_summary),
+        cmocka_unit_test(test_terminal_with_output),
+        cmocka_unit_test(test_numpy_repr),
         cmocka_unit_test(test_atomic_output),
         cmocka_unit_test(test_input_errors),
     };

@@ -969,6 +969,78 @@ static void test_header_alone(void **state)
     assert_non_null(strstr(err.msg, "too many dimensions"));
 }
 
+/* aft_npy_read_header agrees with aft_npy_read on every fixture and every
+ * malformed file: the same dtype, shape and info where the file is good,
+ * the same message where the header is bad; only the data goes unread */
+static void check_header_against_read(const char *path)
+{
+    aft_tensor full, head;
+    aft_npy_info fi, hi;
+    aft_error ferr = {{0}}, herr = {{0}};
+    aft_status fs = aft_npy_read(path, &full, &fi, &ferr);
+    aft_status hs = aft_npy_read_header(path, &head, &hi, &herr);
+    assert_null(head.data);
+    assert_null(head.owned);
+    if (fs == AFT_OK) {
+        if (hs != AFT_OK) fail_msg("%s: read, but its header alone was not: %s", path, herr.msg);
+        assert_int_equal(head.dtype, full.dtype);
+        assert_int_equal(head.ndim, full.ndim);
+        assert_memory_equal(head.shape, full.shape, full.ndim * sizeof full.shape[0]);
+        assert_int_equal(head.nelem, full.nelem);
+        assert_int_equal(head.nbytes, full.nbytes);
+        assert_memory_equal(&hi, &fi, sizeof hi);
+    } else if (hs == AFT_OK) {
+        /* the header was good: the data is what is wrong */
+        if (!strstr(ferr.msg, "data truncated") && !strstr(ferr.msg, "trailing bytes") &&
+            !strstr(ferr.msg, "out of memory"))
+            fail_msg("%s: its header alone was read, but the file was refused for: %s", path, ferr.msg);
+    } else {
+        assert_string_equal(herr.msg, ferr.msg);
+    }
+    aft_tensor_free(&full);
+}
+
+static void test_read_header(void **state)
+{
+    const char *dirs[2] = {"npy", "malformed"};
+    size_t checked = 0;
+    for (int k = 0; k < 2; k++) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/%s", testdata(), dirs[k]);
+        DIR *d = opendir(dir);
+        assert_non_null(d);
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            size_t n = strlen(e->d_name);
+            if (n < 4 || strcmp(e->d_name + n - 4, ".npy") != 0) continue;
+            char path[2048];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            check_header_against_read(path);
+            checked++;
+        }
+        closedir(d);
+    }
+    assert_true(checked > 50);
+    /* the header of a file whose data is cut short is still read */
+    size_t len;
+    unsigned char *b = slurp(fixture("v1_C_le_f4.npy"), &len);
+    FILE *f = fopen(tmppath("cut.npy"), "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, len - 5, f), len - 5);
+    fclose(f);
+    free(b);
+    aft_tensor t;
+    aft_error err = {{0}};
+    assert_int_equal(aft_npy_read_header(tmppath("cut.npy"), &t, NULL, &err), AFT_OK);
+    assert_int_equal(t.nelem, 24);
+    assert_int_equal(aft_npy_read(tmppath("cut.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
+    unlink(tmppath("cut.npy"));
+    /* not standard input, and not a missing file */
+    assert_int_equal(aft_npy_read_header("-", &t, NULL, &err), AFT_ERR_ARG);
+    assert_int_equal(aft_npy_read_header(tmppath("none.npy"), &t, NULL, &err), AFT_ERR_IO);
+    assert_non_null(strstr(err.msg, "cannot open"));
+}
+
 static void test_write_refusals(void **state)
 {
     uint16_t v[4] = {0};
@@ -1019,6 +1091,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixture_matrix),
+        cmocka_unit_test(test_read_header),
         cmocka_unit_test(test_scalars),
         cmocka_unit_test(test_zero_size),
         cmocka_unit_test(test_other_shapes),
