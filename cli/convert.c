@@ -210,69 +210,19 @@ static int utf8_valid(const char *s)
     return 1;
 }
 
-/* Learns a .npy file's dtype and shape from its header alone, so that a
- * .safetensors header can be written before any data is read. Only the plain
- * form numpy writes is understood; anything else returns -1 and the caller
- * reads the whole file instead (whose strict reader then judges it). The
- * data is checked against this answer when it is read. */
+/* Learns a .npy file's dtype and shape from its header alone (the library
+ * checks it as the reader would, the data's size included), so that a
+ * .safetensors header can be written before any data is read. The data is
+ * checked against this answer when it is read. */
 static int npy_peek(const char *path, aft_dtype *dt, size_t *ndim, size_t *shape)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return -1;
-    unsigned char pre[12];
-    char *h = NULL;
-    int rc = -1;
-    if (fread(pre, 1, 8, fp) != 8 || memcmp(pre, "\x93NUMPY", 6) != 0) goto out;
-    size_t len = 0, plen = pre[6] == 1 ? 2 : 4;
-    if (pre[6] < 1 || pre[6] > 3 || fread(pre + 8, 1, plen, fp) != plen) goto out;
-    for (size_t i = 0; i < plen; i++) len |= (size_t)pre[8 + i] << (8 * i);
-    if (len > ((size_t)1 << 20) || !(h = malloc(len + 1)) || fread(h, 1, len, fp) != len) goto out;
-    h[len] = '\0';
-    if (strlen(h) != len) goto out;
-
-    /* 'descr': '<f4' */
-    const char *p = strstr(h, "'descr':");
-    if (!p) goto out;
-    p += 8;
-    while (*p == ' ') p++;
-    if (p[0] != '\'' || !strchr("<>|=", p[1]) || !p[2] || !p[3] || p[4] != '\'') goto out;
-    static const aft_dtype all[] = {AFT_F64, AFT_F32, AFT_F16, AFT_BOOL, AFT_U8, AFT_I8,
-                                    AFT_I16, AFT_U16, AFT_I32, AFT_U32, AFT_I64, AFT_U64};
-    int found = 0;
-    for (size_t i = 0; i < sizeof all / sizeof all[0] && !found; i++)
-        if (memcmp(p + 2, aft_npy_code(all[i]), 2) == 0) {
-            *dt = all[i];
-            found = 1;
-        }
-    if (!found) goto out;
-
-    /* 'shape': (2, 3) or (4,) or () */
-    p = strstr(h, "'shape':");
-    if (!p) goto out;
-    p += 8;
-    while (*p == ' ') p++;
-    if (*p++ != '(') goto out;
-    size_t n = 0;
-    for (;;) {
-        while (*p == ' ') p++;
-        if (*p == ')') break;
-        if (*p < '0' || *p > '9' || n == AFT_MAX_DIMS) goto out;
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (errno || v > SIZE_MAX) goto out;
-        shape[n++] = (size_t)v;
-        p = end;
-        while (*p == ' ') p++;
-        if (*p == ',') p++;
-        else if (*p != ')') goto out;
-    }
-    *ndim = n;
-    rc = 0;
-out:
-    free(h);
-    fclose(fp);
-    return rc;
+    aft_tensor t;
+    aft_error err;
+    if (aft_npy_peek(path, &t, NULL, &err) != AFT_OK) return -1;
+    *dt = t.dtype;
+    *ndim = t.ndim;
+    memcpy(shape, t.shape, t.ndim * sizeof t.shape[0]);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- inputs */

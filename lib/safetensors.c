@@ -45,20 +45,6 @@
 #define ST_LITTLE_ENDIAN 0
 #endif
 
-struct aft_st_file {
-    const unsigned char *bytes;  /* the whole file: size bytes */
-    size_t size;
-    void *map;                   /* mmap of the file, or NULL */
-    size_t map_size;
-    unsigned char *owned;        /* file read from a pipe or stdin, or NULL */
-    size_t n;
-    aft_tensor *tensors;         /* (n) in file order: ascending data offset */
-    const char **names;          /* (n) in file order, into strings */
-    size_t *by_name;             /* (n) file positions sorted by name, for find */
-    size_t nmeta;
-    const char **meta;           /* (2 * nmeta) key, value pairs in header order */
-    char *strings;               /* one block holding every name, key and value */
-};
 
 /* ---------------------------------------------------------------- helpers */
 
