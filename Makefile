@@ -12,7 +12,7 @@ WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-psabi
 # contract a*b+c into fused multiply-adds (ISO C mode would forbid it); this
 # is not -ffast-math: NaN, infinities and signed zeros keep their meaning
 FPFLAGS := -ffp-contract=fast
-PKGS    := libcjson openblas
+PKGS    := libcjson openblas zlib
 # pkg-config is queried lazily, after `deps` had its chance to install it
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)

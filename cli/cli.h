@@ -46,6 +46,20 @@ void cli_report_file(const char *cmd, const char *path, const char *msg);
 int cli_ends_with(const char *s, const char *suffix);
 int cli_path_exists(const char *path);
 
+/* Where an operand FILE.safetensors:NAME or FILE.npz:NAME splits: the ':'
+ * after the last ".safetensors" or ".npz" whose file exists, else after the
+ * last one (so opening it reports the missing file); NULL when there is
+ * none. With must_exist, only a split whose file exists counts. */
+const char *cli_tensor_split(const char *arg, int must_exist);
+/* The memory bound for reading archives: --max-memory when given (nonzero),
+ * else the memory available, else no bound (SIZE_MAX) */
+size_t cli_memory_limit(size_t max_memory);
+/* The format of a file operand (aft_file_format): "-" is a .npy; a file
+ * that cannot be opened is handed to the .npy reader, which says why.
+ * Returns -1 after reporting "aft[ CMD]: FILE: not a .npy, .npz or
+ * .safetensors file". */
+int cli_file_format(const char *cmd, const char *path, aft_format *fmt);
+
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);
 

@@ -10,6 +10,7 @@
 
 static const char usage_text[] =
     "usage: aft compare A B [--rtol R] [--atol A] [--equal-nan] [--json]\n"
+    "                   [--max-memory SIZE]\n"
     "\n"
     "Compare two tensors element by element with numpy's allclose rule:\n"
     "a and b are close when |a - b| <= atol + rtol * |b| (B is the reference).\n"
@@ -17,15 +18,19 @@ static const char usage_text[] =
     "or to NaN with --equal-nan. Values are compared as doubles; the dtypes\n"
     "may differ. The shapes must be equal (no broadcasting).\n"
     "\n"
-    "A and B are each a .npy file, '-' (a .npy on standard input), or\n"
-    "FILE.safetensors:NAME, the tensor NAME in a .safetensors file (a\n"
-    ".safetensors file that holds a single tensor may be named alone).\n"
+    "A and B are each a .npy file, '-' (a .npy on standard input),\n"
+    "FILE.safetensors:NAME, the tensor NAME in a .safetensors file, or\n"
+    "FILE.npz:KEY, the member KEY of a .npz archive (np.savez); a .safetensors\n"
+    "or .npz that holds a single tensor may be named alone. Formats are told\n"
+    "apart by their first bytes.\n"
     "\n"
     "options:\n"
     "  --rtol R       relative tolerance, a number >= 0 (default 1e-05)\n"
     "  --atol A       absolute tolerance, a number >= 0 (default 1e-08)\n"
     "  --equal-nan    treat NaN as close to NaN\n"
     "  --json         print one JSON object instead of the text report\n"
+    "  --max-memory SIZE  memory for inflating .npz members (bytes, or with K,\n"
+    "                 M, G; default: the memory available)\n"
     "  -h, --help     print this help and exit\n"
     "\n"
     "The report gives the shapes and dtypes, the largest |a - b| and the\n"
@@ -57,12 +62,14 @@ typedef struct {
     const aft_tensor *t;     /* the tensor compared: &own or inside st */
 } operand;
 
-/* Opens a .safetensors file and picks the tensor called name, or, when name
- * is NULL, the file's only tensor. */
+static size_t max_memory;   /* --max-memory, 0 when not given */
+
+/* Opens a .safetensors file or .npz archive and picks the tensor called
+ * name, or, when name is NULL, the file's only tensor. */
 static int load_safetensors(operand *op, const char *file, const char *name)
 {
     aft_error err = {{0}};
-    if (aft_st_open(file, &op->st, &err) != AFT_OK) {
+    if (aft_st_open_limit(file, cli_memory_limit(max_memory), &op->st, &err) != AFT_OK) {
         report_file(file, err.msg);
         return -1;
     }
@@ -93,26 +100,12 @@ static int load(operand *op, const char *arg)
     op->arg = arg;
     aft_error err = {{0}};
 
-    /* FILE.safetensors:NAME, unless the whole operand is itself a file. A
-     * path can contain ".safetensors:" and so can a tensor name: take the
-     * last split whose file exists, else the last split (whose open then
-     * reports the missing file). */
+    /* FILE.safetensors:NAME or FILE.npz:NAME, unless the whole operand is
+     * itself a file. A path can contain ".safetensors:" and so can a tensor
+     * name: take the last split whose file exists, else the last split
+     * (whose open then reports the missing file). */
     if (strcmp(arg, "-") != 0 && !cli_path_exists(arg)) {
-        static const char ext[] = ".safetensors";
-        const size_t elen = sizeof ext - 1;
-        const char *last = NULL, *found = NULL;   /* where the file name ends */
-        for (const char *p = strstr(arg, ext); p; p = strstr(p + 1, ext)) {
-            if (p[elen] != ':') continue;
-            char *file = strndup(arg, (size_t)(p - arg) + elen);
-            if (!file) {
-                report_file(arg, "out of memory");
-                return -1;
-            }
-            last = p + elen;
-            if (cli_path_exists(file)) found = last;
-            free(file);
-        }
-        const char *colon = found ? found : last;
+        const char *colon = cli_tensor_split(arg, 0);
         if (colon) {
             char *file = strndup(arg, (size_t)(colon - arg));
             if (!file) {
@@ -124,7 +117,9 @@ static int load(operand *op, const char *arg)
             return rc;
         }
     }
-    if (cli_ends_with(arg, ".safetensors")) return load_safetensors(op, arg, NULL);
+    aft_format fmt;
+    if (cli_file_format(cmd, arg, &fmt) != 0) return -1;
+    if (fmt == AFT_FORMAT_SAFETENSORS || fmt == AFT_FORMAT_NPZ) return load_safetensors(op, arg, NULL);
 
     if (aft_npy_read(arg, &op->own, NULL, &err) != AFT_OK) {
         report_file(arg, err.msg);
@@ -387,6 +382,10 @@ int cmd_compare(int argc, char **argv)
             json = 1;
         } else if (strcmp(a, "--equal-nan") == 0) {
             equal_nan = 1;
+        } else if (strcmp(a, "--max-memory") == 0 || strncmp(a, "--max-memory=", 13) == 0) {
+            const char *val = a[12] == '=' ? a + 13 : i + 1 < argc ? argv[++i] : NULL;
+            if (!val || cli_parse_bytes(val, &max_memory) != 0 || max_memory == 0)
+                return cli_usage_error(cmd, "--max-memory takes a size like 4G, 512M or 1000000");
         } else if (strcmp(a, "--rtol") == 0 || strcmp(a, "--atol") == 0) {
             const char *val = i + 1 < argc ? argv[++i] : NULL;
             int rc = parse_tol(a, val, a[2] == 'r' ? &rtol : &atol);

@@ -1,4 +1,4 @@
-/* info.c - `aft info`: list the tensors (and metadata) of .npy and .safetensors files. */
+/* info.c - `aft info`: list the tensors (and metadata) of .npy, .npz and .safetensors files. */
 #include "cli.h"
 
 #include <cjson/cJSON.h>
@@ -14,22 +14,25 @@ static void report_file(const char *path, const char *msg)
 }
 
 static const char usage_text[] =
-    "usage: aft info [--json] FILE...\n"
+    "usage: aft info [--json] [--max-memory SIZE] FILE...\n"
     "\n"
-    "Print each tensor's name, dtype, shape and size in bytes, for .npy and\n"
-    ".safetensors files; .safetensors metadata is printed as key = value.\n"
+    "Print each tensor's name, dtype, shape and size in bytes, for .npy, .npz\n"
+    "and .safetensors files; .safetensors metadata is printed as key = value.\n"
     "For .npy also the header version, the byte order and the memory order.\n"
-    "The format comes from the extension (.npy, .safetensors); other files\n"
-    "are recognised by their first bytes. '-' reads a .npy from standard input.\n"
+    "Formats are told apart by their first bytes (a file they say nothing\n"
+    "about goes by its extension). '-' reads a .npy from standard input.\n"
     "A .npy holds one tensor, named after the file without '.npy' ('(array)'\n"
-    "for standard input).\n"
+    "for standard input); a .npz (numpy's np.savez) one tensor a member,\n"
+    "named by its key (the member's name without '.npy').\n"
     "\n"
     "options:\n"
     "  --json      one JSON object per file, one per line:\n"
-    "              {\"file\", \"format\": \"npy\"|\"safetensors\",\n"
+    "              {\"file\", \"format\": \"npy\"|\"npz\"|\"safetensors\",\n"
     "               \"tensors\": [{\"name\", \"dtype\", \"shape\", \"bytes\"}],\n"
     "               \"metadata\": {...}, and for .npy \"npy\": {\"version\",\n"
     "               \"byte_order\": \"little\"|\"big\"|\"none\", \"fortran_order\"}}\n"
+    "  --max-memory SIZE  memory for inflating .npz members (bytes, or with\n"
+    "              K, M, G; default: the memory available)\n"
     "  -h, --help  print this help and exit\n"
     "\n"
     "Files are read in order; the first one that cannot be read stops the\n"
@@ -43,35 +46,6 @@ typedef struct {
     char *shape;
     size_t bytes;
 } row;
-
-typedef enum { FMT_NPY, FMT_ST } file_format;
-
-/* By extension; otherwise by magic: "\x93NUMPY" is a .npy and anything else
- * is handed to the safetensors reader, whose message then says what is
- * wrong. Returns -1 (after reporting) if the file cannot be opened. */
-static int detect_format(const char *path, file_format *fmt)
-{
-    if (strcmp(path, "-") == 0 || cli_ends_with(path, ".npy")) {
-        *fmt = FMT_NPY;
-        return 0;
-    }
-    if (cli_ends_with(path, ".safetensors")) {
-        *fmt = FMT_ST;
-        return 0;
-    }
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "cannot open: %s", strerror(errno));
-        report_file(path, msg);
-        return -1;
-    }
-    unsigned char magic[6];
-    size_t n = fread(magic, 1, sizeof magic, fp);
-    fclose(fp);
-    *fmt = n == sizeof magic && memcmp(magic, "\x93NUMPY", 6) == 0 ? FMT_NPY : FMT_ST;
-    return 0;
-}
 
 /* "[64, 32]", "[]" for a scalar; malloc'd (NULL when out of memory) */
 static char *shape_string(const aft_tensor *t)
@@ -261,7 +235,7 @@ static int info_st_json(const char *path, const aft_st_file *f)
     size_t n = aft_st_count(f), nm = aft_st_metadata_count(f);
     cJSON *o = cJSON_CreateObject(), *tensors = NULL, *meta = NULL;
     int ok = o && cJSON_AddStringToObject(o, "file", path) &&
-             cJSON_AddStringToObject(o, "format", "safetensors") &&
+             cJSON_AddStringToObject(o, "format", aft_st_format(f)) &&
              (tensors = cJSON_AddArrayToObject(o, "tensors")) &&
              (meta = cJSON_AddObjectToObject(o, "metadata"));
     for (size_t i = 0; i < n && ok; i++) {
@@ -284,8 +258,11 @@ static int info_st_json(const char *path, const aft_st_file *f)
 static int info_st_text(const char *path, const aft_st_file *f)
 {
     size_t n = aft_st_count(f), nm = aft_st_metadata_count(f);
-    printf("%s: safetensors, %zu tensor%s, %zu metadata entr%s\n", path, n,
-           n == 1 ? "" : "s", nm, nm == 1 ? "y" : "ies");
+    if (strcmp(aft_st_format(f), "npz") == 0)
+        printf("%s: npz, %zu tensor%s\n", path, n, n == 1 ? "" : "s");
+    else
+        printf("%s: safetensors, %zu tensor%s, %zu metadata entr%s\n", path, n, n == 1 ? "" : "s", nm,
+               nm == 1 ? "y" : "ies");
     row *rows = calloc(n ? n : 1, sizeof *rows);
     if (!rows) return -1;
     int rc = 0;
@@ -313,11 +290,11 @@ static int info_st_text(const char *path, const aft_st_file *f)
     return rc;
 }
 
-static int info_st(const char *path, int json)
+static int info_st(const char *path, int json, size_t max_memory)
 {
     aft_st_file *f = NULL;
     aft_error err = {{0}};
-    if (aft_st_open(path, &f, &err) != AFT_OK) {
+    if (aft_st_open_limit(path, cli_memory_limit(max_memory), &f, &err) != AFT_OK) {
         report_file(path, err.msg);
         return EXIT_DATA;
     }
@@ -334,6 +311,7 @@ int cmd_info(int argc, char **argv)
 {
     const char *cmd = "info";
     int json = 0, nfiles = 0, only_operands = 0;
+    size_t max_memory = 0;
     /* options may come anywhere; "--" ends them; "-" is an operand */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -341,8 +319,14 @@ int cmd_info(int argc, char **argv)
             argv[++nfiles] = argv[i];   /* compact operands to argv[1..nfiles] */
             continue;
         }
+        const char *val;
+        int missing = 0;
         if (strcmp(a, "--") == 0) only_operands = 1;
         else if (strcmp(a, "--json") == 0) json = 1;
+        else if ((val = cli_opt_value(argc, argv, &i, "--max-memory", &missing)) || missing) {
+            if (missing || cli_parse_bytes(val, &max_memory) != 0 || max_memory == 0)
+                return cli_usage_error(cmd, "--max-memory takes a size like 4G, 512M or 1000000");
+        }
         else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(usage_text, stdout);
             return cli_finish_stdout(cmd);
@@ -354,14 +338,14 @@ int cmd_info(int argc, char **argv)
     int rc = 0;
     for (int i = 1; i <= nfiles && rc == 0; i++) {
         const char *path = argv[i];
-        file_format fmt;
-        if (detect_format(path, &fmt) != 0) {
+        aft_format fmt;
+        if (cli_file_format(NULL, path, &fmt) != 0) {
             rc = EXIT_DATA;
             break;
         }
         /* a blank line between the reports of several files */
         if (!json && i > 1) putchar('\n');
-        rc = fmt == FMT_NPY ? info_npy(path, json) : info_st(path, json);
+        rc = fmt == AFT_FORMAT_NPY ? info_npy(path, json) : info_st(path, json, max_memory);
     }
     /* report a failed write even when a file failed too */
     int out = cli_finish_stdout(cmd);

@@ -12,7 +12,8 @@ static const char usage_text[] =
     "usage: aft run [options] INPUT\n"
     "\n"
     "INPUT is a .npy holding X as [B, T, D] or [T, D] ('-' reads it from stdin),\n"
-    "or a .safetensors holding tensors q, k, v (the bare operator, no projections).\n"
+    "or a .safetensors or .npz holding tensors q, k, v (the bare operator, no\n"
+    "projections). Formats are told apart by their first bytes.\n"
     "\n"
     "  --variant full|local|simple|conv   AFT variant (default full)\n"
     "  --window S          local, conv: keep w[t,t'] where |t - t'| < S (S = 0: simple)\n"
@@ -20,7 +21,7 @@ static const char usage_text[] =
     "  --causal            sums run over t' <= t only\n"
     "  --mask FILE.npy     boolean or 0/1 [T, T] or [B, T, T], true = visible\n"
     "  --layout btd|tbd    input and output layout (default btd; tbd = [T, B, D])\n"
-    "  --weights FILE      .safetensors with the layer's weights\n"
+    "  --weights FILE      .safetensors or .npz with the layer's weights\n"
     "  --prefix P          prepended to every weight name (e.g. blocks.2.attn.)\n"
     "  --seed N            seed of the initialisation used without --weights (default 0)\n"
     "  --d-hidden N        hidden size without --weights (default: D)\n"
@@ -29,8 +30,9 @@ static const char usage_text[] =
     "  --repeat N          run the computation N times (timing: median and min)\n"
     "  --threads N         threads (default: all cores)\n"
     "  --impl fast|reference   reference: the plain float64 kernels\n"
-    "  --max-memory SIZE   refuse runs needing more (bytes, or with K, M, G; default:\n"
-    "                      the memory available)\n"
+    "  --max-memory SIZE   refuse runs needing more, and .npz members inflating to\n"
+    "                      more (bytes, or with K, M, G; default: the memory\n"
+    "                      available)\n"
     "  --strict            non-finite values (NaN, inf) in inputs or weights are an\n"
     "                      error (default: a warning)\n"
     "  -h, --help          this text\n";
@@ -293,13 +295,16 @@ int cmd_run(int argc, char **argv)
     uint8_t *mask = NULL;
     aft_out yout = {0}, tout = {0};
     size_t B = 0, T = 0, D = 0, C = 0, KC = 0, in_rank = 3;
-    int bare = cli_ends_with(o.input, ".safetensors");
+    aft_format in_fmt;
+    if (cli_file_format(NULL, o.input, &in_fmt) != 0) return EXIT_DATA;
+    int bare = in_fmt == AFT_FORMAT_SAFETENSORS || in_fmt == AFT_FORMAT_NPZ;
+    size_t read_limit = cli_memory_limit(o.max_memory);
     rc = EXIT_DATA;
     if (o.cfg.threads) aft_set_threads(o.cfg.threads);
 
     /* ---- load the input */
     if (bare) {
-        if (aft_st_open(o.input, &in_st, &err) != AFT_OK) {
+        if (aft_st_open_limit(o.input, read_limit, &in_st, &err) != AFT_OK) {
             cli_error(NULL, "%s: %s", o.input, err.msg);
             goto out;
         }
@@ -309,7 +314,8 @@ int cmd_run(int argc, char **argv)
         for (int i = 0; i < 3; i++) {
             const aft_tensor *t = aft_st_find(in_st, names[i]);
             if (!t) {
-                cli_error(NULL, "%s: no tensor '%s'; a .safetensors INPUT holds q, k and v", o.input, names[i]);
+                cli_error(NULL, "%s: no tensor '%s'; a .%s INPUT holds q, k and v", o.input, names[i],
+                          aft_st_format(in_st));
                 goto out;
             }
             char what[16];
@@ -339,7 +345,9 @@ int cmd_run(int argc, char **argv)
     /* ---- weights, or the seeded initialisation */
     aft_params *p = &wts.p;
     if (o.weights_path) {
-        if (aft_st_open(o.weights_path, &w_st, &err) != AFT_OK) {
+        aft_format w_fmt;
+        if (cli_file_format(NULL, o.weights_path, &w_fmt) != 0) goto out;
+        if (aft_st_open_limit(o.weights_path, read_limit, &w_st, &err) != AFT_OK) {
             cli_error(NULL, "%s: %s", o.weights_path, err.msg);
             goto out;
         }

@@ -651,9 +651,24 @@ static aft_st_file *new_file(aft_error *err)
     return f;
 }
 
-static aft_status finish_open(aft_st_file *f, aft_st_file **out, aft_error *err)
+/* Reads f->bytes as what its first bytes say: a .npz archive, or else a
+ * .safetensors (which has no magic: its parser says what is wrong with
+ * anything else), refusing a .npy with a message saying what it is. */
+static aft_status finish_open(aft_st_file *f, size_t max_bytes, aft_st_file **out, aft_error *err)
 {
-    aft_status st = parse(f, err);
+    aft_status st;
+    switch (aft_format_detect(f->bytes, f->size)) {
+    case AFT_FORMAT_NPZ:
+        st = aft_npz_parse(f, max_bytes, err);
+        break;
+    case AFT_FORMAT_NPY:
+        st = aft_fail(err, AFT_ERR_FORMAT, "not a .safetensors or .npz file: this is a .npy file (one array)");
+        break;
+    default:
+        f->format = AFT_FORMAT_SAFETENSORS;
+        st = parse(f, err);
+        break;
+    }
     if (st != AFT_OK) {
         aft_st_close(f);
         return st;
@@ -662,17 +677,27 @@ static aft_status finish_open(aft_st_file *f, aft_st_file **out, aft_error *err)
     return AFT_OK;
 }
 
-aft_status aft_st_open_mem(const void *buf, size_t len, aft_st_file **out, aft_error *err)
+aft_status aft_st_open_mem_limit(const void *buf, size_t len, size_t max_bytes, aft_st_file **out, aft_error *err)
 {
     *out = NULL;
     aft_st_file *f = new_file(err);
     if (!f) return AFT_ERR_NOMEM;
     f->bytes = buf;
     f->size = buf ? len : 0;
-    return finish_open(f, out, err);
+    return finish_open(f, max_bytes, out, err);
+}
+
+aft_status aft_st_open_mem(const void *buf, size_t len, aft_st_file **out, aft_error *err)
+{
+    return aft_st_open_mem_limit(buf, len, SIZE_MAX, out, err);
 }
 
 aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
+{
+    return aft_st_open_limit(path, SIZE_MAX, out, err);
+}
+
+aft_status aft_st_open_limit(const char *path, size_t max_bytes, aft_st_file **out, aft_error *err)
 {
     *out = NULL;
     aft_st_file *f = new_file(err);
@@ -681,7 +706,7 @@ aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
     if (strcmp(path, "-") == 0) {
         if ((st = read_all(STDIN_FILENO, &f->owned, &f->size, err)) != AFT_OK) goto fail;
         f->bytes = f->owned;
-        return finish_open(f, out, err);
+        return finish_open(f, max_bytes, out, err);
     }
 
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -695,20 +720,14 @@ aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
         close(fd);
         goto fail;
     }
-    if (!S_ISREG(sb.st_mode)) {
-        /* a pipe or device has no size to map: read it whole instead */
+    if (!S_ISREG(sb.st_mode) || sb.st_size < 8) {
+        /* a pipe or device has no size to map: read it whole instead; so is
+         * a file too short to be anything (mmap refuses a length of 0) */
         st = read_all(fd, &f->owned, &f->size, err);
         close(fd);
         if (st != AFT_OK) goto fail;
         f->bytes = f->owned;
-        return finish_open(f, out, err);
-    }
-    if (sb.st_size < 8) {
-        /* checked before mmap, which refuses a length of 0 */
-        close(fd);
-        st = aft_fail(err, AFT_ERR_FORMAT, "file is %lld bytes, too short for the 8-byte header size",
-                      (long long)sb.st_size);
-        goto fail;
+        return finish_open(f, max_bytes, out, err);
     }
     if ((uint64_t)sb.st_size > SIZE_MAX) {
         close(fd);
@@ -731,7 +750,7 @@ aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
     f->map_size = size;
     f->bytes = map;
     f->size = size;
-    return finish_open(f, out, err);
+    return finish_open(f, max_bytes, out, err);
 
 fail:
     aft_st_close(f);
@@ -743,6 +762,7 @@ void aft_st_close(aft_st_file *f)
     if (!f) return;
     if (f->map) munmap(f->map, f->map_size);
     free(f->owned);
+    for (size_t i = 0; f->tensors && i < f->n; i++) free(f->tensors[i].owned);   /* a .npz's */
     free(f->tensors);
     free(f->names);
     free(f->by_name);
@@ -752,6 +772,11 @@ void aft_st_close(aft_st_file *f)
 }
 
 /* ---------------------------------------------------------------- queries */
+
+const char *aft_st_format(const aft_st_file *f)
+{
+    return f && f->format == AFT_FORMAT_NPZ ? "npz" : "safetensors";
+}
 
 size_t aft_st_count(const aft_st_file *f)
 {
