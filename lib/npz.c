@@ -298,14 +298,15 @@ static aft_status find_directory(zreader *Z)
 
 /* The zip64 extra field of an entry (or a local header): the 64-bit values
  * of the fields that are 0xffffffff, in the order size, compressed size,
- * offset. want[i] says which are needed; 0, or -1 when they are not there. */
+ * offset. want[i] says which are needed; 0, -1 when they are not there, -2
+ * when the extra field's framing is corrupt. */
 static int zip64_extra(const unsigned char *x, size_t xlen, const int want[3], uint64_t *val[3])
 {
     /* fields are (id, length, data); a trailing run shorter than a field
      * header is ignored, as Python's zipfile does */
     while (xlen >= 4) {
         uint32_t id = rd16(x), len = rd16(x + 2);
-        if (len > xlen - 4) return -1;
+        if (len > xlen - 4) return -2;
         if (id == 1) {
             size_t at = 0;
             for (int i = 0; i < 3; i++) {
@@ -376,8 +377,9 @@ static aft_status read_entry(zreader *Z, size_t *pos, zmember *m)
 
     int want[3] = {m->usize == 0xffffffffu, m->csize == 0xffffffffu, m->local == 0xffffffffu};
     uint64_t *val[3] = {&m->usize, &m->csize, &m->local};
-    if (zip64_extra(e + CENTRAL_SIZE + nlen, xlen, want, val) != 0)
-        return member_fail(m, Z->err, AFT_ERR_FORMAT, "its zip64 sizes are missing from the central directory");
+    int r = zip64_extra(e + CENTRAL_SIZE + nlen, xlen, want, val);
+    if (r == -2) return member_fail(m, Z->err, AFT_ERR_FORMAT, "its extra field is corrupt");
+    if (r != 0) return member_fail(m, Z->err, AFT_ERR_FORMAT, "its zip64 sizes are missing from the central directory");
     if (disk != 0 && disk != 0xffff)
         return aft_fail(Z->err, AFT_ERR_FORMAT, "multi-disk zip archives are not supported");
 
@@ -436,8 +438,9 @@ static aft_status read_local(zreader *Z, zmember *m)
         uint64_t crc = rd32(l + 14), csize = rd32(l + 18), usize = rd32(l + 22), none = 0;
         int want[3] = {usize == 0xffffffffu, csize == 0xffffffffu, 0};
         uint64_t *val[3] = {&usize, &csize, &none};
-        if (zip64_extra(l + LOCAL_SIZE + nlen, xlen, want, val) != 0)
-            return member_fail(m, Z->err, AFT_ERR_FORMAT, "its zip64 sizes are missing from its local header");
+        int r = zip64_extra(l + LOCAL_SIZE + nlen, xlen, want, val);
+        if (r == -2) return member_fail(m, Z->err, AFT_ERR_FORMAT, "its local header's extra field is corrupt");
+        if (r != 0) return member_fail(m, Z->err, AFT_ERR_FORMAT, "its zip64 sizes are missing from its local header");
         if (csize != m->csize || usize != m->usize)
             return member_fail(m, Z->err, AFT_ERR_FORMAT,
                                "its local header says %llu bytes (%llu compressed), the central directory %llu (%llu)",

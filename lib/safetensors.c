@@ -654,10 +654,13 @@ static aft_st_file *new_file(aft_error *err)
 /* Reads f->bytes as what its first bytes say: a .npz archive, or else a
  * .safetensors (which has no magic: its parser says what is wrong with
  * anything else), refusing a .npy with a message saying what it is. */
-static aft_status finish_open(aft_st_file *f, size_t max_bytes, aft_st_file **out, aft_error *err)
+static aft_status finish_open(aft_st_file *f, size_t max_bytes, int named_npz, aft_st_file **out, aft_error *err)
 {
     aft_status st;
-    switch (aft_format_detect(f->bytes, f->size)) {
+    aft_format fmt = aft_format_detect(f->bytes, f->size);
+    /* bytes that say nothing go by the name, as aft_file_format does */
+    if (fmt == AFT_FORMAT_UNKNOWN && named_npz) fmt = AFT_FORMAT_NPZ;
+    switch (fmt) {
     case AFT_FORMAT_NPZ:
         st = aft_npz_parse(f, max_bytes, err);
         break;
@@ -684,7 +687,7 @@ aft_status aft_st_open_mem_limit(const void *buf, size_t len, size_t max_bytes, 
     if (!f) return AFT_ERR_NOMEM;
     f->bytes = buf;
     f->size = buf ? len : 0;
-    return finish_open(f, max_bytes, out, err);
+    return finish_open(f, max_bytes, 0, out, err);
 }
 
 aft_status aft_st_open_mem(const void *buf, size_t len, aft_st_file **out, aft_error *err)
@@ -699,6 +702,8 @@ aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
 
 aft_status aft_st_open_limit(const char *path, size_t max_bytes, aft_st_file **out, aft_error *err)
 {
+    size_t plen = strlen(path);
+    int named_npz = plen >= 4 && strcmp(path + plen - 4, ".npz") == 0;
     *out = NULL;
     aft_st_file *f = new_file(err);
     if (!f) return AFT_ERR_NOMEM;
@@ -706,7 +711,7 @@ aft_status aft_st_open_limit(const char *path, size_t max_bytes, aft_st_file **o
     if (strcmp(path, "-") == 0) {
         if ((st = read_all(STDIN_FILENO, &f->owned, &f->size, err)) != AFT_OK) goto fail;
         f->bytes = f->owned;
-        return finish_open(f, max_bytes, out, err);
+        return finish_open(f, max_bytes, named_npz, out, err);
     }
 
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -727,7 +732,7 @@ aft_status aft_st_open_limit(const char *path, size_t max_bytes, aft_st_file **o
         close(fd);
         if (st != AFT_OK) goto fail;
         f->bytes = f->owned;
-        return finish_open(f, max_bytes, out, err);
+        return finish_open(f, max_bytes, named_npz, out, err);
     }
     if ((uint64_t)sb.st_size > SIZE_MAX) {
         close(fd);
@@ -750,7 +755,7 @@ aft_status aft_st_open_limit(const char *path, size_t max_bytes, aft_st_file **o
     f->map_size = size;
     f->bytes = map;
     f->size = size;
-    return finish_open(f, max_bytes, out, err);
+    return finish_open(f, max_bytes, named_npz, out, err);
 
 fail:
     aft_st_close(f);
