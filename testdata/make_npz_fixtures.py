@@ -21,9 +21,10 @@ element's C-order flat index i), which test_npy.c and test_npz.c recompute.
                     with every size and offset in zip64 records (central
                     directory extras, zip64 end record and locator) as in an
                     archive over 4 GiB; written by hand from the zip format
-  names.npz         a member named in code page 437 (no UTF-8 flag: byte
-                    0x82 is 'é'), and one in UTF-8 with the flag; names.txt
-                    holds the keys np.load reports, one a line
+  names.npz         a member named in UTF-8 with the flag, one in code page
+                    437 (no flag: byte 0x82 is 'é'), one named by every byte
+                    from 0x80 to 0xff in code page 437; names.txt holds the
+                    keys np.load reports, one a line
   writer_expect.npz what aft_npz_write must write, byte for byte, for keys
                     "f4", "i2", "blocks.0.attn.query.weight" and "b1" (the
                     arrays above): Python's zipfile with fixed dates, one
@@ -212,6 +213,7 @@ def main():
     with np.load(path("names.npz")) as z:
         keys = list(z.files)
         assert np.array_equal(z[keys[0]], a["u1"]) and np.array_equal(z[keys[1]], a["i1"])
+        assert np.array_equal(z[keys[2]], a["u2"])
     with open(path("names.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(keys) + "\n")
     print("names.npz keys:", keys, file=sys.stderr)
@@ -247,7 +249,8 @@ def names_archive(a):
     """names.npz written by hand: member 1 "café.npy" in UTF-8 with the
     flag, member 2 "été.npy" in code page 437 without it"""
     members = [("caf\u00e9.npy".encode(), 0x800, npy_bytes(a["u1"])),
-               ("\u00e9t\u00e9.npy".encode("cp437"), 0, npy_bytes(a["i1"]))]
+               ("\u00e9t\u00e9.npy".encode("cp437"), 0, npy_bytes(a["i1"])),
+               (bytes(range(0x80, 0x100)) + b".npy", 0, npy_bytes(a["u2"]))]
     out, cd = b"", b""
     for nb, flag, data in members:
         crc = zlib.crc32(data)
@@ -257,7 +260,8 @@ def names_archive(a):
         cd += (u32(0x02014b50) + u16(0x0314) + u16(20) + u16(flag) + u16(0) + u16(0) + u16(0x21) + u32(crc)
                + u32(len(data)) + u32(len(data)) + u16(len(nb)) + u16(0) + u16(0) + u16(0) + u16(0)
                + u32(0o600 << 16) + u32(off) + nb)
-    end = u32(0x06054b50) + u16(0) + u16(0) + u16(2) + u16(2) + u32(len(cd)) + u32(len(out)) + u16(0)
+    n = len(members)
+    end = u32(0x06054b50) + u16(0) + u16(0) + u16(n) + u16(n) + u32(len(cd)) + u32(len(out)) + u16(0)
     return out + cd + end
 
 

@@ -248,14 +248,22 @@ static void test_other_archives(void **state)
     nl = strchr(second, '\n');
     assert_non_null(nl);
     *nl = 0;
+    char *third = nl + 1;
+    nl = strchr(third, '\n');
+    assert_non_null(nl);
+    *nl = 0;
     f = open_ok(fixture("names.npz"), SIZE_MAX);
+    assert_int_equal(aft_st_count(f), 3);
     const char *name;
     aft_st_get(f, 0, &name);
     assert_string_equal(name, keys);
     aft_st_get(f, 1, &name);
     assert_string_equal(name, second);
+    aft_st_get(f, 2, &name);
+    assert_string_equal(name, third);   /* all of code page 437's upper half */
     assert_int_equal(aft_st_find(f, keys)->dtype, AFT_U8);
     assert_int_equal(aft_st_find(f, second)->dtype, AFT_I8);
+    assert_int_equal(aft_st_find(f, third)->dtype, AFT_U16);
     aft_st_close(f);
     free(keys);
 }
