@@ -3,10 +3,11 @@
 #   libcjson-dev     cJSON, the JSON parser/writer (safetensors headers, --json, --timing)
 #   libcmocka-dev    cmocka, the unit-test framework (make test)
 #   libopenblas-dev  OpenBLAS, the CBLAS used for every matrix product
-#   pkg-config       to find the three above
+#   zlib1g-dev       zlib, to inflate the deflated members of .npz archives
+#   pkg-config       to find the four above
 # Uses apt-get, through sudo when not root. Prints nothing when all are there.
 set -eu
-pkgs="libcjson-dev libcmocka-dev libopenblas-dev pkg-config $*"
+pkgs="libcjson-dev libcmocka-dev libopenblas-dev zlib1g-dev pkg-config $*"
 missing=""
 for p in $pkgs; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
