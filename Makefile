@@ -12,7 +12,7 @@ WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-psabi
 # contract a*b+c into fused multiply-adds (ISO C mode would forbid it); this
 # is not -ffast-math: NaN, infinities and signed zeros keep their meaning
 FPFLAGS := -ffp-contract=fast
-PKGS    := libcjson openblas
+PKGS    := libcjson openblas zlib
 # OpenBLAS's OpenMP build (Debian's libopenblas-openmp-dev) runs on OpenMP's
 # threads, the ones aft's kernels use, and starts no thread pool of its own:
 # the pthread build starts one when it loads, whose workers spin for a tenth

@@ -81,6 +81,8 @@ int cli_parse_u64(const char *s, uint64_t *out);
 int cli_parse_double(const char *s, double *out);
 /* a byte count with an optional K, M, G or T suffix (powers of 1024) */
 int cli_parse_bytes(const char *s, size_t *out);
+/* --max-memory's value into *out (nonzero); 0, or EXIT_USAGE after reporting */
+int cli_set_memory(const char *cmd, size_t *out, const char *v);
 
 /* progress on stderr (progress.c): shown only when stderr is a terminal,
  * after about a second, and never with --quiet (cli_quiet, set by main) */
@@ -131,6 +133,19 @@ char *cli_numpy_repr(const float *x, size_t ndim, const size_t *shape);
 /* a float32 tensor for a reader: "shape (2, 3), dtype float32, min ..., max
  * ..., mean ..." and its numpy repr; 0, or -1 when out of memory */
 int cli_show_tensor(FILE *fp, const aft_tensor *t);
+/* Where an operand FILE.safetensors:NAME or FILE.npz:NAME splits: the ':'
+ * after the last ".safetensors" or ".npz" whose file exists, else after the
+ * last one (so opening it reports the missing file); NULL when there is
+ * none. With must_exist, only a split whose file exists counts. */
+const char *cli_tensor_split(const char *arg, int must_exist);
+/* The memory bound for reading archives: --max-memory when given (nonzero),
+ * else the memory available, else no bound (SIZE_MAX) */
+size_t cli_memory_limit(size_t max_memory);
+/* The format of a file operand (aft_file_format): "-" is a .npy; a file
+ * that cannot be opened is handed to the .npy reader, which says why.
+ * Returns -1 after reporting "aft[ CMD]: FILE: not a .npy, .npz or
+ * .safetensors file". */
+int cli_file_format(const char *cmd, const char *path, aft_format *fmt);
 
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);

@@ -139,3 +139,47 @@ void cli_kernels_from_env(aft_config *cfg)
     if (lin && strcmp(lin, "1") == 0) cfg->projections = AFT_KERNEL_BLAS;
     if (dense && strcmp(dense, "1") == 0) cfg->full_product = AFT_KERNEL_BLAS;
 }
+
+const char *cli_tensor_split(const char *arg, int must_exist)
+{
+    static const char *const exts[] = {".safetensors", ".npz"};
+    const char *last = NULL, *found = NULL;
+    for (size_t e = 0; e < sizeof exts / sizeof exts[0]; e++) {
+        size_t elen = strlen(exts[e]);
+        for (const char *p = strstr(arg, exts[e]); p; p = strstr(p + 1, exts[e])) {
+            if (p[elen] != ':') continue;
+            const char *colon = p + elen;
+            if (!last || colon > last) last = colon;
+            char *file = strndup(arg, (size_t)(colon - arg));
+            if (file && cli_path_exists(file) && (!found || colon > found)) found = colon;
+            free(file);
+        }
+    }
+    return found ? found : must_exist ? NULL : last;
+}
+
+size_t cli_memory_limit(size_t max_memory)
+{
+    if (max_memory) return max_memory;
+    size_t avail = aft_available_memory();
+    return avail ? avail : SIZE_MAX;
+}
+
+int cli_file_format(const char *cmd, const char *path, aft_format *fmt)
+{
+    aft_error err = {{0}};
+    aft_status st = aft_file_format(path, fmt, &err);
+    if (st == AFT_ERR_FORMAT) {
+        cli_report_file(cmd, path, err.msg);
+        return -1;
+    }
+    if (st != AFT_OK || *fmt == AFT_FORMAT_UNKNOWN) *fmt = AFT_FORMAT_NPY;
+    return 0;
+}
+
+int cli_set_memory(const char *cmd, size_t *out, const char *v)
+{
+    if (!v || cli_parse_bytes(v, out) != 0 || *out == 0)
+        return cli_usage_error(cmd, "--max-memory takes a size like 4G, 512M or 1000000");
+    return 0;
+}

@@ -25,12 +25,14 @@ typedef struct {
     const aft_tensor *t;     /* the tensor compared: &own or inside st */
 } operand;
 
-/* Opens a .safetensors file and picks the tensor called name, or, when name
- * is NULL, the file's only tensor. */
+static size_t max_memory;   /* --max-memory, 0 when not given */
+
+/* Opens a .safetensors file or .npz archive and picks the tensor called
+ * name, or, when name is NULL, the file's only tensor. */
 static int load_safetensors(operand *op, const char *file, const char *name)
 {
     aft_error err = {{0}};
-    if (aft_st_open(file, &op->st, &err) != AFT_OK) {
+    if (aft_st_open_limit(file, cli_memory_limit(max_memory), &op->st, &err) != AFT_OK) {
         report_file(file, err.msg);
         return -1;
     }
@@ -61,26 +63,12 @@ static int load(operand *op, const char *arg)
     op->arg = arg;
     aft_error err = {{0}};
 
-    /* FILE.safetensors:NAME, unless the whole operand is itself a file. A
-     * path can contain ".safetensors:" and so can a tensor name: take the
-     * last split whose file exists, else the last split (whose open then
-     * reports the missing file). */
+    /* FILE.safetensors:NAME or FILE.npz:NAME, unless the whole operand is
+     * itself a file. A path can contain ".safetensors:" and so can a tensor
+     * name: take the last split whose file exists, else the last split
+     * (whose open then reports the missing file). */
     if (strcmp(arg, "-") != 0 && !cli_path_exists(arg)) {
-        static const char ext[] = ".safetensors";
-        const size_t elen = sizeof ext - 1;
-        const char *last = NULL, *found = NULL;   /* where the file name ends */
-        for (const char *p = strstr(arg, ext); p; p = strstr(p + 1, ext)) {
-            if (p[elen] != ':') continue;
-            char *file = strndup(arg, (size_t)(p - arg) + elen);
-            if (!file) {
-                report_file(arg, "out of memory");
-                return -1;
-            }
-            last = p + elen;
-            if (cli_path_exists(file)) found = last;
-            free(file);
-        }
-        const char *colon = found ? found : last;
+        const char *colon = cli_tensor_split(arg, 0);
         if (colon) {
             char *file = strndup(arg, (size_t)(colon - arg));
             if (!file) {
@@ -92,7 +80,9 @@ static int load(operand *op, const char *arg)
             return rc;
         }
     }
-    if (cli_ends_with(arg, ".safetensors")) return load_safetensors(op, arg, NULL);
+    aft_format fmt;
+    if (cli_file_format(cmd, arg, &fmt) != 0) return -1;
+    if (fmt == AFT_FORMAT_SAFETENSORS || fmt == AFT_FORMAT_NPZ) return load_safetensors(op, arg, NULL);
 
     if (aft_npy_read(arg, &op->own, NULL, &err) != AFT_OK) {
         report_file(arg, err.msg);
@@ -348,6 +338,13 @@ static int add_operand(void *opts, const char *arg)
 
 #define NEEDS_VALUE "option '%s' needs a value"
 
+static int set_max_memory(const cli_option *opt, void *opts, const char *v)
+{
+    (void)opt;
+    (void)opts;
+    return cli_set_memory(cmd, &max_memory, v);
+}
+
 static const cli_option options[] = {
     {"--rtol", NULL, "R", "relative tolerance, a number >= 0 (default 1e-05)", set_tol,
      offsetof(struct compare_opts, rtol), NEEDS_VALUE, 0},
@@ -357,12 +354,15 @@ static const cli_option options[] = {
      NULL, 0},
     {"--json", NULL, NULL, "print one JSON object instead of the text report", cli_set_flag,
      offsetof(struct compare_opts, json), NULL, 0},
+    {"--max-memory", NULL, "SIZE", "memory for inflating .npz members (bytes, or with K, M, G; default: the memory available)",
+     set_max_memory, 0, "--max-memory takes a size like 4G, 512M or 1000000", 0},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
 const cli_command cli_compare_command = {
     .name = "compare",
     .usage = "usage: aft compare A B [--rtol R] [--atol A] [--equal-nan] [--json]\n"
+             "                   [--max-memory SIZE]\n"
              "\n"
              "Compare two tensors element by element with numpy's allclose rule:\n"
              "a and b are close when |a - b| <= atol + rtol * |b| (B is the reference).\n"
@@ -370,9 +370,11 @@ const cli_command cli_compare_command = {
              "or to NaN with --equal-nan. Values are compared as doubles; the dtypes\n"
              "may differ. The shapes must be equal (no broadcasting).\n"
              "\n"
-             "A and B are each a .npy file, '-' (a .npy on standard input), or\n"
-             "FILE.safetensors:NAME, the tensor NAME in a .safetensors file (a\n"
-             ".safetensors file that holds a single tensor may be named alone).\n",
+             "A and B are each a .npy file, '-' (a .npy on standard input),\n"
+             "FILE.safetensors:NAME, the tensor NAME in a .safetensors file, or\n"
+             "FILE.npz:KEY, the member KEY of a .npz archive (np.savez); a .safetensors\n"
+             "or .npz that holds a single tensor may be named alone. Formats are told\n"
+             "apart by their first bytes.\n",
     .options = options,
     .more = "The report gives the shapes and dtypes, the largest |a - b| and the\n"
             "largest |a - b| / |b| (both over the pairs where neither value is NaN;\n"

@@ -1,11 +1,15 @@
-/* convert.c - `aft convert`: pack .npy files into a .safetensors, extract a
- * tensor from one, change the floating-point dtype of tensors.
+/* convert.c - `aft convert`: pack .npy files into a .safetensors or .npz,
+ * extract a tensor from one, convert between the two, change the
+ * floating-point dtype of tensors.
  *
  * Streaming: the output header is computed from the inputs' shapes and dtypes
  * alone (a .safetensors input is memory-mapped; of a .npy input only the
- * header is read, by aft_npy_read_header), then each tensor's data is converted and written a chunk at a
+ * header is read, by aft_npy_peek), then each tensor's data is converted and written a chunk at a
  * time, one input tensor at a time. Peak memory is about one .npy input
- * tensor plus a 1 MiB buffer, never the whole output.
+ * tensor plus a 1 MiB buffer, never the whole output (a .npz input's
+ * deflated members are held inflated; its stored ones are mapped). A .npz
+ * output needs each member's CRC-32 before its data: the data is converted
+ * twice, once for the CRC and once to write it, so pipes work too.
  *
  * Rounding: f32 -> f16/bf16 uses the library's round-to-nearest-even; f64 ->
  * f16/bf16 is rounded directly from the double's bits (going through float
@@ -204,49 +208,28 @@ typedef struct {
     size_t nmeta, mcap;
 } job;
 
-/* Where a FILE.safetensors:NAME operand splits: the ':' after the last
- * ".safetensors" whose file exists, else after the last one (so opening it
- * reports the missing file); NULL when there is none. When must_exist, only a
- * split whose file exists counts. */
-static const char *st_split(const char *arg, int must_exist)
+static size_t max_memory;   /* --max-memory, 0 when not given */
+
+/* The kind of a file operand, by its first bytes (else its name); -1 after
+ * reporting a file that is none of the formats. */
+static int file_kind(const char *path, src_kind *kind)
 {
-    static const char ext[] = ".safetensors";
-    const size_t elen = sizeof ext - 1;
-    const char *last = NULL, *found = NULL;
-    for (const char *p = strstr(arg, ext); p; p = strstr(p + 1, ext)) {
-        if (p[elen] != ':') continue;
-        last = p + elen;
-        char *file = strndup(arg, (size_t)(last - arg));
-        if (file && cli_path_exists(file)) found = last;
-        free(file);
-    }
-    return found ? found : must_exist ? NULL : last;
+    aft_format fmt;
+    if (cli_file_format(NULL, path, &fmt) != 0) return -1;
+    *kind = fmt == AFT_FORMAT_NPY ? SRC_NPY : SRC_ST_WHOLE;
+    return 0;
 }
 
-/* The kind of a file operand: by name (.npy, .safetensors), else by its
- * first bytes ("\x93NUMPY" is a .npy; anything else goes to the safetensors
- * reader, whose message then says what is wrong). */
-static src_kind file_kind(const char *path)
-{
-    if (cli_ends_with(path, ".npy")) return SRC_NPY;
-    if (cli_ends_with(path, ".safetensors")) return SRC_ST_WHOLE;
-    unsigned char magic[6];
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return SRC_NPY;   /* the .npy reader reports why it cannot be opened */
-    size_t n = fread(magic, 1, sizeof magic, fp);
-    fclose(fp);
-    return n == 6 && memcmp(magic, "\x93NUMPY", 6) == 0 ? SRC_NPY : SRC_ST_WHOLE;
-}
-
-/* Takes an operand apart: "-", an existing file, FILE.safetensors:NAME whose
- * file exists, NAME=INPUT, then the remaining forms by name. A path or a
- * tensor name may contain '=' or ".safetensors:": existing files win. */
+/* Takes an operand apart: "-", an existing file, FILE.safetensors:NAME or
+ * FILE.npz:NAME whose file exists, NAME=INPUT, then the remaining forms by
+ * name. A path or a tensor name may contain '=' or ".safetensors:": existing
+ * files win. */
 static int parse_spec(spec *s, const char *arg)
 {
     memset(s, 0, sizeof *s);
     s->arg = arg;
     const char *src = arg, *colon;
-    if (strcmp(arg, "-") != 0 && !cli_path_exists(arg) && !st_split(arg, 1)) {
+    if (strcmp(arg, "-") != 0 && !cli_path_exists(arg) && !cli_tensor_split(arg, 1)) {
         const char *eq = strchr(arg, '=');
         if (eq) {
             if (eq == arg)
@@ -260,14 +243,14 @@ static int parse_spec(spec *s, const char *arg)
     if (strcmp(src, "-") == 0) {
         s->kind = SRC_STDIN;
     } else if (cli_path_exists(src)) {
-        s->kind = file_kind(src);
-    } else if ((colon = st_split(src, 0)) != NULL) {
+        if (file_kind(src, &s->kind) != 0) return EXIT_DATA;
+    } else if ((colon = cli_tensor_split(src, 0)) != NULL) {
         s->kind = SRC_ST_TENSOR;
         if (!(s->tname = strdup(colon + 1))) goto oom;
         if (!(s->file = strndup(src, (size_t)(colon - src)))) goto oom;
         return 0;
     } else {
-        s->kind = cli_ends_with(src, ".safetensors") ? SRC_ST_WHOLE : SRC_NPY;
+        s->kind = cli_ends_with(src, ".safetensors") || cli_ends_with(src, ".npz") ? SRC_ST_WHOLE : SRC_NPY;
     }
     if (!(s->file = strdup(src))) goto oom;
     return 0;
@@ -374,7 +357,7 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
         if (to_st && regular) {
             /* the header now, the data when its turn comes */
             aft_tensor head;
-            if (aft_npy_read_header(file, &head, NULL, &err) != AFT_OK) {
+            if (aft_npy_peek(file, &head, NULL, &err) != AFT_OK) {
                 report_file(file, err.msg);
                 return EXIT_DATA;
             }
@@ -392,7 +375,7 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
     }
 
     aft_st_file *f;
-    if (aft_st_open(file, &f, &err) != AFT_OK) {
+    if (aft_st_open_limit(file, cli_memory_limit(max_memory), &f, &err) != AFT_OK) {
         report_file(file, err.msg);
         return EXIT_DATA;
     }
@@ -468,13 +451,17 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* Output names must be unique, valid UTF-8 and not "__metadata__". */
-static int check_names(const job *j)
+/* Output names must be unique, valid UTF-8 and not "__metadata__"; in a
+ * .npz they are keys, with no '/', '\\' or "..". */
+static int check_names(const job *j, int npz)
 {
     for (size_t i = 0; i < j->nitems; i++) {
         const char *n = j->items[i].name;
         if (!utf8_valid(n)) return cli_usage_error(cmd, "tensor name '%s' is not valid UTF-8", n);
-        if (strcmp(n, "__metadata__") == 0)
+        aft_error err;
+        if (npz && aft_npz_check_key(n, &err) != AFT_OK)
+            return cli_usage_error(cmd, "%s: cannot name a .npz member; rename it with NAME=INPUT", err.msg);
+        if (!npz && strcmp(n, "__metadata__") == 0)
             return cli_usage_error(cmd, "'__metadata__' is reserved and cannot name a tensor");
     }
     const item **sorted = malloc((j->nitems ? j->nitems : 1) * sizeof *sorted);
@@ -510,20 +497,40 @@ static int write_all(FILE *fp, const void *p, size_t len)
     return 0;
 }
 
+/* Where converted bytes go: a file, a .npz member, or only into a CRC-32
+ * (a .npz member's CRC comes before its data) */
+typedef struct {
+    FILE *fp;
+    aft_npz_writer *npz;
+    uint32_t *crc;
+    aft_error *err;    /* the .npz writer's message */
+} sink;
+
+/* 0, or -1 with errno set (a file) or the message in k->err (a .npz) */
+static int sink_put(const sink *k, const void *p, size_t n)
+{
+    if (k->crc) {
+        *k->crc = aft_crc32(*k->crc, p, n);
+        return 0;
+    }
+    if (k->npz) return aft_npz_writer_write(k->npz, p, n, k->err) == AFT_OK ? 0 : -1;
+    return write_all(k->fp, p, n);
+}
+
 /* Writes n elements of src (dtype from) as dtype to: bytes as they are when
  * the dtypes agree, else converted CHUNK_BYTES at a time through buf.
- * 0, or -1 with errno set. */
-static int write_data(FILE *fp, const void *src, aft_dtype from, aft_dtype to, size_t n,
+ * 0, or -1 as sink_put. */
+static int write_data(const sink *k, const void *src, aft_dtype from, aft_dtype to, size_t n,
                       unsigned char *buf)
 {
     size_t in = aft_dtype_size(from), out = aft_dtype_size(to);
-    if (from == to) return write_all(fp, src, n * in);
+    if (from == to) return sink_put(k, src, n * in);
     size_t per = CHUNK_BYTES / (in > out ? in : out);
     const unsigned char *s = src;
     for (size_t done = 0; done < n;) {
         size_t m = n - done < per ? n - done : per;
         convert_block(buf, to, s + done * in, from, m);
-        if (write_all(fp, buf, m * out) != 0) return -1;
+        if (sink_put(k, buf, m * out) != 0) return -1;
         done += m;
     }
     return 0;
@@ -639,7 +646,8 @@ static int write_safetensors(job *j, const char *out_path)
         cli_progress_label("aft convert: %s: tensor %zu of %zu", out_path, i + 1, j->nitems);
         if ((rc = item_data(it)) != 0) break;
         errno = 0;
-        if (write_data(o.fp, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
+        sink k = {.fp = o.fp};
+        if (write_data(&k, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
             write_failed(out_path, errno);
             rc = EXIT_DATA;
         }
@@ -698,8 +706,9 @@ static int write_npy(job *j, const char *out_path)
     }
     errno = 0;
     int rc = 0;
+    sink k = {.fp = o.fp};
     if (write_all(o.fp, head, hn) != 0 ||
-        write_data(o.fp, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
+        write_data(&k, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
         write_failed(out_path, errno);
         rc = EXIT_DATA;
     }
@@ -714,6 +723,83 @@ static int write_npy(job *j, const char *out_path)
     }
     return 0;
 }
+
+/* A .npz of stored members, one a tensor: for each, its .npy header, then
+ * its data converted twice, once into the CRC-32 the member's local header
+ * needs first and once into the archive. One .npy input in memory at a
+ * time, as for a .safetensors. */
+static int write_npz(job *j, const char *out_path)
+{
+    char desc[200], msg[600];
+    for (size_t i = 0; i < j->nitems; i++)
+        if (j->items[i].out == AFT_BF16) {
+            snprintf(msg, sizeof msg, "%s is BF16, which .npz cannot hold; add --dtype f32 (exact) or write a .safetensors",
+                     item_desc(&j->items[i], desc, sizeof desc));
+            report_file(j->items[i].file, msg);
+            return EXIT_DATA;
+        }
+    unsigned char *buf = malloc(CHUNK_BYTES);
+    if (!buf) {
+        cli_error(cmd, "out of memory");
+        return EXIT_DATA;
+    }
+    aft_error err = {{0}};
+    aft_out o;
+    if (aft_out_open(&o, out_path, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        free(buf);
+        return EXIT_DATA;
+    }
+    aft_npz_writer *w = NULL;
+    int rc = 0;
+    if (aft_npz_writer_new(o.fp, &w, &err) != AFT_OK) {
+        cli_error(cmd, "%s", err.msg);
+        rc = EXIT_DATA;
+    }
+    cli_progress_start("aft convert: %s", out_path);
+    for (size_t i = 0; i < j->nitems && !rc; i++) {
+        item *it = &j->items[i];
+        cli_progress_label("aft convert: %s: tensor %zu of %zu", out_path, i + 1, j->nitems);
+        if ((rc = item_data(it)) != 0) break;
+        char head[4096];
+        size_t hn;
+        aft_tensor shape_of = {.dtype = it->out, .ndim = it->ndim, .nelem = it->nelem, .nbytes = it->nbytes_out};
+        memcpy(shape_of.shape, it->shape, it->ndim * sizeof(size_t));
+        uint32_t crc = 0;
+        sink crc_sink = {.crc = &crc}, out_sink = {.npz = w, .err = &err};
+        errno = 0;
+        if (aft_npy_header(&shape_of, head, sizeof head, &hn, &err) != AFT_OK ||
+            (crc = aft_crc32(0, head, hn), write_data(&crc_sink, it->src->data, it->dtype, it->out, it->nelem, buf)) != 0 ||
+            aft_npz_writer_begin(w, it->name, (uint64_t)hn + it->nbytes_out, crc, &err) != AFT_OK ||
+            aft_npz_writer_write(w, head, hn, &err) != AFT_OK ||
+            write_data(&out_sink, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
+            cli_error(NULL, "%s: %s", cli_display_name(out_path), err.msg);
+            rc = EXIT_DATA;
+        }
+        if (it->src == &it->held) {
+            aft_tensor_free(&it->held);
+            it->src = NULL;
+            malloc_trim(0);
+        }
+    }
+    if (!rc && aft_npz_writer_finish(w, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", cli_display_name(out_path), err.msg);
+        rc = EXIT_DATA;
+    }
+    aft_npz_writer_free(w);
+    free(buf);
+    cli_progress_stop();
+    if (rc) {
+        aft_out_abort(&o);
+        return rc;
+    }
+    if (aft_out_commit(&o, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
 
 /* ---------------------------------------------------------------- options */
 
@@ -738,8 +824,8 @@ static int set_dtype(const cli_option *opt, void *opts, const char *val)
 
 static int set_format(const cli_option *opt, void *opts, const char *val)
 {
-    if (!val || (strcmp(val, "npy") != 0 && strcmp(val, "safetensors") != 0))
-        return cli_usage_error(cmd, "--format takes npy or safetensors");
+    if (!val || (strcmp(val, "npy") != 0 && strcmp(val, "safetensors") != 0 && strcmp(val, "npz") != 0))
+        return cli_usage_error(cmd, "--format takes npy, npz or safetensors");
     ((struct convert_opts *)opts)->format = val;
     return 0;
 }
@@ -763,6 +849,13 @@ static int add_metadata(const cli_option *opt, void *opts, const char *val)
     return 0;
 }
 
+static int set_max_memory(const cli_option *opt, void *opts, const char *v)
+{
+    (void)opt;
+    (void)opts;
+    return cli_set_memory(cmd, &max_memory, v);
+}
+
 static int add_operand(void *opts, const char *arg)
 {
     struct convert_opts *o = opts;
@@ -783,38 +876,52 @@ static const cli_option options[] = {
     {"--metadata", NULL, "KEY=VALUE",
      "a .safetensors __metadata__ entry (repeatable); it replaces a key of the same name from an input file",
      add_metadata, 0, NULL, 0},
-    {"--format", NULL, "F", "npy or safetensors, whatever OUT is called", set_format, 0, NULL, 0},
+    {"--format", NULL, "F", "npy, npz or safetensors, whatever OUT is called", set_format, 0, NULL, 0},
+    {"--max-memory", NULL, "SIZE", "memory for inflating .npz members (bytes, or with K, M, G; default: the memory available)",
+     set_max_memory, 0, "--max-memory takes a size like 4G, 512M or 1000000", 0},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
 const cli_command cli_convert_command = {
     .name = "convert",
     .usage = "usage: aft convert [-o OUT] [--dtype f32|f16|bf16|f64] [--metadata KEY=VALUE]...\n"
-             "                   [--format npy|safetensors] INPUT...\n"
+             "                   [--format npy|npz|safetensors] [--max-memory SIZE] INPUT...\n"
              "\n"
-             "Pack .npy files into one .safetensors, extract a tensor from a .safetensors,\n"
-             "or change the floating-point dtype of tensors. Tensors are converted and\n"
-             "written a chunk at a time: memory holds at most one input tensor.\n"
+             "Pack .npy files into one .safetensors or .npz, extract a tensor from a\n"
+             ".safetensors or .npz, convert between the two, or change the\n"
+             "floating-point dtype of tensors. Tensors are converted and written a chunk\n"
+             "at a time: memory holds at most one input tensor (but a .npz input's\n"
+             "deflated members, which are inflated when it is opened).\n"
              "\n"
              "  aft convert -o model.safetensors wq=wq.npy wk=wk.npy --metadata format=pt\n"
              "  aft convert -o wq.npy model.safetensors:blocks.0.wq\n"
+             "  aft convert -o out.npz a=a.npy b=b.npy\n"
+             "  aft convert -o w.npy model.npz:query.weight\n"
+             "  aft convert -o model.safetensors model.npz\n"
              "  aft convert --dtype f16 -o x16.npy x.npy\n"
              "  aft convert --dtype bf16 -o small.safetensors model.safetensors\n"
              "\n"
              "INPUT is one of:\n"
-             "  FILE.npy               a .npy file (in a .safetensors output it is named\n"
-             "                         after the file, without directory and '.npy')\n"
+             "  FILE.npy               a .npy file (in a .safetensors or .npz output it is\n"
+             "                         named after the file, without directory and '.npy')\n"
              "  -                      a .npy on standard input (NAME=- in a .safetensors)\n"
              "  FILE.safetensors       every tensor of the file, with its names and metadata\n"
              "  FILE.safetensors:NAME  the tensor NAME in the file\n"
+             "  FILE.npz               every member of a .npz (np.savez), named by its key\n"
+             "  FILE.npz:KEY           the member KEY of the archive\n"
              "  NAME=INPUT             the one tensor of INPUT, called NAME in the output\n"
+             "Formats are told apart by their first bytes, not only by the extension.\n"
              "\n"
-             "The output is a .safetensors holding the inputs' tensors in the order given,\n"
-             "or a .npy holding the one input tensor. Which one: --format, else the name\n"
-             "of OUT (.npy or .safetensors), else .npy for a single INPUT that is one\n"
-             "tensor without NAME=, .safetensors otherwise.\n",
+             "The output is a .safetensors or a .npz holding the inputs' tensors in the\n"
+             "order given, or a .npy holding the one input tensor. Which one: --format,\n"
+             "else the name of OUT (.npy, .npz or .safetensors), else .npy for a single\n"
+             "INPUT that is one tensor without NAME=, .safetensors otherwise. A .npz is\n"
+             "written with stored (uncompressed) members, zip64 where sizes need it; it\n"
+             "has no metadata (a .safetensors input's is not kept), and its keys may not\n"
+             "hold '/', '\\' or '..'.\n",
     .options = options,
-    .more = ".npy cannot hold bfloat16: convert BF16 tensors with --dtype f32 (exact).\n"
+    .more = ".npy and .npz cannot hold bfloat16: convert BF16 tensors with --dtype f32\n"
+            "(exact).\n"
             "\n"
             "exit status: 0 done, 1 a file could not be read or written, 2 usage error\n",
     .operand = add_operand,
@@ -822,17 +929,24 @@ const cli_command cli_convert_command = {
 
 /* ---------------------------------------------------------------- the command */
 
-/* The output format (*to_st: .safetensors, else .npy): asked for, else by
- * the name of OUT, else by the inputs; and the usage errors of that choice.
- * 0, or an exit status after reporting. */
-static int choose_output(const struct convert_opts *o, const job *j, int *to_st)
+/* The output format (*to_st: named tensors, a .safetensors or, *out_npz, a
+ * .npz; else .npy): asked for, else by the name of OUT, else by the inputs;
+ * and the usage errors of that choice. 0, or an exit status after
+ * reporting. */
+static int choose_output(const struct convert_opts *o, const job *j, int *to_st, int *out_npz)
 {
     const spec *first = &j->specs[0];
-    if (o->format) *to_st = strcmp(o->format, "safetensors") == 0;
+    *out_npz = 0;
+    if (o->format) *to_st = strcmp(o->format, "npy") != 0, *out_npz = strcmp(o->format, "npz") == 0;
     else if (o->out_path && cli_ends_with(o->out_path, ".safetensors")) *to_st = 1;
+    else if (o->out_path && cli_ends_with(o->out_path, ".npz")) *to_st = 1, *out_npz = 1;
     else if (o->out_path && cli_ends_with(o->out_path, ".npy")) *to_st = 0;
     else *to_st = o->nops > 1 || first->name || first->kind == SRC_ST_WHOLE;
 
+    if (*out_npz && o->nmeta)
+        return cli_usage_error(cmd, "--metadata applies to a .safetensors output; a .npz has no metadata");
+    if (*out_npz && o->have_dtype && o->target == AFT_BF16)
+        return cli_usage_error(cmd, ".npz cannot hold bfloat16; write a .safetensors or choose another --dtype");
     if (!*to_st) {
         if (o->nops > 1)
             return cli_usage_error(cmd, "a .npy output holds one tensor, but %zu inputs are given", o->nops);
@@ -849,7 +963,7 @@ static int choose_output(const struct convert_opts *o, const job *j, int *to_st)
     }
     if ((!o->out_path || strcmp(o->out_path, "-") == 0) && isatty(STDOUT_FILENO))
         return cli_usage_error(cmd, "refusing to write binary %s to a terminal; use -o FILE or a pipe",
-                               *to_st ? ".safetensors" : ".npy");
+                               *out_npz ? ".npz" : *to_st ? ".safetensors" : ".npy");
     if (!HOST_LITTLE) {
         /* both formats are written here as little-endian from native data */
         cli_error(cmd, "converting on a big-endian machine is not supported");
@@ -860,7 +974,7 @@ static int choose_output(const struct convert_opts *o, const job *j, int *to_st)
 
 /* Every INPUT's tensors (and metadata) into the job, then --metadata.
  * 0, or an exit status after reporting. */
-static int load_inputs(const struct convert_opts *o, job *j, int to_st)
+static int load_inputs(const struct convert_opts *o, job *j, int to_st, int out_npz)
 {
     int rc, stdin_used = 0;
     for (size_t i = 0; i < o->nops; i++)
@@ -870,7 +984,7 @@ static int load_inputs(const struct convert_opts *o, job *j, int to_st)
             cli_error(cmd, "out of memory");
             return EXIT_DATA;
         }
-    return to_st ? check_names(j) : 0;
+    return to_st ? check_names(j, out_npz) : 0;
 }
 
 /* Each item's output dtype and size: --dtype changes floating-point tensors
@@ -931,16 +1045,16 @@ int cmd_convert(int argc, char **argv)
     struct convert_opts o = {.target = AFT_F32};
     job j;
     memset(&j, 0, sizeof j);
-    int to_st = 0, rc = parse_args(argc, argv, &o);
+    int to_st = 0, out_npz = 0, rc = parse_args(argc, argv, &o);
     if (rc < 0) {
         rc = cli_finish_stdout(cmd);
     } else if (rc == 0) {
         const char *out_path = o.out_path ? o.out_path : "-";
         rc = parse_inputs(&o, &j);
-        if (!rc) rc = choose_output(&o, &j, &to_st);
-        if (!rc) rc = load_inputs(&o, &j, to_st);
+        if (!rc) rc = choose_output(&o, &j, &to_st, &out_npz);
+        if (!rc) rc = load_inputs(&o, &j, to_st, out_npz);
         if (!rc) rc = plan_outputs(&o, &j);
-        if (!rc) rc = to_st ? write_safetensors(&j, out_path) : write_npy(&j, out_path);
+        if (!rc) rc = out_npz ? write_npz(&j, out_path) : to_st ? write_safetensors(&j, out_path) : write_npy(&j, out_path);
         if (!rc) rc = cli_finish_stdout(cmd);
     }
     job_free(&j);

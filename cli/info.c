@@ -1,4 +1,4 @@
-/* info.c - `aft info`: list the tensors (and metadata) of .npy and .safetensors files. */
+/* info.c - `aft info`: list the tensors (and metadata) of .npy, .npz and .safetensors files. */
 #include "cli.h"
 
 #include <cjson/cJSON.h>
@@ -21,35 +21,6 @@ typedef struct {
     char *shape;
     size_t bytes;
 } row;
-
-typedef enum { FMT_NPY, FMT_ST } file_format;
-
-/* By extension; otherwise by magic: "\x93NUMPY" is a .npy and anything else
- * is handed to the safetensors reader, whose message then says what is
- * wrong. Returns -1 (after reporting) if the file cannot be opened. */
-static int detect_format(const char *path, file_format *fmt)
-{
-    if (strcmp(path, "-") == 0 || cli_ends_with(path, ".npy")) {
-        *fmt = FMT_NPY;
-        return 0;
-    }
-    if (cli_ends_with(path, ".safetensors")) {
-        *fmt = FMT_ST;
-        return 0;
-    }
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "cannot open: %s", strerror(errno));
-        report_file(path, msg);
-        return -1;
-    }
-    unsigned char magic[6];
-    size_t n = fread(magic, 1, sizeof magic, fp);
-    fclose(fp);
-    *fmt = n == sizeof magic && memcmp(magic, "\x93NUMPY", 6) == 0 ? FMT_NPY : FMT_ST;
-    return 0;
-}
 
 /* "[64, 32]", "[]" for a scalar; malloc'd (NULL when out of memory) */
 static char *shape_string(const aft_tensor *t)
@@ -239,7 +210,7 @@ static int info_st_json(const char *path, const aft_st_file *f)
     size_t n = aft_st_count(f), nm = aft_st_metadata_count(f);
     cJSON *o = cJSON_CreateObject(), *tensors = NULL, *meta = NULL;
     int ok = o && cJSON_AddStringToObject(o, "file", path) &&
-             cJSON_AddStringToObject(o, "format", "safetensors") &&
+             cJSON_AddStringToObject(o, "format", aft_st_format(f)) &&
              (tensors = cJSON_AddArrayToObject(o, "tensors")) &&
              (meta = cJSON_AddObjectToObject(o, "metadata"));
     for (size_t i = 0; i < n && ok; i++) {
@@ -262,8 +233,11 @@ static int info_st_json(const char *path, const aft_st_file *f)
 static int info_st_text(const char *path, const aft_st_file *f)
 {
     size_t n = aft_st_count(f), nm = aft_st_metadata_count(f);
-    printf("%s: safetensors, %zu tensor%s, %zu metadata entr%s\n", path, n,
-           n == 1 ? "" : "s", nm, nm == 1 ? "y" : "ies");
+    if (strcmp(aft_st_format(f), "npz") == 0)
+        printf("%s: npz, %zu tensor%s\n", path, n, n == 1 ? "" : "s");
+    else
+        printf("%s: safetensors, %zu tensor%s, %zu metadata entr%s\n", path, n, n == 1 ? "" : "s", nm,
+               nm == 1 ? "y" : "ies");
     row *rows = calloc(n ? n : 1, sizeof *rows);
     if (!rows) return -1;
     int rc = 0;
@@ -291,11 +265,11 @@ static int info_st_text(const char *path, const aft_st_file *f)
     return rc;
 }
 
-static int info_st(const char *path, int json)
+static int info_st(const char *path, int json, size_t max_memory)
 {
     aft_st_file *f = NULL;
     aft_error err = {{0}};
-    if (aft_st_open(path, &f, &err) != AFT_OK) {
+    if (aft_st_open_limit(path, cli_memory_limit(max_memory), &f, &err) != AFT_OK) {
         report_file(path, err.msg);
         return EXIT_DATA;
     }
@@ -310,9 +284,16 @@ static int info_st(const char *path, int json)
 
 struct info_opts {
     int json;
+    size_t max_memory;
     char **files;   /* the operands, gathered over argv (argv + 1 on) */
     int nfiles;
 };
+
+static int set_max_memory(const cli_option *opt, void *opts, const char *v)
+{
+    (void)opt;
+    return cli_set_memory("info", &((struct info_opts *)opts)->max_memory, v);
+}
 
 static int add_file(void *opts, const char *arg)
 {
@@ -324,25 +305,28 @@ static int add_file(void *opts, const char *arg)
 static const cli_option options[] = {
     {"--json", NULL, NULL,
      "one JSON object per file, one per line:\n"
-     "{\"file\", \"format\": \"npy\"|\"safetensors\",\n"
+     "{\"file\", \"format\": \"npy\"|\"npz\"|\"safetensors\",\n"
      " \"tensors\": [{\"name\", \"dtype\", \"shape\", \"bytes\"}],\n"
      " \"metadata\": {...}, and for .npy \"npy\": {\"version\",\n"
      " \"byte_order\": \"little\"|\"big\"|\"none\", \"fortran_order\"}}",
      cli_set_flag, offsetof(struct info_opts, json), NULL, 0},
+    {"--max-memory", NULL, "SIZE", "memory for inflating .npz members (bytes, or with K, M, G; default: the memory available)",
+     set_max_memory, 0, "--max-memory takes a size like 4G, 512M or 1000000", 0},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
 const cli_command cli_info_command = {
     .name = "info",
-    .usage = "usage: aft info [--json] FILE...\n"
+    .usage = "usage: aft info [--json] [--max-memory SIZE] FILE...\n"
              "\n"
-             "Print each tensor's name, dtype, shape and size in bytes, for .npy and\n"
-             ".safetensors files; .safetensors metadata is printed as key = value.\n"
+             "Print each tensor's name, dtype, shape and size in bytes, for .npy, .npz\n"
+             "and .safetensors files; .safetensors metadata is printed as key = value.\n"
              "For .npy also the header version, the byte order and the memory order.\n"
-             "The format comes from the extension (.npy, .safetensors); other files\n"
-             "are recognised by their first bytes. '-' reads a .npy from standard input.\n"
+             "Formats are told apart by their first bytes (a file they say nothing\n"
+             "about goes by its extension). '-' reads a .npy from standard input.\n"
              "A .npy holds one tensor, named after the file without '.npy' ('(array)'\n"
-             "for standard input).\n",
+             "for standard input); a .npz (numpy's np.savez) one tensor a member,\n"
+             "named by its key (the member's name without '.npy').\n",
     .options = options,
     .more = "Files are read in order; the first one that cannot be read stops the\n"
             "command with a message on stderr.\n"
@@ -360,14 +344,14 @@ int cmd_info(int argc, char **argv)
     if (o.nfiles == 0) return cli_usage_error(cmd, "no file given");
     for (int i = 0; i < o.nfiles && rc == 0; i++) {
         const char *path = o.files[i];
-        file_format fmt;
-        if (detect_format(path, &fmt) != 0) {
+        aft_format fmt;
+        if (cli_file_format(NULL, path, &fmt) != 0) {
             rc = EXIT_DATA;
             break;
         }
         /* a blank line between the reports of several files */
         if (!o.json && i > 0) putchar('\n');
-        rc = fmt == FMT_NPY ? info_npy(path, o.json) : info_st(path, o.json);
+        rc = fmt == AFT_FORMAT_NPY ? info_npy(path, o.json) : info_st(path, o.json, o.max_memory);
     }
     /* report a failed write even when a file failed too */
     int out = cli_finish_stdout(cmd);

@@ -130,7 +130,7 @@ static const cli_option options[] = {
     {"--mask", NULL, "FILE.npy", "boolean or 0/1 [T, T] or [B, T, T], true = visible", cli_set_string,
      FIELD(mask_path), "--mask needs a file", 0},
     {"--layout", NULL, "btd|tbd", "input and output layout (default btd; tbd = [T, B, D])", set_layout, 0, NULL, 0},
-    {"--weights", NULL, "FILE", ".safetensors with the layer's weights", cli_set_string, FIELD(weights_path),
+    {"--weights", NULL, "FILE", ".safetensors or .npz with the layer's weights", cli_set_string, FIELD(weights_path),
      "--weights needs a file", 0},
     {"--prefix", NULL, "P", "prepended to every weight name (e.g. blocks.2.attn.)", cli_set_string, FIELD(prefix),
      "--prefix needs a value", 0},
@@ -145,7 +145,8 @@ static const cli_option options[] = {
     {"--threads", NULL, "N", "threads (default: all cores)", set_threads, 0, NULL, 0},
     {"--impl", NULL, "fast|reference", "reference: the plain float64 kernels", set_impl, 0, NULL, 0},
     {"--max-memory", NULL, "SIZE",
-     "refuse runs needing more (bytes, or with K, M, G; default: the memory available)", set_max_memory, 0, NULL,
+     "refuse runs needing more, and .npz members inflating to more (bytes, or with K, M, G; default: the memory "
+     "available)", set_max_memory, 0, NULL,
      0},
     {"--strict", NULL, NULL,
      "non-finite values (NaN, inf) in inputs or weights are an error (default: a warning)", cli_set_flag,
@@ -158,7 +159,8 @@ const cli_command cli_run_command = {
     .usage = "usage: aft run [options] INPUT\n"
              "\n"
              "INPUT is a .npy holding X as [B, T, D] or [T, D] ('-' reads it from stdin),\n"
-             "or a .safetensors holding tensors q, k, v (the bare operator, no projections).\n",
+             "or a .safetensors or .npz holding tensors q, k, v (the bare operator, no\n"
+             "projections). Formats are told apart by their first bytes.\n",
     .options = options,
     .operand = set_input,
 };
@@ -276,11 +278,11 @@ static int load_activation(const char *file, const char *what, const aft_tensor 
     return 0;
 }
 
-/* a .safetensors INPUT: its tensors q, k and v, as float32 in btd order */
+/* a .safetensors or .npz INPUT: its tensors q, k and v, as float32 in btd order */
 static int load_qkv(const struct run_opts *o, struct run *r)
 {
     aft_error err;
-    if (aft_st_open(o->input, &r->in_st, &err) != AFT_OK) {
+    if (aft_st_open_limit(o->input, cli_memory_limit(o->max_memory), &r->in_st, &err) != AFT_OK) {
         cli_error(NULL, "%s: %s", o->input, err.msg);
         return EXIT_DATA;
     }
@@ -290,7 +292,8 @@ static int load_qkv(const struct run_opts *o, struct run *r)
     for (int i = 0; i < 3; i++) {
         const aft_tensor *t = aft_st_find(r->in_st, names[i]);
         if (!t) {
-            cli_error(NULL, "%s: no tensor '%s'; a .safetensors INPUT holds q, k and v", o->input, names[i]);
+            cli_error(NULL, "%s: no tensor '%s'; a .%s INPUT holds q, k and v", o->input, names[i],
+                      aft_st_format(r->in_st));
             return EXIT_DATA;
         }
         char what[16];
@@ -338,7 +341,9 @@ static int load_weights(const struct run_opts *o, struct run *r)
 {
     aft_error err;
     aft_params *p = r->p = &r->wts.p;
-    if (aft_st_open(o->weights_path, &r->w_st, &err) != AFT_OK) {
+    aft_format w_fmt;
+    if (cli_file_format(NULL, o->weights_path, &w_fmt) != 0) return EXIT_DATA;
+    if (aft_st_open_limit(o->weights_path, cli_memory_limit(o->max_memory), &r->w_st, &err) != AFT_OK) {
         cli_error(NULL, "%s: %s", o->weights_path, err.msg);
         return EXIT_DATA;
     }
@@ -710,7 +715,9 @@ int cmd_run(int argc, char **argv)
     struct run r;
     memset(&r, 0, sizeof r);
     r.t_start = aft_now_ms();
-    r.bare = cli_ends_with(o.input, ".safetensors");
+    aft_format in_fmt;
+    if (cli_file_format(NULL, o.input, &in_fmt) != 0) return EXIT_DATA;
+    r.bare = in_fmt == AFT_FORMAT_SAFETENSORS || in_fmt == AFT_FORMAT_NPZ;
     r.cfg = o.cfg;
     cli_kernels_from_env(&r.cfg);
 

@@ -1,8 +1,9 @@
 # aft.bash - bash completion for aft(1).                    -*- shell-script -*-
 #
 # Completes the subcommands, each subcommand's options (its option table in
-# cli/; cli/tests/test_docs.c checks the lists below against it), the values of options that take one of a fixed set, file names, and
-# the NAME of a FILE.safetensors:NAME operand (read with `aft info --json`).
+# cli/; cli/tests/test_docs.c checks the lists below against it), the values
+# of options that take one of a fixed set, file names, and the NAME of a
+# FILE.safetensors:NAME or FILE.npz:NAME operand (read with `aft info --json`).
 #
 # Installed by `make install` as share/bash-completion/completions/aft, where
 # bash-completion loads it on demand; or source it from ~/.bashrc. It needs
@@ -14,13 +15,13 @@ _aft_commands="info run mask compare convert bench help"
 _aft_options()
 {
     case $1 in
-    info) echo "--json -h --help" ;;
+    info) echo "--json --max-memory -h --help" ;;
     run) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
               "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --strict" \
               "-h --help" ;;
     mask) echo "--len --window --causal --format -o -h --help" ;;
-    compare) echo "--rtol --atol --equal-nan --json -h --help" ;;
-    convert) echo "-o --output --dtype --metadata --format -h --help" ;;
+    compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
+    convert) echo "-o --output --dtype --metadata --format --max-memory -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
                 "--threads --repeat --impl --json --no-ceiling --plot -h --help" ;;
     esac
@@ -38,13 +39,13 @@ _aft_value()
     run:--layout) echo "list:btd tbd" ;;
     run:--impl) echo "list:fast reference" ;;
     mask:--format) echo "list:text npy json" ;;
-    convert:--format) echo "list:npy safetensors" ;;
+    convert:--format) echo "list:npy npz safetensors" ;;
     convert:--dtype) echo "list:f32 f16 bf16 f64" ;;
     bench:--impl) echo "list:fast reference both" ;;
     bench:--variant) echo "csv:full local simple conv" ;;
     run:--window | run:--heads | run:--prefix | run:--seed | run:--d-hidden | run:--repeat | \
     run:--threads | run:--max-memory | mask:--len | mask:--window | compare:--rtol | \
-    compare:--atol | convert:--metadata | bench:--seq-len | bench:--d-model | \
+    compare:--atol | convert:--metadata | info:--max-memory | compare:--max-memory | convert:--max-memory | bench:--seq-len | bench:--d-model | \
     bench:--d-hidden | bench:--window | bench:--heads | bench:--batch | bench:--threads | \
     bench:--repeat) echo none ;;
     *) echo flag ;;
@@ -61,12 +62,16 @@ _aft_files()
     compopt -o filenames 2>/dev/null
 }
 
-# "FILE.safetensors:" followed by each tensor name in FILE starting with $2
-# ($1 is the aft command to ask)
+# "FILE.safetensors:" or "FILE.npz:" followed by each tensor name in FILE
+# starting with $2 ($1 is the aft command to ask)
 _aft_tensor_names()
 {
     local aft=$1 cur=$2 file names n
-    file=${cur%.safetensors:*}.safetensors
+    if [[ $cur == *.npz:* && ${cur%.npz:*} != *.safetensors:* ]]; then
+        file=${cur%.npz:*}.npz
+    else
+        file=${cur%.safetensors:*}.safetensors
+    fi
     [[ -f $file ]] || return
     # each tensor's object in `aft info --json` starts with {"name":"...";
     # names holding a '"' are written escaped and skipped here
@@ -154,12 +159,12 @@ _aft()
                 name=${cur%%=*}=
             fi
             local src=${cur#"$name"}
-            if [[ $src == *.safetensors:* ]]; then
+            if [[ $src == *.safetensors:* || $src == *.npz:* ]]; then
                 _aft_tensor_names "$aft" "$src"
             else
                 _aft_files "$src"
-                # one .safetensors: no space yet, a ':NAME' may follow
-                [[ ${#COMPREPLY[@]} == 1 && ${COMPREPLY[0]} == *.safetensors ]] &&
+                # one .safetensors or .npz: no space yet, a ':NAME' may follow
+                [[ ${#COMPREPLY[@]} == 1 && ( ${COMPREPLY[0]} == *.safetensors || ${COMPREPLY[0]} == *.npz ) ]] &&
                     compopt -o nospace 2>/dev/null
             fi
             for i in "${!COMPREPLY[@]}"; do COMPREPLY[i]=$name${COMPREPLY[i]}; done

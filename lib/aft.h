@@ -87,29 +87,35 @@ uint16_t aft_f32_to_bf16(float f);
 
 typedef struct {
     int major, minor;        /* header version: 1.0, 2.0 or 3.0 */
-    char byteorder;          /* '<', '>' or '|' as written in descr */
+    char byteorder;          /* '<', '>', '|' or '=' as written in descr; '='
+                              * (native) also for a multi-byte type with '|'
+                              * or no order, '|' for a one-byte type with none */
     int fortran_order;       /* 1 if the file stored Fortran order */
-    char descr[16];          /* descr as written, e.g. "<f4" */
+    char descr[16];          /* descr decoded from the header, e.g. "<f4" */
     size_t header_len;       /* bytes of the header dict, padding included */
     size_t data_offset;      /* where the array data starts */
 } aft_npy_info;
 
 /* Reads a .npy file ("-" reads standard input) into out, converted to native
  * byte order and C order. info may be NULL. Accepted dtypes: f2 f4 f8 b1 u1
- * i1 i2 u2 i4 u4 i8 u8. */
+ * i1 i2 u2 i4 u4 i8 u8, in every spelling numpy reads ("<f4", "f", "float32",
+ * ...). The header is read as numpy reads it, as a Python literal: any
+ * spelling of the dict that numpy loads is accepted (comments, escapes,
+ * hexadecimal dimensions, Python 2's 'L' in 1.0 and 2.0 headers, ...), but
+ * for \N{...} escapes, a negative dimension and bytes after the data, which
+ * are refused. */
 aft_status aft_npy_read(const char *path, aft_tensor *out, aft_npy_info *info,
                         aft_error *err);
-/* Only the preamble and header of a .npy file, checked as aft_npy_read
- * checks them: out gets the dtype, shape, nelem and nbytes the header
- * promises (no data: out->data and out->owned stay NULL), info may be NULL.
- * The data is not read or checked. path is a file; "-" is refused (reading
- * the header would consume standard input). For writers that stream
- * tensors a file at a time. */
-aft_status aft_npy_read_header(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err);
 /* Same as aft_npy_read, from a buffer of len bytes (copied; the buffer may
  * be freed after). */
 aft_status aft_npy_read_mem(const void *buf, size_t len, aft_tensor *out,
                             aft_npy_info *info, aft_error *err);
+
+/* What a .npy file's header says (dtype, shape, nelem, nbytes; data NULL),
+ * after the checks aft_npy_read makes, the data's size included, without
+ * reading the data: for writers that stream it. path must be a regular
+ * file (AFT_ERR_ARG otherwise). */
+aft_status aft_npy_peek(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err);
 
 /* Writes t as a version 1.0 .npy (2.0 if the header needs it), little-endian,
  * C order, data 64-byte aligned. path "-" writes standard output; any other
@@ -124,23 +130,64 @@ aft_status aft_npy_header(const aft_tensor *t, char *buf, size_t cap, size_t *le
  * NULL for a dtype .npy cannot hold (BF16) */
 const char *aft_npy_code(aft_dtype dt);
 
-/* ---------------------------------------------------------------- .safetensors */
+/* ---------------------------------------------------------------- telling formats apart */
 
+typedef enum {
+    AFT_FORMAT_UNKNOWN,
+    AFT_FORMAT_NPY,           /* "\x93NUMPY" */
+    AFT_FORMAT_NPZ,           /* a zip archive: "PK\3\4", or "PK\5\6" when empty */
+    AFT_FORMAT_SAFETENSORS,   /* an 8-byte little-endian size, then a JSON object */
+} aft_format;
+
+/* "npy", "npz", "safetensors" or "unknown" */
+const char *aft_format_name(aft_format f);
+/* What the first len bytes of a file say it is (len may be less than the
+ * file: 64 bytes suffice). A .safetensors is recognised by a header size of
+ * at most 100,000,000 bytes followed by '{' (after JSON whitespace). */
+aft_format aft_format_detect(const void *head, size_t len);
+/* The format of the file at path: by its first bytes; when they say nothing,
+ * by its name (.npy, .npz, .safetensors), so that the reader of that format
+ * says what is wrong with it; otherwise AFT_ERR_FORMAT "not a .npy, .npz or
+ * .safetensors file". "-", pipes and devices cannot be looked at without
+ * consuming them: *out is then what the name says, or AFT_FORMAT_UNKNOWN
+ * (with AFT_OK). AFT_ERR_IO when the file cannot be opened or read. */
+aft_status aft_file_format(const char *path, aft_format *out, aft_error *err);
+
+/* ---------------------------------------------------------------- .safetensors and .npz */
+
+/* A file of named tensors: a .safetensors, or a .npz archive (numpy's
+ * np.savez / np.savez_compressed: a zip of .npy files, each member a tensor
+ * named by its key, the member's name without ".npy"). */
 typedef struct aft_st_file aft_st_file;
 
-/* Opens and validates a .safetensors file; the data is memory-mapped, not
- * read. Tensors returned below borrow the mapping: valid until aft_st_close. */
+/* Opens and validates a .safetensors file or a .npz archive, told apart by
+ * their first bytes; the file is memory-mapped, not read. Tensors returned
+ * below are valid until aft_st_close. A .safetensors's tensors, and those
+ * of a .npz's stored members in little-endian C order, borrow the mapping;
+ * deflated members are inflated, and other stored ones converted, into
+ * memory the handle owns. max_bytes bounds that memory (the sum of those
+ * members' sizes), checked before anything is inflated: SIZE_MAX for no
+ * bound but the file's (a deflated member can declare no more than deflate
+ * can produce from its bytes). A .npy is refused with a message saying so. */
+aft_status aft_st_open_limit(const char *path, size_t max_bytes, aft_st_file **out,
+                             aft_error *err);
+/* aft_st_open_limit(path, SIZE_MAX, out, err) */
 aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err);
 /* Same over a caller's buffer (borrowed: must outlive the handle). */
+aft_status aft_st_open_mem_limit(const void *buf, size_t len, size_t max_bytes,
+                                 aft_st_file **out, aft_error *err);
 aft_status aft_st_open_mem(const void *buf, size_t len, aft_st_file **out,
                            aft_error *err);
 void aft_st_close(aft_st_file *f);
+/* "safetensors" or "npz" */
+const char *aft_st_format(const aft_st_file *f);
 
 size_t aft_st_count(const aft_st_file *f);
 /* i-th tensor in file order (ascending data offset); name may be NULL */
 const aft_tensor *aft_st_get(const aft_st_file *f, size_t i, const char **name);
 /* tensor by exact name, or NULL */
 const aft_tensor *aft_st_find(const aft_st_file *f, const char *name);
+/* metadata pairs (a .npz has none) */
 size_t aft_st_metadata_count(const aft_st_file *f);
 void aft_st_metadata(const aft_st_file *f, size_t i, const char **key,
                      const char **value);
@@ -160,6 +207,34 @@ aft_status aft_st_write(const char *path, const char *const *names,
 aft_status aft_st_header(const char *const *names, const aft_tensor *tensors, size_t n,
                          const char *const *meta, size_t nmeta, char **hdr, size_t *len,
                          aft_error *err);
+
+/* ---------------------------------------------------------------- writing .npz */
+
+/* Writes n tensors as a .npz that np.load reads: one stored (uncompressed)
+ * member "KEY.npy" per tensor, in the order given, zip64 records where a
+ * size or offset needs them. Keys must be unique, non-empty, valid UTF-8,
+ * and hold neither '/', '\\' nor ".." (members are keys, never paths).
+ * Atomic, as aft_npy_write ("-" writes standard output). */
+aft_status aft_npz_write(const char *path, const char *const *keys, const aft_tensor *tensors,
+                         size_t n, aft_error *err);
+
+/* A .npz written member by member, for writers that stream the data: begin
+ * each member with its key, its size in bytes (the whole .npy image) and
+ * the CRC-32 of those bytes, then hand over exactly that many bytes (in any
+ * number of pieces); finish writes the central directory. The writer checks
+ * the sizes and the CRC, so a member whose data changed on the way is an
+ * error, not a corrupt archive. fp stays the caller's. */
+typedef struct aft_npz_writer aft_npz_writer;
+aft_status aft_npz_writer_new(FILE *fp, aft_npz_writer **out, aft_error *err);
+aft_status aft_npz_writer_begin(aft_npz_writer *w, const char *key, uint64_t size, uint32_t crc,
+                                aft_error *err);
+aft_status aft_npz_writer_write(aft_npz_writer *w, const void *p, size_t n, aft_error *err);
+aft_status aft_npz_writer_finish(aft_npz_writer *w, aft_error *err);
+void aft_npz_writer_free(aft_npz_writer *w);
+/* the checks aft_npz_writer_begin makes of a key: AFT_OK or AFT_ERR_ARG */
+aft_status aft_npz_check_key(const char *key, aft_error *err);
+/* zlib's CRC-32 (crc = 0 to start) */
+uint32_t aft_crc32(uint32_t crc, const void *p, size_t n);
 
 /* ---------------------------------------------------------------- atomic output */
 

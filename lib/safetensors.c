@@ -23,7 +23,7 @@
  * cast pointer. Data is used as is, which is native order only on a
  * little-endian host; a big-endian build refuses instead of swapping.
  */
-#include "internal.h"
+#include "formats.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -45,20 +45,6 @@
 #define ST_LITTLE_ENDIAN 0
 #endif
 
-struct aft_st_file {
-    const unsigned char *bytes;  /* the whole file: size bytes */
-    size_t size;
-    void *map;                   /* mmap of the file, or NULL */
-    size_t map_size;
-    unsigned char *owned;        /* file read from a pipe or stdin, or NULL */
-    size_t n;
-    aft_tensor *tensors;         /* (n) in file order: ascending data offset */
-    const char **names;          /* (n) in file order, into strings */
-    size_t *by_name;             /* (n) file positions sorted by name, for find */
-    size_t nmeta;
-    const char **meta;           /* (2 * nmeta) key, value pairs in header order */
-    char *strings;               /* one block holding every name, key and value */
-};
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -665,9 +651,27 @@ static aft_st_file *new_file(aft_error *err)
     return f;
 }
 
-static aft_status finish_open(aft_st_file *f, aft_st_file **out, aft_error *err)
+/* Reads f->bytes as what its first bytes say: a .npz archive, or else a
+ * .safetensors (which has no magic: its parser says what is wrong with
+ * anything else), refusing a .npy with a message saying what it is. */
+static aft_status finish_open(aft_st_file *f, size_t max_bytes, int named_npz, aft_st_file **out, aft_error *err)
 {
-    aft_status st = parse(f, err);
+    aft_status st;
+    aft_format fmt = aft_format_detect(f->bytes, f->size);
+    /* bytes that say nothing go by the name, as aft_file_format does */
+    if (fmt == AFT_FORMAT_UNKNOWN && named_npz) fmt = AFT_FORMAT_NPZ;
+    switch (fmt) {
+    case AFT_FORMAT_NPZ:
+        st = aft_npz_parse(f, max_bytes, err);
+        break;
+    case AFT_FORMAT_NPY:
+        st = aft_fail(err, AFT_ERR_FORMAT, "not a .safetensors or .npz file: this is a .npy file (one array)");
+        break;
+    default:
+        f->format = AFT_FORMAT_SAFETENSORS;
+        st = parse(f, err);
+        break;
+    }
     if (st != AFT_OK) {
         aft_st_close(f);
         return st;
@@ -676,18 +680,30 @@ static aft_status finish_open(aft_st_file *f, aft_st_file **out, aft_error *err)
     return AFT_OK;
 }
 
-aft_status aft_st_open_mem(const void *buf, size_t len, aft_st_file **out, aft_error *err)
+aft_status aft_st_open_mem_limit(const void *buf, size_t len, size_t max_bytes, aft_st_file **out, aft_error *err)
 {
     *out = NULL;
     aft_st_file *f = new_file(err);
     if (!f) return AFT_ERR_NOMEM;
     f->bytes = buf;
     f->size = buf ? len : 0;
-    return finish_open(f, out, err);
+    return finish_open(f, max_bytes, 0, out, err);
+}
+
+aft_status aft_st_open_mem(const void *buf, size_t len, aft_st_file **out, aft_error *err)
+{
+    return aft_st_open_mem_limit(buf, len, SIZE_MAX, out, err);
 }
 
 aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
 {
+    return aft_st_open_limit(path, SIZE_MAX, out, err);
+}
+
+aft_status aft_st_open_limit(const char *path, size_t max_bytes, aft_st_file **out, aft_error *err)
+{
+    size_t plen = strlen(path);
+    int named_npz = plen >= 4 && strcmp(path + plen - 4, ".npz") == 0;
     *out = NULL;
     aft_st_file *f = new_file(err);
     if (!f) return AFT_ERR_NOMEM;
@@ -695,7 +711,7 @@ aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
     if (strcmp(path, "-") == 0) {
         if ((st = read_all(STDIN_FILENO, &f->owned, &f->size, err)) != AFT_OK) goto fail;
         f->bytes = f->owned;
-        return finish_open(f, out, err);
+        return finish_open(f, max_bytes, named_npz, out, err);
     }
 
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -709,20 +725,14 @@ aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
         close(fd);
         goto fail;
     }
-    if (!S_ISREG(sb.st_mode)) {
-        /* a pipe or device has no size to map: read it whole instead */
+    if (!S_ISREG(sb.st_mode) || sb.st_size < 8) {
+        /* a pipe or device has no size to map: read it whole instead; so is
+         * a file too short to be anything (mmap refuses a length of 0) */
         st = read_all(fd, &f->owned, &f->size, err);
         close(fd);
         if (st != AFT_OK) goto fail;
         f->bytes = f->owned;
-        return finish_open(f, out, err);
-    }
-    if (sb.st_size < 8) {
-        /* checked before mmap, which refuses a length of 0 */
-        close(fd);
-        st = aft_fail(err, AFT_ERR_FORMAT, "file is %lld bytes, too short for the 8-byte header size",
-                      (long long)sb.st_size);
-        goto fail;
+        return finish_open(f, max_bytes, named_npz, out, err);
     }
     if ((uint64_t)sb.st_size > SIZE_MAX) {
         close(fd);
@@ -745,7 +755,7 @@ aft_status aft_st_open(const char *path, aft_st_file **out, aft_error *err)
     f->map_size = size;
     f->bytes = map;
     f->size = size;
-    return finish_open(f, out, err);
+    return finish_open(f, max_bytes, named_npz, out, err);
 
 fail:
     aft_st_close(f);
@@ -757,6 +767,7 @@ void aft_st_close(aft_st_file *f)
     if (!f) return;
     if (f->map) munmap(f->map, f->map_size);
     free(f->owned);
+    for (size_t i = 0; f->tensors && i < f->n; i++) free(f->tensors[i].owned);   /* a .npz's */
     free(f->tensors);
     free(f->names);
     free(f->by_name);
@@ -766,6 +777,11 @@ void aft_st_close(aft_st_file *f)
 }
 
 /* ---------------------------------------------------------------- queries */
+
+const char *aft_st_format(const aft_st_file *f)
+{
+    return f && f->format == AFT_FORMAT_NPZ ? "npz" : "safetensors";
+}
 
 size_t aft_st_count(const aft_st_file *f)
 {

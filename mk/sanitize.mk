@@ -7,7 +7,8 @@
 #   make test-valgrind   builds into build/valgrind/ and runs the CLI test
 #                        programs with AFT_BIN = fuzz/valgrind-aft.sh (every aft
 #                        run under memcheck), and the format tests
-#                        (lib_test_npy, lib_test_safetensors) under memcheck
+#                        (lib_test_npy, lib_test_npz, lib_test_safetensors)
+#                        under memcheck
 #
 # Both build from the same sources as the main Makefile (its LIB_SRC, CLI_SRC,
 # test lists, warnings and FPFLAGS) into their own directories under build/
@@ -139,7 +140,7 @@ $(eval $(call san_build,$(VG_DIR),$(VG_FLAGS)))
 # reference kernels take tens of minutes under memcheck; `make test-asan`
 # covers it.
 VG_CLI_TESTS = $(call san_cli_tests,$(VG_DIR))
-VG_LIB_TESTS = $(VG_DIR)/tests/lib_test_npy $(VG_DIR)/tests/lib_test_safetensors
+VG_LIB_TESTS = $(VG_DIR)/tests/lib_test_npy $(VG_DIR)/tests/lib_test_npz $(VG_DIR)/tests/lib_test_safetensors
 VG_RESULTS   = $(patsubst $(VG_DIR)/tests/%,$(VG_DIR)/runs/%.result,$(call san_order,$(VG_CLI_TESTS) $(VG_LIB_TESTS)))
 
 # AFT_TEST_QUICK=1: test_malformed runs one command per file (aft info and

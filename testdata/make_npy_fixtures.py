@@ -174,13 +174,199 @@ def main():
     save("bad_structured.npy", npy_bytes(np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")])))
     save("bad_complex.npy", npy_bytes(np.zeros(3, dtype="<c8")))
     save("bad_unicode.npy", npy_bytes(np.array(["ab", "c"], dtype="<U2")))
-    # and ones written by hand: a Python 2 long suffix, an unknown version
-    save("bad_py2_long.npy",
-         header("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }") + bytes(24))
+    # written by hand: a Python 2 long suffix (valid: numpy drops it), an
+    # unknown version
+    save("py2_long.npy",
+         header("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }") + make("f4", (2, 3)).tobytes())
+    check_loads("py2_long.npy", make("f4", (2, 3)))
     save("bad_version.npy",
          b"\x93NUMPY\x04\x00" + header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }")[8:]
          + bytes(8))
 
 
+# ---------------------------------------------------------------- header spellings
+#
+# numpy reads a header with ast.literal_eval (after dropping a Python 2 'L'
+# after a number in 1.0 and 2.0 headers), so many spellings besides the one
+# it writes are valid. Each case below is a header text written by hand;
+# np.load decides whether it is valid, and spell/expected.tsv records what it
+# said, for test_npy.c to check that aft agrees:
+#   NAME <TAB> ok <TAB> CODE <TAB> SHAPE <TAB> TEXT   numpy loads it; the data
+#                                           holds value() of CODE in C order
+#                                           (SHAPE "2x3", or "scalar")
+#   NAME <TAB> refused <TAB> TEXT           numpy refuses it
+#   NAME <TAB> differs <TAB> WHY            numpy loads it and aft refuses it
+#                                           on purpose (WHY says why)
+
+SPELL = os.path.join(OUT, "spell")
+D = "{'descr': %s, 'fortran_order': %s, 'shape': %s, }"
+TQ = "'" * 3
+TQQ = '"' * 3
+
+# (header text, version, code, shape, byteorder of the data, why aft differs)
+SPELLINGS = [
+    # what numpy writes, and whitespace, commas and quotes around it
+    (D % ("'<f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    ("{'descr':'<f4','fortran_order':False,'shape':(2,3)}", 1, "f4", (2, 3), "<", None),
+    ("  {  'descr'  :  '<f4' ,  'fortran_order' : False , 'shape' : ( 2 , 3 , ) , }", 1, "f4", (2, 3), "<", None),
+    ("{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2, 3)}", 1, "f4", (2, 3), "<", None),
+    ("{'shape': (2, 3), 'fortran_order': False, 'descr': '<f4'}", 1, "f4", (2, 3), "<", None),
+    ("{'descr': '<f4',\n\t'fortran_order': False,\r\n 'shape': (2,\f 3)}", 1, "f4", (2, 3), "<", None),
+    ("\n # a comment first\n" + D % ("'<f4'", "False", "(2, # and one inside\n 3)") + " # and after", 1,
+     "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2, 3)") + " \\\n", 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2\\\n, 3)"), 1, "f4", (2, 3), "<", None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}", 1, "f4", (2, 3), "<", None),
+    ("({'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)})", 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "True", "(2, 3)"), 3, "f4", (2, 3), "<", None),
+    # Python 2's long suffix, in the versions whose headers numpy filters
+    (D % ("'<f4'", "False", "(2L, 3L)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2L, 3L,)"), 2, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(6L,)"), 1, "f4", (6,), "<", None),
+    (D % ("'<f4'", "False", "(2 L, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(0x2L, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2L, 3)"), 3, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2l, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2Lx, 3)"), 1, "f4", (2, 3), "<", None),
+    # integers as Python 3 spells them
+    (D % ("'<f4'", "False", "(0x2, 0o3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(0B10, 0X_3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2, 1_2)"), 1, "f4", (2, 12), "<", None),
+    (D % ("'<f4'", "False", "(00, 3)"), 1, "f4", (0, 3), "<", None),
+    (D % ("'<f4'", "False", "(+2, + 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(+(2), -0)"), 1, "f4", (2, 0), "<", None),
+    (D % ("'<f4'", "False", "((2), ((3)),)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(((2, 3)))"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(02, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(0_2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2__0, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2_, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(-+2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(True, 6)"), 1, "f4", (1, 6), "<", None),
+    (D % ("'<f4'", "False", "(2, 3.0)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2, 3j)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(2, 1<<1)"), 1, "f4", (2, 2), "<", None),
+    (D % ("'<f4'", "False", "(2, 3,,)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "[2, 3]"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4'", "False", "(6)"), 1, "f4", (6,), "<", None),
+    # strings: prefixes, escapes, triple quotes, joined literals
+    (D % ("u'<f4'", "(False)", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("r'<f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("U'<f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<' \"f\" '4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % (TQ + "<f4" + TQ, "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % (TQQ + "<f4" + TQQ, "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<\\x664'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<\\1464'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<\\u0066\\U00000034'", "False", "(2, 3)"), 3, "f4", (2, 3), "<", None),
+    (D % ("'<f\\\n4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    ("{'des' 'cr': '<f4', 'fortran_order': False, 'shape': (2, 3)}", 1, "f4", (2, 3), "<", None),
+    (D % ("b'<f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("Ur'<f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'\\<f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4' b''", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<\\u0066\\N{DIGIT FOUR}'", "False", "(2, 3)"), 1, "f4", (2, 3), "<",
+     "\\N{...} escapes name characters by their Unicode names, a table aft does not carry"),
+    # a key twice: the last value counts
+    ("{'descr': '<f8', 'fortran_order': False, 'shape': (6,), 'shape': (2, 3), 'descr': '<f4'}", 1,
+     "f4", (2, 3), "<", None),
+    ("{'descr': x, 'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}", 1, "f4", (2, 3), "<", None),
+    # not the dict numpy wants
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'extra': 0}", 1, "f4", (2, 3), "<", None),
+    ("{'descr': '<f4', 'fortran_order': 0, 'shape': (2, 3)}", 1, "f4", (2, 3), "<", None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)} ;", 1, "f4", (2, 3), "<", None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}\v", 1, "f4", (2, 3), "<", None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}\\", 1, "f4", (2, 3), "<", None),
+    ("[{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}]", 1, "f4", (2, 3), "<", None),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}\0", 1, "f4", (2, 3), "<", None),
+    # dtype strings numpy reads for the types aft reads
+    (D % ("'f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'=f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'|f4'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'>d'", "False", "(2, 3)"), 1, "f8", (2, 3), ">", None),
+    (D % ("'e'", "False", "(2, 3)"), 1, "f2", (2, 3), "<", None),
+    (D % ("'?'", "False", "(2, 3)"), 1, "b1", (2, 3), "|", None),
+    (D % ("'<b1'", "False", "(2, 3)"), 1, "b1", (2, 3), "|", None),
+    (D % ("'b'", "False", "(2, 3)"), 1, "i1", (2, 3), "|", None),
+    (D % ("'B'", "False", "(2, 3)"), 1, "u1", (2, 3), "|", None),
+    (D % ("'>h'", "False", "(2, 3)"), 1, "i2", (2, 3), ">", None),
+    (D % ("'<H'", "False", "(2, 3)"), 1, "u2", (2, 3), "<", None),
+    (D % ("'<i'", "False", "(2, 3)"), 1, "i4", (2, 3), "<", None),
+    (D % ("'I'", "False", "(2, 3)"), 1, "u4", (2, 3), "<", None),
+    (D % ("'<l'", "False", "(2, 3)"), 1, "i8", (2, 3), "<", None),
+    (D % ("'>Q'", "False", "(2, 3)"), 1, "u8", (2, 3), ">", None),
+    (D % ("'float32'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'double'", "False", "(2, 3)"), 1, "f8", (2, 3), "<", None),
+    (D % ("'bool'", "False", "(2, 3)"), 1, "b1", (2, 3), "|", None),
+    (D % ("'uint16'", "False", "(2, 3)"), 1, "u2", (2, 3), "<", None),
+    (D % ("'int64'", "True", "(2, 3)"), 1, "i8", (2, 3), "<", None),
+    (D % ("'<float32'", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<f4 '", "False", "(2, 3)"), 1, "f4", (2, 3), "<", None),
+    (D % ("'<c8'", "False", "(2, 3)"), 1, "f8", (2, 3), "<", "complex64, a dtype aft does not read"),
+    # numpy's leniencies that aft keeps out on purpose
+    (D % ("'<f4'", "False", "(-1, 3)"), 1, "f4", (2, 3), "<",
+     "a negative dimension: np.load of a file takes -1 for 'whatever fits' (of a file object it refuses)"),
+    (D % ("'<f4'", "False", "(2, 2)"), 1, "f4", (2, 3), "<",
+     "8 bytes after the data: np.load of a file ignores them"),
+]
+
+
+def spellings():
+    os.makedirs(SPELL, exist_ok=True)
+    for f in os.listdir(SPELL):
+        os.remove(os.path.join(SPELL, f))
+    rows = []
+    for i, (text, version, code, shape, bo, why) in enumerate(SPELLINGS):
+        arr = make(code, shape, bo)
+        if "(2, 2)" in text:
+            arr = make(code, (2, 3), bo)   # data for (2, 3) under a (2, 2) header
+            shape = (2, 3)
+        fortran = "'fortran_order': True" in text
+        data = arr.tobytes(order="F" if fortran else "C")
+        body = text.encode("utf-8" if version == 3 else "latin1")
+        lenbytes = 2 if version == 1 else 4
+        pad = (-(8 + lenbytes + len(body) + 1)) % 64
+        body += b" " * pad + b"\n"
+        image = b"\x93NUMPY" + bytes([version, 0]) + len(body).to_bytes(lenbytes, "little") + body + data
+        name = "s%03d_v%d.npy" % (i, version)
+        save(os.path.join("spell", name), image)
+        try:
+            got = np.load(os.path.join(SPELL, name), allow_pickle=False)
+            assert why or (got.shape == shape and np.array_equal(got, arr)), (text, got.shape, got)
+            loads = True
+        except (ValueError, TypeError, SyntaxError) as e:   # numpy's refusals
+            loads = False
+            assert why is None, (text, e)
+        text_shown = repr(text).replace("\t", "\\t")
+        if not loads:
+            rows.append("%s\trefused\t%s" % (name, text_shown))
+        elif why:
+            rows.append("%s\tdiffers\t%s" % (name, why))
+        else:
+            rows.append("%s\tok\t%s\t%s\t%s" % (name, code, "x".join(map(str, shape)) or "scalar", text_shown))
+    with open(os.path.join(SPELL, "expected.tsv"), "w") as f:
+        f.write("# made by testdata/make_npy_fixtures.py: what np.load(allow_pickle=False) does with each file\n")
+        f.write("\n".join(rows) + "\n")
+    print("%d spellings, %d that numpy loads" % (len(rows), sum("\tok\t" in r for r in rows)), file=sys.stderr)
+
+
+# numpy's own test files (numpy/lib/tests/data), copied as they are
+NUMPY_DATA = "/usr/lib/python3/dist-packages/numpy/lib/tests/data"
+
+
+def numpy_test_files():
+    dst = os.path.join(OUT, "numpy")
+    os.makedirs(dst, exist_ok=True)
+    for f in sorted(os.listdir(NUMPY_DATA)):
+        if f.endswith((".npy", ".npz")):
+            with open(os.path.join(NUMPY_DATA, f), "rb") as src:
+                data = src.read()
+            with open(os.path.join(dst, f), "wb") as out:
+                out.write(data)
+
+
 if __name__ == "__main__":
     main()
+    spellings()
+    numpy_test_files()

@@ -5,10 +5,11 @@
 #   libopenblas-dev  OpenBLAS, the CBLAS used for the matrix products aft's own
 #                    kernels do not run; libopenblas-openmp-dev its OpenMP build,
 #                    which aft links (it starts no thread pool of its own)
-#   pkg-config       to find the three above
+#   zlib1g-dev       zlib, to inflate the deflated members of .npz archives
+#   pkg-config       to find the four above
 # Uses apt-get, through sudo when not root. Prints nothing when all are there.
 set -eu
-pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev pkg-config $*"
+pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config $*"
 missing=""
 for p in $pkgs; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

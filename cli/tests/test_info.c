@@ -490,7 +490,7 @@ static void test_help(void **state)
     (void)state;
     harness_result r;
     run_ok(&r, (const char *[]){"info", "--help", NULL});
-    assert_true(strncmp(r.out, "usage: aft info [--json] FILE...\n", 33) == 0);
+    assert_true(strncmp(r.out, "usage: aft info [--json] [--max-memory SIZE] FILE...\n", 52) == 0);
     harness_result_free(&r);
     /* -h too, and `aft help info` */
     run_ok(&r, (const char *[]){"info", "-h", NULL});

@@ -422,7 +422,7 @@ static void test_completion_words(void **state)
     ASSERT_COMPLETES("full,local\n", dir, "aft", "bench", "--variant", "full,lo");
     /* "--format=j": bash splits at '=', so the word is "j" */
     ASSERT_COMPLETES("json\n", dir, "aft", "mask", "--format", "=", "j");
-    ASSERT_COMPLETES("npy\nsafetensors\n", dir, "aft", "convert", "--format", "");
+    ASSERT_COMPLETES("npy\nnpz\nsafetensors\n", dir, "aft", "convert", "--format", "");
     ASSERT_COMPLETES("", dir, "aft", "run", "--threads", "");   /* a number: nothing to offer */
     ASSERT_COMPLETES("--equal-nan\n", dir, "aft", "compare", "--e");
 }
@@ -470,7 +470,8 @@ static void test_completion_matches_help(void **state)
     }
 }
 
-/* file names, NAME=FILE, and the tensor names of FILE.safetensors:NAME */
+/* file names, NAME=FILE, and the tensor names of FILE.safetensors:NAME and
+ * FILE.npz:NAME */
 static void test_completion_files(void **state)
 {
     (void)state;
@@ -488,9 +489,10 @@ static void test_completion_files(void **state)
         ts[i].data = f;
     }
     const char *names[3] = {"blocks.0.wq", "blocks.0.wk", "head"};
-    char *st = at(cwd, "model.safetensors"), *npy = at(cwd, "x.npy");
+    char *st = at(cwd, "model.safetensors"), *npy = at(cwd, "x.npy"), *npz = at(cwd, "arch.npz");
     aft_error err = {{0}};
     assert_int_equal(aft_st_write(st, names, ts, 3, NULL, 0, &err), AFT_OK);
+    assert_int_equal(aft_npz_write(npz, names, ts, 3, &err), AFT_OK);
     assert_int_equal(aft_npy_write(npy, &ts[0], &err), AFT_OK);
 
     ASSERT_COMPLETES("x.npy\n", cwd, "aft", "info", "x");
@@ -501,6 +503,9 @@ static void test_completion_files(void **state)
     ASSERT_COMPLETES("blocks.0.wq\nblocks.0.wk\n", cwd, bin, "compare", "model.safetensors", ":", "blocks");
     ASSERT_COMPLETES("blocks.0.wq\nblocks.0.wk\nhead\n", cwd, bin, "compare", "x.npy", "model.safetensors", ":");
     ASSERT_COMPLETES("head\n", cwd, bin, "convert", "w", "=", "model.safetensors", ":", "h");
+    ASSERT_COMPLETES("blocks.0.wq\nblocks.0.wk\n", cwd, bin, "compare", "arch.npz", ":", "blocks");
+    ASSERT_COMPLETES("head\n", cwd, bin, "convert", "-o", "h.npy", "arch.npz", ":", "h");
+    free(npz);
     free(st);
     free(npy);
     free(cwd);

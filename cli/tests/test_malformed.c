@@ -11,7 +11,7 @@
  *   - print nothing on stdout;
  *   - leave no output file (nor a temporary) behind when given -o.
  * The commands: `aft info FILE` and `aft run FILE -o OUT`; for a .npy also
- * `aft run - -o OUT` with the file on stdin; for a .safetensors also
+ * `aft run - -o OUT` with the file on stdin; for a .safetensors or .npz also
  * `aft run --weights FILE x.npy -o OUT` (x.npy a valid input) and the same
  * with --weights /dev/stdin reading the file from a pipe (the reader's
  * non-mmap path); then for every file `aft compare FILE FILE` and
@@ -48,7 +48,7 @@ typedef struct {
     char *name;     /* file name inside testdata/malformed */
     char *expect;   /* substring of the message */
     char *path;     /* full path */
-    int is_st;      /* .safetensors (else .npy) */
+    int is_st;      /* .safetensors or .npz (a file of named tensors; else .npy) */
     size_t index;   /* position in expected.tsv */
 } mcase;
 
@@ -104,11 +104,11 @@ static int load_expectations(void)
         c->name = strdup(line);
         c->expect = strdup(tab + 1);
         c->path = harness_path(corpus_dir, line);
-        c->is_st = ends_with(line, ".safetensors");
+        c->is_st = ends_with(line, ".safetensors") || ends_with(line, ".npz");
         c->index = ncases - 1;
         if (!c->name || !c->expect || !c->path) goto fail;
         if (!c->is_st && !ends_with(line, ".npy")) {
-            fprintf(stderr, "test_malformed: %s: '%s' is neither .npy nor .safetensors\n", tsv_path, line);
+            fprintf(stderr, "test_malformed: %s: '%s' is not .npy, .npz or .safetensors\n", tsv_path, line);
             goto fail;
         }
     }

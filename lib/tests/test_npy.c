@@ -566,7 +566,9 @@ static void test_stdin(void **state)
 static void test_bad_magic(void **state)
 {
     refused(MEM("hello, world: not numpy"), "bad magic: not a .npy file");
-    refused(MEM("PK\x03\x04 a zip, say an .npz"), "bad magic");
+    refused(MEM("PK\x03\x04 a zip, say an .npz"), "not a .npy file: this is a .npz archive (a zip of .npy files)");
+    refused(MEM("PK\x05\x06 an empty zip"), "this is a .npz archive");
+    refused(MEM("\x0e\0\0\0\0\0\0\0{\"a\":{}}    "), "not a .npy file: this is a .safetensors file");
     refused(MEM("\x93NUMPZ\x01\x00\x10\x00"), "bad magic");
     refused(MEM(""), "bad magic");
     refused(MEM("\x93NU"), "file ends inside the .npy preamble");
@@ -617,14 +619,20 @@ static void test_header_too_long_or_past_eof(void **state)
     refused(b, len, "header extends past the end of the file");
 }
 
+/* numpy pads with spaces and a '\n', but does not insist on the '\n' */
 static void test_header_no_newline(void **state)
 {
     const char *h = "{'descr': '<u1', 'fortran_order': False, 'shape': (1,), }  ";
     size_t len;
     unsigned char *b = build(1, 0, strlen(h), h, strlen(h), "x", 1, &len);
-    refused(b, len, "does not end with a newline");
+    aft_tensor t;
+    accept_mem(b, len, &t, NULL);
+    free(b);
+    check_shape(&t, 1, (size_t[]){1});
+    assert_int_equal(((const unsigned char *)t.data)[0], 'x');
+    aft_tensor_free(&t);
     b = build(1, 0, 0, "", 0, NULL, 0, &len);
-    refused(b, len, "does not end with a newline");
+    refused(b, len, "expected '{' (the header must be a dict)");
 }
 
 /* anything but exactly the dict of three keys */
@@ -639,18 +647,16 @@ static void test_header_not_the_dict(void **state)
         {"{'fortran_order': False, 'shape': (2,)}", "missing key 'descr'"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'foo': 1}", "unexpected key 'foo' in .npy header"},
         {"{'Descr': '<f4', 'fortran_order': False, 'shape': (2,)}", "unexpected key 'Descr'"},
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'shape': (2,)}", "duplicate key 'shape' in .npy header"},
-        {"{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", "duplicate key 'descr'"},
-        {"{'descr' '<f4', 'fortran_order': False, 'shape': (2,)}", "expected ':' after a key"},
+        /* adjacent strings join: the key is 'descr<f4' */
+        {"{'descr' '<f4', 'fortran_order': False, 'shape': (2,)}", "unexpected key 'descr<f4'"},
+        {"{'descr' 5, 'fortran_order': False, 'shape': (2,)}", "expected ':' after a key"},
         {"{'descr': '<f4' 'fortran_order': False, 'shape': (2,)}", "expected ',' or '}' after a value"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,)} x", "unexpected text after the dict"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,)}{}", "unexpected text after the dict"},
         {"{'descr': \"<f4', 'fortran_order': False, 'shape': (2,)}", "unterminated string"},
-        {"{'descr': '<\\x66\\x34', 'fortran_order': False, 'shape': (2,)}", "escape sequences are not supported"},
         {"{descr: '<f4', 'fortran_order': False, 'shape': (2,)}", "expected a quoted string"},
         {"{b'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", "expected a quoted string"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,),,}", "expected a quoted string"},
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), # note\n}", "expected a quoted string"},
         {"{'descr': '<f4'", "expected ',' or '}' after a value"},
         {"{'descr': '<f4', 'fortran_order': false, 'shape': (2,)}", "'fortran_order' must be True or False"},
         {"{'descr': '<f4', 'fortran_order': 0, 'shape': (2,)}", "'fortran_order' must be True or False"},
@@ -661,9 +667,20 @@ static void test_header_not_the_dict(void **state)
         {"{'descr': '<f4', 'fortran_order': False, 'shape': 2}", "'shape' must be a tuple"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2)}", "'shape' must be a tuple (one dimension needs a trailing comma)"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2 3)}", "expected ',' or ')' in shape"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3 4)}", "expected ',' or ')' in shape"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'descr': 1}", "'descr' must be a string"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,)} \\", "backslash outside a string"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,\v)}", "unexpected byte 0x0b"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'shape': x}", "'shape' must be a tuple"},
+        {"{'descr': x, 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", "unexpected name 'x'"},
+        {"{'descr': f'<f4', 'fortran_order': False, 'shape': (2,)}", "an f-string"},
+        {"{'descr': '<f4' b'', 'fortran_order': False, 'shape': (2,)}", "bytes and text strings joined"},
+        {"{'descr': '<\\xZ4', 'fortran_order': False, 'shape': (2,)}", "a truncated \\x, \\u or \\U escape"},
+        {"{'descr': '<\\N{DIGIT FOUR}', 'fortran_order': False, 'shape': (2,)}", "\\N{...} escape (not supported)"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, -+3)}", "expected a dimension in shape"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3_)}", "non-integer dimension in shape"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,,3)}", "expected a dimension in shape"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (,)}", "expected a dimension in shape"},
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': (+2,)}", "expected a dimension in shape"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2,", "expected a dimension in shape"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) refused_dict(cases[i].dict, 8, cases[i].want);
@@ -685,16 +702,12 @@ static void test_dtype_refused(void **state)
         {"'<f16'", "unsupported dtype '<f16'"},
         {"'<f1'", "unsupported dtype '<f1'"},
         {"'<i16'", "unsupported dtype '<i16'"},
-        {"'f4'", "unsupported dtype 'f4'"},
-        {"'float32'", "unsupported dtype 'float32'"},
         {"'<b2'", "unsupported dtype '<b2'"},
         {"'<M8[s]'", "unsupported dtype '<M8[s]'"},
         {"'|V4'", "unsupported dtype '|V4'"},
         {"'|S3'", "unsupported dtype '|S3'"},
         {"'O'", "unsupported dtype 'O'"},
         {"''", "unsupported dtype ''"},
-        {"'|f4'", "unsupported dtype '|f4' (byte order '|' on a multi-byte type)"},
-        {"'|i8'", "(byte order '|' on a multi-byte type)"},
         {"'!f4'", "unsupported dtype '!f4'"},
         {"'<F4'", "unsupported dtype '<F4'"},
         {"'<f4 '", "unsupported dtype '<f4 '"},
@@ -720,12 +733,9 @@ static void test_bad_dimensions(void **state)
         {"(2j,)", "non-integer dimension in shape"},
         {"(True,)", "non-integer dimension in shape"},
         {"(None,)", "non-integer dimension in shape"},
-        {"(0x10,)", "non-integer dimension in shape"},
-        {"(1_000,)", "non-integer dimension in shape"},
         {"('2',)", "expected a dimension in shape"},
         {"(.5,)", "non-integer dimension in shape"},
         {"(007,)", "dimension with a leading zero in shape"},
-        {"(2L, 3L)", "Python 2 long suffix 'L' in shape is not supported"},
         {"(18446744073709551616,)", "dimension too large in shape"},
         {"(99999999999999999999999999999,)", "dimension too large in shape"},
         {"(4294967296, 4294967296)", "array too large: element count overflows"},
@@ -738,7 +748,6 @@ static void test_bad_dimensions(void **state)
         snprintf(dict, sizeof dict, "{'descr': '<f8', 'fortran_order': False, 'shape': %s, }", cases[i].shape);
         refused_dict(dict, 48, cases[i].want);
     }
-    refused_file("bad_py2_long.npy", "Python 2 long suffix");
 
     /* 33 dimensions */
     char dict[512] = "{'descr': '<f8', 'fortran_order': False, 'shape': (";
@@ -795,6 +804,99 @@ static void test_io_errors(void **state)
     assert_null(t.data);
     assert_int_equal(aft_npy_read(tmpdir, &t, NULL, &err), AFT_ERR_IO);
     assert_non_null(strstr(err.msg, "read failed: Is a directory"));
+}
+
+
+/* ---------------------------------------------------------------- what numpy reads */
+
+/* testdata/npy/spell/: headers spelled by hand, each with what np.load
+ * made of it (expected.tsv, by make_npy_fixtures.py). aft must load what
+ * numpy loads, with the same dtype, shape and values, and refuse what
+ * numpy refuses; "differs" marks numpy's leniencies aft refuses on purpose. */
+static void test_spellings(void **state)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/npy/spell/expected.tsv", testdata());
+    size_t len;
+    char *text = (char *)slurp(path, &len);
+    text[len] = '\0';
+    int n_ok = 0, n_refused = 0, n_differs = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (line[0] == '#') continue;
+        char *f[5] = {0};
+        int nf = 0;
+        for (char *p = line; p && nf < 5; nf++) {
+            f[nf] = p;
+            p = strchr(p, '\t');
+            if (p) *p++ = '\0';
+        }
+        assert_true(nf >= 3);
+        char name[300];
+        snprintf(name, sizeof name, "spell/%s", f[0]);
+        aft_tensor t;
+        aft_error err = {{0}};
+        aft_status st = aft_npy_read(fixture(name), &t, NULL, &err);
+        if (strcmp(f[1], "ok") == 0) {
+            if (st) fail_msg("%s: numpy reads %s, aft refuses: %s", f[0], f[4], err.msg);
+            size_t c = 0;
+            while (c < NCODES && strcmp(codes[c].code, f[2]) != 0) c++;
+            assert_true(c < NCODES);
+            assert_int_equal(t.dtype, codes[c].dt);
+            size_t shape[AFT_MAX_DIMS], ndim = 0;
+            for (char *p = f[3]; strcmp(f[3], "scalar") != 0 && *p; ndim++) {
+                shape[ndim] = strtoul(p, &p, 10);
+                if (*p == 'x') p++;
+            }
+            assert_int_equal(t.ndim, ndim);
+            for (size_t k = 0; k < ndim; k++) assert_int_equal(t.shape[k], shape[k]);
+            check_formula(&t, f[0]);
+            aft_tensor_free(&t);
+            n_ok++;
+        } else {
+            assert_true(strcmp(f[1], "refused") == 0 || strcmp(f[1], "differs") == 0);
+            if (st == AFT_OK) {
+                aft_tensor_free(&t);
+                fail_msg("%s: numpy %s, aft reads it: %s", f[0], f[1][0] == 'r' ? "refuses it" : "reads it", f[2]);
+            }
+            assert_int_equal(st, AFT_ERR_FORMAT);
+            assert_null(strchr(err.msg, '\n'));
+            if (f[1][0] == 'r') n_refused++;
+            else n_differs++;
+        }
+    }
+    free(text);
+    assert_true(n_ok >= 50 && n_refused >= 20 && n_differs <= 4);
+}
+
+/* numpy's own test files (numpy/lib/tests/data): the two numeric ones
+ * numpy loads without pickles (2.0 written by Python 3, and by Python 2 on
+ * Windows with a 'L' in the shape) hold [1.0, 1.0]; the object arrays stay
+ * refused with the message they always got */
+static void test_numpy_test_files(void **state)
+{
+    static const char *const ok[] = {"numpy/python3.npy", "numpy/win64python2.npy"};
+    for (size_t i = 0; i < 2; i++) {
+        aft_tensor t;
+        aft_npy_info info;
+        accept_file(ok[i], &t, &info);
+        assert_int_equal(t.dtype, AFT_F64);
+        check_shape(&t, 1, (size_t[]){2});
+        const double *d = t.data;
+        assert_true(d[0] == 1.0 && d[1] == 1.0);
+        assert_string_equal(info.descr, "<f8");
+        aft_tensor_free(&t);
+    }
+    refused_file("numpy/py2-objarr.npy", "unsupported dtype '|O8' (object arrays would need unpickling)");
+    refused_file("numpy/py3-objarr.npy", "unsupported dtype '|O8' (object arrays would need unpickling)");
+
+    /* and our own Python 2 header: (2L, 3L) */
+    aft_tensor t;
+    accept_file("py2_long.npy", &t, NULL);
+    check_shape(&t, 2, (size_t[]){2, 3});
+    check_formula(&t, "py2_long.npy");
+    aft_tensor_free(&t);
 }
 
 /* ---------------------------------------------------------------- writer */
@@ -969,7 +1071,7 @@ static void test_header_alone(void **state)
     assert_non_null(strstr(err.msg, "too many dimensions"));
 }
 
-/* aft_npy_read_header agrees with aft_npy_read on every fixture and every
+/* aft_npy_peek agrees with aft_npy_read on every fixture and every
  * malformed file: the same dtype, shape and info where the file is good,
  * the same message where the header is bad; only the data goes unread */
 static void check_header_against_read(const char *path)
@@ -978,7 +1080,7 @@ static void check_header_against_read(const char *path)
     aft_npy_info fi, hi;
     aft_error ferr = {{0}}, herr = {{0}};
     aft_status fs = aft_npy_read(path, &full, &fi, &ferr);
-    aft_status hs = aft_npy_read_header(path, &head, &hi, &herr);
+    aft_status hs = aft_npy_peek(path, &head, &hi, &herr);
     assert_null(head.data);
     assert_null(head.owned);
     if (fs == AFT_OK) {
@@ -1021,7 +1123,7 @@ static void test_read_header(void **state)
         closedir(d);
     }
     assert_true(checked > 50);
-    /* the header of a file whose data is cut short is still read */
+    /* a file whose data is cut short: its size is checked too */
     size_t len;
     unsigned char *b = slurp(fixture("v1_C_le_f4.npy"), &len);
     FILE *f = fopen(tmppath("cut.npy"), "wb");
@@ -1031,13 +1133,13 @@ static void test_read_header(void **state)
     free(b);
     aft_tensor t;
     aft_error err = {{0}};
-    assert_int_equal(aft_npy_read_header(tmppath("cut.npy"), &t, NULL, &err), AFT_OK);
-    assert_int_equal(t.nelem, 24);
+    assert_int_equal(aft_npy_peek(tmppath("cut.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "truncated"));
     assert_int_equal(aft_npy_read(tmppath("cut.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
     unlink(tmppath("cut.npy"));
     /* not standard input, and not a missing file */
-    assert_int_equal(aft_npy_read_header("-", &t, NULL, &err), AFT_ERR_ARG);
-    assert_int_equal(aft_npy_read_header(tmppath("none.npy"), &t, NULL, &err), AFT_ERR_IO);
+    assert_int_not_equal(aft_npy_peek("-", &t, NULL, &err), AFT_OK);
+    assert_int_equal(aft_npy_peek(tmppath("none.npy"), &t, NULL, &err), AFT_ERR_IO);
     assert_non_null(strstr(err.msg, "cannot open"));
 }
 
@@ -1108,6 +1210,8 @@ int main(void)
         cmocka_unit_test(test_header_not_the_dict),
         cmocka_unit_test(test_dtype_refused),
         cmocka_unit_test(test_bad_dimensions),
+        cmocka_unit_test(test_spellings),
+        cmocka_unit_test(test_numpy_test_files),
         cmocka_unit_test(test_data_size_mismatch),
         cmocka_unit_test(test_huge_shape_tiny_file),
         cmocka_unit_test(test_io_errors),

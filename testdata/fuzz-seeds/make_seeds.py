@@ -12,6 +12,10 @@ testdata/malformed/ is passed to every target as a second seed directory by
   fuzz_npy           a selection of testdata/npy/ fixtures: every version,
                      both orders, both byte orders, empty, scalar, 32 dims
   fuzz_safetensors   the small testdata/st/ fixtures
+  fuzz_npz           the small testdata/npz/ archives: np.savez and
+                     np.savez_compressed of every dtype, data descriptors,
+                     zip64 records, code page 437 names, an empty archive,
+                     a layer's weights (stored and deflated)
   fuzz_weights       two PyTorch-made layers from testdata/torch/ and small
                      layers written here, one per naming scheme aft resolves
                      (query|to_q ..., pos_bias|wbias, pos_bias_u + _v, a conv
@@ -39,6 +43,10 @@ ST_SEEDS = [
     "dtypes.safetensors", "empty.safetensors", "halfs.safetensors", "metadata.safetensors",
     "only_zero_size.safetensors", "scalars.safetensors", "unaligned.safetensors",
     "zero_size.safetensors", "written_by_aft.safetensors",
+]
+NPZ_SEEDS = [
+    "savez.npz", "savez_compressed.npz", "descriptor.npz", "zip64.npz", "names.npz", "empty.npz",
+    "writer_expect.npz", "qkv.npz", "weights_rish_simple.npz", "weights_rish_simple_deflated.npz",
 ]
 TORCH_SEEDS = [
     ("labml_local/weights.safetensors", "labml_local.safetensors"),
@@ -107,12 +115,14 @@ WEIGHT_SEEDS = {
 
 
 def main():
-    for target in ("fuzz_npy", "fuzz_safetensors", "fuzz_weights"):
+    for target in ("fuzz_npy", "fuzz_npz", "fuzz_safetensors", "fuzz_weights"):
         os.makedirs(os.path.join(HERE, target), exist_ok=True)
     for name in NPY_SEEDS:
         shutil.copyfile(os.path.join(TESTDATA, "npy", name), os.path.join(HERE, "fuzz_npy", name))
     for name in ST_SEEDS:
         shutil.copyfile(os.path.join(TESTDATA, "st", name), os.path.join(HERE, "fuzz_safetensors", name))
+    for name in NPZ_SEEDS:
+        shutil.copyfile(os.path.join(TESTDATA, "npz", name), os.path.join(HERE, "fuzz_npz", name))
     for src, name in TORCH_SEEDS:
         shutil.copyfile(os.path.join(TESTDATA, "torch", src), os.path.join(HERE, "fuzz_weights", name))
     for name, tensors in WEIGHT_SEEDS.items():
