@@ -118,7 +118,8 @@ typedef struct {
  * uniform in [-0.5, 0.5) (full and local: generated as needed from (seed, t,
  * t'); conv: (heads, 2S - 1)). Without projections only the position bias is
  * made (the bare operator). A conv window wider than T is narrowed to T in
- * cfg. sp must be zeroed; free it with cli_params_free. Returns 0, or
+ * cfg (T = SIZE_MAX: a stream, never narrowed); an offset's conv bias is the
+ * same whatever the narrowing. sp must be zeroed; free it with cli_params_free. Returns 0, or
  * EXIT_DATA after reporting as "aft CMD: ...". */
 int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, size_t D, size_t C,
                       int projections, const char *cmd);

@@ -68,7 +68,8 @@ int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, 
         return EXIT_DATA;
     }
     /* a conv window past the sequence sees everything: generate only the
-     * offsets that can occur */
+     * offsets that can occur (T: SIZE_MAX for a stream, which may go on) */
+    size_t S = cfg->window;
     if (cfg->variant == AFT_CONV && cfg->window) cfg->window = aft_window_in(cfg->window, T ? T : 1);
     if (projections) {
         int rc = seed_projections(sp, seed, D, C, cmd);
@@ -76,9 +77,14 @@ int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, 
     }
     aft_bias *b = &sp->p.bias;
     if (cfg->variant == AFT_CONV && cfg->window) {
-        /* conv: (heads, 2S - 1), drawn as a matrix and scaled to the bias's range */
-        size_t H = cfg->heads, n = 2 * cfg->window - 1;
+        /* conv: (heads, 2S - 1), entry (h, o + S - 1) for offset o drawn as a
+         * matrix of the asked window S and scaled to the bias's range, so an
+         * offset's value does not depend on how far the window was narrowed */
+        size_t H = cfg->heads, n = 2 * cfg->window - 1, shift = S - cfg->window;
         sp->owned[5] = seeded_matrix(seed, 5, H, n, 1);
+        for (size_t h = 0; h < H && sp->owned[5] && shift; h++)
+            for (size_t c = 0; c < n; c++)
+                sp->owned[5][h * n + c] = aft_seeded_bias(seed ^ (0x100000001b3ULL * 6), 1.0f, h, c + shift);
         if (!sp->owned[5]) {
             cli_error(cmd, "out of memory for the conv bias");
             return EXIT_DATA;

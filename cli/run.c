@@ -3,7 +3,8 @@
  * cmd_run reads as its steps: parse the options, load the input, get the
  * parameters (from --weights, or the seeded initialisation aft bench shares)
  * and settle the configuration by the library's rules, check the values and
- * the memory, load the mask, compute, write. Each step takes the options and
+ * the memory, load the mask, compute (from and into a streaming state with
+ * --state-in, --state-out), write. Each step takes the options and
  * the run's state (struct run) and returns 0 or an exit status after
  * reporting. */
 #include "cli.h"
@@ -21,6 +22,7 @@ struct run_opts {
     aft_config cfg;
     int window_set, heads_set;
     const char *mask_path, *weights_path, *prefix, *out_path, *timing_path, *input;
+    const char *state_in, *state_out;   /* a causal run's streaming state */
     int tbd;
     uint64_t seed;
     size_t d_hidden;
@@ -148,6 +150,12 @@ static const cli_option options[] = {
      "refuse runs needing more, and .npz members inflating to more (bytes, or with K, M, G; default: the memory "
      "available)", set_max_memory, 0, NULL,
      0},
+    {"--state-in", NULL, "FILE",
+     "with --causal: continue from the state FILE a run with --state-out left (the rows before INPUT's)",
+     cli_set_string, FIELD(state_in), "--state-in needs a file", 0},
+    {"--state-out", NULL, "FILE",
+     "with --causal: write the state after INPUT's rows to FILE, for --state-in (may be --state-in's file)",
+     cli_set_string, FIELD(state_out), "--state-out needs a file", 0},
     {"--strict", NULL, NULL,
      "non-finite values (NaN, inf) in inputs or weights are an error (default: a warning)", cli_set_flag,
      FIELD(strict), NULL, 0},
@@ -187,6 +195,19 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         return cli_usage_error("run", "--variant conv needs --window S (or a conv bias in --weights)");
     if (o->weights_path && o->d_hidden)
         return cli_usage_error("run", "--d-hidden applies without --weights; the weights fix the hidden size");
+    if (o->state_in || o->state_out) {
+        const char *which = o->state_in ? "--state-in" : "--state-out";
+        if (!o->cfg.causal)
+            return cli_usage_error("run", "%s needs --causal: without it every row sees later rows, which no state "
+                                   "of the rows before can hold", which);
+        if (o->mask_path)
+            return cli_usage_error("run", "%s cannot go with --mask: a state holds the sums of the rows before, not "
+                                   "a T x T pattern", which);
+        if (o->cfg.impl == AFT_IMPL_REFERENCE)
+            return cli_usage_error("run", "%s runs the fast kernels; it does not go with --impl reference", which);
+        if (o->repeat > 1)
+            return cli_usage_error("run", "%s continues a sequence once; it does not go with --repeat", which);
+    }
     return 0;
 }
 
@@ -213,6 +234,7 @@ struct run {
     aft_config cfg;           /* as asked, then settled by the library */
     uint8_t *mask;            /* (T, T) or (B, T, T), 1 = visible */
     float *y;                 /* (B, T, C or D): the result, btd */
+    aft_state *state;         /* --state-in, --state-out: the stream's state */
     struct timing tm;
 };
 
@@ -222,6 +244,7 @@ static void run_free(struct run *r)
     if (r->w_st) aft_st_close(r->w_st);
     aft_weights_free(&r->wts);
     cli_params_free(&r->seeded);
+    aft_state_free(r->state);
     free(r->x); free(r->q); free(r->k); free(r->v); free(r->y); free(r->mask);
 }
 
@@ -380,7 +403,9 @@ static int seed_params(const struct run_opts *o, struct run *r)
         return EXIT_USAGE;
     }
     r->p = &r->seeded.p;
-    int rc = cli_params_seeded(&r->seeded, &r->cfg, o->seed, r->T, r->D, C, !r->bare, "run");
+    /* a stream's bias covers every position it may reach, not this chunk's */
+    size_t span = o->state_in || o->state_out ? SIZE_MAX : r->T;
+    int rc = cli_params_seeded(&r->seeded, &r->cfg, o->seed, span, r->D, C, !r->bare, "run");
     if (rc) return rc;
     if (!r->bare) r->C = r->KC = C;
     return 0;
@@ -537,6 +562,43 @@ static int cmp_double(const void *a, const void *b)
 
 /* the layer (or the operator) --repeat times into r->y; the times' median
  * and minimum, and the phases of the fastest run */
+/* The rows of INPUT as the next chunk of a stream: a state for this layer
+ * (or operator), read from --state-in when given, stepped once over them,
+ * into r->state for write_result. */
+static int compute_stream(const struct run_opts *o, struct run *r)
+{
+    aft_error err;
+    aft_status st = r->bare ? aft_state_new_op(&r->state, &r->p->bias, &r->cfg, r->B, r->C, r->KC, &err)
+                            : aft_state_new(&r->state, r->p, &r->cfg, r->B, &err);
+    if (st != AFT_OK) {
+        cli_error("run", "%s", err.msg);
+        return EXIT_DATA;
+    }
+    if (o->state_in) {
+        aft_st_file *f;
+        if (aft_st_open_limit(o->state_in, cli_memory_limit(o->max_memory), &f, &err) != AFT_OK) {
+            cli_error(NULL, "%s: %s", o->state_in, err.msg);
+            return EXIT_DATA;
+        }
+        st = aft_state_load(r->state, f, &err);
+        aft_st_close(f);   /* copied: --state-out may now replace the file */
+        if (st != AFT_OK) {
+            cli_error(NULL, "%s: %s", o->state_in, err.msg);
+            return EXIT_DATA;
+        }
+    }
+    r->t_loaded = aft_now_ms();
+    double t0 = aft_now_ms();
+    st = r->bare ? aft_state_step_op(r->state, r->y, r->q, r->k, r->v, r->T, &err)
+                 : aft_state_step(r->state, r->y, r->x, r->T, &err);
+    if (st != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->state_in ? o->state_in : o->input, err.msg);
+        return EXIT_DATA;
+    }
+    r->tm.compute_min = r->tm.compute_med = aft_now_ms() - t0;
+    return 0;
+}
+
 static int compute(const struct run_opts *o, struct run *r)
 {
     size_t B = r->B, T = r->T, N = B * T, outw = r->bare ? r->C : r->D;
@@ -546,6 +608,10 @@ static int compute(const struct run_opts *o, struct run *r)
         free(times);
         cli_error("run", "out of memory for the output (%zu x %zu)", N, outw);
         return EXIT_DATA;
+    }
+    if (o->state_in || o->state_out) {
+        free(times);
+        return compute_stream(o, r);
     }
     r->t_loaded = aft_now_ms();
     aft_layer_times ph, best_ph = {0, 0, 0};
@@ -691,6 +757,11 @@ static int write_result(const struct run_opts *o, struct run *r)
     r->tm.total = aft_now_ms() - r->t_start;
     size_t outw = r->bare ? r->C : r->D;
     if (o->timing_path && write_timing(&tout, o, &r->cfg, r->B, r->T, outw, r->C, &r->tm) != 0) goto out;
+    /* the state goes into place (atomically) once the result is written, before it is */
+    if (o->state_out && aft_state_save(r->state, o->state_out, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        goto out;
+    }
     /* the messages of commit name the file already */
     if ((!show && aft_out_commit(&yout, &err) != AFT_OK) ||
         (o->timing_path && aft_out_commit(&tout, &err) != AFT_OK)) {

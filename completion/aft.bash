@@ -17,7 +17,8 @@ _aft_options()
     case $1 in
     info) echo "--json --max-memory -h --help" ;;
     run) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
-              "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --strict" \
+              "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --state-in" \
+              "--state-out --strict" \
               "-h --help" ;;
     mask) echo "--len --window --causal --format -o -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
@@ -33,7 +34,7 @@ _aft_options()
 _aft_value()
 {
     case $1:$2 in
-    run:--mask | run:--weights | run:-o | run:--output | run:--timing | mask:-o | \
+    run:--mask | run:--weights | run:-o | run:--output | run:--timing | run:--state-in | run:--state-out | mask:-o | \
     convert:-o | convert:--output | bench:--plot) echo file ;;
     run:--variant) echo "list:full local simple conv" ;;
     run:--layout) echo "list:btd tbd" ;;

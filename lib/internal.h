@@ -30,6 +30,14 @@ void *aft_alloc_array(size_t n, size_t size);
 /* same, zero-filled */
 void *aft_calloc_array(size_t n, size_t size);
 
+/* the length of the well-formed UTF-8 character at s (n bytes left), 0
+ * when there is none there */
+size_t aft_utf8_len(const unsigned char *s, size_t n);
+/* str for a message: at most `limit` bytes of whole UTF-8 characters (then
+ * "..."), control characters and invalid UTF-8 shown as '?', so the message
+ * stays one line of valid text whatever a file holds; buf: limit + 4 bytes */
+const char *aft_shown(const char *str, char *buf, size_t limit);
+
 /* threads 0 (every core) as a count >= 1 */
 int aft_threads_or_all(int threads);
 

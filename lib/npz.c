@@ -106,47 +106,11 @@ static const uint16_t cp437_high[] = {
 };
 _Static_assert(sizeof cp437_high / sizeof cp437_high[0] == 128, "code page 437 has 128 upper characters");
 
-/* Length of the well-formed UTF-8 character at s (n bytes available), or 0
- * (no overlong forms, surrogates or code points above U+10FFFF). */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
-    size_t len;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) len = 2;
-    else if (c >= 0xe0 && c <= 0xef) { len = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
-    else if (c >= 0xf0 && c <= 0xf4) { len = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
-    else return 0;
-    if (n < len || s[1] < lo || s[1] > hi) return 0;
-    for (size_t k = 2; k < len; k++)
-        if ((s[k] & 0xc0) != 0x80) return 0;
-    return len;
-}
-
-/* A name from the file for a message: at most 60 bytes of whole UTF-8
- * characters, anything unprintable as '?', so the message stays one line. */
+/* a name from the file for a message, as aft_shown shows it (at most 60
+ * bytes) */
 static const char *shown(const char *name, char buf[static 80])
 {
-    const unsigned char *s = (const unsigned char *)name;
-    size_t n = strlen(name), i = 0, o = 0;
-    while (i < n) {
-        size_t len = utf8_len(s + i, n - i);
-        if (o + (len ? len : 1) > 60) {
-            memcpy(buf + o, "...", 3);
-            o += 3;
-            break;
-        }
-        if (len == 0 || (len == 1 && (s[i] < 0x20 || s[i] == 0x7f))) {
-            buf[o++] = '?';
-            i++;
-        } else {
-            memcpy(buf + o, s + i, len);
-            o += len;
-            i += len;
-        }
-    }
-    buf[o] = '\0';
-    return buf;
+    return aft_shown(name, buf, 60);
 }
 
 /* the raw bytes of a name for a message, before it could be decoded */
@@ -162,7 +126,7 @@ static const char *shown_raw(const unsigned char *s, size_t n, char buf[static 8
 static int valid_utf8(const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
-        size_t len = utf8_len(s + i, n - i);
+        size_t len = aft_utf8_len(s + i, n - i);
         if (!len) return 0;
         i += len;
     }

@@ -452,22 +452,25 @@ static aft_status check_meta(const aft_state *s, const aft_st_file *f, size_t *p
         const char *v = find_meta(f, meta[2 * i]);
         if (!v) return aft_fail(err, AFT_ERR_FORMAT, "not an aft state: no '%s' in its metadata", meta[2 * i]);
         if (i >= 10) continue;   /* position and poisoned: read below */
+        char b[40];
         if (strcmp(v, meta[2 * i + 1]) != 0)
-            return aft_fail(err, AFT_ERR_ARG, "the state was made for %s %s, this run has %s", what[i], v,
-                            meta[2 * i + 1]);
+            return aft_fail(err, AFT_ERR_ARG, "the state was made for %s %s, this run has %s", what[i],
+                            aft_shown(v, b, 32), meta[2 * i + 1]);
     }
     const char *fp = find_meta(f, "fingerprint");
     if (!fp) return aft_fail(err, AFT_ERR_FORMAT, "not an aft state: no 'fingerprint' in its metadata");
+    char b[40];
     if (strcmp(fp, s->fingerprint) != 0)
-        return aft_fail(err, AFT_ERR_ARG, "the state was made with other weights or bias (fingerprint %.32s, this "
-                        "run's %s)", fp, s->fingerprint);
+        return aft_fail(err, AFT_ERR_ARG, "the state was made with other weights or bias (fingerprint %s, this "
+                        "run's %s)", aft_shown(fp, b, 32), s->fingerprint);
     const char *ps = find_meta(f, "position"), *pz = find_meta(f, "poisoned");
     char *end;
     unsigned long long v = strtoull(ps, &end, 10);
     if (!*ps || *ps == '-' || *ps == '+' || *end || v > INT_MAX)
-        return aft_fail(err, AFT_ERR_FORMAT, "position '%.32s' is not a whole number up to %d", ps, INT_MAX);
+        return aft_fail(err, AFT_ERR_FORMAT, "position '%s' is not a whole number up to %d", aft_shown(ps, b, 32),
+                        INT_MAX);
     if (strcmp(pz, "0") != 0 && strcmp(pz, "1") != 0)
-        return aft_fail(err, AFT_ERR_FORMAT, "poisoned '%.32s' is neither 0 nor 1", pz);
+        return aft_fail(err, AFT_ERR_FORMAT, "poisoned '%s' is neither 0 nor 1", aft_shown(pz, b, 32));
     *pos = (size_t)v;
     *poisoned = pz[0] == '1';
     return AFT_OK;

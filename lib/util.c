@@ -189,3 +189,54 @@ int aft_variant_from_name(const char *name, aft_variant *out)
         }
     return -1;
 }
+
+/* Length of the well-formed UTF-8 character at s (n bytes available), or 0.
+ * Follows Unicode's Table 3-7: no overlong forms, no surrogates, nothing
+ * above U+10FFFF, no cut-off sequence. */
+size_t aft_utf8_len(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0], lo = 0x80, hi = 0xbf;  /* allowed range of byte 2 */
+    size_t len;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0) lo = 0xa0;        /* below: overlong */
+        if (c == 0xed) hi = 0x9f;        /* above: UTF-16 surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0) lo = 0x90;        /* below: overlong */
+        if (c == 0xf4) hi = 0x8f;        /* above: beyond U+10FFFF */
+    } else {
+        return 0;                        /* stray continuation, C0, C1, F5+ */
+    }
+    if (n < len || s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 2; k < len; k++)
+        if ((s[k] & 0xc0) != 0x80) return 0;
+    return len;
+}
+
+const char *aft_shown(const char *str, char *buf, size_t limit)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t n = strlen(str), i = 0, o = 0;
+    while (i < n) {
+        size_t len = aft_utf8_len(s + i, n - i);
+        if (o + (len ? len : 1) > limit) {
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (len == 0 || (len == 1 && (s[i] < 0x20 || s[i] == 0x7f))) {
+            buf[o++] = '?';
+            i++;
+        } else {
+            memcpy(buf + o, s + i, len);
+            o += len;
+            i += len;
+        }
+    }
+    buf[o] = '\0';
+    return buf;
+}

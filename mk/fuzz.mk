@@ -8,7 +8,8 @@
 #   make fuzz-merge            keep what `make fuzz` found: add the inputs of
 #                              build/fuzz/corpus/TARGET/ that reach code the
 #                              seeds do not to testdata/fuzz-seeds/TARGET/found/
-#   make fuzz-build            build only: build/fuzz/fuzz_{npy,npz,safetensors,weights}
+#   make fuzz-build            build only: build/fuzz/fuzz_{npy,npz,safetensors,state,weights}
+#   make fuzz-state-seeds      write fuzz_state's seeds (states of its layers)
 #
 # The targets are built with clang -fsanitize=fuzzer,address,undefined against
 # lib/*.c compiled by clang into build/fuzz/ (never the gcc-built
@@ -25,7 +26,7 @@
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_DIR     := build/fuzz
-FUZZ_TARGETS := fuzz_npy fuzz_npz fuzz_safetensors fuzz_weights
+FUZZ_TARGETS := fuzz_npy fuzz_npz fuzz_safetensors fuzz_state fuzz_weights
 
 # -O1 -g: exact stacks in reports at a good execution speed
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -49,7 +50,7 @@ $(FUZZ_DIR)/libaft.a: $(FUZZ_LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(FUZZ_DIR)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_check.h fuzz/omp_stub.c $(FUZZ_DIR)/libaft.a lib/aft.h
+$(FUZZ_DIR)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_check.h fuzz/state_layer.h fuzz/omp_stub.c $(FUZZ_DIR)/libaft.a lib/aft.h
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Ifuzz -o $@ $< fuzz/omp_stub.c $(FUZZ_DIR)/libaft.a \
 	    $(PKG_LIBS) -lm
 
@@ -104,3 +105,11 @@ fuzz: fuzz-build
 	    fi; \
 	done; \
 	test $$fail -eq 0
+
+# the seeds of fuzz_state: states of its layers (fuzz/state_layer.h), written
+# by the normal build of the library
+.PHONY: fuzz-state-seeds
+fuzz-state-seeds: lib/libaft.a
+	@mkdir -p $(FUZZ_DIR) testdata/fuzz-seeds/fuzz_state
+	$(CC) $(ALL_CFLAGS) -Ifuzz -o $(FUZZ_DIR)/make_state_seeds fuzz/make_state_seeds.c lib/libaft.a $(LDLIBS_ALL)
+	$(FUZZ_DIR)/make_state_seeds testdata/fuzz-seeds/fuzz_state

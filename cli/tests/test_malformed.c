@@ -24,6 +24,11 @@
  * (where the error paths differ from file to file), and each command's own
  * error path still runs on half the corpus.
  *
+ * Files named state_*.safetensors are streaming states, spoilt, for
+ * `aft run --causal --variant local --window 3 --seed 7 --state-in FILE x.npy`
+ * (x.npy [4, 8]): that command, and the same with --state-out, must fail as
+ * above, writing neither the output nor the state.
+ *
  * Every file in the directory (but the generator, expected.tsv and a README)
  * must be listed in expected.tsv and the other way round, so the corpus and
  * its expectations cannot drift apart.
@@ -49,6 +54,7 @@ typedef struct {
     char *expect;   /* substring of the message */
     char *path;     /* full path */
     int is_st;      /* .safetensors or .npz (a file of named tensors; else .npy) */
+    int is_state;   /* state_*: a streaming state for --state-in */
     size_t index;   /* position in expected.tsv */
 } mcase;
 
@@ -105,6 +111,7 @@ static int load_expectations(void)
         c->expect = strdup(tab + 1);
         c->path = harness_path(corpus_dir, line);
         c->is_st = ends_with(line, ".safetensors") || ends_with(line, ".npz");
+        c->is_state = strncmp(line, "state_", 6) == 0;
         c->index = ncases - 1;
         if (!c->name || !c->expect || !c->path) goto fail;
         if (!c->is_st && !ends_with(line, ".npy")) {
@@ -225,9 +232,25 @@ static void expect_failure(const mcase *c, const char *const *args, const void *
     harness_result_free(&r);
 }
 
+/* a spoilt streaming state: refused by --state-in, nothing written */
+static void test_state_file(const mcase *c)
+{
+    const char *in[] = {"run", "--causal", "--variant", "local", "--window", "3", "--seed", "7", "--state-in",
+                        c->path, x_path, "-o", out_path, NULL};
+    expect_failure(c, in, NULL, 0, c->path, *c->expect ? c->expect : NULL);
+    if (quick) return;
+    const char *both[] = {"run", "--causal", "--variant", "local", "--window", "3", "--seed", "7", "--state-in",
+                          c->path, "--state-out", out_st_path, x_path, "-o", out_path, NULL};
+    expect_failure(c, both, NULL, 0, c->path, *c->expect ? c->expect : NULL);
+}
+
 static void test_file(void **state)
 {
     const mcase *c = *state;
+    if (c->is_state) {
+        test_state_file(c);
+        return;
+    }
     const char *info[] = {"info", c->path, NULL};
     const char *run[] = {"run", c->path, "-o", out_path, NULL};
     if (!quick || c->index % 2 == 0) expect_failure(c, info, NULL, 0, c->path, c->expect);

@@ -582,6 +582,93 @@ case("npz_member_is_zip.npz", zipfile_bytes([zm("a.npy", data=VALID_NPZ)]),
      "member 'a.npy': not a .npy file: this is a .npz archive")
 
 
+# ---------------------------------------------------------------- streaming states
+#
+# States for `aft run --causal --variant local --window 3 --seed 7 --state-in
+# FILE x.npy`, x.npy a [4, 8] input (cli/tests/test_malformed.c): a valid one
+# made by aft itself (its fingerprint names that seeded layer), then spoilt.
+
+def base_state():
+    import subprocess
+    import tempfile
+    aft = os.path.join(HERE, "..", "..", "aft")
+    with tempfile.TemporaryDirectory() as tmp:
+        x = os.path.join(tmp, "x.npy")
+        head = VALID_DICT.replace("(2, 3)", "(4, 8)").encode()
+        with open(x, "wb") as f:
+            f.write(npy(head, data=struct.pack("<32f", *[(i % 7) * 0.25 - 0.5 for i in range(32)])))
+        st = os.path.join(tmp, "s.safetensors")
+        subprocess.run([aft, "run", "--causal", "--variant", "local", "--window", "3", "--seed", "7",
+                        "--state-out", st, "-o", os.path.join(tmp, "y.npy"), x], check=True)
+        with open(st, "rb") as f:
+            return f.read()
+
+
+def st_parts(data):
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def st_join(hdr, blob):
+    text = json.dumps(hdr, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + blob
+
+
+def spoil_meta(key, value):
+    hdr, blob = st_parts(BASE_STATE)
+    if value is None:
+        del hdr["__metadata__"][key]
+    else:
+        hdr["__metadata__"][key] = value
+    return st_join(hdr, blob)
+
+
+def spoil_tensor(name, fn):
+    """fn(entry, bytes of the tensor) -> (entry, bytes), or None to drop it"""
+    hdr, blob = st_parts(BASE_STATE)
+    out, off = {"__metadata__": hdr["__metadata__"]}, 0
+    items = sorted(((k, v) for k, v in hdr.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0])
+    parts = []
+    for k, v in items:
+        b = blob[v["data_offsets"][0]:v["data_offsets"][1]]
+        if k == name:
+            r = fn(dict(v), b)
+            if r is None:
+                continue
+            v, b = r
+        v["data_offsets"] = [off, off + len(b)]
+        off += len(b)
+        out[k] = v
+        parts.append(b)
+    return st_join(out, b"".join(parts))
+
+
+def float_at(index, value):
+    def fn(e, b):
+        return e, b[:4 * index] + struct.pack("<f", value) + b[4 * index + 4:]
+    return fn
+
+
+BASE_STATE = base_state() if os.path.exists(os.path.join(HERE, "..", "..", "aft")) else None
+if BASE_STATE:
+    case("state_position_not_number.safetensors", spoil_meta("position", "2O"), "position '2O' is not a whole number")
+    case("state_position_huge.safetensors", spoil_meta("position", "99999999999"), "is not a whole number up to")
+    case("state_position_rows_disagree.safetensors", spoil_meta("position", "2"), "tensor 'keys' must be F32 [1, 2, 8]")
+    case("state_other_window.safetensors", spoil_meta("window", "4"), "the state was made for window 4, this run has 3")
+    case("state_other_batch.safetensors", spoil_meta("batch", "2"), "the state was made for batch size 2")
+    case("state_other_weights.safetensors", spoil_meta("fingerprint", "0123456789abcdef"), "other weights or bias")
+    case("state_not_a_state.safetensors", spoil_meta("aft_state", None), "not an aft state: no 'aft_state'")
+    case("state_missing_keys.safetensors", spoil_tensor("keys", lambda e, b: None), "not an aft state: no tensor 'keys'")
+    case("state_nan_sum.safetensors", spoil_tensor("sums_den", float_at(3, float("nan"))),
+         "sums hold NaN, infinite or negative values")
+    case("state_negative_sum.safetensors", spoil_tensor("sums_den", float_at(0, -1.0)),
+         "sums hold NaN, infinite or negative values")
+    case("state_values_f16.safetensors",
+         spoil_tensor("values", lambda e, b: (dict(e, dtype="F16"), b[:len(b) // 2])), "tensor 'values' must be F32")
+    case("state_truncated.safetensors", BASE_STATE[:-20], "run past the end of the data buffer")
+
+
 def main():
     for name, data, _ in cases:
         with open(os.path.join(HERE, name), "wb") as f:
