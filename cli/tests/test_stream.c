@@ -166,8 +166,10 @@ static void test_seeded_variants(void **state)
     const char *conv[] = {"--variant", "conv", "--window", "40", "--heads", "4", NULL};
     const char *simple[] = {"--variant", "simple", "--d-hidden", "24", NULL};
     const char *full[] = {"--variant", "full", "--seed", "3", NULL};
-    const char *const *cfgs[] = {local, conv, simple, full};
-    for (size_t i = 0; i < 4; i++) {
+    /* a window past the sequence: the one-shot run narrows it to T */
+    const char *wide[] = {"--variant", "conv", "--window", "200", "--heads", "2", NULL};
+    const char *const *cfgs[] = {local, conv, simple, full, wide};
+    for (size_t i = 0; i < 5; i++) {
         check_chunks("seeded, B = 3", cfgs[i], x3, 0, mixed, 6);
         check_chunks("seeded, [T, D]", cfgs[i], x1, 0, i % 2 ? mixed : ones, i % 2 ? 6 : 150);
     }
