@@ -31,6 +31,8 @@ typedef struct {
     size_t d_hidden, window, heads, batch, repeat;
     int causal, threads, json, impl_both, impl_ref, no_ceiling;
     int one;   /* --one: the child's mode */
+    int stream;         /* --stream: the causal layer a token at a time, and in chunks */
+    size_t chunk;       /* --chunk: the chunks' rows (default 4096) */
     const char *plot;
 } bench_opts;
 
@@ -145,6 +147,12 @@ static const cli_option options[] = {
     {"--plot", NULL, "FILE",
      "also draw time and memory against T (log-log) with gnuplot into FILE.svg or FILE.png", cli_set_string,
      FIELD(plot), NEEDS_VALUE, 0},
+    {"--stream", NULL, NULL,
+     "with --causal: also decode a token at a time (the streaming state in memory, one row a step) and run the "
+     "sequence in chunks of --chunk rows; columns tok us (a token's step), 1-shot us (the one-shot run's time a "
+     "token), floor us (reading the weights once), chunked ms and its ratio to the one-shot run",
+     cli_set_flag, FIELD(stream), NULL, 0},
+    {"--chunk", NULL, "N", "--stream: rows a chunk (default 4096)", set_positive, FIELD(chunk), NEEDS_VALUE, 0},
     /* one configuration in this process: how the parent runs each */
     {"--one", NULL, NULL, "run the first configuration here and print its JSON", cli_set_flag, FIELD(one), NULL,
      1},
@@ -196,6 +204,7 @@ typedef struct {
     double med, min;             /* ms */
     aft_layer_times phases;      /* of the fastest run */
     double maxdiff, maxref;      /* --impl both: vs the float64 reference; maxdiff < 0 otherwise */
+    cli_stream_times stream;     /* --stream */
 } measured;
 
 /* runs the layer o->repeat times after one untimed run (thread pools and
@@ -287,6 +296,14 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
     cJSON_AddNumberToObject(j, "gflop", fl * 1e-9);
     cJSON_AddNumberToObject(j, "gflops", fl / (m->med * 1e6));
     cJSON_AddNumberToObject(j, "tokens_per_s", (double)(B * T) / (m->med * 1e-3));
+    if (o->stream) {
+        cJSON_AddNumberToObject(j, "us_per_token_stream", m->stream.token_us);
+        cJSON_AddNumberToObject(j, "us_per_token_one_shot", m->min * 1e3 / (double)(B * T));
+        cJSON_AddNumberToObject(j, "us_per_token_floor", m->stream.floor_us);
+        cJSON_AddNumberToObject(j, "chunk", (double)m->stream.chunk);
+        cJSON_AddNumberToObject(j, "ms_chunked", m->stream.chunked_ms);
+        cJSON_AddNumberToObject(j, "chunked_over_one_shot", m->stream.chunked_ms / m->min);
+    }
     if (m->maxdiff >= 0) {
         cJSON_AddNumberToObject(j, "max_diff_vs_reference", m->maxdiff);
         cJSON_AddNumberToObject(j, "max_abs_reference", m->maxref);
@@ -326,6 +343,7 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
         for (size_t i = 0; i < nx; i++) x[i] = aft_seeded_bias(11, 1.0f, i / D, i % D);
         rc = measure(o, y, x, &params.p, &cfg, B, T, &m);
         if (!rc && o->impl_both) rc = against_reference(y, x, &params.p, &cfg, B, T, nx, &m);
+        if (!rc && o->stream) rc = cli_bench_stream(&params.p, &cfg, B, T, D, C, o->chunk, o->repeat, &m.stream);
         if (!rc) rc = print_one(o, &cfg, B, T, D, C, &m);
     }
     free(x);
@@ -393,6 +411,9 @@ static int run_child(const char *self, const bench_opts *o, aft_variant var, siz
     argv[n++] = "--threads"; argv[n++] = a_th;
     argv[n++] = "--repeat"; argv[n++] = a_r;
     if (o->causal) argv[n++] = "--causal";
+    char a_c[32];
+    snprintf(a_c, sizeof a_c, "%zu", o->chunk);
+    if (o->stream) { argv[n++] = "--stream"; argv[n++] = "--chunk"; argv[n++] = a_c; }
     if (o->impl_both) { argv[n++] = "--impl"; argv[n++] = "both"; }
     else if (o->impl_ref) { argv[n++] = "--impl"; argv[n++] = "reference"; }
     argv[n] = NULL;
@@ -518,8 +539,9 @@ static void print_header(const bench_opts *o, int threads, double ceiling)
            bi.projections);
     if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
     else printf("sgemm ceiling not measured\n");
-    printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s\n", "variant", "causal", "T", "B", "d", "ms",
-           "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil", "proj", o->impl_both ? "  max|diff| vs ref" : "");
+    printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s%s\n", "variant", "causal", "T", "B", "d", "ms",
+           "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil", "proj",
+           o->stream ? "   tok us 1-shot us floor us chunked ms ratio" : "", o->impl_both ? "  max|diff| vs ref" : "");
     fflush(stdout);
 }
 
@@ -541,10 +563,15 @@ static void print_row(const bench_opts *o, cJSON *j, double ceiling)
     double gf = NUM("gflops"), ms_min = NUM("ms_min"), proj = NUM("ms_projections") + NUM("ms_output");
     char ceil_txt[16] = "-";
     if (ceiling > 0) snprintf(ceil_txt, sizeof ceil_txt, "%.0f%%", 100.0 * gf / ceiling);
-    printf("%-7s %-6s %6.0f %3.0f %5.0f %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s\n",
+    char stream[96] = "";
+    if (o->stream)
+        snprintf(stream, sizeof stream, " %8.2f %9.3f %8.2f %10.3f %5.2f", NUM("us_per_token_stream"),
+                 NUM("us_per_token_one_shot"), NUM("us_per_token_floor"), NUM("ms_chunked"),
+                 NUM("chunked_over_one_shot"));
+    printf("%-7s %-6s %6.0f %3.0f %5.0f %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s%s\n",
            cJSON_GetObjectItem(j, "variant")->valuestring, o->causal ? "yes" : "no", NUM("seq_len"), NUM("batch"),
            NUM("d_model"), NUM("ms"), ms_min, gf, NUM("tokens_per_s"), NUM("peak_bytes") / 1048576.0, ceil_txt,
-           ms_min > 0 ? 100.0 * proj / ms_min : 0.0, diff);
+           ms_min > 0 ? 100.0 * proj / ms_min : 0.0, stream, diff);
 #undef NUM
     fflush(stdout);
 }
@@ -594,9 +621,11 @@ int cmd_bench(int argc, char **argv)
 {
     bench_opts o = {.nseq = 2, .seq = {1024, 4096}, .ndm = 1, .dm = {256}, .nvar = 4,
                     .var = {AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV}, .window = 32, .heads = 4, .batch = 1,
-                    .repeat = 5};
+                    .repeat = 5, .chunk = 4096};
     int rc = cli_parse_options(&cli_bench_command, argc, argv, &o);
     if (rc) return rc < 0 ? cli_finish_stdout("bench") : rc;
+    if (o.stream && !o.causal) return cli_usage_error("bench", "--stream times a causal layer: add --causal");
+    if (o.stream && o.impl_ref) return cli_usage_error("bench", "--stream runs the fast kernels, not --impl reference");
     for (size_t d = 0; d < o.ndm; d++) {
         size_t C = o.d_hidden ? o.d_hidden : o.dm[d];
         for (size_t v = 0; v < o.nvar; v++)

@@ -125,6 +125,20 @@ int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, 
                       int projections, const char *cmd);
 void cli_params_free(cli_params *sp);
 
+/* ---------------------------------------------------------------- aft bench --stream (bench_stream.c) */
+
+typedef struct {
+    double token_us;     /* a step of one row, per token (the first 4096 rows) */
+    double chunked_ms;   /* the whole sequence in steps of `chunk` rows */
+    size_t chunk;
+    double floor_us;     /* reading the layer's four weight matrices once */
+} cli_stream_times;
+
+/* the causal layer p under cfg as a stream, on seeded inputs (B, T, D):
+ * the best of `repeat` runs of each; 0, or an exit status after reporting */
+int cli_bench_stream(const aft_params *p, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
+                     size_t chunk, size_t repeat, cli_stream_times *out);
+
 /* ---------------------------------------------------------------- a tensor for a terminal (show.c) */
 
 /* numpy's repr of a float32 array of that shape ("array([[ 0.5, -1. ]],

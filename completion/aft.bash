@@ -24,7 +24,7 @@ _aft_options()
     compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
-                "--threads --repeat --impl --json --no-ceiling --plot -h --help" ;;
+                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk -h --help" ;;
     esac
 }
 
@@ -48,7 +48,7 @@ _aft_value()
     run:--threads | run:--max-memory | mask:--len | mask:--window | compare:--rtol | \
     compare:--atol | convert:--metadata | info:--max-memory | compare:--max-memory | convert:--max-memory | bench:--seq-len | bench:--d-model | \
     bench:--d-hidden | bench:--window | bench:--heads | bench:--batch | bench:--threads | \
-    bench:--repeat) echo none ;;
+    bench:--repeat | bench:--chunk) echo none ;;
     *) echo flag ;;
     esac
 }

@@ -181,6 +181,44 @@ static void test_table(void **state)
 }
 
 /* usage errors: exit 2, one line naming the problem, nothing on stdout */
+/* --stream: a token's step, the one-shot time a token, the floor, and the
+ * chunked run, for each causal variant, in JSON and in the table */
+static void test_stream(void **state)
+{
+    (void)state;
+    skip_under_valgrind();
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "70", "--d-model", "16", "--variant", "local,simple,conv,full",
+                                 "--window", "4", "--heads", "2", "--causal", "--stream", "--chunk", "30", "--repeat",
+                                 "2", "--no-ceiling", "--json"),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(harness_count_lines(r.out), 4);
+    char *save = NULL;
+    for (char *line = strtok_r(r.out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        assert_true(num(j, "us_per_token_stream") > 0 && num(j, "us_per_token_one_shot") > 0);
+        assert_true(num(j, "us_per_token_floor") > 0 && num(j, "chunk") == 30);
+        assert_true(num(j, "ms_chunked") > 0);
+        assert_true(fabs(num(j, "chunked_over_one_shot") - num(j, "ms_chunked") / num(j, "ms_min")) < 1e-9 *
+                    num(j, "chunked_over_one_shot") + 1e-12);
+        assert_true(fabs(num(j, "us_per_token_one_shot") - num(j, "ms_min") * 1e3 / 70) < 1e-6);
+        cJSON_Delete(j);
+    }
+    harness_result_free(&r);
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "40", "--d-model", "8", "--variant", "simple", "--causal",
+                                 "--stream", "--repeat", "1", "--no-ceiling"),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    assert_non_null(strstr(r.out, "tok us"));
+    harness_result_free(&r);
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--stream", "--seq-len", "40"), 0);
+    assert_int_equal(r.exit_code, 2);
+    assert_non_null(strstr(r.err, "--causal"));
+    harness_result_free(&r);
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -212,6 +250,7 @@ int main(void)
         cmocka_unit_test(test_impl_both),
         cmocka_unit_test(test_peak_is_the_runs_own),
         cmocka_unit_test(test_table),
+        cmocka_unit_test(test_stream),
         cmocka_unit_test(test_usage_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
