@@ -48,9 +48,9 @@ int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k,
                   const float *right_in);
 
 /* ---- op_grid.c: local and conv on a grid (aft_op_on_grid), in
- * O(H W s^2 C) time and O(H W C) memory; all batches: (B, T, C), keys of
- * one channel per value channel */
-aft_status aft_op_grid(float *out, const float *q, const float *k, const float *v, size_t B,
+ * O(H W s^2 C) time and O(H W C) memory; all batches: (B, T, C), keys
+ * (B, T, kc) with kc = C, or conv's heads (read where they are) */
+aft_status aft_op_grid(float *out, const float *q, const float *k, const float *v, size_t B, size_t kc,
                        const aft_opspec *sp, aft_error *err);
 /* bytes of scratch aft_op_grid allocates on `threads` threads for these
  * sizes (window: local's, or conv's S); SIZE_MAX when they overflow */

@@ -221,7 +221,7 @@ static aft_status run_kernel(float *out, const float *q, const float *k, const f
     if (dense_mask || sp->variant == AFT_FULL)
         return per_batch(out, q, k, v, sp, B, dense_mask ? bias->mask : NULL, bias->mask_batched, 0, err);
     if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);
-    if (aft_op_on_grid(sp)) return aft_op_grid(out, q, k, v, B, sp, err);
+    if (aft_op_on_grid(sp)) return aft_op_grid(out, q, k, v, B, sp->C, sp, err);
     return aft_op_band(out, q, k, v, B, sp, err);
 }
 
@@ -237,13 +237,16 @@ static aft_status run_all(float *out, const float *q, const float *k, const floa
     if (sp_in->bias->mask && T > SIZE_MAX / T / B)
         return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     aft_opspec sp = *sp_in;
+    /* the grid kernel reads keys of one channel per head where they are */
+    if (kc != C && !reference && !sp.bias->mask && aft_op_on_grid(&sp)) return aft_op_grid(out, q, k, v, B, kc, &sp, err);
     float *kwide = NULL;
     if (kc != C) {
         size_t ch = C / kc;
         kwide = aft_alloc_array(B * T, C * sizeof(float));
         if (!kwide) return aft_fail(err, AFT_ERR_NOMEM, "out of memory widening keys to %zu channels", C);
         for (size_t bt = 0; bt < B * T; bt++)
-            for (size_t c = 0; c < C; c++) kwide[bt * C + c] = k[bt * sp.ldk + c / ch];
+            for (size_t j = 0; j < kc; j++)
+                for (size_t c = 0; c < ch; c++) kwide[bt * C + j * ch + c] = k[bt * sp.ldk + j];
         k = kwide;
         sp.ldk = C;
     }

@@ -54,7 +54,17 @@ enum { GN_CONV = 8, GN_LOCAL = 4 };
 #else
 enum { GN_CONV = 6, GN_LOCAL = 3 };
 #endif
-enum { GN_MAX = GN_CONV > GN_LOCAL ? GN_CONV : GN_LOCAL };
+/* channels a conv task takes */
+#ifndef CONV_CH
+#define CONV_CH 64
+#endif
+/* tokens ahead the rows pass prefetches */
+#ifndef PF_TOKENS
+#define PF_TOKENS 6
+#endif
+#ifndef PF_LOC
+#define PF_LOC 3
+#endif
 
 /* what every task of one call shares */
 typedef struct {
@@ -62,6 +72,7 @@ typedef struct {
     const float *q, *k, *v;
     float *out;
     size_t H, W, S, C, ch;     /* S: the window; ch: channels a head */
+    size_t kc;                 /* key channels: C, or conv's heads (channel c reads key c / ch) */
     size_t Se;                 /* min(S, max(H, W)): a wider window reaches no further */
     size_t Pr, Pc;             /* the window's reach in rows and in columns */
     size_t K2r, K2c;           /* 2 Pr + 1, 2 Pc + 1: the window's rows and columns */
@@ -94,6 +105,8 @@ typedef struct {
     float *rwq;     /* local: (GN): their rw */
     float *acc;     /* (GN, 2, GV): window sums of a tile */
     float *wrow;    /* the exact path: (K2r, W) */
+    float *qe;      /* (nbt, rows_per, W, GV): 1 + exp(-q) of the task's rows */
+    size_t *kidx;   /* (nbt, GV): each lane's key channel */
     float *lane;    /* (4, GV) */
 } grid_scratch;
 
@@ -116,6 +129,32 @@ static inline void lanes_in(float *restrict dst, const float *restrict src, size
     for (size_t l = 0; l < GV; l++) dst[l] = l < n ? src[l] : fill;
 }
 
+/* keys of n lanes (channels kidx[l] of the row k), the rest -inf */
+static inline void key_lanes(float *restrict dst, const float *restrict k, const size_t *restrict kidx, size_t n)
+{
+    if (n == GV && kidx[GV - 1] == kidx[0] + GV - 1) {   /* one key channel per value channel */
+        memcpy(dst, k + kidx[0], GV * sizeof(float));
+        return;
+    }
+    for (size_t l = 0; l < GV; l++) dst[l] = l < n ? k[kidx[l]] : -INFINITY;
+}
+
+/* e = exp(x - z) for a vector of lanes; with ok (no x +inf or NaN, z >= x)
+ * through aft_expf_nonpos, the same values */
+static inline void exp_lanes(float *restrict e, const float *restrict x, const float *restrict z, int ok)
+{
+    if (ok)
+        for (size_t l = 0; l < GV; l++) e[l] = aft_expf_nonpos(x[l] - z[l]);
+    else
+        for (size_t l = 0; l < GV; l++) e[l] = aft_expf(x[l] - z[l]);
+}
+
+/* y = 1 + exp(-q): sigmoid(q) = 1 / y (q = -inf: y = inf, and the output 0) */
+static inline void one_plus_exp_neg(float *restrict y, const float *restrict q)
+{
+    for (size_t l = 0; l < GV; l++) y[l] = 1.0f + aft_expf(-q[l]);
+}
+
 /* ---- the plan: task shapes and scratch sizes, for the kernel and aft_workspace_bytes */
 
 static void grid_plan(grid_job *jb, aft_variant variant, int causal, size_t B, size_t H, size_t W, size_t S,
@@ -135,11 +174,13 @@ static void grid_plan(grid_job *jb, aft_variant variant, int causal, size_t B, s
     jb->GN = jb->conv ? GN_CONV : GN_LOCAL;
     jb->Wp = W + 2 * jb->Pc + jb->GN;
     jb->nblk = (C + GV - 1) / GV;
-    jb->nbt = jb->conv ? 1 : jb->nblk;
+    /* conv: tasks of CONV_CH channels, whose rows are read a few cache
+     * lines in a row (one line a token was bound by memory latency) */
+    jb->nbt = jb->conv ? zmin(jb->nblk, (CONV_CH + GV - 1) / GV) : jb->nblk;
     /* split the rows when batches x block groups leave threads idle; each
      * piece sums every row's keys again (the top and bottom parts), which
      * is O(H W) of the piece's O(rows W s^2) */
-    size_t base = B * (jb->nblk / jb->nbt), want = 2 * nt;
+    size_t base = B * ((jb->nblk + jb->nbt - 1) / jb->nbt), want = 2 * nt;
     size_t nsplit = base >= want ? 1 : zmin(H, (want + base - 1) / base);
     jb->rows_per = (H + nsplit - 1) / nsplit;
     jb->nsplit = (H + jb->rows_per - 1) / jb->rows_per;
@@ -148,7 +189,7 @@ static void grid_plan(grid_job *jb, aft_variant variant, int causal, size_t B, s
 
 /* the floats of one thread's scratch, in grid_scratch's order; every size
  * is a product of at most H W C / GV blocks' worth, checked by the caller */
-enum { N_ARRAYS = 23 };
+enum { N_ARRAYS = 24 };
 static void grid_scratch_sizes(const grid_job *jb, size_t sizes[N_ARRAYS])
 {
     const size_t nb = jb->nbt, H = jb->H, W = jb->W, K = jb->K2r * jb->K2c;
@@ -162,7 +203,7 @@ static void grid_scratch_sizes(const grid_job *jb, size_t sizes[N_ARRAYS])
         jb->conv ? nb * K * GV : 0,                       /* kw */
         jb->conv ? nb * K * GV : 0, jb->conv ? nb * GV : 0, jb->conv ? nb * K * GV : 0,   /* ew rw tf */
         jb->conv ? 0 : jb->GN * K, jb->conv ? 0 : jb->GN, /* wq rwq */
-        jb->GN * 2 * GV, jb->K2r * W, 4 * GV,             /* acc wrow lane */
+        jb->GN * 2 * GV, jb->K2r * W, nb * jb->rows_per * W * GV, 4 * GV,   /* acc wrow qe lane */
         0};
     memcpy(sizes, s, sizeof s);
 }
@@ -194,10 +235,15 @@ static float *grid_scratch_alloc(grid_scratch *sc, const grid_job *jb)
     grid_scratch_sizes(jb, sizes);
     float **arrays[N_ARRAYS] = {&sc->ek, &sc->rm, &sc->rt, &sc->bot, &sc->top, &sc->zt, &sc->f, &sc->ps,
                                 &sc->ss, &sc->fe, &sc->tb, &sc->fw, &sc->fz, &sc->kw, &sc->ew, &sc->rw, &sc->tf,
-                                &sc->wq, &sc->rwq, &sc->acc, &sc->wrow, &sc->lane, NULL};
+                                &sc->wq, &sc->rwq, &sc->acc, &sc->wrow, &sc->qe, &sc->lane, NULL};
     size_t total = grid_scratch_floats(jb);
     float *blk = total == SIZE_MAX ? NULL : aft_calloc_array(total, sizeof(float));
-    if (!blk) return NULL;
+    sc->kidx = aft_alloc_array(jb->nbt * GV, sizeof(size_t));
+    if (!blk || !sc->kidx) {
+        free(blk);
+        free(sc->kidx);
+        return NULL;
+    }
     float *p = blk;
     for (size_t i = 0; arrays[i]; i++) {
         *arrays[i] = p;
@@ -208,50 +254,77 @@ static float *grid_scratch_alloc(grid_scratch *sc, const grid_job *jb)
 
 /* ---- the parts that are sums over whole rows */
 
-/* Block bi (channels [cb, cb + n)) of batch b: every grid row's largest key
- * and its sums, and exp(k - m_row), exp(k - m_row) v of the rows [e0, e1)
- * into sc->ek. Lanes past n hold keys of -inf (they add nothing). */
-static void rows_pass(const grid_job *jb, grid_scratch *sc, size_t b, size_t bi, size_t cb, size_t n, size_t e0,
-                      size_t e1)
+/* The blocks [blk0, blk0 + nbt) of batch b: every grid row's largest key
+ * and its sums, exp(k - m_row), exp(k - m_row) v of the rows [e0, e1) into
+ * sc->ek, and 1 + exp(-q) of the rows [r0, r1) into sc->qe (read here,
+ * where the rows stream through in order, a token's channels together,
+ * rather than a query at a time between window sums). Lanes past C hold
+ * keys of -inf (they add nothing). */
+static void rows_pass(const grid_job *jb, grid_scratch *sc, size_t b, size_t blk0, size_t nbt, size_t e0,
+                      size_t e1, size_t r0, size_t r1)
 {
     const aft_opspec *sp = jb->sp;
-    const size_t H = jb->H, W = jb->W, T = sp->T;
-    float *rm = sc->rm + bi * H * GV, *rt = sc->rt + bi * H * 2 * GV;
+    const size_t H = jb->H, W = jb->W, T = sp->T, C = jb->C, c0 = blk0 * GV, cn = zmin(C - c0, nbt * GV);
     float kk[GV], vv[GV], z[GV], e[GV];
+    size_t *kidx = sc->kidx;   /* (nbt, GV): the key channel of each lane */
+    for (size_t i = 0; i < nbt * GV; i++)
+        kidx[i] = jb->kc == C ? c0 + i : (c0 + (i < cn ? i : 0)) / jb->ch;
     for (size_t r = 0; r < H; r++) {
-        const float *kr = jb->k + (b * T + r * W) * sp->ldk + cb, *vr = jb->v + (b * T + r * W) * sp->ldv + cb;
-        float *m = rm + r * GV;
+        const float *kr = jb->k + (b * T + r * W) * sp->ldk, *vr = jb->v + (b * T + r * W) * sp->ldv + c0;
+        const float *qr = jb->q + (b * T + r * W) * sp->ldq + c0;
+        const int want_q = r0 <= r && r < r1;
         int ok = 1;   /* no key +inf or NaN: then every k - m <= 0 */
-        for (size_t l = 0; l < GV; l++) m[l] = -INFINITY;
+        aft_vi bad = {0};
+        for (size_t bi = 0; bi < nbt; bi++)
+            for (size_t l = 0; l < GV; l++) sc->rm[(bi * H + r) * GV + l] = -INFINITY;
         for (size_t c = 0; c < W; c++) {
-            lanes_in(kk, kr + c * sp->ldk, n, -INFINITY);
-            for (size_t l = 0; l < GV; l++) {
-                ok &= kk[l] < INFINITY;
-                m[l] = kk[l] > m[l] && kk[l] < INFINITY ? kk[l] : m[l];
+            /* ask for a later token's lines early: the tokens are rows of
+             * C channels, of which a task reads a few cache lines */
+            for (size_t i = 0; i < cn; i += 16) {
+                __builtin_prefetch(kr + (c + PF_TOKENS) * sp->ldk + kidx[i], 0, PF_LOC);
+                __builtin_prefetch(vr + (c + PF_TOKENS) * sp->ldv + i, 0, PF_LOC);
+                if (want_q) __builtin_prefetch(qr + (c + PF_TOKENS) * sp->ldq + i, 0, PF_LOC);
+            }
+            for (size_t bi = 0; bi < nbt; bi++) {
+                float *m = sc->rm + (bi * H + r) * GV;
+                key_lanes(kk, kr + c * sp->ldk, kidx + bi * GV, zmin(GV, cn - bi * GV));
+                aft_vf x = aft_vld(kk), mx = aft_vld(m);
+                aft_vi fin = x < INFINITY;   /* NaN and +inf are not a row's maximum */
+                bad |= ~fin;
+                aft_vi gt = (x > mx) & fin;
+                aft_vst(m, (aft_vf)(((aft_vi)x & gt) | ((aft_vi)mx & ~gt)));
             }
         }
-        for (size_t l = 0; l < GV; l++) z[l] = isfinite(m[l]) ? m[l] : 0.0f;
-        float s0[GV] = {0}, s1[GV] = {0};
-        float *row = e0 <= r && r < e1 ? sc->ek + ((bi * jb->erows + (r - e0)) * jb->Wp + jb->Pc) * 2 * GV : NULL;
-        for (size_t c = 0; c < W; c++) {
-            lanes_in(kk, kr + c * sp->ldk, n, -INFINITY);
-            lanes_in(vv, vr + c * sp->ldv, n, 0.0f);
-            if (ok)
-                for (size_t l = 0; l < GV; l++) e[l] = aft_expf_nonpos(kk[l] - z[l]);
-            else
-                for (size_t l = 0; l < GV; l++) e[l] = aft_expf(kk[l] - z[l]);
-            for (size_t l = 0; l < GV; l++) {
-                s0[l] += e[l];
-                s1[l] += e[l] * vv[l];
-            }
-            if (row)
-                for (size_t l = 0; l < GV; l++) {
-                    row[c * 2 * GV + l] = e[l];
-                    row[c * 2 * GV + GV + l] = e[l] * vv[l];
+        for (size_t l = 0; l < GV; l++) ok &= bad[l] == 0;
+        for (size_t bi = 0; bi < nbt; bi++) {
+            const size_t n = zmin(GV, cn - bi * GV);
+            const float *m = sc->rm + (bi * H + r) * GV;
+            for (size_t l = 0; l < GV; l++) z[l] = isfinite(m[l]) ? m[l] : 0.0f;
+            aft_vf s0 = {0}, s1 = {0};
+            float *row = e0 <= r && r < e1 ? sc->ek + ((bi * jb->erows + (r - e0)) * jb->Wp + jb->Pc) * 2 * GV
+                                           : NULL;
+            for (size_t c = 0; c < W; c++) {
+                key_lanes(kk, kr + c * sp->ldk, kidx + bi * GV, n);
+                lanes_in(vv, vr + c * sp->ldv + bi * GV, n, 0.0f);
+                exp_lanes(e, kk, z, ok);
+                aft_vf ev = aft_vld(e), evv = ev * aft_vld(vv);
+                s0 += ev;
+                s1 += evv;
+                if (row) {
+                    aft_vst(row + c * 2 * GV, ev);
+                    aft_vst(row + c * 2 * GV + GV, evv);
                 }
+            }
+            float *rt = sc->rt + (bi * H + r) * 2 * GV;
+            aft_vst(rt, s0);
+            aft_vst(rt + GV, s1);
+            if (!want_q) continue;
+            float *qe = sc->qe + ((bi * jb->rows_per) + (r - r0)) * W * GV;
+            for (size_t c = 0; c < W; c++) {
+                lanes_in(kk, qr + c * sp->ldq + bi * GV, n, 0.0f);
+                one_plus_exp_neg(qe + c * GV, kk);
+            }
         }
-        memcpy(rt + r * 2 * GV, s0, sizeof s0);
-        memcpy(rt + r * 2 * GV + GV, s1, sizeof s1);
     }
 }
 
@@ -332,35 +405,51 @@ static void row_prep(const grid_job *jb, grid_scratch *sc, size_t bi, size_t cb,
     float *ps = sc->ps + bi * W * 2 * GV, *ss = sc->ss + bi * W * 2 * GV;
     const float *ek = sc->ek + ((bi * jb->erows) * Wp + Pc) * 2 * GV;
     const size_t vend = causal ? r : bhi + 1;   /* rows [blo, vend) into ss */
-    memset(ss, 0, W * 2 * GV * sizeof(float));
-    for (size_t rr = blo; rr < vend; rr++) {
-        const float *er = ek + (rr - e0) * Wp * 2 * GV, *fr = f + (rr - blo) * GV;
-        for (size_t c = 0; c < W; c++) {
-            float *sc2 = ss + c * 2 * GV;
-            const float *ec = er + c * 2 * GV;
-            for (size_t l = 0; l < GV; l++) {
-                sc2[l] += fr[l] * ec[l];
-                sc2[GV + l] += fr[l] * ec[GV + l];
-            }
-        }
-    }
     {
-        float run[2 * GV] = {0};
-        /* causal: row r's keys join the left part (they are left of c) */
-        const float *er = ek + (r - e0) * Wp * 2 * GV, *fr = f + (r - blo) * GV;
-        const float g = causal ? 1.0f : 0.0f;
-        for (size_t c = 0; c < W; c++) {
-            const float *sc2 = ss + c * 2 * GV, *ec = er + c * 2 * GV;
-            for (size_t l = 0; l < GV; l++) {
-                run[l] += sc2[l] + g * fr[l] * ec[l];
-                run[GV + l] += sc2[GV + l] + g * fr[l] * ec[GV + l];
+        const size_t rs = Wp * 2 * GV;
+        const float *e0r = ek + (blo - e0) * rs, *er = ek + (r - e0) * rs;
+        const aft_vf fr = aft_vld(f + (r - blo) * GV);
+        /* VC columns at once: one column's sum down the rows is a chain of
+         * dependent additions from L2, VC of them side by side are not */
+        enum { VC = 4 };
+        for (size_t c0 = 0; c0 < W; c0 += VC) {
+            const size_t nc = zmin(VC, W - c0);
+            aft_vf u[VC][2];
+            #pragma GCC unroll 8
+            for (size_t i = 0; i < VC; i++) u[i][0] = u[i][1] = (aft_vf){0};
+            for (size_t rr = blo; rr < vend; rr++) {
+                aft_vf g = aft_vld(f + (rr - blo) * GV);
+                const float *ec = e0r + (rr - blo) * rs + c0 * 2 * GV;
+                #pragma GCC unroll 8
+                for (size_t i = 0; i < VC; i++) {   /* past W: the row's zero pad */
+                    u[i][0] += g * aft_vld(ec + i * 2 * GV);
+                    u[i][1] += g * aft_vld(ec + i * 2 * GV + GV);
+                }
             }
-            memcpy(ps + c * 2 * GV, run, sizeof run);
+            for (size_t i = 0; i < nc; i++) {
+                aft_vst(ss + (c0 + i) * 2 * GV, u[i][0]);
+                aft_vst(ss + (c0 + i) * 2 * GV + GV, u[i][1]);
+            }
         }
-        memset(run, 0, sizeof run);
+        aft_vf p0 = {0}, p1 = {0};
+        for (size_t c = 0; c < W; c++) {
+            aft_vf u0 = aft_vld(ss + c * 2 * GV), u1 = aft_vld(ss + c * 2 * GV + GV);
+            /* causal: row r's keys join the left part (they are left of c) */
+            if (causal) {
+                u0 += fr * aft_vld(er + c * 2 * GV);
+                u1 += fr * aft_vld(er + c * 2 * GV + GV);
+            }
+            p0 += u0;
+            p1 += u1;
+            aft_vst(ps + c * 2 * GV, p0);
+            aft_vst(ps + c * 2 * GV + GV, p1);
+        }
+        p0 = p1 = (aft_vf){0};
         for (size_t c = W; c-- > 0;) {
-            for (size_t l = 0; l < 2 * GV; l++) run[l] += ss[c * 2 * GV + l];
-            memcpy(ss + c * 2 * GV, run, sizeof run);
+            p0 += aft_vld(ss + c * 2 * GV);
+            p1 += aft_vld(ss + c * 2 * GV + GV);
+            aft_vst(ss + c * 2 * GV, p0);
+            aft_vst(ss + c * 2 * GV + GV, p1);
         }
     }
 
@@ -386,11 +475,18 @@ static void row_prep(const grid_job *jb, grid_scratch *sc, size_t bi, size_t cb,
     const long dlo = (long)blo - (long)r, dhi = (long)bhi - (long)r;
     const float *kw = sc->kw + bi * K * GV;
     float rwn[GV];
-    for (size_t l = 0; l < GV; l++) rwn[l] = -INFINITY;
-    for (long dr = dlo; dr <= dhi; dr++) {
-        const float *kr = kw + (size_t)(dr + (long)jb->Pr) * K2c * GV;
-        size_t nc = causal && dr == 0 ? Pc + 1 : K2c;   /* causal: row r's window ends at c */
-        for (size_t j = 0; j < nc * GV; j++) rwn[j % GV] = kr[j] > rwn[j % GV] ? kr[j] : rwn[j % GV];
+    {
+        aft_vf mx = aft_vld(kw + (size_t)(dlo + (long)jb->Pr) * K2c * GV);
+        for (long dr = dlo; dr <= dhi; dr++) {
+            const float *kr = kw + (size_t)(dr + (long)jb->Pr) * K2c * GV;
+            size_t nc = causal && dr == 0 ? Pc + 1 : K2c;   /* causal: row r's window ends at c */
+            for (size_t j = 0; j < nc; j++) {
+                aft_vf x = aft_vld(kr + j * GV);
+                aft_vi gt = x > mx;   /* a NaN entry is skipped */
+                mx = (aft_vf)(((aft_vi)x & gt) | ((aft_vi)mx & ~gt));
+            }
+        }
+        aft_vst(rwn, mx);
     }
     for (size_t l = 0; l < GV; l++) rwn[l] = isfinite(rwn[l]) ? rwn[l] : 0.0f;
     float *rw = sc->rw + bi * GV, *ew = sc->ew + bi * K * GV;
@@ -400,11 +496,10 @@ static void row_prep(const grid_job *jb, grid_scratch *sc, size_t bi, size_t cb,
     }
     float *tf = sc->tf + bi * K2r * K2c * GV;
     for (long dr = dlo; dr <= dhi; dr++) {
-        const float *fr = f + (size_t)((long)r + dr - (long)blo) * GV;
+        const aft_vf fr = aft_vld(f + (size_t)((long)r + dr - (long)blo) * GV);
         const float *e = ew + (size_t)(dr + (long)jb->Pr) * K2c * GV;
         float *t = tf + (size_t)(dr - dlo) * K2c * GV;
-        for (size_t j = 0; j < K2c; j++)
-            for (size_t l = 0; l < GV; l++) t[j * GV + l] = e[j * GV + l] * fr[l];
+        for (size_t j = 0; j < K2c; j++) aft_vst(t + j * GV, aft_vld(e + j * GV) * fr);
     }
     float *fw = sc->fw + bi * GV, *fz = sc->fz + bi * GV;
     for (size_t l = 0; l < GV; l++) {
@@ -527,7 +622,7 @@ static float grid_exact(const grid_job *jb, grid_scratch *sc, size_t b, size_t r
     const aft_opspec *sp = jb->sp;
     const size_t W = jb->W, T = sp->T, t = r * W + c, h = jb->conv ? ch / jb->ch : 0;
     const size_t blo = r >= jb->Pr ? r - jb->Pr : 0, bhi = jb->causal ? r : zmin(jb->H - 1, r + jb->Pr);
-    const float *k = jb->k + b * T * sp->ldk + ch, *v = jb->v + b * T * sp->ldv + ch;
+    const float *k = jb->k + b * T * sp->ldk + (jb->kc == jb->C ? ch : ch / jb->ch), *v = jb->v + b * T * sp->ldv + ch;
     double M = -INFINITY;
     for (size_t rr = blo; rr <= bhi; rr++) {
         float *w = sc->wrow + (rr - blo) * W;
@@ -575,13 +670,14 @@ static float grid_exact(const grid_job *jb, grid_scratch *sc, size_t b, size_t r
  * from the window sums in sc->acc and the row's parts: y = sigmoid(q) num /
  * den, one division; entries whose den underflowed go the exact path. */
 static void tile_out(const grid_job *jb, grid_scratch *sc, size_t b, size_t bi, size_t cb, size_t n, size_t r,
-                     size_t c0)
+                     size_t r0, size_t c0)
 {
     const aft_opspec *sp = jb->sp;
     const size_t W = jb->W, H = jb->H, Se = jb->Se, T = sp->T;
     const float *ps = sc->ps + bi * W * 2 * GV, *ss = sc->ss + bi * W * 2 * GV;
     const float *fe = sc->fe + bi * GV, *tb = sc->tb + bi * 2 * GV;
-    float *qq = sc->lane, *y = sc->lane + GV, *fw = sc->lane + 2 * GV, *fz = sc->lane + 3 * GV;
+    float *y = sc->lane + GV, *fw = sc->lane + 2 * GV, *fz = sc->lane + 3 * GV;
+    const float *qe = sc->qe + ((bi * jb->rows_per) + (r - r0)) * W * GV;
     static const float zeros[2 * GV];
     for (size_t i = 0; i < jb->GN && c0 + i < W; i++) {
         const size_t c = c0 + i, t = r * W + c;
@@ -598,13 +694,13 @@ static void tile_out(const grid_job *jb, grid_scratch *sc, size_t b, size_t bi, 
                 fz[l] = z;
             }
         }
-        lanes_in(qq, jb->q + (b * T + t) * sp->ldq + cb, n, 0.0f);
+        const float *qq = qe + c * GV;
         int any = 0;
         unsigned char redo[GV];
         for (size_t l = 0; l < GV; l++) {
             float den = a[l] * fw[l] + ((L[l] + R[l]) * fe[l] + tb[l]) * fz[l];
             float num = a[GV + l] * fw[l] + ((L[GV + l] + R[GV + l]) * fe[l] + tb[GV + l]) * fz[l];
-            y[l] = num / (den * (1.0f + aft_expf(-qq[l])));
+            y[l] = num / (den * qq[l]);
             redo[l] = !(den >= AFT_DEN_EXACT_BELOW);
             any |= redo[l];
         }
@@ -620,53 +716,74 @@ static void tile_out(const grid_job *jb, grid_scratch *sc, size_t b, size_t bi, 
 
 /* ---- a task */
 
-/* Batch b, the blocks [blk0, blk0 + nbt), output rows [r0, r1). */
+/* Output row r of block bi (channels [cb, cb + n)): its tiles of GN
+ * columns (local's weights made by the caller) */
+static void row_tiles(const grid_job *jb, grid_scratch *sc, size_t b, size_t bi, size_t cb, size_t n, size_t r,
+                      size_t r0, size_t e0, size_t c0, size_t c1)
+{
+    const size_t H = jb->H, Pr = jb->Pr;
+    const size_t blo = r >= Pr ? r - Pr : 0, bhi = jb->causal ? r : zmin(H - 1, r + Pr);
+    const size_t nr = bhi - blo + 1, last_n = jb->causal ? jb->Pc + 1 : jb->K2c, rs = jb->Wp * 2 * GV;
+    for (size_t c = c0; c < c1; c += jb->GN) {
+        /* band row blo at padded column c: column c - Pc of the grid */
+        const float *er = sc->ek + ((bi * jb->erows + (blo - e0)) * jb->Wp + c) * 2 * GV;
+        if (jb->conv)
+            window_conv(sc->acc, er, rs, sc->tf + bi * jb->K2r * jb->K2c * GV, nr, jb->K2c, last_n);
+        else
+            window_local(sc->acc, er, rs, sc->wq, blo + Pr - r, jb->K2r, jb->K2c, sc->f + bi * jb->K2r * GV, nr,
+                         last_n);
+        tile_out(jb, sc, b, bi, cb, n, r, r0, c);
+    }
+}
+
+/* Batch b, the blocks [blk0, blk0 + nbt), output rows [r0, r1). conv takes
+ * its blocks one after another, each down the rows, so a block's band of
+ * rows stays in the caches while it moves down; local takes the rows one
+ * after another, each tile of GN queries through every block, so their
+ * weights are made once. */
 static void grid_task(const grid_job *jb, grid_scratch *sc, size_t b, size_t blk0, size_t r0, size_t r1)
 {
-    const size_t H = jb->H, W = jb->W, Se = jb->Se, Pr = jb->Pr, GN = jb->GN;
+    const size_t H = jb->H, W = jb->W, Se = jb->Se, Pr = jb->Pr;
     const size_t e0 = r0 >= Pr ? r0 - Pr : 0, e1 = jb->causal ? r1 : zmin(H, r1 + Pr);
     const size_t nbt = zmin(jb->nbt, jb->nblk - blk0);
+    rows_pass(jb, sc, b, blk0, nbt, e0, e1, r0, r1);
     for (size_t bi = 0; bi < nbt; bi++) {
         size_t cb = (blk0 + bi) * GV, n = zmin(GV, jb->C - cb);
-        rows_pass(jb, sc, b, bi, cb, n, e0, e1);
         ends_pass(jb, sc, bi, r0);
         if (jb->conv) {
             conv_lanes(jb, sc->kw + bi * jb->K2r * jb->K2c * GV, cb, n);
             for (size_t l = 0; l < GV; l++) sc->rw[bi * GV + l] = NAN;   /* the weights are not made yet */
         }
     }
-    const size_t rs = jb->Wp * 2 * GV;   /* floats a held row */
-    for (size_t r = r0; r < r1; r++) {
-        /* the top part now holds the rows [0, r - Se] */
-        if (r > r0 && r >= Se)
-            for (size_t bi = 0; bi < nbt; bi++)
-                merge_row(sc->top + bi * 3 * GV, sc->rm + (bi * H + r - Se) * GV, sc->rt + (bi * H + r - Se) * 2 * GV);
-        for (size_t bi = 0; bi < nbt; bi++) {
-            size_t cb = (blk0 + bi) * GV;
-            row_prep(jb, sc, bi, cb, zmin(GV, jb->C - cb), r, e0);
-        }
-        const size_t blo = r >= Pr ? r - Pr : 0, bhi = jb->causal ? r : zmin(H - 1, r + Pr);
-        const size_t nr = bhi - blo + 1, last_n = jb->causal ? jb->Pc + 1 : jb->K2c;
-        for (size_t c0 = 0; c0 < W; c0 += GN) {
-            if (!jb->conv) local_weights(jb, sc, r, c0);
-            for (size_t bi = 0; bi < nbt; bi++) {
-                size_t cb = (blk0 + bi) * GV, n = zmin(GV, jb->C - cb);
-                /* band row blo at padded column c0: column c0 - Pc of the grid */
-                const float *er = sc->ek + ((bi * jb->erows + (blo - e0)) * jb->Wp + c0) * 2 * GV;
-                if (jb->conv)
-                    window_conv(sc->acc, er, rs, sc->tf + bi * jb->K2r * jb->K2c * GV, nr, jb->K2c, last_n);
-                else
-                    window_local(sc->acc, er, rs, sc->wq, blo + Pr - r, jb->K2r, jb->K2c,
-                                 sc->f + bi * jb->K2r * GV, nr, last_n);
-                tile_out(jb, sc, b, bi, cb, n, r, c0);
+    /* the top part holds the rows [0, r - Se] at row r */
+    for (size_t bo = 0; bo < (jb->conv ? nbt : 1); bo++)
+        for (size_t r = r0; r < r1; r++) {
+            const size_t bi0 = jb->conv ? bo : 0, bi1 = jb->conv ? bo + 1 : nbt;
+            for (size_t bi = bi0; bi < bi1; bi++) {
+                size_t cb = (blk0 + bi) * GV;
+                if (r > r0 && r >= Se)
+                    merge_row(sc->top + bi * 3 * GV, sc->rm + (bi * H + r - Se) * GV,
+                              sc->rt + (bi * H + r - Se) * 2 * GV);
+                row_prep(jb, sc, bi, cb, zmin(GV, jb->C - cb), r, e0);
+            }
+            if (jb->conv) {
+                size_t cb = (blk0 + bo) * GV;
+                row_tiles(jb, sc, b, bo, cb, zmin(GV, jb->C - cb), r, r0, e0, 0, W);
+                continue;
+            }
+            for (size_t c = 0; c < W; c += jb->GN) {
+                local_weights(jb, sc, r, c);
+                for (size_t bi = 0; bi < nbt; bi++) {
+                    size_t cb = (blk0 + bi) * GV;
+                    row_tiles(jb, sc, b, bi, cb, zmin(GV, jb->C - cb), r, r0, e0, c, zmin(W, c + jb->GN));
+                }
             }
         }
-    }
 }
 
-// out: (B, T, C)   q, k, v: (B, T, C) with sp's row strides, k one channel
-// per value channel; T = grid_h * grid_w in raster order
-aft_status aft_op_grid(float *out, const float *q, const float *k, const float *v, size_t B,
+// out: (B, T, C)   q, v: (B, T, C)   k: (B, T, kc), kc = C or heads; with
+// sp's row strides; T = grid_h * grid_w in raster order
+aft_status aft_op_grid(float *out, const float *q, const float *k, const float *v, size_t B, size_t kc,
                        const aft_opspec *sp, aft_error *err)
 {
     const size_t H = sp->grid_h, W = sp->grid_w, C = sp->C, nt = (size_t)sp->threads;
@@ -679,7 +796,8 @@ aft_status aft_op_grid(float *out, const float *q, const float *k, const float *
     jb.v = v;
     jb.out = out;
     jb.ch = C / sp->heads;
-    const size_t ngroup = jb.nblk / jb.nbt, ntask = B * ngroup * jb.nsplit;
+    jb.kc = kc;
+    const size_t ngroup = (jb.nblk + jb.nbt - 1) / jb.nbt, ntask = B * ngroup * jb.nsplit;
     int failed = 0;
     #pragma omp parallel num_threads((int)nt)
     {
@@ -700,6 +818,7 @@ aft_status aft_op_grid(float *out, const float *q, const float *k, const float *
             }
         }
         free(blk);
+        free(sc.kidx);
     }
     if (failed)
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the grid kernel's scratch (%zu x %zu grid)", H, W);
