@@ -106,7 +106,7 @@ typedef struct {
     float *acc;     /* (GN, 2, GV): window sums of a tile */
     float *wrow;    /* the exact path: (K2r, W) */
     float *qe;      /* (nbt, rows_per, W, GV): 1 + exp(-q) of the task's rows */
-    size_t *kidx;   /* (nbt, GV): each lane's key channel */
+    struct key_map *km;   /* (nbt): how each block's lanes find their keys */
     float *lane;    /* (4, GV) */
 } grid_scratch;
 
@@ -129,14 +129,35 @@ static inline void lanes_in(float *restrict dst, const float *restrict src, size
     for (size_t l = 0; l < GV; l++) dst[l] = l < n ? src[l] : fill;
 }
 
-/* keys of n lanes (channels kidx[l] of the row k), the rest -inf */
-static inline void key_lanes(float *restrict dst, const float *restrict k, const size_t *restrict kidx, size_t n)
+/* How a block's lanes find their keys: kidx[l] the key channel of lane l;
+ * with one per head, ascending, and when GV of them from kidx[0] on lie in
+ * the row, a vector from kidx[0] permuted by perm (one load and one
+ * permute, where a lane at a time was 4% of the run) */
+typedef struct key_map {
+    size_t kidx[GV];
+    int32_t perm[GV];   /* not an aft_vi: malloc does not align to a vector */
+    int mode;   /* 0: lane at a time; 1: contiguous (kc == C); 2: load and permute */
+} key_map;
+
+static void key_map_init(key_map *km, size_t c0, size_t n, size_t C, size_t kc, size_t ch)
 {
-    if (n == GV && kidx[GV - 1] == kidx[0] + GV - 1) {   /* one key channel per value channel */
-        memcpy(dst, k + kidx[0], GV * sizeof(float));
-        return;
+    for (size_t l = 0; l < GV; l++) km->kidx[l] = kc == C ? c0 + l : (c0 + (l < n ? l : 0)) / ch;
+    km->mode = n < GV ? 0 : kc == C ? 1 : km->kidx[0] + GV <= kc ? 2 : 0;
+    for (size_t l = 0; l < GV; l++) km->perm[l] = (int32_t)(km->kidx[l] - km->kidx[0]);
+}
+
+/* keys of n lanes of the row k, the rest -inf */
+static inline void key_lanes(float *restrict dst, const float *restrict k, const key_map *km, size_t n)
+{
+    if (km->mode == 1) {
+        memcpy(dst, k + km->kidx[0], GV * sizeof(float));
+    } else if (km->mode == 2) {
+        aft_vi perm;
+        memcpy(&perm, km->perm, sizeof perm);
+        aft_vst(dst, __builtin_shuffle(aft_vld(k + km->kidx[0]), perm));
+    } else {
+        for (size_t l = 0; l < GV; l++) dst[l] = l < n ? k[km->kidx[l]] : -INFINITY;
     }
-    for (size_t l = 0; l < GV; l++) dst[l] = l < n ? k[kidx[l]] : -INFINITY;
 }
 
 /* e = exp(x - z) for a vector of lanes; with ok (no x +inf or NaN, z >= x)
@@ -238,10 +259,10 @@ static float *grid_scratch_alloc(grid_scratch *sc, const grid_job *jb)
                                 &sc->wq, &sc->rwq, &sc->acc, &sc->wrow, &sc->qe, &sc->lane, NULL};
     size_t total = grid_scratch_floats(jb);
     float *blk = total == SIZE_MAX ? NULL : aft_calloc_array(total, sizeof(float));
-    sc->kidx = aft_alloc_array(jb->nbt * GV, sizeof(size_t));
-    if (!blk || !sc->kidx) {
+    sc->km = aft_alloc_array(jb->nbt, sizeof(key_map));
+    if (!blk || !sc->km) {
         free(blk);
-        free(sc->kidx);
+        free(sc->km);
         return NULL;
     }
     float *p = blk;
@@ -266,9 +287,8 @@ static void rows_pass(const grid_job *jb, grid_scratch *sc, size_t b, size_t blk
     const aft_opspec *sp = jb->sp;
     const size_t H = jb->H, W = jb->W, T = sp->T, C = jb->C, c0 = blk0 * GV, cn = zmin(C - c0, nbt * GV);
     float kk[GV], vv[GV], z[GV], e[GV];
-    size_t *kidx = sc->kidx;   /* (nbt, GV): the key channel of each lane */
-    for (size_t i = 0; i < nbt * GV; i++)
-        kidx[i] = jb->kc == C ? c0 + i : (c0 + (i < cn ? i : 0)) / jb->ch;
+    key_map *km = sc->km;
+    for (size_t bi = 0; bi < nbt; bi++) key_map_init(&km[bi], c0 + bi * GV, zmin(GV, cn - bi * GV), C, jb->kc, jb->ch);
     for (size_t r = 0; r < H; r++) {
         const float *kr = jb->k + (b * T + r * W) * sp->ldk, *vr = jb->v + (b * T + r * W) * sp->ldv + c0;
         const float *qr = jb->q + (b * T + r * W) * sp->ldq + c0;
@@ -281,13 +301,13 @@ static void rows_pass(const grid_job *jb, grid_scratch *sc, size_t b, size_t blk
             /* ask for a later token's lines early: the tokens are rows of
              * C channels, of which a task reads a few cache lines */
             for (size_t i = 0; i < cn; i += 16) {
-                __builtin_prefetch(kr + (c + PF_TOKENS) * sp->ldk + kidx[i], 0, PF_LOC);
+                __builtin_prefetch(kr + (c + PF_TOKENS) * sp->ldk + km[i / GV].kidx[0], 0, PF_LOC);
                 __builtin_prefetch(vr + (c + PF_TOKENS) * sp->ldv + i, 0, PF_LOC);
                 if (want_q) __builtin_prefetch(qr + (c + PF_TOKENS) * sp->ldq + i, 0, PF_LOC);
             }
             for (size_t bi = 0; bi < nbt; bi++) {
                 float *m = sc->rm + (bi * H + r) * GV;
-                key_lanes(kk, kr + c * sp->ldk, kidx + bi * GV, zmin(GV, cn - bi * GV));
+                key_lanes(kk, kr + c * sp->ldk, &km[bi], zmin(GV, cn - bi * GV));
                 aft_vf x = aft_vld(kk), mx = aft_vld(m);
                 aft_vi fin = x < INFINITY;   /* NaN and +inf are not a row's maximum */
                 bad |= ~fin;
@@ -304,7 +324,7 @@ static void rows_pass(const grid_job *jb, grid_scratch *sc, size_t b, size_t blk
             float *row = e0 <= r && r < e1 ? sc->ek + ((bi * jb->erows + (r - e0)) * jb->Wp + jb->Pc) * 2 * GV
                                            : NULL;
             for (size_t c = 0; c < W; c++) {
-                key_lanes(kk, kr + c * sp->ldk, kidx + bi * GV, n);
+                key_lanes(kk, kr + c * sp->ldk, &km[bi], n);
                 lanes_in(vv, vr + c * sp->ldv + bi * GV, n, 0.0f);
                 exp_lanes(e, kk, z, ok);
                 aft_vf ev = aft_vld(e), evv = ev * aft_vld(vv);
@@ -679,38 +699,40 @@ static void tile_out(const grid_job *jb, grid_scratch *sc, size_t b, size_t bi, 
     float *y = sc->lane + GV, *fw = sc->lane + 2 * GV, *fz = sc->lane + 3 * GV;
     const float *qe = sc->qe + ((bi * jb->rows_per) + (r - r0)) * W * GV;
     static const float zeros[2 * GV];
+    if (jb->conv) {
+        memcpy(fw, sc->fw + bi * GV, GV * sizeof(float));
+        memcpy(fz, sc->fz + bi * GV, GV * sizeof(float));
+    }
     for (size_t i = 0; i < jb->GN && c0 + i < W; i++) {
         const size_t c = c0 + i, t = r * W + c;
         const float *L = c >= Se ? ps + (c - Se) * 2 * GV : zeros;
         const float *R = c + Se < W ? ss + (c + Se) * 2 * GV : zeros;
         const float *a = sc->acc + i * 2 * GV;
-        if (jb->conv) {
-            memcpy(fw, sc->fw + bi * GV, GV * sizeof(float));
-            memcpy(fz, sc->fz + bi * GV, GV * sizeof(float));
-        } else {   /* local: rw is the query's */
+        if (!jb->conv) {   /* local: rw is the query's */
             float rw = sc->rwq[i], zr = rw > 0.0f ? rw : 0.0f, frw = aft_expf(rw - zr), z = aft_expf(-zr);
             for (size_t l = 0; l < GV; l++) {
                 fw[l] = fe[l] * frw;
                 fz[l] = z;
             }
         }
-        const float *qq = qe + c * GV;
+        /* the window in units of exp(zc + zr): times fe fw'; the other parts
+         * (left, right: fe; top and bottom: tb) times exp(-zr) */
+        const aft_vf vfe = aft_vld(fe), vfw = aft_vld(fw), vfz = aft_vld(fz);
+        aft_vf den = aft_vld(a) * vfw + ((aft_vld(L) + aft_vld(R)) * vfe + aft_vld(tb)) * vfz;
+        aft_vf num = aft_vld(a + GV) * vfw + ((aft_vld(L + GV) + aft_vld(R + GV)) * vfe + aft_vld(tb + GV)) * vfz;
+        aft_vst(y, num / (den * aft_vld(qe + c * GV)));
+        aft_vi ok = den >= AFT_DEN_EXACT_BELOW;   /* false for NaN too */
         int any = 0;
-        unsigned char redo[GV];
-        for (size_t l = 0; l < GV; l++) {
-            float den = a[l] * fw[l] + ((L[l] + R[l]) * fe[l] + tb[l]) * fz[l];
-            float num = a[GV + l] * fw[l] + ((L[GV + l] + R[GV + l]) * fe[l] + tb[GV + l]) * fz[l];
-            y[l] = num / (den * qq[l]);
-            redo[l] = !(den >= AFT_DEN_EXACT_BELOW);
-            any |= redo[l];
-        }
+        for (size_t l = 0; l < n; l++) any |= ok[l] == 0;
         if (any) {
             const float *top = sc->top + bi * 3 * GV;
             const float *bot = !jb->causal && r + Se < H ? sc->bot + (bi * (H + 1) + r + Se) * 3 * GV : NULL;
             for (size_t l = 0; l < n; l++)
-                if (redo[l]) y[l] = grid_exact(jb, sc, b, r, c, cb + l, top, bot, l);
+                if (!ok[l]) y[l] = grid_exact(jb, sc, b, r, c, cb + l, top, bot, l);
         }
-        memcpy(jb->out + (b * T + t) * jb->C + cb, y, n * sizeof(float));
+        float *o = jb->out + (b * T + t) * jb->C + cb;
+        if (n == GV) aft_vst(o, aft_vld(y));   /* a fixed size: no call to memcpy */
+        else memcpy(o, y, n * sizeof(float));
     }
 }
 
@@ -818,7 +840,7 @@ aft_status aft_op_grid(float *out, const float *q, const float *k, const float *
             }
         }
         free(blk);
-        free(sc.kidx);
+        free(sc.km);
     }
     if (failed)
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the grid kernel's scratch (%zu x %zu grid)", H, W);
