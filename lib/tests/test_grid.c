@@ -646,10 +646,11 @@ static void test_grid_threads(void **state)
     }
 }
 
-/* Causality with a value that is NaN or +inf at token t_bad: the outputs
- * before it are the same bits as with that value 0 (0 * NaN must not reach
- * them), and in its channel those from it on are not finite (each sees it,
- * inside its window or outside). */
+/* Causality with a value, or a key, that is NaN or +inf at token t_bad: the
+ * outputs before it are the same bits as with that entry 0 (0 * NaN must
+ * not reach them, nor may the key raise a stabiliser they use to +inf); with
+ * a bad value, those from it on in its channel are not finite (each sees
+ * it, inside its window or outside). */
 static void test_grid_causal_later_value(void **state)
 {
     (void)state;
@@ -659,16 +660,17 @@ static void test_grid_causal_later_value(void **state)
     float *q = randf(&r, T * C, 2), *k = randf(&r, T * C, 3), *v = randf(&r, T * C, 1), *w = randf(&r, T * T, 1),
           *sq = randf(&r, 2 * 25, 1);
     float *y0 = xmalloc(T * C * sizeof *y0), *y1 = xmalloc(T * C * sizeof *y1);
-    for (int var = 0; var < 2; var++)
+    for (int var = 0; var < 4; var++)
         for (size_t bi = 0; bi < N_OF(bads); bi++)
             for (int th = 1; th <= 3; th++) {
+                float *x = var < 2 ? v : k;   /* 2, 3: the key */
                 aft_bias bias = {0};
                 aft_config cfg = {0};
                 cfg.causal = 1;
                 cfg.threads = th;
                 cfg.grid_h = H;
                 cfg.grid_w = W;
-                if (var == 0) {
+                if (var % 2 == 0) {
                     cfg.variant = AFT_LOCAL;
                     cfg.window = 3;
                     bias.kind = AFT_BIAS_DENSE;
@@ -683,22 +685,22 @@ static void test_grid_causal_later_value(void **state)
                     bias.conv_2d = 1;
                 }
                 aft_error err = {{0}};
-                v[t_bad * C + c_bad] = 0.0f;
+                x[t_bad * C + c_bad] = 0.0f;
                 assert_int_equal(aft_op_forward(y0, q, k, v, &bias, &cfg, 1, T, C, C, &err), AFT_OK);
-                v[t_bad * C + c_bad] = bads[bi];
+                x[t_bad * C + c_bad] = bads[bi];
                 assert_int_equal(aft_op_forward(y1, q, k, v, &bias, &cfg, 1, T, C, C, &err), AFT_OK);
+                x[t_bad * C + c_bad] = 0.0f;
                 for (size_t i = 0; i < T * C; i++) {
                     size_t t = i / C, c = i % C;
                     if (t < t_bad && memcmp(&y0[i], &y1[i], sizeof(float)) != 0)
-                        fail_msg("%s, v = %g at token %zu, threads %d: token %zu channel %zu is %.9g, %.9g without it",
-                                 aft_variant_name(cfg.variant), (double)bads[bi], t_bad, th, t, c, (double)y1[i],
-                                 (double)y0[i]);
-                    if (t >= t_bad && c == c_bad && isfinite(y1[i]))
+                        fail_msg("%s, %s = %g at token %zu, threads %d: token %zu channel %zu is %.9g, %.9g without "
+                                 "it", aft_variant_name(cfg.variant), var < 2 ? "v" : "k", (double)bads[bi], t_bad,
+                                 th, t, c, (double)y1[i], (double)y0[i]);
+                    if (var < 2 && t >= t_bad && c == c_bad && isfinite(y1[i]))
                         fail_msg("%s, v = %g at token %zu: token %zu is finite (%.9g)", aft_variant_name(cfg.variant),
                                  (double)bads[bi], t_bad, t, (double)y1[i]);
                 }
             }
-    v[t_bad * C + c_bad] = 0.0f;
     free(q); free(k); free(v); free(w); free(sq); free(y0); free(y1);
 }
 
