@@ -129,6 +129,13 @@ static inline void lanes_in(float *restrict dst, const float *restrict src, size
     for (size_t l = 0; l < GV; l++) dst[l] = l < n ? src[l] : fill;
 }
 
+/* GCC's permute of a vector by a vector of indices (clang has none) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define HAVE_SHUFFLE 1
+#else
+#define HAVE_SHUFFLE 0
+#endif
+
 /* How a block's lanes find their keys: kidx[l] the key channel of lane l;
  * with one per head, ascending, and when GV of them from kidx[0] on lie in
  * the row, a vector from kidx[0] permuted by perm (one load and one
@@ -142,7 +149,7 @@ typedef struct key_map {
 static void key_map_init(key_map *km, size_t c0, size_t n, size_t C, size_t kc, size_t ch)
 {
     for (size_t l = 0; l < GV; l++) km->kidx[l] = kc == C ? c0 + l : (c0 + (l < n ? l : 0)) / ch;
-    km->mode = n < GV ? 0 : kc == C ? 1 : km->kidx[0] + GV <= kc ? 2 : 0;
+    km->mode = n < GV ? 0 : kc == C ? 1 : km->kidx[0] + GV <= kc && HAVE_SHUFFLE ? 2 : 0;
     for (size_t l = 0; l < GV; l++) km->perm[l] = (int32_t)(km->kidx[l] - km->kidx[0]);
 }
 
@@ -151,10 +158,12 @@ static inline void key_lanes(float *restrict dst, const float *restrict k, const
 {
     if (km->mode == 1) {
         memcpy(dst, k + km->kidx[0], GV * sizeof(float));
+#if HAVE_SHUFFLE
     } else if (km->mode == 2) {
         aft_vi perm;
         memcpy(&perm, km->perm, sizeof perm);
         aft_vst(dst, __builtin_shuffle(aft_vld(k + km->kidx[0]), perm));
+#endif
     } else {
         for (size_t l = 0; l < GV; l++) dst[l] = l < n ? k[km->kidx[l]] : -INFINITY;
     }
