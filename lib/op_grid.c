@@ -34,12 +34,13 @@
  * recomputed exactly in double from the band rows' keys and the top and
  * bottom sums, which are exact by the rule above. As in op_band.c.
  *
- * Work: the threads take tasks of (batch, channel block, range of output
- * rows); the channels are the vector lanes (AFT_VL of them a block). conv's
- * tasks hold one block (its weights are per lane: per head); local's hold
- * every block, so its weights exp(w[t, t'] - rw), which differ per query and
- * are the same for all channels, are made once per query. The window's sums
- * are kept in registers for GN output columns at once.
+ * Work: the threads take tasks of (batch, channels, range of output rows);
+ * the channels are the vector lanes (AFT_VL of them a block). conv's tasks
+ * hold CONV_CH channels (its weights are per lane: per head) and take their
+ * blocks one after another down the rows, so a block's band stays in L2;
+ * local's hold every block, so its weights exp(w[t, t'] - rw), which differ
+ * per query and are the same for all channels, are made once per query.
+ * The window's sums are kept in registers for GN output columns at once.
  */
 #include "kernels.h"
 
@@ -54,11 +55,13 @@ enum { GN_CONV = 8, GN_LOCAL = 4 };
 #else
 enum { GN_CONV = 6, GN_LOCAL = 3 };
 #endif
-/* channels a conv task takes */
+/* channels a conv task takes: its tokens' channels are read together in
+ * the rows pass (a few cache lines a token rather than one) */
 #ifndef CONV_CH
 #define CONV_CH 64
 #endif
-/* tokens ahead the rows pass prefetches */
+/* tokens ahead the rows pass prefetches: it reads a few cache lines of each
+ * token, rows of C channels apart, in order (4 to 16 measured alike) */
 #ifndef PF_TOKENS
 #define PF_TOKENS 6
 #endif
@@ -204,13 +207,15 @@ static void grid_plan(grid_job *jb, aft_variant variant, int causal, size_t B, s
     jb->GN = jb->conv ? GN_CONV : GN_LOCAL;
     jb->Wp = W + 2 * jb->Pc + jb->GN;
     jb->nblk = (C + GV - 1) / GV;
-    /* conv: tasks of CONV_CH channels, whose rows are read a few cache
-     * lines in a row (one line a token was bound by memory latency) */
+    /* conv: tasks of CONV_CH channels, fewer when that leaves threads idle
+     * (before the rows are split, which costs more) */
+    const size_t want = 2 * nt;
     jb->nbt = jb->conv ? zmin(jb->nblk, (CONV_CH + GV - 1) / GV) : jb->nblk;
-    /* split the rows when batches x block groups leave threads idle; each
-     * piece sums every row's keys again (the top and bottom parts), which
-     * is O(H W) of the piece's O(rows W s^2) */
-    size_t base = B * ((jb->nblk + jb->nbt - 1) / jb->nbt), want = 2 * nt;
+    while (jb->conv && jb->nbt > 1 && B * ((jb->nblk + jb->nbt - 1) / jb->nbt) < want) jb->nbt = (jb->nbt + 1) / 2;
+    /* split the rows when batches x channel groups still leave threads
+     * idle; each piece sums every row's keys again (its top and bottom
+     * parts): O(H W) exponentials a channel more for its O(rows W s^2) */
+    size_t base = B * ((jb->nblk + jb->nbt - 1) / jb->nbt);
     size_t nsplit = base >= want ? 1 : zmin(H, (want + base - 1) / base);
     jb->rows_per = (H + nsplit - 1) / nsplit;
     jb->nsplit = (H + jb->rows_per - 1) / jb->rows_per;
