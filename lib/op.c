@@ -238,7 +238,8 @@ static aft_status run_all(float *out, const float *q, const float *k, const floa
         return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     aft_opspec sp = *sp_in;
     /* the grid kernel reads keys of one channel per head where they are */
-    if (kc != C && !reference && !sp.bias->mask && aft_op_on_grid(&sp)) return aft_op_grid(out, q, k, v, B, kc, &sp, err);
+    if (kc != C && !reference && !sp.bias->mask && aft_op_on_grid(&sp))
+        return aft_op_grid(out, q, k, v, B, kc, &sp, err);
     float *kwide = NULL;
     if (kc != C) {
         size_t ch = C / kc;
