@@ -1,7 +1,7 @@
 /* fuzz_weights.c - libFuzzer target for weight-name resolution: a parsed
- * .safetensors handle handed to aft_weights_load (the layer) and
- * aft_bias_load (the bare operator), for every variant, a few prefixes and
- * head counts, then aft_weights_free.
+ * .safetensors handle handed to aft_weights_load_grid (the layer) and
+ * aft_bias_load_grid (the bare operator), for every variant, a few prefixes,
+ * on a sequence and on a grid, then aft_weights_free.
  *
  * Whatever the file holds, loading either fails with a proper one-line
  * message or gives parameters whose every array has the size the shapes
@@ -32,8 +32,9 @@ static size_t mul(size_t a, size_t b)
     return r;
 }
 
-/* the position bias as aft_bias_load describes it in lib/aft.h */
-static void check_bias(const aft_weights *w, aft_variant v)
+/* the position bias as aft_bias_load describes it in lib/aft.h (grid: as
+ * aft_bias_load_grid does) */
+static void check_bias(const aft_weights *w, aft_variant v, int grid)
 {
     const aft_bias *b = &w->p.bias;
     FUZZ_REQUIRE(b->mask == NULL);
@@ -43,7 +44,8 @@ static void check_bias(const aft_weights *w, aft_variant v)
         FUZZ_REQUIRE(b->kind == AFT_BIAS_CONV);
         FUZZ_REQUIRE(w->conv_window >= 1 && b->conv_len == 2 * w->conv_window - 1);
         FUZZ_REQUIRE(b->conv_rows == w->conv_heads && b->conv_rows >= 1);
-        touch(b->conv, mul(b->conv_rows, b->conv_len), 0);
+        FUZZ_REQUIRE(b->conv_2d == grid);
+        touch(b->conv, mul(b->conv_rows, grid ? mul(b->conv_len, b->conv_len) : b->conv_len), 0);
     } else if (b->kind == AFT_BIAS_DENSE) {
         touch(b->dense, mul(b->tmax, b->tmax), 0);
     } else {
@@ -53,7 +55,7 @@ static void check_bias(const aft_weights *w, aft_variant v)
     }
 }
 
-static void check_layer(const aft_weights *w, aft_variant v)
+static void check_layer(const aft_weights *w, aft_variant v, int grid)
 {
     const aft_params *p = &w->p;
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out;
@@ -65,7 +67,7 @@ static void check_layer(const aft_weights *w, aft_variant v)
     touch(p->bk, KC, 1);
     touch(p->bv, C, 1);
     touch(p->bo, D, 1);
-    check_bias(w, v);
+    check_bias(w, v, grid);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -77,11 +79,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const char *const prefixes[] = {"", "attn.", "blocks.0.attn."};
     static const aft_variant variants[] = {AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV};
     for (size_t ip = 0; ip < sizeof prefixes / sizeof prefixes[0]; ip++)
-        for (size_t iv = 0; iv < sizeof variants / sizeof variants[0]; iv++) {
+        for (size_t iv = 0; iv < sizeof variants / sizeof variants[0]; iv++)
+            for (int grid = 0; grid <= 1; grid++) {
                 aft_weights w;
                 memset(&err, 0, sizeof err);
-                if (aft_weights_load(f, prefixes[ip], variants[iv], &w, &err) == AFT_OK)
-                    check_layer(&w, variants[iv]);
+                if (aft_weights_load_grid(f, prefixes[ip], variants[iv], grid, &w, &err) == AFT_OK)
+                    check_layer(&w, variants[iv], grid);
                 else
                     fuzz_check_error(&err);
                 FUZZ_REQUIRE(w.nowned <= sizeof w.owned / sizeof w.owned[0]);
@@ -90,8 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 /* the bare operator's path: only the bias */
                 memset(&w, 0, sizeof w);
                 memset(&err, 0, sizeof err);
-                if (aft_bias_load(f, prefixes[ip], variants[iv], &w, &err) == AFT_OK)
-                    check_bias(&w, variants[iv]);
+                if (aft_bias_load_grid(f, prefixes[ip], variants[iv], grid, &w, &err) == AFT_OK)
+                    check_bias(&w, variants[iv], grid);
                 else
                     fuzz_check_error(&err);
                 FUZZ_REQUIRE(w.nowned <= sizeof w.owned / sizeof w.owned[0]);

@@ -283,6 +283,14 @@ typedef struct {
                                 * with AVX/AVX2/AVX-512, else OpenBLAS) */
     aft_kernel full_product;   /* full's products (AUTO: aft's fused kernel
                                 * where it is faster, else OpenBLAS) */
+    size_t grid_h, grid_w;     /* a grid of grid_h x grid_w tokens in raster
+                                * (row-major) order, T = grid_h * grid_w;
+                                * 0, 0: a 1-D sequence. On a grid local's and
+                                * conv's window is 2-D: w[t, t'] is kept where
+                                * |r - r'| < window and |c - c'| < window (t at
+                                * row r, column c), 0 outside; causal is
+                                * raster order (t' <= t). full and simple use
+                                * only the grid's size. */
 } aft_config;
 
 /* Where the position bias w[t,t'] comes from. */
@@ -291,7 +299,8 @@ typedef enum {
     AFT_BIAS_DENSE,      /* w[t,t'] = dense[t * ld + t'], ld = Tmax >= T */
     AFT_BIAS_FACTORED,   /* w[t,t'] = sum_r u[t*rank + r] * v[t'*rank + r] */
     AFT_BIAS_SEEDED,     /* w[t,t'] generated from (seed, t, t'): see aft_seeded_bias */
-    AFT_BIAS_CONV,       /* w[t,t'] = conv[head][t' - t + window - 1] inside the window */
+    AFT_BIAS_CONV,       /* w[t,t'] = conv[head][t' - t + window - 1] inside the window;
+                          * on a grid (conv_2d) conv[head][r' - r + window - 1][c' - c + window - 1] */
 } aft_bias_kind;
 
 typedef struct {
@@ -312,6 +321,12 @@ typedef struct {
      * mask_batched; combined with causal */
     const uint8_t *mask;
     int mask_batched;
+    /* conv on a grid: each of the conv_rows rows is a (conv_len, conv_len)
+     * square, offset (r' - r, c' - c) at [r' - r + (conv_len - 1) / 2]
+     * [c' - c + (conv_len - 1) / 2]; conv_len 0: (heads, 2*window-1,
+     * 2*window-1) as the configuration says. Only with a grid, and a grid's
+     * conv bias must be one. */
+    int conv_2d;
 } aft_bias;
 
 /* The rules every entry point applies to a configuration before it runs;
@@ -324,9 +339,14 @@ typedef struct {
  *    with the bias (a bias of one row serves every head);
  *  - conv with window 0 and no such bias is simple (w = 0 everywhere), which
  *    needs keys of one channel per value channel;
- *  - simple reads no position bias.
+ *  - simple reads no position bias;
+ *  - a grid needs both grid_h and grid_w (or neither); a 2-D conv bias
+ *    (conv_2d) needs a grid, and conv on a grid needs a 2-D one; T must be
+ *    grid_h * grid_w (checked where T is known: aft_op_forward and the
+ *    layer).
  * C: value channels; kc: key channels (C, or conv's heads). A window wider
- * than the sequence sees all of it (aft_window_in). */
+ * than the sequence sees all of it (aft_window_in); on a grid, one at least
+ * as wide as max(grid_h, grid_w) sees the whole grid. */
 aft_status aft_config_settle(aft_config *cfg, const aft_bias *bias, size_t C, size_t kc, aft_error *err);
 /* the window a sequence of T rows sees: min(window, T) */
 size_t aft_window_in(size_t window, size_t T);
@@ -381,6 +401,7 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
 
 /* ---------------------------------------------------------------- streaming state
  *
+ * (1-D sequences only: a grid configuration is refused.)
  * A causal layer, or the causal bare operator, run a chunk of rows at a
  * time, as the RNN it is: row t needs only the stabilised running sums of
  * the keys before its window, per channel, and the rows of its window
@@ -431,7 +452,8 @@ const char *aft_state_fingerprint(const aft_state *s);
 /* A layer's parameters found in a .safetensors file, converted to float32.
  * Names (after the prefix): query|to_q, key|to_k, value|to_v, output|project,
  * each ".weight" (out, in) with optional ".bias"; position bias "pos_bias" or
- * "wbias" ((Tmax, Tmax) for full and local; (H, 2S-1) or (2S-1) for conv), or
+ * "wbias" ((Tmax, Tmax) for full and local; (H, 2S-1) or (2S-1) for conv, and
+ * on a grid (H, 2S-1, 2S-1) or (2S-1, 2S-1): aft_weights_load_grid), or
  * "pos_bias_u" and "pos_bias_v" ((Tmax, r) each, w = u v^T). Other tensors are
  * ignored; two candidates for one role is an error. */
 typedef struct {
@@ -439,8 +461,8 @@ typedef struct {
                             * p.bias.name points into names: use the struct
                             * where it was loaded */
     size_t conv_window;    /* conv: S read from the bias shape, else 0 */
-    size_t conv_heads;     /* conv: rows of the bias (1 if it was 1-D: shared
-                            * by every head) */
+    size_t conv_heads;     /* conv: rows of the bias (1 if it was 1-D, or a
+                            * single square on a grid: shared by every head) */
     char names[6][160];    /* the tensor names used: q, k, v, o, bias, bias_v */
     float *owned[12];
     size_t nowned;
@@ -449,12 +471,22 @@ typedef struct {
 /* variant decides how the position bias is read. */
 aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                             aft_weights *w, aft_error *err);
+/* The same for a configuration on a grid (grid != 0): conv's bias is then
+ * (heads, 2S-1, 2S-1), or (2S-1, 2S-1) shared by every head, and is read
+ * with bias.conv_2d set; a 1-D conv bias is refused. local and full read
+ * (Tmax, Tmax) or pos_bias_u/pos_bias_v as on a sequence (Tmax >= H * W,
+ * raster order). grid 0 is aft_weights_load. */
+aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
+                                 aft_weights *w, aft_error *err);
 void aft_weights_free(aft_weights *w);
 /* Only the position bias (into w->p.bias, conv_window, conv_heads), for the
  * bare operator; on failure w keeps what it owned: free it with
  * aft_weights_free. */
 aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                          aft_weights *w, aft_error *err);
+/* the same for a grid (grid != 0), as aft_weights_load_grid */
+aft_status aft_bias_load_grid(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
+                              aft_weights *w, aft_error *err);
 
 /* ---------------------------------------------------------------- memory */
 

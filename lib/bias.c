@@ -74,10 +74,47 @@ static void bias_row(const aft_bias *b, size_t t, size_t j0, size_t j1, float *o
     for (size_t j = j0; j < j1; j++) out[j - j0] = aft_bias_at(b, t, j);
 }
 
+/* aft_w_row on a grid: the keys j of [j0, j1) in the 2-D window around t
+ * (|r - r'| < s and |c - c'| < s), grid row by grid row; zero elsewhere */
+static void grid_w_row(const aft_opspec *sp, size_t h, size_t t, size_t j0, size_t j1, float *out)
+{
+    const aft_bias *b = sp->bias;
+    const size_t s = sp->window, W = sp->grid_w, r = t / W, c = t % W;
+    memset(out, 0, (j1 - j0) * sizeof(float));
+    if (s == 0 || j0 >= j1) return;
+    /* the window's grid rows and columns, inclusive (a window of any size:
+     * its far sides are clamped before they could wrap) */
+    const size_t reach = s - 1 < sp->T ? s - 1 : sp->T;
+    size_t rlo = r >= reach ? r - reach : 0, rhi = r + reach;
+    size_t clo = c >= reach ? c - reach : 0, chi = c + reach < W - 1 ? c + reach : W - 1;
+    rlo = rlo > j0 / W ? rlo : j0 / W;
+    rhi = rhi < (j1 - 1) / W ? rhi : (j1 - 1) / W;
+    const size_t len = sp->conv_len;   /* conv: 2S - 1, a square's side */
+    const float *sq = sp->variant == AFT_CONV && b->kind == AFT_BIAS_CONV
+                          ? b->conv + (sp->conv_rows == 1 ? 0 : h) * len * len : NULL;
+    for (size_t rr = rlo; rr <= rhi; rr++) {
+        size_t lo = rr * W + clo, hi = rr * W + chi + 1;   /* this row's window keys */
+        lo = lo > j0 ? lo : j0;
+        hi = hi < j1 ? hi : j1;
+        if (lo >= hi) continue;
+        if (sp->variant == AFT_LOCAL) {
+            bias_row(b, t, lo, hi, out + (lo - j0));
+        } else if (sq) {
+            /* offset (rr - r, cc - c) at [rr - r + s - 1][cc - c + s - 1] */
+            const float *row = sq + (rr + s - 1 - r) * len;
+            for (size_t j = lo; j < hi; j++) out[j - j0] = row[j - rr * W + s - 1 - c];
+        }
+    }
+}
+
 void aft_w_row(const aft_opspec *sp, size_t h, size_t t, size_t j0, size_t j1, float *out)
 {
     const aft_bias *b = sp->bias;
     size_t s = sp->window;
+    if (sp->grid_w && (sp->variant == AFT_LOCAL || sp->variant == AFT_CONV)) {
+        grid_w_row(sp, h, t, j0, j1, out);
+        return;
+    }
     switch (sp->variant) {
     case AFT_FULL:
         bias_row(b, t, j0, j1, out);

@@ -12,7 +12,8 @@
 /* raw bias entry b(t, t2) of a full/local bias (dense, factored, seeded, none) */
 float aft_bias_at(const aft_bias *b, size_t t, size_t t2);
 /* w_eff[t, j] for j in [j0, j1) of head h (conv) into out[0 .. j1-j0): the
- * variant's bias inside its window, zero outside */
+ * variant's bias inside its window, zero outside (on a grid, the 2-D
+ * window: t, j in raster order) */
 void aft_w_row(const aft_opspec *sp, size_t h, size_t t, size_t j0, size_t j1, float *out);
 
 /* ---- op_ref.c: the float64 reference, O(T^2 C)
@@ -45,5 +46,15 @@ void aft_band_ctx_free(aft_band_ctx *ctx);
 int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                   const aft_opspec *sp, size_t r0, size_t r1, const float *carry_in, float *carry_out,
                   const float *right_in);
+
+/* ---- op_grid.c: local and conv on a grid (aft_op_on_grid), in
+ * O(H W s^2 C) time and O(H W C) memory; all batches: (B, T, C), keys
+ * (B, T, kc) with kc = C, or conv's heads (read where they are) */
+aft_status aft_op_grid(float *out, const float *q, const float *k, const float *v, size_t B, size_t kc,
+                       const aft_opspec *sp, aft_error *err);
+/* bytes of scratch aft_op_grid allocates on `threads` threads for these
+ * sizes (window: local's, or conv's S); SIZE_MAX when they overflow */
+size_t aft_grid_workspace(aft_variant variant, int causal, size_t B, size_t H, size_t W, size_t S, size_t C,
+                          size_t threads);
 
 #endif /* AFT_KERNELS_H */

@@ -31,6 +31,12 @@ size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, 
         size_t blk = sat_mul(sat_mul(aft_full_rows(T, threads), T), f);
         op = sat_add(sat_mul(sat_mul(T, 2 * C), f), sat_mul(blk, threads));
         op = sat_add(op, sat_mul(sat_mul(T, C), f));
+    } else if (cfg->grid_w && cfg->grid_h && cfg->window > 0 &&
+               (cfg->variant == AFT_LOCAL || cfg->variant == AFT_CONV)) {
+        /* the grid kernel's scratch (op_grid.c sizes it) */
+        size_t side = cfg->grid_h > cfg->grid_w ? cfg->grid_h : cfg->grid_w;
+        op = aft_grid_workspace(cfg->variant, cfg->causal, B, cfg->grid_h, cfg->grid_w,
+                                cfg->window < side ? cfg->window : side, C, threads);
     } else {
         /* per thread: right-part states (T, 64) x 3 and a band block */
         size_t s = aft_window_in(cfg->window, T);

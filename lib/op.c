@@ -6,6 +6,7 @@
  * every kernel reads. aft_op_run then picks the kernel:
  *   reference impl            -> op_ref.c (float64, O(T^2 C))
  *   simple without causality  -> op_simple.c (O(T C))
+ *   local, conv on a grid     -> op_grid.c (O(H W s^2 C)), unless such a mask
  *   local, conv, causal simple -> op_band.c (O(T s C)), unless a mask that is
  *                                neither all-visible nor exactly causal is given
  *   full, or any masked run   -> op_full.c (blocked products, O(T^2 C))
@@ -41,6 +42,9 @@ static aft_status settle_conv(aft_config *cfg, const aft_bias *bias, size_t C, s
     int shaped = bias->kind == AFT_BIAS_CONV && bias->conv_len > 0;
     if (shaped) {
         size_t n = bias->conv_len, S = (n + 1) / 2, rows = bias->conv_rows;
+        if ((n % 2 == 0 || rows == 0) && bias->conv_2d)
+            return aft_fail(err, AFT_ERR_ARG, "%s is (%zu, %zu, %zu); a grid's conv bias is (heads, 2*window-1, "
+                            "2*window-1)", name, rows, n, n);
         if (n % 2 == 0 || rows == 0)
             return aft_fail(err, AFT_ERR_ARG, "%s is (%zu, %zu); a conv bias is (heads, 2*window-1)", name, rows, n);
         if (cfg->window == AFT_WINDOW_FROM_BIAS) cfg->window = S;
@@ -65,12 +69,34 @@ static aft_status settle_conv(aft_config *cfg, const aft_bias *bias, size_t C, s
     return AFT_OK;
 }
 
+/* a grid has both sides or none; a 2-D conv bias and a grid go together
+ * (a (heads, 2S-1) bias could not be told from a square one) */
+static aft_status settle_grid(const aft_config *cfg, const aft_bias *bias, aft_error *err)
+{
+    const char *name = bias->name ? bias->name : "the conv bias";
+    size_t n;
+    if ((cfg->grid_h == 0) != (cfg->grid_w == 0))
+        return aft_fail(err, AFT_ERR_ARG, "a grid of %zu x %zu: a grid needs both its height and its width "
+                        "(0 x 0 for a 1-D sequence)", cfg->grid_h, cfg->grid_w);
+    if (!aft_mul_ok(cfg->grid_h, cfg->grid_w, &n))
+        return aft_fail(err, AFT_ERR_ARG, "a grid of %zu x %zu overflows", cfg->grid_h, cfg->grid_w);
+    int on_grid = cfg->grid_w > 0, conv_bias = bias->kind == AFT_BIAS_CONV && cfg->variant == AFT_CONV;
+    if (conv_bias && bias->conv_2d && !on_grid)
+        return aft_fail(err, AFT_ERR_ARG, "'%s' is a 2-D conv bias, which needs a grid (grid_h x grid_w)", name);
+    if (conv_bias && !bias->conv_2d && on_grid)
+        return aft_fail(err, AFT_ERR_ARG, "conv on a grid of %zu x %zu needs a 2-D bias (heads, 2*window-1, "
+                        "2*window-1) with conv_2d set; '%s' is 1-D", cfg->grid_h, cfg->grid_w, name);
+    return AFT_OK;
+}
+
 aft_status aft_config_settle(aft_config *cfg, const aft_bias *bias, size_t C, size_t kc, aft_error *err)
 {
     if (!bias || !cfg) return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
     if ((unsigned)bias->kind > AFT_BIAS_CONV)
         return aft_fail(err, AFT_ERR_ARG, "unknown position bias kind %d", (int)bias->kind);
     if ((unsigned)cfg->variant > AFT_CONV) return aft_fail(err, AFT_ERR_ARG, "unknown variant %d", (int)cfg->variant);
+    aft_status st = settle_grid(cfg, bias, err);
+    if (st) return st;
     cfg->threads = aft_threads_or_all(cfg->threads);
     if (cfg->variant == AFT_CONV) return settle_conv(cfg, bias, C, kc, err);
     if (cfg->window == AFT_WINDOW_FROM_BIAS)
@@ -88,6 +114,9 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
     size_t n;
     if (!aft_mul3_ok(B, T, C, &n) || !aft_mul_ok(n, 2 * sizeof(float), &n))
         return aft_fail(err, AFT_ERR_ARG, "sizes B = %zu, T = %zu, C = %zu overflow", B, T, C);
+    if (cfg->grid_w && T != cfg->grid_h * cfg->grid_w)
+        return aft_fail(err, AFT_ERR_ARG, "a grid of %zu x %zu holds %zu tokens, but T = %zu", cfg->grid_h,
+                        cfg->grid_w, cfg->grid_h * cfg->grid_w, T);
     if (cfg->variant == AFT_CONV) {
         if (C % H != 0)
             return aft_fail(err, AFT_ERR_ARG, "conv: %zu heads do not divide the %zu hidden channels", H, C);
@@ -95,6 +124,9 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
             return aft_fail(err, AFT_ERR_ARG,
                             "conv: keys have %zu channels; expected %zu (one per value channel) or %zu (one per head)",
                             kc, C, H);
+        if ((bias->kind != AFT_BIAS_CONV || !bias->conv) && cfg->grid_w)
+            return aft_fail(err, AFT_ERR_ARG,
+                            "conv: needs a per-head position bias of shape (heads, 2*window-1, 2*window-1)");
         if (bias->kind != AFT_BIAS_CONV || !bias->conv)
             return aft_fail(err, AFT_ERR_ARG, "conv: needs a per-head position bias of shape (heads, 2*window-1)");
     } else {
@@ -132,7 +164,7 @@ aft_status aft_op_settle(aft_opspec *sp, const aft_bias *bias, const aft_config 
         .zero_bias = cfg.variant == AFT_SIMPLE || cfg.window == 0 ||
                      (conv ? bias->kind != AFT_BIAS_CONV : bias->kind == AFT_BIAS_NONE),
         .causal = cfg.causal != 0, .threads = cfg.threads, .full_blas = cfg.full_product == AFT_KERNEL_BLAS,
-        .ldq = C, .ldk = kc, .ldv = C};
+        .ldq = C, .ldk = kc, .ldv = C, .grid_h = cfg.grid_h, .grid_w = cfg.grid_w};
     return AFT_OK;
 }
 
@@ -189,6 +221,7 @@ static aft_status run_kernel(float *out, const float *q, const float *k, const f
     if (dense_mask || sp->variant == AFT_FULL)
         return per_batch(out, q, k, v, sp, B, dense_mask ? bias->mask : NULL, bias->mask_batched, 0, err);
     if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);
+    if (aft_op_on_grid(sp)) return aft_op_grid(out, q, k, v, B, sp->C, sp, err);
     return aft_op_band(out, q, k, v, B, sp, err);
 }
 
@@ -204,13 +237,17 @@ static aft_status run_all(float *out, const float *q, const float *k, const floa
     if (sp_in->bias->mask && T > SIZE_MAX / T / B)
         return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     aft_opspec sp = *sp_in;
+    /* the grid kernel reads keys of one channel per head where they are */
+    if (kc != C && !reference && !sp.bias->mask && aft_op_on_grid(&sp))
+        return aft_op_grid(out, q, k, v, B, kc, &sp, err);
     float *kwide = NULL;
     if (kc != C) {
         size_t ch = C / kc;
         kwide = aft_alloc_array(B * T, C * sizeof(float));
         if (!kwide) return aft_fail(err, AFT_ERR_NOMEM, "out of memory widening keys to %zu channels", C);
         for (size_t bt = 0; bt < B * T; bt++)
-            for (size_t c = 0; c < C; c++) kwide[bt * C + c] = k[bt * sp.ldk + c / ch];
+            for (size_t j = 0; j < kc; j++)
+                for (size_t c = 0; c < ch; c++) kwide[bt * C + j * ch + c] = k[bt * sp.ldk + j];
         k = kwide;
         sp.ldk = C;
     }
@@ -239,7 +276,7 @@ aft_status aft_op_forward(float *out, const float *q, const float *k, const floa
 
 aft_rows_kind aft_op_rows_kind(const aft_opspec *sp, size_t kc)
 {
-    if (sp->bias->mask || kc != sp->C || sp->variant == AFT_FULL) return AFT_ROWS_NONE;
+    if (sp->bias->mask || kc != sp->C || sp->variant == AFT_FULL || aft_op_on_grid(sp)) return AFT_ROWS_NONE;
     if (sp->causal) return AFT_ROWS_CAUSAL;
     return sp->zero_bias ? AFT_ROWS_GLOBAL : AFT_ROWS_BAND;
 }

@@ -26,6 +26,9 @@ typedef struct {
                              * (chunked callers; 0 otherwise) */
     size_t q_row0;          /* q and out hold rows from this row on (chunked
                              * callers without causality; 0 otherwise) */
+    size_t grid_h, grid_w;  /* a grid of grid_h x grid_w rows in raster order
+                             * (T = grid_h * grid_w); 0, 0: a 1-D sequence.
+                             * Only local's and conv's w depend on it. */
 } aft_opspec;
 
 /* Checks the arguments and settles cfg against bias and the sizes (the rules
@@ -58,6 +61,14 @@ aft_status aft_op_run(float *out, const float *q, const float *k, const float *v
  * mask, keys of one channel per head, the reference). */
 typedef enum { AFT_ROWS_NONE, AFT_ROWS_CAUSAL, AFT_ROWS_GLOBAL, AFT_ROWS_BAND } aft_rows_kind;
 aft_rows_kind aft_op_rows_kind(const aft_opspec *sp, size_t kc);
+
+/* Does w depend on the grid (local or conv on a grid with a bias)? Such an
+ * operator runs whole sequences only (op_grid.c, or op_full.c under a
+ * mask). */
+static inline int aft_op_on_grid(const aft_opspec *sp)
+{
+    return sp->grid_w > 0 && !sp->zero_bias && (sp->variant == AFT_LOCAL || sp->variant == AFT_CONV);
+}
 
 /* rows before a chunk's first whose keys its band needs */
 size_t aft_op_halo(const aft_opspec *sp);

@@ -105,6 +105,9 @@ static aft_status state_init(aft_state *s, const aft_bias *bias, const aft_confi
     if (!cfg || !bias) return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
     if (!cfg->causal) return aft_fail(err, AFT_ERR_ARG, "a streaming state needs a causal run: row t must not see later rows");
     if (bias->mask) return aft_fail(err, AFT_ERR_ARG, "a streaming state cannot take a mask: it holds no T x T pattern");
+    if (cfg->grid_h || cfg->grid_w)
+        return aft_fail(err, AFT_ERR_ARG, "a streaming state runs 1-D sequences only, not a grid (%zu x %zu)",
+                        cfg->grid_h, cfg->grid_w);
     if (cfg->impl == AFT_IMPL_REFERENCE)
         return aft_fail(err, AFT_ERR_ARG, "the streaming state runs the fast kernels only");
     if (B == 0 || C == 0) return aft_fail(err, AFT_ERR_ARG, "a state needs B >= 1 and C >= 1 (B = %zu, C = %zu)", B, C);

@@ -59,6 +59,12 @@ void aft_weights_free(aft_weights *w)
 aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                             aft_weights *w, aft_error *err)
 {
+    return aft_weights_load_grid(f, prefix, variant, 0, w, err);
+}
+
+aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
+                                 aft_weights *w, aft_error *err)
+{
     static const char *const q_stems[] = {"query", "to_q", NULL};
     static const char *const k_stems[] = {"key", "to_k", NULL};
     static const char *const v_stems[] = {"value", "to_v", NULL};
@@ -114,7 +120,7 @@ aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_varian
     p->d_model = D; p->d_hidden = C; p->k_out = KC;
     p->wq = mats[R_Q]; p->wk = mats[R_K]; p->wv = mats[R_V]; p->wo = mats[R_O];
     p->bq = vecs[R_Q]; p->bk = vecs[R_K]; p->bv = vecs[R_V]; p->bo = vecs[R_O];
-    st = aft_bias_load(f, prefix, variant, w, err);
+    st = aft_bias_load_grid(f, prefix, variant, grid, w, err);
     if (st) goto fail;
     return AFT_OK;
 
@@ -123,8 +129,37 @@ fail:
     return st;
 }
 
+/* conv on a grid: (heads, 2S-1, 2S-1), or (2S-1, 2S-1) shared by every head */
+static aft_status conv_bias_2d(aft_weights *w, const aft_tensor *pb, aft_error *err)
+{
+    int square = pb->ndim >= 2 && pb->shape[pb->ndim - 1] == pb->shape[pb->ndim - 2];
+    size_t n = pb->ndim >= 2 ? pb->shape[pb->ndim - 1] : 0, H = pb->ndim == 3 ? pb->shape[0] : 1;
+    if ((pb->ndim != 2 && pb->ndim != 3) || !square || n % 2 == 0 || H == 0)
+        return aft_fail(err, AFT_ERR_FORMAT, "'%s' must be (heads, 2*window-1, 2*window-1) or (2*window-1, "
+                        "2*window-1), odd and square, for the conv variant on a grid", w->names[R_BIAS]);
+    float *cb;
+    aft_status st = to_f32(w, pb, w->names[R_BIAS], &cb, err);
+    if (st) return st;
+    aft_params *p = &w->p;
+    w->conv_heads = H;
+    w->conv_window = (n + 1) / 2;
+    p->bias.conv_len = n;
+    p->bias.conv_rows = H;   /* one square: shared by every head */
+    p->bias.conv_2d = 1;
+    p->bias.name = w->names[R_BIAS];
+    p->bias.kind = AFT_BIAS_CONV;
+    p->bias.conv = cb;
+    return AFT_OK;
+}
+
 aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                          aft_weights *w, aft_error *err)
+{
+    return aft_bias_load_grid(f, prefix, variant, 0, w, err);
+}
+
+aft_status aft_bias_load_grid(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
+                              aft_weights *w, aft_error *err)
 {
     aft_params *p = &w->p;
     aft_status st;
@@ -156,10 +191,12 @@ aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant v
             st = aft_fail(err, AFT_ERR_FORMAT, "the conv variant needs a per-head bias (heads, 2*window-1), not a factored one");
             goto fail;
         }
+        if (grid) return conv_bias_2d(w, pb, err);
         size_t H = pb->ndim == 2 ? pb->shape[0] : 1, n = pb->ndim == 2 ? pb->shape[1] : (pb->ndim == 1 ? pb->shape[0] : 0);
         if ((pb->ndim != 1 && pb->ndim != 2) || n % 2 == 0) {
             st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be (heads, 2*window-1) or (2*window-1) with an odd last "
-                          "dimension for the conv variant", w->names[R_BIAS]);
+                          "dimension for the conv variant%s", w->names[R_BIAS],
+                          pb->ndim == 3 ? " (a (heads, 2*window-1, 2*window-1) bias is a grid's)" : "");
             goto fail;
         }
         float *cb;

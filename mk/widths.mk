@@ -1,9 +1,10 @@
 # mk/widths.mk - the kernel tests at vector widths other than this machine's.
 #
 #   make test-widths   builds lib/ and the tests of the kernels and of the
-#                      exponential (lib_test_op, lib_test_numerics) for
-#                      x86-64-v2 (SSE4.2: vectors of 4 floats) and x86-64-v3
-#                      (AVX2: 8 floats) into build/width-LEVEL/, and runs
+#                      exponential (lib_test_op, lib_test_numerics,
+#                      lib_test_grid) for x86-64-v2 (SSE4.2: vectors of 4
+#                      floats) and x86-64-v3 (AVX2: 8 floats) into
+#                      build/width-LEVEL/, and runs
 #                      those this CPU can execute
 #
 # The normal build is -march=native, and the kernels' vector width and
@@ -16,7 +17,7 @@
 # are included in name order).
 
 WIDTH_LEVELS := x86-64-v2 x86-64-v3
-WIDTH_PROGS  := lib_test_op lib_test_numerics
+WIDTH_PROGS  := lib_test_op lib_test_numerics lib_test_grid
 CPU_LEVEL    := build/cpu-level
 
 $(CPU_LEVEL): mk/cpu-level.c

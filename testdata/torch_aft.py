@@ -193,3 +193,86 @@ def write_safetensors(path, named, metadata=None):
         f.write(h)
         for b in blobs:
             f.write(b)
+
+
+class PaperAFTConv2d(nn.Module):
+    """AFT-conv on an H x W grid written from the paper's formula (Zhai et
+    al. 2021, AFT-conv), per head, with torch.nn.functional.conv2d (groups =
+    channels):
+
+      Y = sigmoid(Q) * (conv2d(e^K * V, e^w - 1) + sum e^K * V)
+                     / (conv2d(e^K, e^w - 1) + sum e^K)
+
+    w the head's (2S-1, 2S-1) kernel, zero-padded at the borders (S - 1 on
+    each side), the sums over the whole grid. K is first shifted by its
+    maximum over the grid per channel (a shift that cancels in the ratio).
+    Parameters: to_q, to_v (Linear dim -> hidden), to_k (dim -> heads, one key
+    channel per head as in the paper, or dim -> hidden with key_per_head
+    False), project (hidden -> dim), pos_bias (heads, 2S-1, 2S-1), or (2S-1,
+    2S-1) shared by every head with shared_kernel. Layout [B, H, W, dim].
+    """
+
+    def __init__(self, dim, hidden, heads, S, key_per_head=True, shared_kernel=False):
+        super().__init__()
+        self.heads, self.S = heads, S
+        self.to_q = nn.Linear(dim, hidden)
+        self.to_k = nn.Linear(dim, heads if key_per_head else hidden)
+        self.to_v = nn.Linear(dim, hidden)
+        self.project = nn.Linear(hidden, dim)
+        shape = (2 * S - 1, 2 * S - 1) if shared_kernel else (heads, 2 * S - 1, 2 * S - 1)
+        self.pos_bias = nn.Parameter(torch.zeros(shape))
+
+    def op(self, q, k, v):
+        """q, v: (B, H, W, C); k: (B, H, W, heads or C) -> (B, H, W, C)"""
+        C = v.shape[-1]
+        ch = C // self.heads
+        if k.shape[-1] != C:
+            k = k.repeat_interleave(C // k.shape[-1], dim=-1)
+        q, k, v = (t.permute(0, 3, 1, 2) for t in (q, k, v))          # (B, C, H, W)
+        k = k - k.amax(dim=(2, 3), keepdim=True)
+        ek = torch.exp(k)
+        ekv = ek * v
+        w = self.pos_bias if self.pos_bias.dim() == 3 else self.pos_bias.expand(self.heads, -1, -1)
+        kern = (torch.exp(w) - 1).repeat_interleave(ch, dim=0).unsqueeze(1)   # (C, 1, 2S-1, 2S-1)
+        pad = self.S - 1
+        num = torch.nn.functional.conv2d(ekv, kern, padding=pad, groups=C) + ekv.sum(dim=(2, 3), keepdim=True)
+        den = torch.nn.functional.conv2d(ek, kern, padding=pad, groups=C) + ek.sum(dim=(2, 3), keepdim=True)
+        return (torch.sigmoid(q) * num / den).permute(0, 2, 3, 1)
+
+    def forward(self, x):
+        return self.project(self.op(self.to_q(x), self.to_k(x), self.to_v(x)))
+
+
+def grid_window(H, W, S):
+    """bool (H W, H W): True where |r - r'| < S and |c - c'| < S, raster order."""
+    r = torch.arange(H * W) // W
+    c = torch.arange(H * W) % W
+    return ((r[:, None] - r[None, :]).abs() < S) & ((c[:, None] - c[None, :]).abs() < S)
+
+
+class GridAFTLocal(_RishProjections):
+    """AFT-local on an H x W grid as the paper defines it: the learned bias
+    pos_bias (Tmax, Tmax), indexed in raster order, kept inside the 2-D window
+    |r - r'| < S, |c - c'| < S and 0 outside it (those keys still count), then
+      y = sigmoid(Q) * (exp(w) @ (exp(K) V)) / (exp(w) @ exp(K))
+    over the T = H W tokens, with the key's maximum per channel and the bias's
+    maximum per query row subtracted first (shifts that cancel in the ratio).
+    Parameters as rish-16's (to_q, to_k, to_v, project) plus pos_bias.
+    Layout [B, H, W, dim]."""
+
+    def __init__(self, max_tokens, dim, hidden_dim, S):
+        super().__init__(dim, hidden_dim)
+        self.S = S
+        self.pos_bias = nn.Parameter(torch.zeros(max_tokens, max_tokens))
+
+    def forward(self, x):
+        B, H, W, _ = x.shape
+        T = H * W
+        xs = x.reshape(B, T, -1)
+        q, k, v = self.to_q(xs), self.to_k(xs), self.to_v(xs)
+        w = self.pos_bias[:T, :T] * grid_window(H, W, self.S)
+        w = w - w.amax(dim=1, keepdim=True)
+        ek = torch.exp(k - k.amax(dim=1, keepdim=True))
+        ew = torch.exp(w)
+        y = torch.sigmoid(q) * (ew @ (ek * v)) / (ew @ ek)
+        return self.project(y).reshape(B, H, W, -1)

@@ -65,10 +65,26 @@ static size_t absdiff(size_t a, size_t b)
     return a > b ? a - b : b - a;
 }
 
+/* local and conv on a grid of grid_h x grid_w in raster order: the window
+ * is |r - r'| < s and |c - c'| < s around t = r grid_w + c; conv's bias is
+ * (heads, 2s-1, 2s-1) (one square shared by every head when it records one
+ * row), offset (r' - r, c' - c) at [r' - r + s - 1][c' - c + s - 1] */
+static double grid_entry(const aft_bias *bias, const aft_config *cfg, size_t head, size_t t, size_t t2)
+{
+    size_t W = cfg->grid_w, s = cfg->window;
+    size_t r = t / W, c = t % W, r2 = t2 / W, c2 = t2 % W;
+    if (s == 0 || absdiff(r, r2) >= s || absdiff(c, c2) >= s) return 0.0;
+    if (cfg->variant == AFT_LOCAL) return base_bias(bias, t, t2);
+    size_t n = 2 * s - 1, sq = bias->conv_len && bias->conv_rows == 1 ? 0 : head;
+    return (double)bias->conv[(sq * n + (r2 + s - 1 - r)) * n + (c2 + s - 1 - c)];
+}
+
 double ref_aft_bias_entry(const aft_bias *bias, const aft_config *cfg,
                           size_t head, size_t t, size_t t2)
 {
     size_t s = cfg->window;
+    if (cfg->grid_w && (cfg->variant == AFT_LOCAL || cfg->variant == AFT_CONV))
+        return grid_entry(bias, cfg, head, t, t2);
     switch (cfg->variant) {
     case AFT_FULL:
         return base_bias(bias, t, t2);

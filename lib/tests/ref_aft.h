@@ -25,7 +25,9 @@ int ref_aft_visible(const aft_bias *bias, const aft_config *cfg, size_t b,
 
 /* The position bias w[t,t'] the variant in cfg uses, for head `head` (only
  * conv looks at it; pass 0 otherwise). Outside a local or conv window the
- * bias is 0, not -inf: those positions stay visible with no bias. */
+ * bias is 0, not -inf: those positions stay visible with no bias. On a grid
+ * (cfg->grid_w > 0) the window is 2-D around t in raster order, and conv's
+ * bias is (heads, 2s-1, 2s-1). */
 double ref_aft_bias_entry(const aft_bias *bias, const aft_config *cfg,
                           size_t head, size_t t, size_t t2);
 
