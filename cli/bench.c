@@ -33,6 +33,7 @@ typedef struct {
     int one;   /* --one: the child's mode */
     int stream;         /* --stream: the causal layer a token at a time, and in chunks */
     size_t chunk;       /* --chunk: the chunks' rows (default 4096) */
+    size_t grid_h, grid_w;   /* --grid H,W: one sequence length, H * W, on that grid */
     const char *plot;
 } bench_opts;
 
@@ -105,6 +106,17 @@ static int set_threads(const cli_option *opt, void *opts, const char *v)
     return 0;
 }
 
+static int set_grid(const cli_option *opt, void *opts, const char *v)
+{
+    bench_opts *o = opts;
+    size_t n;
+    if (cli_parse_grid(v, &o->grid_h, &o->grid_w) != 0 || __builtin_mul_overflow(o->grid_h, o->grid_w, &n))
+        return cli_usage_error("bench", "--grid takes H,W: two whole numbers >= 1, like 56,56");
+    o->seq[0] = n;
+    o->nseq = 1;
+    return 0;
+}
+
 static int set_repeat(const cli_option *opt, void *opts, const char *v)
 {
     size_t *r = &BENCH_OPTS(opts)->repeat;
@@ -133,6 +145,8 @@ static const cli_option options[] = {
     {"--window", NULL, "S", "window for local and conv (default 32)", set_positive, FIELD(window), NEEDS_VALUE, 0},
     {"--heads", NULL, "H", "heads for conv (default 4)", set_positive, FIELD(heads), NEEDS_VALUE, 0},
     {"--causal", NULL, NULL, "causal sums", cli_set_flag, FIELD(causal), NULL, 0},
+    {"--grid", NULL, "H,W", "the layer on a grid of H x W tokens (T = H*W, instead of --seq-len): 2-D windows",
+     set_grid, 0, NEEDS_VALUE, 0},
     {"--batch", NULL, "B", "batch size (default 1)", set_positive, FIELD(batch), NEEDS_VALUE, 0},
     {"--threads", NULL, "N", "threads (default: all cores)", set_threads, 0, NEEDS_VALUE, 0},
     {"--repeat", NULL, "N", "timed runs per configuration (default 5; ms is the median)", set_repeat, 0,
@@ -175,7 +189,8 @@ const cli_command cli_bench_command = {
 
 /* useful floating-point operations of one layer: the four projections and
  * the AFT sums (two products, numerator and denominator, per visible term) */
-static double layer_flops(aft_variant v, size_t B, size_t T, size_t D, size_t C, size_t s, int causal)
+static double layer_flops(aft_variant v, size_t B, size_t T, size_t D, size_t C, size_t s, int causal, size_t gh,
+                          size_t gw)
 {
     double N = (double)B * (double)T;
     double proj = 2.0 * N * (double)D * (double)C * 4.0;
@@ -186,6 +201,11 @@ static double layer_flops(aft_variant v, size_t B, size_t T, size_t D, size_t C,
         break;
     case AFT_LOCAL:
     case AFT_CONV: {
+        if (gh) {   /* a (2S - 1) x (2S - 1) window, cut by the grid's sides */
+            double a = (double)(2 * (s < gh ? s : gh) - 1), b = (double)(2 * (s < gw ? s : gw) - 1);
+            terms = (double)T * a * b * (causal ? 0.5 : 1.0);
+            break;
+        }
         double w = (double)(s < T ? s : T);
         terms = (double)T * (causal ? w : 2.0 * w - 1.0);
         break;
@@ -292,7 +312,7 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
     cJSON_AddNumberToObject(j, "ms_projections", m->phases.projections);
     cJSON_AddNumberToObject(j, "ms_operator", m->phases.op);
     cJSON_AddNumberToObject(j, "ms_output", m->phases.output);
-    double fl = layer_flops(cfg->variant, B, T, D, C, s, o->causal);
+    double fl = layer_flops(cfg->variant, B, T, D, C, s, o->causal, o->grid_h, o->grid_w);
     cJSON_AddNumberToObject(j, "gflop", fl * 1e-9);
     cJSON_AddNumberToObject(j, "gflops", fl / (m->med * 1e6));
     cJSON_AddNumberToObject(j, "tokens_per_s", (double)(B * T) / (m->med * 1e-3));
@@ -331,7 +351,8 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     }
     aft_config cfg = {.variant = var, .window = var == AFT_LOCAL || var == AFT_CONV ? o->window : 0,
                       .heads = var == AFT_CONV ? o->heads : 1, .causal = o->causal, .threads = o->threads,
-                      .impl = o->impl_ref ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST};
+                      .impl = o->impl_ref ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST, .grid_h = o->grid_h,
+                      .grid_w = o->grid_w};
     cli_kernels_from_env(&cfg);
     float *x = malloc(nx * sizeof(float) + 1), *y = malloc(nx * sizeof(float) + 1);
     cli_params params = {0};
@@ -411,8 +432,10 @@ static int run_child(const char *self, const bench_opts *o, aft_variant var, siz
     argv[n++] = "--threads"; argv[n++] = a_th;
     argv[n++] = "--repeat"; argv[n++] = a_r;
     if (o->causal) argv[n++] = "--causal";
-    char a_c[32];
+    char a_c[32], a_g[64];
     snprintf(a_c, sizeof a_c, "%zu", o->chunk);
+    snprintf(a_g, sizeof a_g, "%zu,%zu", o->grid_h, o->grid_w);
+    if (o->grid_h) { argv[n++] = "--grid"; argv[n++] = a_g; }
     if (o->stream) { argv[n++] = "--stream"; argv[n++] = "--chunk"; argv[n++] = a_c; }
     if (o->impl_both) { argv[n++] = "--impl"; argv[n++] = "both"; }
     else if (o->impl_ref) { argv[n++] = "--impl"; argv[n++] = "reference"; }
@@ -626,6 +649,7 @@ int cmd_bench(int argc, char **argv)
     if (rc) return rc < 0 ? cli_finish_stdout("bench") : rc;
     if (o.stream && !o.causal) return cli_usage_error("bench", "--stream times a causal layer: add --causal");
     if (o.stream && o.impl_ref) return cli_usage_error("bench", "--stream runs the fast kernels, not --impl reference");
+    if (o.stream && o.grid_h) return cli_usage_error("bench", "--stream carries a 1-D sequence; a grid has no streaming state");
     for (size_t d = 0; d < o.ndm; d++) {
         size_t C = o.d_hidden ? o.d_hidden : o.dm[d];
         for (size_t v = 0; v < o.nvar; v++)

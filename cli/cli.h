@@ -81,6 +81,8 @@ int cli_parse_u64(const char *s, uint64_t *out);
 int cli_parse_double(const char *s, double *out);
 /* a byte count with an optional K, M, G or T suffix (powers of 1024) */
 int cli_parse_bytes(const char *s, size_t *out);
+/* "H,W": a grid's two sides, each >= 1; 0 or -1 */
+int cli_parse_grid(const char *s, size_t *h, size_t *w);
 /* --max-memory's value into *out (nonzero); 0, or EXIT_USAGE after reporting */
 int cli_set_memory(const char *cmd, size_t *out, const char *v);
 

@@ -183,3 +183,14 @@ int cli_set_memory(const char *cmd, size_t *out, const char *v)
         return cli_usage_error(cmd, "--max-memory takes a size like 4G, 512M or 1000000");
     return 0;
 }
+
+int cli_parse_grid(const char *s, size_t *h, size_t *w)
+{
+    const char *comma = s ? strchr(s, ',') : NULL;
+    char buf[64];
+    if (!comma || (size_t)(comma - s) >= sizeof buf) return -1;
+    memcpy(buf, s, (size_t)(comma - s));
+    buf[comma - s] = 0;
+    if (cli_parse_size(buf, h) != 0 || cli_parse_size(comma + 1, w) != 0 || *h == 0 || *w == 0) return -1;
+    return 0;
+}

@@ -58,6 +58,32 @@ static int seed_projections(cli_params *sp, uint64_t seed, size_t D, size_t C, c
     return 0;
 }
 
+/* conv on a grid: (heads, 2S - 1, 2S - 1), entry (h, a, b) for the offset
+ * (a, b) - (S - 1) of the asked window S, so an offset's value does not
+ * depend on how far the window was narrowed to the grid (cfg->window) */
+static int seed_conv_2d(cli_params *sp, const aft_config *cfg, uint64_t seed, size_t S, const char *cmd)
+{
+    size_t H = cfg->heads, n = 2 * cfg->window - 1, shift = S - cfg->window, cells;
+    if (__builtin_mul_overflow(n, n, &cells) || __builtin_mul_overflow(cells, H, &cells) ||
+        !(sp->owned[5] = malloc(cells * sizeof(float) + 1))) {
+        cli_error(cmd, "out of memory for the conv bias");
+        return EXIT_DATA;
+    }
+    uint64_t s = seed ^ (0x100000001b3ULL * 6);
+    for (size_t h = 0; h < H; h++)
+        for (size_t a = 0; a < n; a++)
+            for (size_t b = 0; b < n; b++)
+                sp->owned[5][(h * n + a) * n + b] =
+                    SEEDED_BIAS_SCALE * aft_seeded_bias(s ^ (0x9e3779b97f4a7c15ULL * (a + shift + 1)), 1.0f, h, b + shift);
+    aft_bias *bi = &sp->p.bias;
+    bi->kind = AFT_BIAS_CONV;
+    bi->conv = sp->owned[5];
+    bi->conv_len = n;
+    bi->conv_rows = H;
+    bi->conv_2d = 1;
+    return 0;
+}
+
 int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, size_t D, size_t C,
                       int projections, const char *cmd)
 {
@@ -69,13 +95,14 @@ int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, 
     }
     /* a conv window past the sequence sees everything: generate only the
      * offsets that can occur (T: SIZE_MAX for a stream, which may go on) */
-    size_t S = cfg->window;
-    if (cfg->variant == AFT_CONV && cfg->window) cfg->window = aft_window_in(cfg->window, T ? T : 1);
+    size_t S = cfg->window, reach = cfg->grid_h ? (cfg->grid_h > cfg->grid_w ? cfg->grid_h : cfg->grid_w) : T;
+    if (cfg->variant == AFT_CONV && cfg->window) cfg->window = aft_window_in(cfg->window, reach ? reach : 1);
     if (projections) {
         int rc = seed_projections(sp, seed, D, C, cmd);
         if (rc) return rc;
     }
     aft_bias *b = &sp->p.bias;
+    if (cfg->variant == AFT_CONV && cfg->window && cfg->grid_h) return seed_conv_2d(sp, cfg, seed, S, cmd);
     if (cfg->variant == AFT_CONV && cfg->window) {
         /* conv: (heads, 2S - 1), entry (h, o + S - 1) for offset o drawn as a
          * matrix of the asked window S and scaled to the bias's range, so an

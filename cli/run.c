@@ -23,6 +23,7 @@ struct run_opts {
     int window_set, heads_set;
     const char *mask_path, *weights_path, *prefix, *out_path, *timing_path, *input;
     const char *state_in, *state_out;   /* a causal run's streaming state */
+    size_t grid_h, grid_w;              /* --grid H,W (0: none given) */
     int tbd;
     uint64_t seed;
     size_t d_hidden;
@@ -114,6 +115,14 @@ static int set_impl(const cli_option *opt, void *opts, const char *v)
     return 0;
 }
 
+static int set_grid(const cli_option *opt, void *opts, const char *v)
+{
+    struct run_opts *o = opts;
+    if (cli_parse_grid(v, &o->grid_h, &o->grid_w) != 0)
+        return cli_usage_error("run", "--grid takes H,W: two whole numbers >= 1, like 14,14");
+    return 0;
+}
+
 static int set_input(void *opts, const char *arg)
 {
     struct run_opts *o = opts;
@@ -128,7 +137,12 @@ static const cli_option options[] = {
     {"--variant", NULL, "full|local|simple|conv", "AFT variant (default full)", set_variant, 0, NULL, 0},
     {"--window", NULL, "S", "local, conv: keep w[t,t'] where |t - t'| < S (S = 0: simple)", set_window, 0, NULL, 0},
     {"--heads", NULL, "H", "conv: number of heads (default 1, or the bias's rows)", set_heads, 0, NULL, 0},
-    {"--causal", NULL, NULL, "sums run over t' <= t only", cli_set_flag, FIELD(cfg.causal), NULL, 0},
+    {"--causal", NULL, NULL, "sums run over t' <= t only (on a grid: raster order)", cli_set_flag, FIELD(cfg.causal),
+     NULL, 0},
+    {"--grid", NULL, "H,W",
+     "the T = H*W rows are a grid of H rows and W columns in raster order: local's window and conv's bias are 2-D "
+     "(a 4-D INPUT [B, H, W, D] is a grid of its own)",
+     set_grid, 0, "--grid needs H,W", 0},
     {"--mask", NULL, "FILE.npy", "boolean or 0/1 [T, T] or [B, T, T], true = visible", cli_set_string,
      FIELD(mask_path), "--mask needs a file", 0},
     {"--layout", NULL, "btd|tbd", "input and output layout (default btd; tbd = [T, B, D])", set_layout, 0, NULL, 0},
@@ -197,6 +211,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         return cli_usage_error("run", "--d-hidden applies without --weights; the weights fix the hidden size");
     if (o->state_in || o->state_out) {
         const char *which = o->state_in ? "--state-in" : "--state-out";
+        if (o->grid_h)
+            return cli_usage_error("run", "%s carries a 1-D sequence; a grid has no streaming state", which);
         if (!o->cfg.causal)
             return cli_usage_error("run", "%s needs --causal: without it every row sees later rows, which no state "
                                    "of the rows before can hold", which);
@@ -224,7 +240,8 @@ struct run {
     double t_start, t_loaded;
     int bare;                 /* a .safetensors INPUT: the bare operator on its q, k, v */
     size_t B, T, D, C, KC;    /* batch, sequence, model width, value and key channels */
-    size_t in_rank;           /* the input's rank, 2 or 3: the output's too */
+    size_t in_rank;           /* the input's rank, 2, 3 or 4 (a grid): the output's too */
+    size_t grid_h, grid_w;    /* the grid the rows make (0: a 1-D sequence) */
     float *x;                 /* (B, T, D): the layer's input */
     float *q, *k, *v;         /* bare: (B, T, C), (B, T, KC), (B, T, C) */
     aft_st_file *in_st, *w_st;
@@ -265,17 +282,24 @@ static float *swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd)
     return y;
 }
 
-/* A float tensor of rank 2 or 3 as float32 [B, T, X] in btd order. */
+/* A float tensor of rank 2 or 3 as float32 [B, T, X] in btd order; of
+ * rank 4, [B, H, W, X], a grid: *gh, *gw (0 otherwise). */
 static int load_activation(const char *file, const char *what, const aft_tensor *t, int tbd,
-                           float **out, size_t *B, size_t *T, size_t *X)
+                           float **out, size_t *B, size_t *T, size_t *X, size_t *gh, size_t *gw)
 {
+    *gh = *gw = 0;
     aft_error err;
     if (!aft_dtype_is_float(t->dtype)) {
         cli_error(NULL, "%s: %s has dtype %s; expected floating point", file, what, aft_dtype_name(t->dtype));
         return EXIT_DATA;
     }
-    if (t->ndim != 2 && t->ndim != 3) {
-        cli_error(NULL, "%s: %s must be [B, T, D] or [T, D]; it has %zu dimensions", file, what, t->ndim);
+    if (t->ndim < 2 || t->ndim > 4) {
+        cli_error(NULL, "%s: %s must be [B, T, D], [T, D] or a grid [B, H, W, D]; it has %zu dimensions", file,
+                  what, t->ndim);
+        return EXIT_DATA;
+    }
+    if (t->ndim == 4 && tbd) {
+        cli_error(NULL, "%s: %s is a grid [B, H, W, D]; --layout tbd applies to [T, B, D]", file, what);
         return EXIT_DATA;
     }
     float *x;
@@ -285,6 +309,8 @@ static int load_activation(const char *file, const char *what, const aft_tensor 
     }
     if (t->ndim == 2) {
         *B = 1; *T = t->shape[0]; *X = t->shape[1];
+    } else if (t->ndim == 4) {   /* H * W: the tensor's elements exist, so no overflow */
+        *B = t->shape[0]; *gh = t->shape[1]; *gw = t->shape[2]; *T = *gh * *gw; *X = t->shape[3];
     } else if (tbd) {
         *T = t->shape[0]; *B = t->shape[1]; *X = t->shape[2];
         float *y = swap_tb(x, *B, *T, *X, 0);
@@ -311,7 +337,7 @@ static int load_qkv(const struct run_opts *o, struct run *r)
     }
     const char *names[3] = {"q", "k", "v"};
     float **dst[3] = {&r->q, &r->k, &r->v};
-    size_t dims[3][3];
+    size_t dims[3][3], gh[3], gw[3];
     for (int i = 0; i < 3; i++) {
         const aft_tensor *t = aft_st_find(r->in_st, names[i]);
         if (!t) {
@@ -321,7 +347,8 @@ static int load_qkv(const struct run_opts *o, struct run *r)
         }
         char what[16];
         snprintf(what, sizeof what, "'%s'", names[i]);
-        if (load_activation(o->input, what, t, o->tbd, dst[i], &dims[i][0], &dims[i][1], &dims[i][2]))
+        if (load_activation(o->input, what, t, o->tbd, dst[i], &dims[i][0], &dims[i][1], &dims[i][2], &gh[i],
+                            &gw[i]))
             return EXIT_DATA;
     }
     r->B = dims[0][0];
@@ -330,8 +357,10 @@ static int load_qkv(const struct run_opts *o, struct run *r)
     r->KC = dims[1][2];
     r->D = r->C;
     r->in_rank = aft_st_find(r->in_st, "q")->ndim;
+    r->grid_h = gh[0];
+    r->grid_w = gw[0];
     for (int i = 1; i < 3; i++)
-        if (dims[i][0] != r->B || dims[i][1] != r->T || (i == 2 && dims[i][2] != r->C)) {
+        if (dims[i][0] != r->B || dims[i][1] != r->T || (i == 2 && dims[i][2] != r->C) || gh[i] != gh[0]) {
             cli_error(NULL, "%s: '%s' is [B=%zu, T=%zu, %zu] but 'q' is [B=%zu, T=%zu, %zu]", o->input, names[i],
                       dims[i][0], dims[i][1], dims[i][2], r->B, r->T, r->C);
             return EXIT_DATA;
@@ -351,9 +380,32 @@ static int load_input(const struct run_opts *o, struct run *r)
         return EXIT_DATA;
     }
     r->in_rank = xt.ndim;
-    int rc = load_activation(o->input, "the input", &xt, o->tbd, &r->x, &r->B, &r->T, &r->D);
+    int rc = load_activation(o->input, "the input", &xt, o->tbd, &r->x, &r->B, &r->T, &r->D, &r->grid_h, &r->grid_w);
     aft_tensor_free(&xt);
     return rc;
+}
+
+/* the grid: a 4-D INPUT's, or --grid's over the T rows (both: they agree) */
+static int set_run_grid(const struct run_opts *o, struct run *r)
+{
+    if (r->grid_h && o->grid_h && (r->grid_h != o->grid_h || r->grid_w != o->grid_w)) {
+        cli_error(NULL, "%s: a grid of %zu x %zu, but --grid %zu,%zu", o->input, r->grid_h, r->grid_w, o->grid_h,
+                  o->grid_w);
+        return EXIT_DATA;
+    }
+    if (!r->grid_h && o->grid_h) {
+        size_t n;
+        if (__builtin_mul_overflow(o->grid_h, o->grid_w, &n) || n != r->T) {
+            cli_error(NULL, "%s: --grid %zu,%zu holds H*W tokens, but the input has T = %zu", o->input, o->grid_h,
+                      o->grid_w, r->T);
+            return EXIT_DATA;
+        }
+        r->grid_h = o->grid_h;
+        r->grid_w = o->grid_w;
+    }
+    r->cfg.grid_h = r->grid_h;
+    r->cfg.grid_w = r->grid_w;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- get the parameters */
@@ -370,8 +422,9 @@ static int load_weights(const struct run_opts *o, struct run *r)
         cli_error(NULL, "%s: %s", o->weights_path, err.msg);
         return EXIT_DATA;
     }
-    aft_status st = r->bare ? aft_bias_load(r->w_st, o->prefix, o->cfg.variant, &r->wts, &err)
-                            : aft_weights_load(r->w_st, o->prefix, o->cfg.variant, &r->wts, &err);
+    int grid = r->grid_h != 0;
+    aft_status st = r->bare ? aft_bias_load_grid(r->w_st, o->prefix, o->cfg.variant, grid, &r->wts, &err)
+                            : aft_weights_load_grid(r->w_st, o->prefix, o->cfg.variant, grid, &r->wts, &err);
     if (st != AFT_OK) {
         cli_error(NULL, "%s: %s", o->weights_path, err.msg);
         return EXIT_DATA;
@@ -659,6 +712,11 @@ static int write_timing(aft_out *out, const struct run_opts *o, const aft_config
     cJSON_AddNumberToObject(j, "window", (double)cfg->window);
     cJSON_AddNumberToObject(j, "heads", (double)cfg->heads);
     cJSON_AddBoolToObject(j, "causal", o->cfg.causal);
+    if (cfg->grid_h) {
+        cJSON *g = cJSON_AddArrayToObject(j, "grid");
+        cJSON_AddItemToArray(g, cJSON_CreateNumber((double)cfg->grid_h));
+        cJSON_AddItemToArray(g, cJSON_CreateNumber((double)cfg->grid_w));
+    }
     cJSON_AddBoolToObject(j, "mask", o->mask_path != NULL);
     cJSON_AddNumberToObject(j, "batch", (double)B);
     cJSON_AddNumberToObject(j, "seq_len", (double)T);
@@ -715,6 +773,12 @@ static int output_tensor(const struct run_opts *o, struct run *r, aft_tensor *yt
         yt->ndim = 2;
         yt->shape[0] = T;
         yt->shape[1] = outw;
+    } else if (r->in_rank == 4) {
+        yt->ndim = 4;
+        yt->shape[0] = B;
+        yt->shape[1] = r->grid_h;
+        yt->shape[2] = r->grid_w;
+        yt->shape[3] = outw;
     } else {
         yt->ndim = 3;
         yt->shape[0] = o->tbd ? T : B;
@@ -793,6 +857,7 @@ int cmd_run(int argc, char **argv)
     cli_kernels_from_env(&r.cfg);
 
     rc = load_input(&o, &r);
+    if (!rc) rc = set_run_grid(&o, &r);
     if (!rc) rc = get_params(&o, &r);
     if (!rc) rc = check_values(&o, &r);
     if (!rc) rc = check_memory(&o, &r);

@@ -17,14 +17,14 @@ _aft_options()
     case $1 in
     info) echo "--json --max-memory -h --help" ;;
     run) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
-              "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --state-in" \
+              "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --state-in --grid" \
               "--state-out --strict" \
               "-h --help" ;;
     mask) echo "--len --window --causal --format -o -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
-                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk -h --help" ;;
+                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid -h --help" ;;
     esac
 }
 
@@ -48,7 +48,7 @@ _aft_value()
     run:--threads | run:--max-memory | mask:--len | mask:--window | compare:--rtol | \
     compare:--atol | convert:--metadata | info:--max-memory | compare:--max-memory | convert:--max-memory | bench:--seq-len | bench:--d-model | \
     bench:--d-hidden | bench:--window | bench:--heads | bench:--batch | bench:--threads | \
-    bench:--repeat | bench:--chunk) echo none ;;
+    bench:--repeat | bench:--chunk | bench:--grid | run:--grid) echo none ;;
     *) echo flag ;;
     esac
 }

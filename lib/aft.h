@@ -335,7 +335,8 @@ typedef struct {
  *  - threads 0 becomes the number of cores;
  *  - conv with a bias that records its shape (conv_len) takes the bias's
  *    window when cfg->window is AFT_WINDOW_FROM_BIAS, and its rows as heads
- *    when cfg->heads is 0; any other window or number of heads must agree
+ *    when cfg->heads is 0 (a bias of one row: as many heads as key channels
+ *    when the keys have fewer channels than the values); any other window or number of heads must agree
  *    with the bias (a bias of one row serves every head);
  *  - conv with window 0 and no such bias is simple (w = 0 everywhere), which
  *    needs keys of one channel per value channel;

@@ -51,7 +51,8 @@ static aft_status settle_conv(aft_config *cfg, const aft_bias *bias, size_t C, s
         if (cfg->window != S)
             return aft_fail(err, AFT_ERR_ARG, "window %zu but '%s' holds a window of %zu (2S-1 = %zu)", cfg->window,
                             name, S, n);
-        if (cfg->heads == 0) cfg->heads = rows;
+        /* a shared row says nothing of the heads; keys of one channel a head do */
+        if (cfg->heads == 0) cfg->heads = rows == 1 && kc != C && kc > 0 ? kc : rows;
         if (rows > 1 && cfg->heads != rows)
             return aft_fail(err, AFT_ERR_ARG, "%zu heads but '%s' has %zu rows (one per head)", cfg->heads, name,
                             rows);

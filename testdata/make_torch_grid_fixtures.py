@@ -11,7 +11,7 @@ The modules are ours, in testdata/torch_aft.py: PaperAFTConv2d (AFT-conv from
 the paper's formula with torch.nn.functional.conv2d, groups = channels) and
 GridAFTLocal (AFT-local with a (Tmax, Tmax) bias kept inside the 2-D window).
 Each case writes weights.safetensors (the module's state_dict), x.npy and
-y.npy ([B, H, W, dim], <f4) and args_grid.txt: the configuration as the
+y.npy ([B, H, W, dim], <f4) and args.txt: the configuration as the
 command line will spell it once it takes grids (not args.txt, which the CLI
 tests run today). *_extreme cases hold the correct output in y.npy (float64,
 the maximum of K + w subtracted per query and channel) and the module's own
@@ -127,7 +127,7 @@ def write_case(c):
     write_safetensors(os.path.join(d, "weights.safetensors"), c["sd"], c["meta"])
     np.save(os.path.join(d, "x.npy"), c["x"].numpy().astype("<f4"))
     y_mod = c["y"].numpy().astype("<f4")
-    with open(os.path.join(d, "args_grid.txt"), "w") as f:
+    with open(os.path.join(d, "args.txt"), "w") as f:
         f.write(c["args"] + "\n")
     if c.get("extreme"):
         np.save(os.path.join(d, "y_torch.npy"), y_mod)
@@ -153,8 +153,8 @@ def check_case(c):
     expect(meta == c["meta"], "metadata")
     x = read_npy(os.path.join(d, "x.npy"))
     expect(x.dtype == np.dtype("<f4") and np.array_equal(x, c["x"].numpy()), "x.npy")
-    with open(os.path.join(d, "args_grid.txt")) as f:
-        expect(f.read().splitlines() == [c["args"]], "args_grid.txt")
+    with open(os.path.join(d, "args.txt")) as f:
+        expect(f.read().splitlines() == [c["args"]], "args.txt")
     y = read_npy(os.path.join(d, "y.npy"))
     st64 = {k: a.astype(np.float64) for k, (_, a) in st.items()}
     ref = truth(c, st64)

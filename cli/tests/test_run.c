@@ -1806,6 +1806,53 @@ static void expect_usage_error(const char *const *args, const char *what, const 
     harness_result_free(&r);
 }
 
+/* a grid: a 4-D input [B, H, W, D] gives a 4-D output, the same as --grid
+ * H,W on its rows as [B, T, D]; a grid and --grid that disagree, --grid
+ * over the wrong T, and a grid with a streaming state are refused */
+static void test_grid(void **state)
+{
+    (void)state;
+    float x[2 * 4 * 5 * 8];
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) x[i] = (float)((i * 37) % 19) * 0.1f - 0.9f;
+    char *x4 = tmp("g4.npy"), *x3 = tmp("g3.npy"), *y4 = tmp("gy4.npy"), *y3 = tmp("gy3.npy"), *st = tmp("gs.st");
+    write_npy(x4, AFT_F32, x, 4, (size_t[]){2, 4, 5, 8});
+    write_npy(x3, AFT_F32, x, 3, (size_t[]){2, 20, 8});
+    const char *const variants[][6] = {{"--variant", "local", "--window", "2", NULL},
+                                       {"--variant", "conv", "--window", "3", "--heads", "2"}};
+    for (int v = 0; v < 2; v++) {
+        harness_result r;
+        const char *a4[16] = {"run", "--causal"}, *a3[16] = {"run", "--causal"};
+        size_t n = 2;
+        for (int i = 0; i < 6 && variants[v][i]; i++, n++) a4[n] = a3[n] = variants[v][i];
+        a4[n] = x4; a4[n + 1] = "-o"; a4[n + 2] = y4;
+        a3[n] = "--grid"; a3[n + 1] = "4,5"; a3[n + 2] = x3; a3[n + 3] = "-o"; a3[n + 4] = y3;
+        assert_int_equal(harness_run(&r, a4, NULL, 0), 0);
+        assert_int_equal(r.exit_code, 0);
+        harness_result_free(&r);
+        assert_int_equal(harness_run(&r, a3, NULL, 0), 0);
+        assert_int_equal(r.exit_code, 0);
+        harness_result_free(&r);
+        aft_tensor t4, t3;
+        read_out(y4, &t4);
+        read_out(y3, &t3);
+        assert_int_equal(t4.ndim, 4);
+        assert_int_equal(t4.shape[1], 4);
+        assert_int_equal(t4.shape[2], 5);
+        assert_int_equal(t3.ndim, 3);
+        assert_memory_equal(t4.data, t3.data, t4.nbytes);
+        aft_tensor_free(&t4);
+        aft_tensor_free(&t3);
+    }
+    expect_data_error((const char *const[]){"run", "--variant", "local", "--window", "2", "--grid", "5,4", x4, "-o",
+                                            st, NULL}, WANTS(x4, "5,4"));
+    expect_data_error((const char *const[]){"run", "--variant", "local", "--window", "2", "--grid", "3,5", x3, "-o",
+                                            st, NULL}, WANTS(x3, "T = 20"));
+    expect_usage_error((const char *const[]){"run", "--variant", "local", "--window", "2", "--causal", "--grid", "4,5",
+                                             "--state-out", st, x3, "-o", st, NULL}, "grid", st);
+    expect_usage_error((const char *const[]){"run", "--grid", "4x5", x3, "-o", st, NULL}, "--grid", st);
+    free(x4); free(x3); free(y4); free(y3); free(st);
+}
+
 #define USAGE(what, ...) expect_usage_error((const char *const[]){"run", __VA_ARGS__, NULL}, (what), out)
 
 static void test_usage_errors(void **state)
@@ -2188,7 +2235,7 @@ static void test_input_errors(void **state)
     float v[24] = {0};
     int32_t iv[6] = {0};
     write_npy(p1, AFT_F32, v, 1, (size_t[]){24});
-    write_npy(p4, AFT_F32, v, 4, (size_t[]){1, 2, 3, 4});
+    write_npy(p4, AFT_F32, v, 5, (size_t[]){1, 2, 3, 4, 1});   /* rank 4 is a grid; 5 is nothing */
     write_npy(pi, AFT_I32, iv, 2, (size_t[]){2, 3});
     assert_int_equal(harness_write_file(bad, "\x93NUMPY\x01\x00garbage", 16), 0);
     write_st(st, (st_entry[]){{"k", v, 2, {4, 3}}, {"v", v + 12, 2, {4, 3}}}, 2);
@@ -2208,6 +2255,7 @@ static void test_input_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grid),
         TORCH(test_torch_case, "labml_local"),
         TORCH(test_torch_case, "labml_local_extreme"),
         TORCH(test_torch_case, "rish_full"),
