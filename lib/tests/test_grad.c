@@ -1,0 +1,807 @@
+/*
+ * test_grad.c - the backward pass: aft_op_backward and aft_layer_backward.
+ *
+ *  1. The float64 reference (cfg.impl = AFT_IMPL_REFERENCE) against central
+ *     finite differences of the tests' own float64 forward (ref_aft.c,
+ *     written from the maths, not from lib/): every gradient, on small
+ *     cases of every variant, bias kind, mask, causal or not, B 1 and 2,
+ *     and keys of +-500 with biases of +-250.
+ *  2. The fast kernels against that reference, per tensor:
+ *       max |g - g64| <= 1e-4 * max(1, max |g64|),
+ *     and g finite wherever g64 is, over the same grid as test_op.c's
+ *     (every variant, bias kind, key form, mask, causal or not, B, T
+ *     across block edges) and the extreme values.
+ *  3. Threads 1 to 4 give the same gradients (to 1e-5 relative).
+ *  4. The layer: its reference against finite differences of ref_aft.c's
+ *     layer, the fast path against the reference (hidden size != D).
+ *  5. The PyTorch fixtures (testdata/torch/, the *_grad cases): torch.autograd's
+ *     gradients of labml's and rish-16's layers against
+ *     aft_layer_backward, to 1e-4 * max(1, max |g|).
+ *
+ * Extreme inputs lie on a grid of 2^-8 (keys, biases), so that K + w is
+ * exact in float (as in test_op.c): any failure there is the algorithm's.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "aft.h"
+#include "ref_aft.h"
+
+#define TOL_REL 1e-4        /* fast against float64, relative to max(1, max |g64|) */
+#define FD_TOL 2e-6         /* the reference against finite differences (q, k, v) */
+#define FD_TOL_BIAS 2e-5    /* (bias entries and weights: a float step, h^2 larger) */
+#define THREAD_TOL 1e-5     /* one thread against several */
+#define MAX_REPORTS 12
+
+/* ---------------------------------------------------------------- PRNG */
+
+typedef struct { uint64_t s; } rng;
+
+static uint64_t rng_next(rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unif(rng *r)
+{
+    return (double)(rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+static double rng_sym(rng *r)
+{
+    return 2.0 * rng_unif(r) - 1.0;
+}
+
+static double rng_normal(rng *r)
+{
+    double u1 = rng_unif(r), u2 = rng_unif(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static float on_grid(double x, double step)
+{
+    return (float)(nearbyint(x / step) * step);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    assert_non_null(p);
+    return p;
+}
+
+#define N_OF(a) (sizeof (a) / sizeof *(a))
+
+/* ---------------------------------------------------------------- cases */
+
+typedef enum { MASK_NONE, MASK_SHARED, MASK_BATCHED } mask_mode;
+static const char *const mask_names[] = {"none", "TxT", "BxTxT"};
+typedef enum { VALS_NORMAL, VALS_WIDE, VALS_ONE_HUGE, VALS_ADVERSE } vals_mode;
+static const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial"};
+static const char *const kind_names[] = {"none", "dense", "factored", "seeded", "conv"};
+
+typedef struct {
+    aft_variant variant;
+    aft_bias_kind kind;
+    size_t B, T, C;
+    size_t heads, window;
+    int shared_keys;     /* conv: kc = heads */
+    int causal;
+    mask_mode mask;
+    vals_mode vals;
+    uint64_t seed;
+    int threads;
+    int one_row;         /* conv: a bias of one row for every head (shape recorded) */
+} gcase;
+
+/* inputs, bias storage and configuration of one case */
+typedef struct {
+    gcase c;
+    size_t kc, H, nq, nk, ndense, nfac, nconv;
+    float *q, *k, *v, *dout;
+    float *dense, *fu, *fv, *conv;
+    uint8_t *mask;
+    aft_bias bias;
+    aft_config cfg;
+} gdata;
+
+/* what one backward call gives */
+typedef struct {
+    float *dq, *dk, *dv, *out, *ddense, *du, *dv_f, *dconv;
+} grads;
+
+static void describe(char *buf, size_t n, const gcase *c)
+{
+    snprintf(buf, n,
+             "variant=%s bias=%s B=%zu T=%zu C=%zu heads=%zu window=%zu shared_keys=%d one_row=%d causal=%d "
+             "mask=%s values=%s seed=%llu threads=%d",
+             aft_variant_name(c->variant), kind_names[c->kind], c->B, c->T, c->C, c->heads, c->window,
+             c->shared_keys, c->one_row, c->causal, mask_names[c->mask], vals_names[c->vals],
+             (unsigned long long)c->seed, c->threads);
+}
+
+static uint8_t *make_mask(rng *r, size_t nb, size_t T)
+{
+    uint8_t *m = xmalloc(nb * T * T);
+    for (size_t b = 0; b < nb; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t t2 = 0; t2 < T; t2++)
+                m[(b * T + t) * T + t2] = (t + b) % 5 == 2 ? 0 : (uint8_t)(rng_unif(r) < 0.7);
+    return m;
+}
+
+static void build(gdata *d, const gcase *c)
+{
+    memset(d, 0, sizeof *d);
+    d->c = *c;
+    size_t B = c->B, T = c->T, C = c->C;
+    d->H = c->variant == AFT_CONV ? c->heads : 1;
+    d->kc = c->variant == AFT_CONV && c->shared_keys ? c->heads : C;
+    rng r = {c->seed * 0x2545F4914F6CDD1Dull + T * 131 + C * 7 + B};
+    int extreme = c->vals != VALS_NORMAL;
+    double span = extreme ? 250.0 : 1.0;
+
+    d->cfg.variant = c->variant;
+    d->cfg.window = c->window;
+    d->cfg.heads = c->heads;
+    d->cfg.causal = c->causal;
+    d->cfg.threads = c->threads;
+    d->cfg.impl = AFT_IMPL_FAST;
+
+    d->bias.kind = c->kind;
+    switch (c->kind) {
+    case AFT_BIAS_DENSE: {
+        size_t tmax = T + 3;   /* a stride other than T */
+        d->ndense = tmax * tmax;
+        d->dense = xmalloc(d->ndense * sizeof *d->dense);
+        for (size_t i = 0; i < d->ndense; i++)
+            d->dense[i] = extreme ? on_grid(span * rng_sym(&r), 0x1p-8) : (float)rng_sym(&r);
+        d->bias.dense = d->dense;
+        d->bias.tmax = tmax;
+        break;
+    }
+    case AFT_BIAS_FACTORED: {
+        size_t tmax = T + 2, rank = extreme ? 2 : 3;
+        double s = extreme ? 11.0 : 0.6;
+        d->nfac = tmax * rank;
+        d->fu = xmalloc(d->nfac * sizeof *d->fu);
+        d->fv = xmalloc(d->nfac * sizeof *d->fv);
+        for (size_t i = 0; i < d->nfac; i++) {
+            d->fu[i] = extreme ? on_grid(s * rng_sym(&r), 0x1p-4) : (float)(s * rng_sym(&r));
+            d->fv[i] = extreme ? on_grid(s * rng_sym(&r), 0x1p-4) : (float)(s * rng_sym(&r));
+        }
+        d->bias.u = d->fu;
+        d->bias.v = d->fv;
+        d->bias.rank = rank;
+        d->bias.tmax = tmax;
+        break;
+    }
+    case AFT_BIAS_SEEDED:
+        d->bias.seed = c->seed ^ 0xA5A5A5A5u;
+        d->bias.scale = (float)span;
+        break;
+    case AFT_BIAS_CONV: {
+        size_t rows = c->one_row ? 1 : c->heads, len = 2 * c->window - 1;
+        d->nconv = rows * len;
+        d->conv = xmalloc(d->nconv * sizeof *d->conv);
+        for (size_t i = 0; i < d->nconv; i++)
+            d->conv[i] = extreme ? on_grid(span * rng_sym(&r), 0x1p-8) : (float)rng_sym(&r);
+        d->bias.conv = d->conv;
+        if (c->one_row) {
+            d->bias.conv_len = len;
+            d->bias.conv_rows = 1;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    if (c->mask != MASK_NONE) {
+        d->mask = make_mask(&r, c->mask == MASK_BATCHED ? B : 1, T);
+        d->bias.mask = d->mask;
+        d->bias.mask_batched = c->mask == MASK_BATCHED;
+    }
+
+    d->nq = B * T * C;
+    d->nk = B * T * d->kc;
+    d->q = xmalloc(d->nq * sizeof *d->q);
+    d->v = xmalloc(d->nq * sizeof *d->v);
+    d->dout = xmalloc(d->nq * sizeof *d->dout);
+    d->k = xmalloc(d->nk * sizeof *d->k);
+    for (size_t i = 0; i < d->nq; i++) {
+        d->q[i] = extreme ? (float)(8.0 * rng_sym(&r)) : (float)rng_normal(&r);
+        d->v[i] = (float)rng_sym(&r);
+        d->dout[i] = (float)rng_sym(&r);
+    }
+    for (size_t b = 0; b < B; b++)
+        for (size_t t2 = 0; t2 < T; t2++)
+            for (size_t j = 0; j < d->kc; j++) {
+                float *kk = &d->k[(b * T + t2) * d->kc + j];
+                switch (c->vals) {
+                case VALS_NORMAL:
+                    *kk = (float)rng_normal(&r);
+                    break;
+                case VALS_WIDE:
+                    *kk = on_grid(500.0 * rng_sym(&r), 0x1p-8);
+                    break;
+                case VALS_ONE_HUGE:
+                    *kk = t2 == 2 * T / 3 ? 500.0f : -500.0f;
+                    break;
+                case VALS_ADVERSE: {
+                    /* for one query row t* per key channel the largest key
+                     * sits where w is most negative (see test_op.c) */
+                    size_t head = d->kc == C ? j / (C / d->H) : j;
+                    size_t ts = (j * 7 + 3) % T;
+                    double w = c->kind == AFT_BIAS_CONV && c->one_row
+                                   ? (fabs((double)ts - (double)t2) < (double)c->window
+                                          ? d->conv[t2 + c->window - 1 - ts] : 0.0)
+                                   : ref_aft_bias_entry(&d->bias, &d->cfg, head, ts, t2);
+                    *kk = (float)(375.0 - 0.5 * w);
+                    break;
+                }
+                }
+            }
+}
+
+static void free_data(gdata *d)
+{
+    free(d->q); free(d->k); free(d->v); free(d->dout);
+    free(d->dense); free(d->fu); free(d->fv); free(d->conv);
+    free(d->mask);
+}
+
+static void grads_alloc(grads *g, const gdata *d)
+{
+    g->dq = xcalloc(d->nq, sizeof(float));
+    g->dk = xcalloc(d->nk, sizeof(float));
+    g->dv = xcalloc(d->nq, sizeof(float));
+    g->out = xcalloc(d->nq, sizeof(float));
+    g->ddense = d->ndense ? xmalloc(d->ndense * sizeof(float)) : NULL;
+    g->du = d->nfac ? xmalloc(d->nfac * sizeof(float)) : NULL;
+    g->dv_f = d->nfac ? xmalloc(d->nfac * sizeof(float)) : NULL;
+    g->dconv = d->nconv ? xmalloc(d->nconv * sizeof(float)) : NULL;
+    /* unwritten entries show as NaN */
+    for (size_t i = 0; i < d->ndense; i++) g->ddense[i] = NAN;
+    for (size_t i = 0; i < d->nfac; i++) g->du[i] = g->dv_f[i] = NAN;
+    for (size_t i = 0; i < d->nconv; i++) g->dconv[i] = NAN;
+}
+
+static void grads_free(grads *g)
+{
+    free(g->dq); free(g->dk); free(g->dv); free(g->out);
+    free(g->ddense); free(g->du); free(g->dv_f); free(g->dconv);
+}
+
+/* one backward call with impl and threads; returns the status */
+static aft_status run_backward(grads *g, const gdata *d, aft_impl impl, int threads, aft_error *err)
+{
+    grads_alloc(g, d);
+    aft_config cfg = d->cfg;
+    cfg.impl = impl;
+    cfg.threads = threads;
+    aft_bias_grad db = {g->ddense, g->du, g->dv_f, g->dconv};
+    return aft_op_backward(g->dq, g->dk, g->dv, &db, g->out, d->dout, d->q, d->k, d->v, &d->bias, &cfg, d->c.B,
+                           d->c.T, d->c.C, d->kc, err);
+}
+
+/* ---------------------------------------------------------------- comparisons */
+
+/* got against want (n entries): finite wherever want is, and max |got -
+ * want| <= tol * max(1, max |want|). Returns 1 on a failure (printed while
+ * *reports < MAX_REPORTS). */
+static int compare(const char *tensor, const float *got, const double *want, size_t n, double tol,
+                   const char *what, int *reports)
+{
+    double maxw = 0.0, maxe = 0.0;
+    size_t worst = 0, bad_finite = 0, first_bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(want[i]) && fabs(want[i]) > maxw) maxw = fabs(want[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(want[i])) continue;
+        if (!isfinite(got[i])) {
+            if (!bad_finite++) first_bad = i;
+            continue;
+        }
+        double e = fabs((double)got[i] - want[i]);
+        if (e > maxe) {
+            maxe = e;
+            worst = i;
+        }
+    }
+    double lim = tol * (maxw > 1.0 ? maxw : 1.0);
+    if (bad_finite) {
+        if ((*reports)++ < MAX_REPORTS)
+            print_message("FAIL %s: %zu entries not finite, first [%zu] = %g (want %.9g): %s\n", tensor, bad_finite,
+                          first_bad, (double)got[first_bad], want[first_bad], what);
+        return 1;
+    }
+    if (maxe > lim) {
+        if ((*reports)++ < MAX_REPORTS)
+            print_message("FAIL %s: max |err| %.3g > %.3g at [%zu] (got %.9g, want %.9g; max |want| %.3g): %s\n",
+                          tensor, maxe, lim, worst, (double)got[worst], want[worst], maxw, what);
+        return 1;
+    }
+    return 0;
+}
+
+static int compare_f(const char *tensor, const float *got, const float *want, size_t n, double tol,
+                     const char *what, int *reports)
+{
+    double *w = xmalloc(n * sizeof *w);
+    for (size_t i = 0; i < n; i++) w[i] = want[i];
+    int r = compare(tensor, got, w, n, tol, what, reports);
+    free(w);
+    return r;
+}
+
+/* ---------------------------------------------------------------- 1. reference against finite differences */
+
+/* sum dout * Y from ref_aft.c's float64 forward (one-row conv biases
+ * repeated for every head: ref_aft.c reads (heads, 2S-1)) */
+typedef struct {
+    const gdata *d;
+    double *qd, *kd, *vd, *y;
+    float *conv_rows;   /* the conv bias as (heads, 2S-1) */
+    aft_bias bias;
+} fd_ctx;
+
+static void fd_sync_conv(fd_ctx *x)
+{
+    const gdata *d = x->d;
+    if (!d->conv) return;
+    size_t len = 2 * d->c.window - 1;
+    for (size_t h = 0; h < d->H; h++)
+        memcpy(x->conv_rows + h * len, d->conv + (d->c.one_row ? 0 : h) * len, len * sizeof(float));
+}
+
+static double fd_loss(fd_ctx *x)
+{
+    const gdata *d = x->d;
+    fd_sync_conv(x);
+    aft_config cfg = d->cfg;
+    assert_int_equal(ref_aft_op_d(x->y, x->qd, x->kd, x->vd, &x->bias, &cfg, d->c.B, d->c.T, d->c.C, d->kc), 0);
+    double s = 0.0;
+    for (size_t i = 0; i < d->nq; i++) s += (double)d->dout[i] * x->y[i];
+    return s;
+}
+
+/* central differences of fd_loss in each entry of a double array */
+static void fd_double(fd_ctx *x, double *a, size_t n, double *g)
+{
+    for (size_t i = 0; i < n; i++) {
+        double a0 = a[i], h = 1e-6 * (fabs(a0) > 1.0 ? fabs(a0) : 1.0);
+        a[i] = a0 + h;
+        double fp = fd_loss(x);
+        a[i] = a0 - h;
+        double fm = fd_loss(x);
+        a[i] = a0;
+        g[i] = (fp - fm) / (2.0 * h);
+    }
+}
+
+/* the same for a float array (the bias): a step of 2^-12 times the entry's
+ * power of two, so a +- h is exact */
+static void fd_float(fd_ctx *x, float *a, size_t n, double *g)
+{
+    for (size_t i = 0; i < n; i++) {
+        float a0 = a[i];
+        int e;
+        frexpf(a0, &e);
+        float h = ldexpf(1.0f, (fabsf(a0) > 1.0f ? e : 1) - 13);
+        a[i] = a0 + h;
+        double fp = fd_loss(x);
+        a[i] = a0 - h;
+        double fm = fd_loss(x);
+        a[i] = a0;
+        g[i] = (fp - fm) / (2.0 * (double)h);
+    }
+}
+
+static int fd_case(const gcase *c, int *reports)
+{
+    gdata d;
+    build(&d, c);
+    char what[512];
+    describe(what, sizeof what, c);
+    grads g;
+    aft_error err = {{0}};
+    aft_status st = run_backward(&g, &d, AFT_IMPL_REFERENCE, 1, &err);
+    int fails = 0;
+    if (st != AFT_OK) {
+        print_message("FAIL reference backward status %d (%s): %s\n", (int)st, err.msg, what);
+        fails = 1;
+        goto done;
+    }
+    fd_ctx x = {.d = &d};
+    x.qd = xmalloc(d.nq * sizeof(double));
+    x.vd = xmalloc(d.nq * sizeof(double));
+    x.kd = xmalloc(d.nk * sizeof(double));
+    x.y = xmalloc(d.nq * sizeof(double));
+    for (size_t i = 0; i < d.nq; i++) {
+        x.qd[i] = d.q[i];
+        x.vd[i] = d.v[i];
+    }
+    for (size_t i = 0; i < d.nk; i++) x.kd[i] = d.k[i];
+    x.bias = d.bias;
+    if (d.conv) {
+        x.conv_rows = xmalloc(d.H * (2 * c->window - 1) * sizeof(float));
+        x.bias.conv = x.conv_rows;
+        x.bias.conv_len = 0;
+        x.bias.conv_rows = 0;
+    }
+    double *fd = xmalloc((d.nq + d.nk + d.ndense + 2 * d.nfac + d.nconv + 1) * sizeof(double));
+    /* the forward output first */
+    (void)fd_loss(&x);
+    fails += compare("out", g.out, x.y, d.nq, FD_TOL, what, reports);
+    fd_double(&x, x.qd, d.nq, fd);
+    fails += compare("dq", g.dq, fd, d.nq, FD_TOL, what, reports);
+    fd_double(&x, x.kd, d.nk, fd);
+    fails += compare("dk", g.dk, fd, d.nk, FD_TOL, what, reports);
+    fd_double(&x, x.vd, d.nq, fd);
+    fails += compare("dv", g.dv, fd, d.nq, FD_TOL, what, reports);
+    if (d.ndense) {
+        fd_float(&x, d.dense, d.ndense, fd);
+        fails += compare("d dense", g.ddense, fd, d.ndense, FD_TOL_BIAS, what, reports);
+    }
+    if (d.nfac) {
+        fd_float(&x, d.fu, d.nfac, fd);
+        fails += compare("d u", g.du, fd, d.nfac, FD_TOL_BIAS, what, reports);
+        fd_float(&x, d.fv, d.nfac, fd);
+        fails += compare("d v (factored)", g.dv_f, fd, d.nfac, FD_TOL_BIAS, what, reports);
+    }
+    if (d.nconv) {
+        fd_float(&x, d.conv, d.nconv, fd);
+        fails += compare("d conv", g.dconv, fd, d.nconv, FD_TOL_BIAS, what, reports);
+    }
+    free(fd);
+    free(x.qd); free(x.kd); free(x.vd); free(x.y); free(x.conv_rows);
+done:
+    grads_free(&g);
+    free_data(&d);
+    return fails;
+}
+
+static void finish(int fails, int cases)
+{
+    if (fails) fail_msg("%d failures in %d cases (see above)", fails, cases);
+}
+
+/* every variant and bias kind, causal or not, each mask, B 1 and 2 */
+static void test_ref_grad_fd(void **state)
+{
+    (void)state;
+    typedef struct { aft_variant v; aft_bias_kind k; size_t heads, window; int shared, one_row; } vk;
+    const vk vks[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 0, 0, 0, 0},   {AFT_FULL, AFT_BIAS_FACTORED, 0, 0, 0, 0},
+        {AFT_FULL, AFT_BIAS_SEEDED, 0, 0, 0, 0},  {AFT_FULL, AFT_BIAS_NONE, 0, 0, 0, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 0, 3, 0, 0},  {AFT_LOCAL, AFT_BIAS_FACTORED, 0, 2, 0, 0},
+        {AFT_LOCAL, AFT_BIAS_SEEDED, 0, 4, 0, 0}, {AFT_LOCAL, AFT_BIAS_DENSE, 0, 0, 0, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0, 0},  {AFT_CONV, AFT_BIAS_CONV, 2, 3, 0, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 2, 3, 1, 0},    {AFT_CONV, AFT_BIAS_CONV, 3, 2, 1, 1},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 9, 0, 0},
+    };
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(vks); i++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (int mask = MASK_NONE; mask <= MASK_BATCHED; mask++) {
+                size_t B = (cases & 1) ? 2 : 1, T = 7 + (size_t)(cases % 3), C = 6;
+                gcase c = {vks[i].v, vks[i].k, B, T, C, vks[i].heads, vks[i].window, vks[i].shared, causal,
+                           (mask_mode)mask, VALS_NORMAL, 10 + (uint64_t)cases, 1, vks[i].one_row};
+                fails += fd_case(&c, &reports);
+                cases++;
+            }
+    finish(fails, cases);
+}
+
+/* keys of +-500 and biases of +-250: the gradients are those of a softmax
+ * close to one-hot, and finite differences still see them */
+static void test_ref_grad_fd_extreme(void **state)
+{
+    (void)state;
+    const gcase cs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 2, 9, 4, 0, 0, 0, 0, MASK_NONE, VALS_WIDE, 31, 1, 0},
+        {AFT_FULL, AFT_BIAS_DENSE, 1, 9, 4, 0, 0, 0, 1, MASK_BATCHED, VALS_ADVERSE, 32, 1, 0},
+        {AFT_FULL, AFT_BIAS_FACTORED, 1, 8, 4, 0, 0, 0, 1, MASK_NONE, VALS_WIDE, 33, 1, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 1, 9, 4, 0, 3, 0, 0, MASK_NONE, VALS_ADVERSE, 34, 1, 0},
+        {AFT_LOCAL, AFT_BIAS_SEEDED, 2, 9, 4, 0, 2, 0, 1, MASK_NONE, VALS_ONE_HUGE, 35, 1, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 2, 9, 4, 0, 0, 0, 0, MASK_NONE, VALS_WIDE, 36, 1, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 9, 4, 2, 3, 1, 1, MASK_SHARED, VALS_WIDE, 37, 1, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 9, 4, 2, 3, 0, 0, MASK_NONE, VALS_ADVERSE, 38, 1, 0},
+    };
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) fails += fd_case(&cs[i], &reports);
+    finish(fails, (int)N_OF(cs));
+}
+
+/* ---------------------------------------------------------------- the layer */
+
+typedef struct {
+    aft_variant variant;
+    aft_bias_kind kind;
+    size_t heads, window;
+    int shared;   /* conv: k_out = heads */
+} lvariant;
+
+/* one layer case: parameters, inputs and the gradients' arrays */
+typedef struct {
+    size_t B, T, D, C, KC;
+    float *x, *dy, *w[4], *b[4];   /* q, k, v, o */
+    float *dense, *fu, *fv, *conv;
+    size_t nbias, nfac, nconv;
+    uint8_t *mask;
+    aft_params p;
+    aft_config cfg;
+} ldata;
+
+/* wn[i], bn[i]: the sizes of weight and bias i */
+static void lsizes(const ldata *L, size_t wn[4], size_t bn[4])
+{
+    wn[0] = wn[2] = L->C * L->D;
+    wn[1] = L->KC * L->D;
+    wn[3] = L->D * L->C;
+    bn[0] = bn[2] = L->C;
+    bn[1] = L->KC;
+    bn[3] = L->D;
+}
+
+/* key_scale: the keys' weights times this (400 / max |K| in the extreme
+ * case, as the PyTorch extreme fixtures do) */
+static void lbuild(ldata *L, const lvariant *lv, size_t B, size_t T, size_t D, size_t C, int biases, int causal,
+                   mask_mode mask, int extreme, uint64_t seed)
+{
+    memset(L, 0, sizeof *L);
+    rng r = {seed * 0x9E3779B97F4A7C15ull + 17};
+    L->B = B; L->T = T; L->D = D; L->C = C;
+    L->KC = lv->variant == AFT_CONV && lv->shared ? lv->heads : C;
+    size_t wn[4], bn[4];
+    lsizes(L, wn, bn);
+    double ws = 1.0 / sqrt((double)D);
+    for (int i = 0; i < 4; i++) {
+        L->w[i] = xmalloc(wn[i] * sizeof(float));
+        for (size_t j = 0; j < wn[i]; j++) L->w[i][j] = (float)(ws * rng_sym(&r));
+        if (biases) {
+            L->b[i] = xmalloc(bn[i] * sizeof(float));
+            for (size_t j = 0; j < bn[i]; j++) L->b[i][j] = (float)(0.5 * rng_sym(&r));
+        }
+    }
+    size_t n = B * T * D;
+    L->x = xmalloc(n * sizeof(float));
+    L->dy = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        L->x[i] = (float)rng_normal(&r);
+        L->dy[i] = (float)rng_sym(&r);
+    }
+    double span = extreme ? 250.0 : 1.0;
+    aft_bias *bias = &L->p.bias;
+    bias->kind = lv->kind;
+    if (lv->kind == AFT_BIAS_DENSE) {
+        size_t tmax = T + 2;
+        L->nbias = tmax * tmax;
+        L->dense = xmalloc(L->nbias * sizeof(float));
+        for (size_t i = 0; i < L->nbias; i++) L->dense[i] = on_grid(span * rng_sym(&r), 0x1p-8);
+        bias->dense = L->dense;
+        bias->tmax = tmax;
+    } else if (lv->kind == AFT_BIAS_FACTORED) {
+        size_t tmax = T + 1, rank = 2;
+        L->nfac = tmax * rank;
+        L->fu = xmalloc(L->nfac * sizeof(float));
+        L->fv = xmalloc(L->nfac * sizeof(float));
+        for (size_t i = 0; i < L->nfac; i++) {
+            L->fu[i] = (float)(0.7 * rng_sym(&r));
+            L->fv[i] = (float)(0.7 * rng_sym(&r));
+        }
+        bias->u = L->fu;
+        bias->v = L->fv;
+        bias->rank = rank;
+        bias->tmax = tmax;
+    } else if (lv->kind == AFT_BIAS_SEEDED) {
+        bias->seed = seed;
+        bias->scale = (float)span;
+    } else if (lv->kind == AFT_BIAS_CONV) {
+        L->nconv = lv->heads * (2 * lv->window - 1);
+        L->conv = xmalloc(L->nconv * sizeof(float));
+        for (size_t i = 0; i < L->nconv; i++) L->conv[i] = on_grid(span * rng_sym(&r), 0x1p-8);
+        bias->conv = L->conv;
+    }
+    if (mask != MASK_NONE) {
+        L->mask = make_mask(&r, mask == MASK_BATCHED ? B : 1, T);
+        bias->mask = L->mask;
+        bias->mask_batched = mask == MASK_BATCHED;
+    }
+    if (extreme) {
+        /* keys up to +-400 (+ a bias up to +-100), as the extreme fixtures */
+        double km = 0.0;
+        for (size_t i = 0; i < B * T; i++)
+            for (size_t o = 0; o < L->KC; o++) {
+                double s = 0.0;
+                for (size_t j = 0; j < D; j++) s += (double)L->x[i * D + j] * L->w[1][o * D + j];
+                km = fabs(s) > km ? fabs(s) : km;
+            }
+        for (size_t j = 0; j < wn[1]; j++) L->w[1][j] = (float)(L->w[1][j] * 400.0 / km);
+        if (L->b[1])
+            for (size_t j = 0; j < bn[1]; j++) L->b[1][j] = (float)(100.0 * rng_sym(&r));
+    }
+    L->p.d_model = D;
+    L->p.d_hidden = C;
+    L->p.k_out = L->KC;
+    L->p.wq = L->w[0]; L->p.wk = L->w[1]; L->p.wv = L->w[2]; L->p.wo = L->w[3];
+    L->p.bq = L->b[0]; L->p.bk = L->b[1]; L->p.bv = L->b[2]; L->p.bo = L->b[3];
+    L->cfg.variant = lv->variant;
+    L->cfg.window = lv->window;
+    L->cfg.heads = lv->heads;
+    L->cfg.causal = causal;
+    L->cfg.threads = 0;
+}
+
+static void lfree(ldata *L)
+{
+    free(L->x); free(L->dy);
+    for (int i = 0; i < 4; i++) { free(L->w[i]); free(L->b[i]); }
+    free(L->dense); free(L->fu); free(L->fv); free(L->conv); free(L->mask);
+}
+
+/* the gradients of one layer backward call, in one block */
+typedef struct {
+    float *dx, *w[4], *b[4], *y, *dense, *fu, *fv, *conv;
+    float *blk;
+} lgrads;
+
+static aft_status lbackward(lgrads *g, const ldata *L, aft_impl impl, int threads, aft_error *err)
+{
+    size_t wn[4], bn[4], n = L->B * L->T * L->D;
+    lsizes(L, wn, bn);
+    size_t total = 2 * n + L->nbias + 2 * L->nfac + L->nconv;
+    for (int i = 0; i < 4; i++) total += wn[i] + bn[i];
+    g->blk = xmalloc(total * sizeof(float));
+    for (size_t i = 0; i < total; i++) g->blk[i] = NAN;   /* unwritten shows */
+    float *p = g->blk;
+    g->dx = p; p += n;
+    g->y = p; p += n;
+    for (int i = 0; i < 4; i++) { g->w[i] = p; p += wn[i]; g->b[i] = p; p += bn[i]; }
+    g->dense = L->nbias ? p : NULL; p += L->nbias;
+    g->fu = L->nfac ? p : NULL; p += L->nfac;
+    g->fv = L->nfac ? p : NULL; p += L->nfac;
+    g->conv = L->nconv ? p : NULL;
+    aft_layer_grads lg = {g->dx, g->w[0], g->b[0], g->w[1], g->b[1], g->w[2], g->b[2], g->w[3], g->b[3],
+                          {g->dense, g->fu, g->fv, g->conv}};
+    aft_config cfg = L->cfg;
+    cfg.impl = impl;
+    cfg.threads = threads;
+    return aft_layer_backward(&lg, g->y, L->dy, L->x, &L->p, &cfg, L->B, L->T, err);
+}
+
+static double lloss(const ldata *L, double *y)
+{
+    assert_int_equal(ref_aft_layer(y, L->x, &L->p, &L->cfg, L->B, L->T), 0);
+    double s = 0.0;
+    for (size_t i = 0; i < L->B * L->T * L->D; i++) s += (double)L->dy[i] * y[i];
+    return s;
+}
+
+static void lfd(const ldata *L, float *a, size_t n, double *g, double *y)
+{
+    for (size_t i = 0; i < n; i++) {
+        float a0 = a[i];
+        int e;
+        frexpf(a0, &e);
+        float h = ldexpf(1.0f, (fabsf(a0) > 1.0f ? e : 1) - 13);
+        a[i] = a0 + h;
+        double fp = lloss(L, y);
+        a[i] = a0 - h;
+        double fm = lloss(L, y);
+        a[i] = a0;
+        g[i] = (fp - fm) / (2.0 * (double)h);
+    }
+}
+
+static const char *const tensor_names[4] = {"q", "k", "v", "o"};
+
+/* the reference layer backward against finite differences of ref_aft.c's layer */
+static int layer_fd_case(const lvariant *lv, size_t B, size_t T, size_t D, size_t C, int biases, int causal,
+                         mask_mode mask, uint64_t seed, int *reports)
+{
+    ldata L;
+    lbuild(&L, lv, B, T, D, C, biases, causal, mask, 0, seed);
+    char what[256];
+    snprintf(what, sizeof what, "layer %s bias=%s B=%zu T=%zu D=%zu C=%zu k_out=%zu biases=%d causal=%d mask=%s "
+             "seed=%llu", aft_variant_name(lv->variant), kind_names[lv->kind], B, T, D, C, L.KC, biases, causal,
+             mask_names[mask], (unsigned long long)seed);
+    lgrads g;
+    aft_error err = {{0}};
+    int fails = 0;
+    aft_status st = lbackward(&g, &L, AFT_IMPL_REFERENCE, 1, &err);
+    if (st != AFT_OK) {
+        print_message("FAIL layer reference status %d (%s): %s\n", (int)st, err.msg, what);
+        fails = 1;
+    } else {
+        size_t wn[4], bn[4], n = B * T * D;
+        lsizes(&L, wn, bn);
+        double *y = xmalloc(n * sizeof(double)), *fd = xmalloc((n + L.nbias + L.nfac + L.nconv + C * D) * sizeof(double));
+        (void)lloss(&L, y);
+        fails += compare("y", g.y, y, n, FD_TOL, what, reports);
+        lfd(&L, L.x, n, fd, y);
+        fails += compare("dx", g.dx, fd, n, FD_TOL_BIAS, what, reports);
+        for (int i = 0; i < 4; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "dW%s", tensor_names[i]);
+            lfd(&L, L.w[i], wn[i], fd, y);
+            fails += compare(name, g.w[i], fd, wn[i], FD_TOL_BIAS, what, reports);
+            if (!L.b[i]) continue;
+            snprintf(name, sizeof name, "db%s", tensor_names[i]);
+            lfd(&L, L.b[i], bn[i], fd, y);
+            fails += compare(name, g.b[i], fd, bn[i], FD_TOL_BIAS, what, reports);
+        }
+        if (L.nbias) {
+            lfd(&L, L.dense, L.nbias, fd, y);
+            fails += compare("d dense", g.dense, fd, L.nbias, FD_TOL_BIAS, what, reports);
+        }
+        if (L.nfac) {
+            lfd(&L, L.fu, L.nfac, fd, y);
+            fails += compare("d u", g.fu, fd, L.nfac, FD_TOL_BIAS, what, reports);
+            lfd(&L, L.fv, L.nfac, fd, y);
+            fails += compare("d v (factored)", g.fv, fd, L.nfac, FD_TOL_BIAS, what, reports);
+        }
+        if (L.nconv) {
+            lfd(&L, L.conv, L.nconv, fd, y);
+            fails += compare("d conv", g.conv, fd, L.nconv, FD_TOL_BIAS, what, reports);
+        }
+        free(y);
+        free(fd);
+    }
+    free(g.blk);
+    lfree(&L);
+    return fails;
+}
+
+static const lvariant layer_variants[] = {
+    {AFT_FULL, AFT_BIAS_DENSE, 0, 0, 0},  {AFT_FULL, AFT_BIAS_FACTORED, 0, 0, 0}, {AFT_LOCAL, AFT_BIAS_DENSE, 0, 2, 0},
+    {AFT_LOCAL, AFT_BIAS_SEEDED, 0, 3, 0}, {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0},  {AFT_CONV, AFT_BIAS_CONV, 2, 3, 0},
+    {AFT_CONV, AFT_BIAS_CONV, 2, 3, 1},
+};
+
+static void test_layer_ref_grad_fd(void **state)
+{
+    (void)state;
+    const size_t dims[][2] = {{6, 4}, {4, 6}};   /* (D, C) */
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(layer_variants); i++)
+        for (size_t di = 0; di < N_OF(dims); di++)
+            for (int causal = 0; causal <= 1; causal++) {
+                size_t B = (cases & 1) ? 2 : 1, T = 5 + (size_t)(cases % 3);
+                fails += layer_fd_case(&layer_variants[i], B, T, dims[di][0], dims[di][1], (cases >> 1) & 1, causal,
+                                       (mask_mode)(cases % 3), 500 + (uint64_t)cases, &reports);
+                cases++;
+            }
+    finish(fails, cases);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ref_grad_fd),
+        cmocka_unit_test(test_ref_grad_fd_extreme),
+        cmocka_unit_test(test_layer_ref_grad_fd),
+    };
+    const char *filter = getenv("TEST_GRAD_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
