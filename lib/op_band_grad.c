@@ -1,7 +1,625 @@
+/* op_band_grad.c - the backward pass of AFT-local, AFT-conv and causal
+ * AFT-simple, beside op_band.c: O(T s C) time, O(T C) memory, no T x T
+ * array.
+ *
+ * Row t, channel c sees key j with weight exp(k[j,c] + w[t,j]); with L[t,c]
+ * the log of the denominator, P = exp(k + w - L), Y' = sum_j P v[j] and
+ * a = dout sigmoid(q) (dL/dY'):
+ *   dw[t,j] = sum_c P a (v[j,c] - Y'[t,c])          (the band only: w = 0 outside)
+ *   dv[j,c] = sum_t P a,   dk[j,c] = sum_t P a (v[j,c] - Y'[t,c])
+ * The visible pairs split as in the forward (op_band.c): the band |t - j| <
+ * s, and outside it w = 0: there dv[j] = exp(k[j]) sum_t exp(-L[t]) a[t],
+ * a running sum over the rows t >= j + s (and t <= j - s without
+ * causality), the forward's keys becoming the rows' -L and its values a and
+ * a Y'. So the backward is the forward run anti-causally.
+ *
+ * One pass over blocks of rows computes, per block, what the forward does
+ * (band sums of exp(w - r) exp(k - mk), left and right running sums of the
+ * keys, every running sum at the exact maximum of what it holds, so its
+ * largest term is 1) and keeps L in double (a float L of 700 is 3e-5 off,
+ * and so would be every P) and Y'; in the same pass, while the block's
+ * factors are in the cache, the band's part of the gradients:
+ *   G[t,c] = a exp(mk + r - L)      (the band's stabilisers against L)
+ *   dw[t,j] = exp(w - r) sum_c exp(k - mk) (v G - Y' G)
+ *   dv[j,c] += exp(k - mk) sum_t exp(w - r) G,  dk likewise with v G - Y' G.
+ * Every factor but G is <= 1; G <= a e^46 unless the band's maxima are
+ * more than 46 nats apart (a key's maximum where w is small and the
+ * reverse), and there the row's entry is done exactly in double, as the
+ * forward does where its denominator underflows: a term lost to
+ * underflow is then below e^-41 a. A second pass adds the running sums
+ * over the rows outside the band, once every row's L is known.
+ *
+ * Threads split the rows; a thread starts its running sums from the sums
+ * of the pieces before (and after) it, and what its band adds to keys of
+ * its neighbours' rows goes to a halo, added after a barrier. */
 #include "kernels.h"
-aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
-                            const aft_opspec *sp, aft_error *err)
+
+#include <omp.h>
+#include <stdlib.h>
+
+enum { GB_ROWS = 64, GB_CH = 128 };
+/* exp(mk + r - L) above e^GB_EXACT: the entry is done exactly */
+#define GB_EXACT 46.0
+
+/* sigmoid' = e / (1 + e)^2, e = exp(-|q|): no cancellation for either sign */
+static inline float dsigmoid(float q)
 {
-    (void)io; (void)q; (void)k; (void)v; (void)B; (void)sp;
-    return aft_fail(err, AFT_ERR_ARG, "band backward: not yet");
+    float e = aft_expf(-fabsf(q));
+    return e / ((1.0f + e) * (1.0f + e));
+}
+
+/* exp(x) for a double x <= ~0 through the float exponential */
+static inline float expd(double x)
+{
+    return aft_expf((float)x);
+}
+
+/* Adds key row k (values v) to a running sum (m, s0, s1) held at its exact
+ * maximum m: one exponential, exp(-|k - m|), which scales either the sum
+ * (a new maximum) or the new term. */
+static inline void key_add(float *restrict m, float *restrict s0, float *restrict s1, const float *restrict k,
+                           const float *restrict v, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float d = k[c] - m[c];
+        float e = aft_expf(-fabsf(d));
+        int up = d > 0.0f;
+        s0[c] = up ? s0[c] * e + 1.0f : s0[c] + e;
+        s1[c] = up ? s1[c] * e + v[c] : s1[c] + e * v[c];
+        m[c] = up ? k[c] : m[c];
+    }
+}
+
+/* The same for the backward's rows: key -L (double), values a and a Y' */
+static inline void row_add(double *restrict m, float *restrict s1, float *restrict s2, const double *restrict L,
+                           const float *restrict a, const float *restrict y, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        double d = -L[c] - m[c];
+        float e = aft_expf((float)-fabs(d));
+        int up = d > 0.0;
+        float u = a[c], uy = a[c] * y[c];
+        s1[c] = up ? s1[c] * e + u : s1[c] + e * u;
+        s2[c] = up ? s2[c] * e + uy : s2[c] + e * uy;
+        m[c] = up ? -L[c] : m[c];
+    }
+}
+
+/* a backward running sum: m (n doubles), s1, s2 (n floats each) */
+typedef struct {
+    double *m;
+    float *s1, *s2;
+} rsum;
+
+static void rsum_empty(rsum *r, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        r->m[c] = -INFINITY;
+        r->s1[c] = r->s2[c] = 0.0f;
+    }
+}
+
+/* a += b, both brought to the larger maximum */
+static void rsum_merge(rsum *a, const rsum *b, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        double Z = a->m[c] > b->m[c] ? a->m[c] : b->m[c];
+        float fa = a->m[c] == -INFINITY ? 0.0f : expd(a->m[c] - Z);
+        float fb = b->m[c] == -INFINITY ? 0.0f : expd(b->m[c] - Z);
+        a->s1[c] = a->s1[c] * fa + b->s1[c] * fb;
+        a->s2[c] = a->s2[c] * fa + b->s2[c] * fb;
+        a->m[c] = Z;
+    }
+}
+
+/* what the threads share for one batch */
+typedef struct {
+    const aft_opspec *ws;
+    const aft_grad_io *io;
+    const float *q, *k, *v, *dout;   /* this batch's rows */
+    size_t b;                         /* the batch */
+    size_t T, C, H, ch, s, nt;
+    int causal, want_dw;
+    double *L;        /* (T, C) */
+    float *Y, *A;     /* Y' and a = dout sigmoid(q), (T, C) each */
+    float *kp;        /* the forward's key pieces: (2 nt, 4C): thread i's left piece at 2i, right at 2i + 1 */
+    double *rpm;      /* the backward's row pieces: (2 nt, C) maxima, likewise */
+    float *rps;       /* and their sums: (2 nt, 2C) */
+    float *halo;      /* (nt, 2 hrows, 2C): dv | dk for rows of other threads */
+    size_t hrows;     /* s - 1: halo rows each side */
+} gjob;
+
+static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->nt; }
+
+/* one thread's scratch for its block pass */
+typedef struct {
+    float *ek, *ekv, *h1, *h2;   /* (GB_ROWS + 2s, cw) */
+    float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH) */
+    float *rm, *r0, *r1;         /* the rows' right sums, (GB_ROWS, GB_CH) each */
+    float *ew, *wr;              /* (GB_ROWS, 2s): exp(w - r) and w */
+    float *dw;                   /* (GB_ROWS, 2s) */
+    float *r;                    /* (GB_ROWS) */
+    float *mk;                   /* (cw) */
+    float *pm, *p0, *p1;         /* the left running sum, (ch) each */
+    float *qm, *q0, *q1;         /* the right running sum, (ch) each */
+    float *snap;                 /* (blocks, 3 ch) */
+    unsigned char *redo;         /* (GB_ROWS, GB_CH) */
+    float *blk;
+} gscratch;
+
+static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
+{
+    const size_t s = jb->s, ch = jb->ch, cw = ch < GB_CH ? ch : GB_CH, R = GB_ROWS;
+    const size_t nb = (rows + R - 1) / R, nw = R + 2 * s;
+    const size_t G = R * GB_CH;   /* per-row arrays: rows GB_CH apart */
+    const size_t sizes[] = {nw * cw, nw * cw, nw * cw, nw * cw, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
+                            R * 2 * s, R, cw, ch, ch, ch, ch, ch, ch, nb * 3 * ch};
+    float **arrays[] = {&sc->ek, &sc->ekv, &sc->h1, &sc->h2, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
+                        &sc->r1, &sc->ew, &sc->wr, &sc->dw, &sc->r, &sc->mk, &sc->pm, &sc->p0, &sc->p1, &sc->qm,
+                        &sc->q0, &sc->q1, &sc->snap};
+    _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    sc->blk = aft_alloc_array(total, sizeof(float));
+    sc->redo = malloc(R * GB_CH);
+    if (!sc->blk || !sc->redo) {
+        free(sc->blk);
+        free(sc->redo);
+        sc->blk = NULL;
+        sc->redo = NULL;
+        return 0;
+    }
+    float *p = sc->blk;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *arrays[i] = p;
+        p += sizes[i];
+    }
+    return 1;
+}
+
+static void gscratch_free(gscratch *sc)
+{
+    free(sc->blk);
+    free(sc->redo);
+}
+
+/* where key row j's dv and dk (all C channels; dk = dv + (dk's offset))
+ * go for thread tid: its own rows straight to the output, others to its
+ * halo. Sets *dk. */
+static float *grad_rows(const gjob *jb, size_t tid, size_t j, float **dk)
+{
+    size_t t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    if (j >= t0 && j < t1) {
+        size_t r = jb->b * jb->T + j;
+        *dk = jb->io->dk + r * jb->io->lddk;
+        return jb->io->dv + r * jb->io->lddv;
+    }
+    /* left halo rows t0 - hrows .. t0 - 1 at 0 .. hrows - 1, right t1 .. at hrows .. */
+    size_t i = j < t0 ? jb->hrows - (t0 - j) : jb->hrows + (j - t1);
+    float *h = jb->halo + (tid * 2 * jb->hrows + i) * 2 * jb->C;
+    *dk = h + jb->C;
+    return h;
+}
+
+// y = sum_c (a1[c] b1[c] - a2[c] b2[c]): the dw dot products, in vectors
+static inline float dot2(const float *restrict a1, const float *restrict b1, const float *restrict a2,
+                         const float *restrict b2, size_t n)
+{
+    aft_vf acc = {0}, acc2 = {0};
+    size_t c = 0;
+    for (; c + 2 * AFT_VL <= n; c += 2 * AFT_VL) {
+        acc += aft_vld(a1 + c) * aft_vld(b1 + c) - aft_vld(a2 + c) * aft_vld(b2 + c);
+        acc2 += aft_vld(a1 + c + AFT_VL) * aft_vld(b1 + c + AFT_VL) - aft_vld(a2 + c + AFT_VL) * aft_vld(b2 + c + AFT_VL);
+    }
+    acc += acc2;
+    float r = 0.0f;
+    for (int l = 0; l < AFT_VL; l++) r += acc[l];
+    for (; c < n; c++) r += a1[c] * b1[c] - a2[c] * b2[c];
+    return r;
+}
+
+/* Row t of the block, channels [c0, c0 + cw) of head h: the forward's L
+ * and Y' exactly in double (its den underflowed): the band's terms one by
+ * one and the running sums (exact: held at their maxima) */
+static void exact_forward(const gjob *jb, const gscratch *sc, size_t i, size_t t, size_t lo, size_t hi, size_t c0,
+                          size_t c, double *L, float *Y)
+{
+    const aft_opspec *ws = jb->ws;
+    const float *wr = sc->wr + i * 2 * jb->s;
+    size_t cc = c0 + c;
+    double M = -INFINITY;
+    for (size_t j = lo; j < hi; j++) {
+        double z = (double)jb->k[j * ws->ldk + cc] + (double)wr[j - lo];
+        M = z > M ? z : M;
+    }
+    size_t ci = c0 + c - jb->ch * (c0 / jb->ch);   /* the channel within the head */
+    float pm = sc->pm[ci], p0 = sc->p0[ci], p1 = sc->p1[ci];
+    float rm = jb->causal ? -INFINITY : sc->rm[i * GB_CH + c], r0 = jb->causal ? 0.0f : sc->r0[i * GB_CH + c],
+          r1 = jb->causal ? 0.0f : sc->r1[i * GB_CH + c];
+    M = pm > M ? pm : M;
+    M = rm > M ? rm : M;
+    double den = 0.0, num = 0.0;
+    if (M > -INFINITY) {
+        for (size_t j = lo; j < hi; j++) {
+            double e = exp((double)jb->k[j * ws->ldk + cc] + (double)wr[j - lo] - M);
+            den += e;
+            num += e * (double)jb->v[j * ws->ldv + cc];
+        }
+        if (pm > -INFINITY) {
+            double f = exp((double)pm - M);
+            den += p0 * f;
+            num += p1 * f;
+        }
+        if (rm > -INFINITY) {
+            double f = exp((double)rm - M);
+            den += r0 * f;
+            num += r1 * f;
+        }
+    }
+    *L = M + log(den);
+    *Y = den > 0.0 ? (float)(num / den) : 0.0f;
+}
+
+/* One block of rows [i0, i1) of head h on thread tid: the forward's L and
+ * Y' (and out), dq, and the band's part of dw, dv and dk. */
+static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
+                       size_t i1, size_t bi)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, ldk = ws->ldk, ldv = ws->ldv, ldq = ws->ldq;
+    const int causal = jb->causal;
+    const size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0, hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
+    const size_t nbr = hib - lob, nr = i1 - i0, cwm = ch < GB_CH ? ch : GB_CH;
+
+    /* the rows' w over their bands: exp(w - r), r the row's maximum */
+    for (size_t i = 0; i < nr; i++) {
+        size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+        float *w = sc->wr + i * 2 * s, *e = sc->ew + i * 2 * s;
+        aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
+        float r = ws->zero_bias ? 0.0f : aft_max_f32(w, hi - lo);
+        r = isfinite(r) ? r : 0.0f;
+        sc->r[i] = r;
+        for (size_t j = 0; j < hi - lo; j++) e[j] = aft_expf(w[j] - r);
+    }
+    if (jb->want_dw) memset(sc->dw, 0, nr * 2 * s * sizeof(float));
+
+    for (size_t c0 = h * ch; c0 < (h + 1) * ch; c0 += cwm) {
+        const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm, hc = c0 - h * ch;
+        float *pm = sc->pm + hc, *p0 = sc->p0 + hc, *p1 = sc->p1 + hc, *mk = sc->mk;
+
+        /* band factors exp(k - mk), mk the block's key maximum per channel */
+        for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
+        for (size_t j = lob; j < hib; j++) {
+            const float *kr = jb->k + j * ldk + c0;
+            for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
+        }
+        for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
+        for (size_t j = lob; j < hib; j++) {
+            const float *kr = jb->k + j * ldk + c0, *vr = jb->v + j * ldv + c0;
+            float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
+            for (size_t c = 0; c < cw; c++) {
+                e[c] = aft_expf(kr[c] - mk[c]);
+                ev[c] = e[c] * vr[c];
+            }
+        }
+        /* the rows' right sums (keys t' >= t + s), from the block's snapshot */
+        if (!causal) {
+            float *qm = sc->qm + hc, *q0 = sc->q0 + hc, *q1 = sc->q1 + hc;
+            const float *sn = sc->snap + bi * 3 * ch;
+            memcpy(qm, sn + hc, cw * sizeof(float));
+            memcpy(q0, sn + ch + hc, cw * sizeof(float));
+            memcpy(q1, sn + 2 * ch + hc, cw * sizeof(float));
+            for (size_t t = i1; t-- > i0;) {
+                if (t + s < T) key_add(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw);
+                memcpy(sc->rm + (t - i0) * GB_CH, qm, cw * sizeof(float));
+                memcpy(sc->r0 + (t - i0) * GB_CH, q0, cw * sizeof(float));
+                memcpy(sc->r1 + (t - i0) * GB_CH, q1, cw * sizeof(float));
+            }
+        }
+
+        /* the forward, row by row */
+        for (size_t i = 0; i < nr; i++) {
+            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw);
+            float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
+            for (size_t c = 0; c < cw; c++) b0[c] = b1[c] = 0.0f;
+            const float *e = sc->ew + i * 2 * s;
+            for (size_t j = lo; j < hi; j++) {
+                const float ej = e[j - lo], *ek = sc->ek + (j - lob) * cw, *ekv = sc->ekv + (j - lob) * cw;
+                for (size_t c = 0; c < cw; c++) {
+                    b0[c] += ej * ek[c];
+                    b1[c] += ej * ekv[c];
+                }
+            }
+            const double r = sc->r[i];
+            double *L = jb->L + t * C + c0;
+            float *Y = jb->Y + t * C + c0, *A = jb->A + t * C + c0;
+            const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
+            const size_t row = jb->b * T + t;
+            float *dq = jb->io->dq + row * jb->io->lddq + c0;
+            float *out = jb->io->out ? jb->io->out + row * C + c0 : NULL;
+            float *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
+            unsigned char *redo = sc->redo + i * GB_CH;
+            for (size_t c = 0; c < cw; c++) {
+                double zb = (double)mk[c] + r, rm = causal ? -INFINITY : sc->rm[i * GB_CH + c];
+                double Z = zb > pm[c] ? zb : pm[c];
+                Z = rm > Z ? rm : Z;
+                float fb = expd(zb - Z), fp = pm[c] == -INFINITY ? 0.0f : expd(pm[c] - Z);
+                float fr = rm == -INFINITY ? 0.0f : expd(rm - Z);
+                float den = b0[c] * fb + p0[c] * fp + (causal ? 0.0f : sc->r0[i * GB_CH + c] * fr);
+                float num = b1[c] * fb + p1[c] * fp + (causal ? 0.0f : sc->r1[i * GB_CH + c] * fr);
+                if (den >= AFT_DEN_EXACT_BELOW && isfinite(num)) {
+                    L[c] = Z + log((double)den);
+                    Y[c] = num / den;
+                } else {
+                    exact_forward(jb, sc, i, t, lo, hi, c0, c, L + c, Y + c);
+                }
+                float sq = aft_sigmoidf(qr[c]);
+                if (out) out[c] = sq * Y[c];
+                dq[c] = dr[c] * Y[c] * dsigmoid(qr[c]);
+                A[c] = dr[c] * sq;
+                /* G = a exp(mk + r - L), or exactly below */
+                double x = zb - L[c];
+                redo[c] = !(x <= GB_EXACT);
+                g1[c] = redo[c] ? 0.0f : A[c] * expd(x);
+                g2[c] = g1[c] * Y[c];
+            }
+        }
+
+        /* dw[t, j] += exp(w - r) sum_c (exp(k - mk) v G - exp(k - mk) Y' G) */
+        if (jb->want_dw)
+            for (size_t i = 0; i < nr; i++) {
+                size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+                const float *e = sc->ew + i * 2 * s, *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
+                float *dw = sc->dw + i * 2 * s;
+                for (size_t j = lo; j < hi; j++)
+                    dw[j - lo] += e[j - lo] * dot2(sc->ekv + (j - lob) * cw, g1, sc->ek + (j - lob) * cw, g2, cw);
+            }
+
+        /* h1[j] = sum_t exp(w - r) G[t], h2 with Y' G; then dv, dk */
+        memset(sc->h1, 0, nbr * cw * sizeof(float));
+        memset(sc->h2, 0, nbr * cw * sizeof(float));
+        for (size_t i = 0; i < nr; i++) {
+            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            const float *e = sc->ew + i * 2 * s, *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
+            for (size_t j = lo; j < hi; j++) {
+                float ej = e[j - lo], *h1 = sc->h1 + (j - lob) * cw, *h2 = sc->h2 + (j - lob) * cw;
+                for (size_t c = 0; c < cw; c++) {
+                    h1[c] += ej * g1[c];
+                    h2[c] += ej * g2[c];
+                }
+            }
+        }
+        for (size_t j = lob; j < hib; j++) {
+            float *dk, *dv = grad_rows(jb, tid, j, &dk);
+            dv += c0;
+            dk += c0;
+            const float *ek = sc->ek + (j - lob) * cw, *h1 = sc->h1 + (j - lob) * cw, *h2 = sc->h2 + (j - lob) * cw;
+            const float *vr = jb->v + j * ldv + c0;
+            for (size_t c = 0; c < cw; c++) {
+                float x = ek[c] * h1[c];
+                dv[c] += x;
+                dk[c] += x * vr[c] - ek[c] * h2[c];
+            }
+        }
+
+        /* the entries whose band maxima lie far apart, exactly */
+        for (size_t i = 0; i < nr; i++) {
+            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            const unsigned char *redo = sc->redo + i * GB_CH;
+            const float *wr = sc->wr + i * 2 * s;
+            float *dw = sc->dw + i * 2 * s;
+            for (size_t c = 0; c < cw; c++) {
+                if (!redo[c]) continue;
+                size_t cc = c0 + c;
+                double L = jb->L[t * C + cc], y = jb->Y[t * C + cc], a = jb->A[t * C + cc];
+                for (size_t j = lo; j < hi; j++) {
+                    double vj = jb->v[j * ldv + cc];
+                    double g = exp((double)jb->k[j * ldk + cc] + (double)wr[j - lo] - L) * a;
+                    float *dk, *dv = grad_rows(jb, tid, j, &dk);
+                    dv[cc] += (float)g;
+                    dk[cc] += (float)(g * (vj - y));
+                    if (jb->want_dw) dw[j - lo] += (float)(g * (vj - y));
+                }
+            }
+        }
+    }
+    if (jb->want_dw)
+        for (size_t i = 0; i < nr; i++) {
+            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            aft_w_row_grad(ws, db, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, sc->dw + i * 2 * s);
+        }
+}
+
+/* Thread tid's rows, every head: the block pass. Its left and right key
+ * sums start from the pieces (P1). */
+static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t tid)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    const size_t nt = jb->nt, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    if (t1 <= t0) return;
+    const size_t nb = (t1 - t0 + GB_ROWS - 1) / GB_ROWS;
+    for (size_t h = 0; h < jb->H; h++) {
+        const size_t c0 = h * ch;
+        /* left: keys [0, t0 - s), the left pieces of the threads before */
+        for (size_t c = 0; c < ch; c++)
+            aft_sums_merge_channel(jb->kp, 8 * C, tid, C, c0 + c, &sc->pm[c], &sc->p0[c], &sc->p1[c]);
+        if (!jb->causal) {
+            /* right: keys [t1 + s, T), the right pieces of the threads after;
+             * then back over the rows, a snapshot at each block's end */
+            for (size_t c = 0; c < ch; c++)
+                aft_sums_merge_channel(jb->kp + (2 * tid + 3) * 4 * C, 8 * C, nt - tid - 1, C, c0 + c, &sc->qm[c],
+                                       &sc->q0[c], &sc->q1[c]);
+            for (size_t bi = nb; bi-- > 0;) {
+                size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
+                float *sn = sc->snap + bi * 3 * ch;
+                memcpy(sn, sc->qm, ch * sizeof(float));
+                memcpy(sn + ch, sc->q0, ch * sizeof(float));
+                memcpy(sn + 2 * ch, sc->q1, ch * sizeof(float));
+                for (size_t t = i1; t-- > i0;)
+                    if (t + s < T) key_add(sc->qm, sc->q0, sc->q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, ch);
+            }
+        }
+        for (size_t bi = 0; bi < nb; bi++) {
+            size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
+            band_block(jb, sc, db, tid, h, i0, i1, bi);
+        }
+    }
+}
+
+/* thread tid's sums of the rows of its pieces for the backward's outside
+ * parts: left piece rows [t0 - s, t1 - s), right [t0 + s, t1 + s) */
+static void row_pieces(const gjob *jb, size_t tid)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    for (int side = 0; side < 2; side++) {
+        rsum r = {jb->rpm + (2 * tid + side) * C, jb->rps + (2 * tid + side) * 2 * C,
+                  jb->rps + (2 * tid + side) * 2 * C + C};
+        rsum_empty(&r, C);
+        size_t a = side == 0 ? (t0 > s ? t0 - s : 0) : (t0 + s < T ? t0 + s : T);
+        size_t e = side == 0 ? (t1 > s ? t1 - s : 0) : (t1 + s < T ? t1 + s : T);
+        if (side == 0 && jb->causal) continue;
+        for (size_t t = a; t < e; t++) row_add(r.m, r.s1, r.s2, jb->L + t * C, jb->A + t * C, jb->Y + t * C, C);
+    }
+}
+
+/* Thread tid's keys j in [t0, t1): the rows outside their band (w = 0)
+ * through running sums, and the halos other threads left for them. */
+static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, nt = jb->nt, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    const size_t ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    if (t1 <= t0) return;
+    for (int side = 0; side < 2; side++) {
+        if (side == 0 && jb->causal) continue;
+        /* side 1: rows [j + s, T), from the pieces after, j descending;
+         * side 0: rows [0, j - s + 1), from the pieces before, j ascending */
+        rsum_empty(cur, C);
+        size_t k0 = side ? tid + 1 : 0, k1 = side ? nt : tid;
+        for (size_t kk = k0; kk < k1; kk++) {
+            rsum p = {jb->rpm + (2 * kk + side) * C, jb->rps + (2 * kk + side) * 2 * C,
+                      jb->rps + (2 * kk + side) * 2 * C + C};
+            rsum_merge(cur, &p, C);
+        }
+        for (size_t n = 0; n < t1 - t0; n++) {
+            size_t j = side ? t1 - 1 - n : t0 + n;
+            if (side && j + s < T) row_add(cur->m, cur->s1, cur->s2, jb->L + (j + s) * C, jb->A + (j + s) * C, jb->Y + (j + s) * C, C);
+            if (!side && j >= s) row_add(cur->m, cur->s1, cur->s2, jb->L + (j - s) * C, jb->A + (j - s) * C, jb->Y + (j - s) * C, C);
+            const size_t row = jb->b * T + j;
+            float *dv = jb->io->dv + row * jb->io->lddv, *dk = jb->io->dk + row * jb->io->lddk;
+            const float *kr = jb->k + j * ldk, *vr = jb->v + j * ldv;
+            for (size_t c = 0; c < C; c++) {
+                /* k + m <= 0: each row here sees key j with w = 0, so its
+                 * L is at least k */
+                float f = cur->m[c] == -INFINITY ? 0.0f : expd((double)kr[c] + cur->m[c]);
+                float x = f * cur->s1[c];
+                dv[c] += x;
+                dk[c] += x * vr[c] - f * cur->s2[c];
+            }
+        }
+    }
+    /* the halos of the other threads that fall on these rows */
+    for (size_t o = 0; o < nt; o++) {
+        if (o == tid) continue;
+        size_t o0 = row0(jb, o), o1 = row0(jb, o + 1);
+        if (o1 <= o0) continue;
+        for (size_t i = 0; i < 2 * jb->hrows; i++) {
+            /* halo row i of thread o */
+            size_t j;
+            if (i < jb->hrows) {
+                if (o0 < jb->hrows - i) continue;
+                j = o0 - (jb->hrows - i);
+            } else {
+                j = o1 + (i - jb->hrows);
+            }
+            if (j < t0 || j >= t1) continue;
+            const float *hv = jb->halo + (o * 2 * jb->hrows + i) * 2 * C, *hk = hv + C;
+            const size_t row = jb->b * T + j;
+            float *dv = jb->io->dv + row * jb->io->lddv, *dk = jb->io->dk + row * jb->io->lddk;
+            for (size_t c = 0; c < C; c++) {
+                dv[c] += hv[c];
+                dk[c] += hk[c];
+            }
+        }
+    }
+}
+
+aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
+                            const aft_opspec *ws, aft_error *err)
+{
+    const size_t T = ws->T, C = ws->C, H = ws->heads ? ws->heads : 1, nt = (size_t)ws->threads;
+    if (T == 0 || C == 0 || B == 0) return AFT_OK;
+    gjob jb = {.ws = ws, .io = io, .T = T, .C = C, .H = H, .ch = C / H, .s = aft_op_band_width(ws, T), .nt = nt,
+               .causal = ws->causal, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
+    jb.hrows = jb.s - 1;
+    jb.L = aft_alloc_array(T, C * sizeof(double));
+    jb.Y = aft_alloc_array(T, C * sizeof(float));
+    jb.A = aft_alloc_array(T, C * sizeof(float));
+    jb.kp = aft_alloc_array(2 * nt, 4 * C * sizeof(float));
+    jb.rpm = aft_alloc_array(2 * nt, C * sizeof(double));
+    jb.rps = aft_alloc_array(2 * nt, 2 * C * sizeof(float));
+    jb.halo = aft_alloc_array(nt * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
+    int failed = !jb.L || !jb.Y || !jb.A || !jb.kp || !jb.rpm || !jb.rps || !jb.halo;
+    if (!failed) {
+        #pragma omp parallel num_threads((int)nt)
+        {
+            size_t tid = (size_t)omp_get_thread_num();
+            size_t t0 = row0(&jb, tid), t1 = row0(&jb, tid + 1);
+            gscratch sc;
+            aft_bias_grad mine;
+            float *priv = NULL;
+            int ok = gscratch_alloc(&sc, &jb, t1 - t0) && aft_bias_grad_private(ws, &io->db, &mine, &priv);
+            /* the running sum of the outside pass: C doubles and 2C floats */
+            double *rm = aft_alloc_array(C, sizeof(double));
+            float *rs = aft_alloc_array(2 * C, sizeof(float));
+            if (!ok || !rm || !rs) {
+                #pragma omp atomic write
+                failed = 1;
+            }
+            #pragma omp barrier
+            for (size_t b = 0; b < B && !failed; b++) {
+                gjob jbb = jb;
+                jbb.b = b;
+                jbb.q = q + b * T * ws->ldq;
+                jbb.k = k + b * T * ws->ldk;
+                jbb.v = v + b * T * ws->ldv;
+                jbb.dout = io->dout + b * T * C;
+                /* P1: this thread's rows of dv, dk and its halo zeroed; the
+                 * key sums of its left and right pieces */
+                for (size_t t = t0; t < t1; t++) {
+                    memset(io->dv + (b * T + t) * io->lddv, 0, C * sizeof(float));
+                    memset(io->dk + (b * T + t) * io->lddk, 0, C * sizeof(float));
+                }
+                memset(jb.halo + tid * 2 * jb.hrows * 2 * C, 0, 2 * jb.hrows * 2 * C * sizeof(float));
+                const size_t s = jb.s;
+                float *lp = jb.kp + 2 * tid * 4 * C, *rp = lp + 4 * C;
+                size_t la = t0 > s ? t0 - s : 0, le = t1 > s ? t1 - s : 0;
+                (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, la, le, C, lp, lp + C, lp + 2 * C, lp + 3 * C);
+                size_t ra = t0 + s < T ? t0 + s : T, re = t1 + s < T ? t1 + s : T;
+                (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, ra, re, C, rp, rp + C, rp + 2 * C, rp + 3 * C);
+                #pragma omp barrier
+                /* P2: the block pass */
+                block_pass(&jbb, &sc, &mine, tid);
+                #pragma omp barrier
+                /* P3: the backward's row pieces */
+                row_pieces(&jbb, tid);
+                #pragma omp barrier
+                /* P4: the rows outside each key's band, and the halos */
+                rsum cur = {rm, rs, rs + C};
+                outside_pass(&jbb, &cur, tid);
+                #pragma omp barrier
+            }
+            if (!failed && priv) {
+                #pragma omp critical(aft_band_grad_merge)
+                aft_bias_grad_merge(ws, &io->db, &mine);
+            }
+            free(priv);
+            free(rm);
+            free(rs);
+            gscratch_free(&sc);
+        }
+    }
+    free(jb.L); free(jb.Y); free(jb.A); free(jb.kp); free(jb.rpm); free(jb.rps); free(jb.halo);
+    if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
+    return AFT_OK;
 }

@@ -353,6 +353,24 @@ static int compare_f(const char *tensor, const float *got, const float *want, si
     return r;
 }
 
+/* every tensor of two backward results */
+static int compare_grads(const grads *got, const grads *want, const gdata *d, double tol, const char *what,
+                         int *reports)
+{
+    int f = 0;
+    f += compare_f("dq", got->dq, want->dq, d->nq, tol, what, reports);
+    f += compare_f("dk", got->dk, want->dk, d->nk, tol, what, reports);
+    f += compare_f("dv", got->dv, want->dv, d->nq, tol, what, reports);
+    f += compare_f("out", got->out, want->out, d->nq, tol, what, reports);
+    if (d->ndense) f += compare_f("d dense", got->ddense, want->ddense, d->ndense, tol, what, reports);
+    if (d->nfac) {
+        f += compare_f("d u", got->du, want->du, d->nfac, tol, what, reports);
+        f += compare_f("d v (factored)", got->dv_f, want->dv_f, d->nfac, tol, what, reports);
+    }
+    if (d->nconv) f += compare_f("d conv", got->dconv, want->dconv, d->nconv, tol, what, reports);
+    return f;
+}
+
 /* ---------------------------------------------------------------- 1. reference against finite differences */
 
 /* sum dout * Y from ref_aft.c's float64 forward (one-row conv biases
@@ -530,6 +548,192 @@ static void test_ref_grad_fd_extreme(void **state)
     int fails = 0, reports = 0;
     for (size_t i = 0; i < N_OF(cs); i++) fails += fd_case(&cs[i], &reports);
     finish(fails, (int)N_OF(cs));
+}
+
+/* ---------------------------------------------------------------- 2. fast against the reference */
+
+/* one case: the fast kernels (c->threads) against the float64 reference */
+static int run_case(const gcase *c, int *reports)
+{
+    /* the full kernel (full, and every masked run) comes in the next commit */
+    if (c->mask != MASK_NONE || c->variant == AFT_FULL) return 0;
+    gdata d;
+    build(&d, c);
+    char what[512];
+    describe(what, sizeof what, c);
+    grads gf, gr;
+    aft_error err = {{0}};
+    int fails = 0;
+    aft_status st = run_backward(&gr, &d, AFT_IMPL_REFERENCE, 1, &err);
+    if (st != AFT_OK) {
+        if ((*reports)++ < MAX_REPORTS)
+            print_message("FAIL reference status %d (%s): %s\n", (int)st, err.msg, what);
+        fails++;
+    }
+    st = run_backward(&gf, &d, AFT_IMPL_FAST, c->threads, &err);
+    if (st != AFT_OK) {
+        if ((*reports)++ < MAX_REPORTS) print_message("FAIL fast status %d (%s): %s\n", (int)st, err.msg, what);
+        fails++;
+    }
+    if (!fails) fails += compare_grads(&gf, &gr, &d, TOL_REL, what, reports);
+    grads_free(&gf);
+    grads_free(&gr);
+    free_data(&d);
+    return fails;
+}
+
+static const size_t small_T[] = {1, 7, 33, 130};
+static const size_t grid_BC[4][2] = {{1, 5}, {3, 12}, {1, 12}, {3, 5}};
+
+static int grid_threads(int n)
+{
+    return n % 4 == 0 ? 0 : 1 + n % 3;
+}
+
+/* full, local or simple over windows x causal x mask x T x (B, C); window
+ * codes 999 = T, 1000 = T + 4 */
+static void grid(aft_variant variant, aft_bias_kind kind, const size_t *windows, size_t nwin, uint64_t seed)
+{
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t wi = 0; wi < nwin; wi++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (int mask = MASK_NONE; mask <= MASK_BATCHED; mask++)
+                for (size_t ti = 0; ti < N_OF(small_T); ti++)
+                    for (size_t bc = 0; bc < 2; bc++) {
+                        size_t T = small_T[ti];
+                        const size_t *BC = grid_BC[(2 * (ti + (size_t)mask + wi) + bc) % 4];
+                        size_t s = windows[wi] == 1000 ? T + 4 : windows[wi] == 999 ? T : windows[wi];
+                        gcase c = {variant, kind, BC[0], T, BC[1], 0, s, 0, causal, (mask_mode)mask, VALS_NORMAL,
+                                   seed + (uint64_t)cases, grid_threads(cases), 0};
+                        fails += run_case(&c, &reports);
+                        cases++;
+                    }
+    finish(fails, cases);
+}
+
+static void test_grad_simple(void **state)
+{
+    (void)state;
+    const size_t w[] = {0};
+    grid(AFT_SIMPLE, AFT_BIAS_NONE, w, 1, 700);
+}
+
+/* local windows 0 (= simple), 1, 3, T, T + 4 on each bias kind */
+static void test_grad_local(void **state)
+{
+    (void)state;
+    const size_t w[] = {0, 1, 3, 999, 1000};
+    grid(AFT_LOCAL, AFT_BIAS_DENSE, w, N_OF(w), 400);
+    grid(AFT_LOCAL, AFT_BIAS_FACTORED, w, N_OF(w), 500);
+    grid(AFT_LOCAL, AFT_BIAS_SEEDED, w, N_OF(w), 600);
+}
+
+/* conv: heads 1, 2, 4 on C = 12 (1, 5 on C = 5), keys per channel or per
+ * head, a bias of one row per head or one for all, windows 1, 3, T, T + 4 */
+static void test_grad_conv(void **state)
+{
+    (void)state;
+    const size_t heads12[] = {1, 2, 4}, heads5[] = {1, 5}, Cs[] = {5, 12};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t ci = 0; ci < N_OF(Cs); ci++) {
+        size_t C = Cs[ci];
+        const size_t *hs = C == 12 ? heads12 : heads5;
+        size_t nh = C == 12 ? N_OF(heads12) : N_OF(heads5);
+        for (size_t hi = 0; hi < nh; hi++)
+            for (int shared = 0; shared <= 1; shared++)
+                for (size_t wi = 0; wi < 4; wi++)
+                    for (int causal = 0; causal <= 1; causal++)
+                        for (size_t ti = 0; ti < N_OF(small_T); ti++) {
+                            size_t T = small_T[ti];
+                            size_t s = wi == 0 ? 1 : wi == 1 ? 3 : wi == 2 ? T : T + 4;
+                            mask_mode mask = (mask_mode)(cases % 3);
+                            size_t B = (cases / 3) % 2 ? 3 : 1;
+                            gcase c = {AFT_CONV, AFT_BIAS_CONV, B, T, C, hs[hi], s, shared, causal, mask, VALS_NORMAL,
+                                       800 + (uint64_t)cases, grid_threads(cases), (cases / 6) % 2};
+                            fails += run_case(&c, &reports);
+                            cases++;
+                        }
+    }
+    finish(fails, cases);
+}
+
+/* Large T (C = 16) so every blocked kernel crosses many block edges; odd
+ * or prime T so no block size divides it */
+static void test_grad_large(void **state)
+{
+    (void)state;
+    const gcase cs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 1, 1531, 16, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 901, 0, 0},
+        {AFT_FULL, AFT_BIAS_SEEDED, 1, 1103, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 902, 0, 0},
+        {AFT_FULL, AFT_BIAS_FACTORED, 1, 1009, 16, 0, 0, 0, 0, MASK_SHARED, VALS_NORMAL, 903, 0, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 1, 1999, 16, 0, 37, 0, 1, MASK_NONE, VALS_NORMAL, 904, 0, 0},
+        {AFT_LOCAL, AFT_BIAS_SEEDED, 2, 1201, 16, 0, 129, 0, 0, MASK_NONE, VALS_NORMAL, 905, 3, 0},
+        {AFT_LOCAL, AFT_BIAS_FACTORED, 1, 1301, 16, 0, 70, 0, 0, MASK_NONE, VALS_NORMAL, 906, 0, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 1103, 16, 4, 50, 1, 1, MASK_NONE, VALS_NORMAL, 907, 0, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 1013, 16, 2, 90, 0, 0, MASK_NONE, VALS_NORMAL, 908, 4, 1},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 1, 1777, 16, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 909, 0, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 2, 1501, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 910, 3, 0},
+    };
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) fails += run_case(&cs[i], &reports);
+    finish(fails, (int)N_OF(cs));
+}
+
+/* every variant with keys of +-500 and biases of +-250 */
+static void grid_extreme(vals_mode vals, uint64_t seed)
+{
+    struct { aft_variant v; aft_bias_kind k; size_t heads, window; int shared, one_row; } vs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 0, 0, 0, 0},     {AFT_FULL, AFT_BIAS_FACTORED, 0, 0, 0, 0},
+        {AFT_FULL, AFT_BIAS_SEEDED, 0, 0, 0, 0},    {AFT_LOCAL, AFT_BIAS_DENSE, 0, 3, 0, 0},
+        {AFT_LOCAL, AFT_BIAS_FACTORED, 0, 9, 0, 0}, {AFT_LOCAL, AFT_BIAS_SEEDED, 0, 20, 0, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0, 0},    {AFT_CONV, AFT_BIAS_CONV, 2, 5, 0, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 4, 40, 1, 0},     {AFT_CONV, AFT_BIAS_CONV, 1, 2, 1, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 3, 4, 0, 1},
+    };
+    const size_t Ts[] = {33, 130};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(vs); i++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (size_t ti = 0; ti < N_OF(Ts); ti++) {
+                mask_mode mask = ti == 1 ? MASK_BATCHED : MASK_NONE;
+                size_t C = vs[i].heads == 3 ? 9 : 12;
+                gcase c = {vs[i].v, vs[i].k, 2, Ts[ti], C, vs[i].heads, vs[i].window, vs[i].shared, causal, mask,
+                           vals, seed + (uint64_t)cases, grid_threads(cases), vs[i].one_row};
+                fails += run_case(&c, &reports);
+                /* the band kernels (no mask) at the second size too */
+                if (mask != MASK_NONE && vs[i].v != AFT_FULL) {
+                    c.mask = MASK_NONE;
+                    c.seed += 7;
+                    fails += run_case(&c, &reports);
+                }
+                cases++;
+            }
+    const gcase big[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 1, 1031, 16, 0, 0, 0, 1, MASK_NONE, vals, seed + 500, 0, 0},
+        {AFT_FULL, AFT_BIAS_FACTORED, 1, 1013, 16, 0, 0, 0, 0, MASK_NONE, vals, seed + 501, 0, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 1, 1021, 16, 0, 300, 0, vals != VALS_WIDE, MASK_NONE, vals, seed + 502, 0, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 1021, 16, 2, 61, 0, 1, MASK_NONE, vals, seed + 503, 0, 0},
+    };
+    for (size_t i = 0; i < N_OF(big); i++, cases++) fails += run_case(&big[i], &reports);
+    finish(fails, cases);
+}
+
+static void test_grad_extreme_wide(void **state)
+{
+    (void)state;
+    grid_extreme(VALS_WIDE, 1000);
+}
+
+static void test_grad_extreme_one_huge_key(void **state)
+{
+    (void)state;
+    grid_extreme(VALS_ONE_HUGE, 1100);
+}
+
+static void test_grad_extreme_adversarial(void **state)
+{
+    (void)state;
+    grid_extreme(VALS_ADVERSE, 1200);
 }
 
 /* ---------------------------------------------------------------- the layer */
@@ -800,6 +1004,13 @@ int main(void)
         cmocka_unit_test(test_ref_grad_fd),
         cmocka_unit_test(test_ref_grad_fd_extreme),
         cmocka_unit_test(test_layer_ref_grad_fd),
+        cmocka_unit_test(test_grad_simple),
+        cmocka_unit_test(test_grad_local),
+        cmocka_unit_test(test_grad_conv),
+        cmocka_unit_test(test_grad_large),
+        cmocka_unit_test(test_grad_extreme_wide),
+        cmocka_unit_test(test_grad_extreme_one_huge_key),
+        cmocka_unit_test(test_grad_extreme_adversarial),
     };
     const char *filter = getenv("TEST_GRAD_FILTER");
     if (filter && *filter) cmocka_set_test_filter(filter);
