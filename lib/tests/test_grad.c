@@ -555,8 +555,6 @@ static void test_ref_grad_fd_extreme(void **state)
 /* one case: the fast kernels (c->threads) against the float64 reference */
 static int run_case(const gcase *c, int *reports)
 {
-    /* the full kernel (full, and every masked run) comes in the next commit */
-    if (c->mask != MASK_NONE || c->variant == AFT_FULL) return 0;
     gdata d;
     build(&d, c);
     char what[512];
@@ -585,9 +583,11 @@ static int run_case(const gcase *c, int *reports)
 static const size_t small_T[] = {1, 7, 33, 130};
 static const size_t grid_BC[4][2] = {{1, 5}, {3, 12}, {1, 12}, {3, 5}};
 
+/* most grid cases on one thread (the suite stays fast on a busy machine),
+ * every fourth on all cores; test_grad_threads runs 1 to 4 */
 static int grid_threads(int n)
 {
-    return n % 4 == 0 ? 0 : 1 + n % 3;
+    return n % 4 == 0 ? 0 : 1;
 }
 
 /* full, local or simple over windows x causal x mask x T x (B, C); window
@@ -616,6 +616,16 @@ static void test_grad_simple(void **state)
     (void)state;
     const size_t w[] = {0};
     grid(AFT_SIMPLE, AFT_BIAS_NONE, w, 1, 700);
+}
+
+static void test_grad_full(void **state)
+{
+    (void)state;
+    const size_t w[] = {0};
+    grid(AFT_FULL, AFT_BIAS_DENSE, w, 1, 100);
+    grid(AFT_FULL, AFT_BIAS_FACTORED, w, 1, 200);
+    grid(AFT_FULL, AFT_BIAS_SEEDED, w, 1, 300);
+    grid(AFT_FULL, AFT_BIAS_NONE, w, 1, 350);
 }
 
 /* local windows 0 (= simple), 1, 3, T, T + 4 on each bias kind */
@@ -998,12 +1008,146 @@ static void test_layer_ref_grad_fd(void **state)
     finish(fails, cases);
 }
 
+/* every gradient of two layer backward results */
+static int compare_layer(const lgrads *got, const lgrads *want, const ldata *L, double tol, const char *what,
+                         int *reports)
+{
+    size_t wn[4], bn[4], n = L->B * L->T * L->D;
+    lsizes(L, wn, bn);
+    int f = 0;
+    f += compare_f("y", got->y, want->y, n, tol, what, reports);
+    f += compare_f("dx", got->dx, want->dx, n, tol, what, reports);
+    for (int i = 0; i < 4; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "dW%s", tensor_names[i]);
+        f += compare_f(name, got->w[i], want->w[i], wn[i], tol, what, reports);
+        snprintf(name, sizeof name, "db%s", tensor_names[i]);
+        f += compare_f(name, got->b[i], want->b[i], bn[i], tol, what, reports);
+    }
+    if (L->nbias) f += compare_f("d dense", got->dense, want->dense, L->nbias, tol, what, reports);
+    if (L->nfac) {
+        f += compare_f("d u", got->fu, want->fu, L->nfac, tol, what, reports);
+        f += compare_f("d v (factored)", got->fv, want->fv, L->nfac, tol, what, reports);
+    }
+    if (L->nconv) f += compare_f("d conv", got->conv, want->conv, L->nconv, tol, what, reports);
+    return f;
+}
+
+static int layer_case(const lvariant *lv, size_t B, size_t T, size_t D, size_t C, int biases, int causal,
+                      mask_mode mask, int extreme, uint64_t seed, int threads, int *reports)
+{
+    ldata L;
+    lbuild(&L, lv, B, T, D, C, biases, causal, mask, extreme, seed);
+    char what[256];
+    snprintf(what, sizeof what, "layer %s bias=%s B=%zu T=%zu D=%zu C=%zu k_out=%zu biases=%d causal=%d mask=%s "
+             "extreme=%d seed=%llu threads=%d", aft_variant_name(lv->variant), kind_names[lv->kind], B, T, D, C,
+             L.KC, biases, causal, mask_names[mask], extreme, (unsigned long long)seed, threads);
+    lgrads gf, gr;
+    aft_error err = {{0}};
+    int fails = 0;
+    aft_status st = lbackward(&gr, &L, AFT_IMPL_REFERENCE, 1, &err);
+    if (st != AFT_OK) {
+        print_message("FAIL layer reference status %d (%s): %s\n", (int)st, err.msg, what);
+        fails++;
+    }
+    st = lbackward(&gf, &L, AFT_IMPL_FAST, threads, &err);
+    if (st != AFT_OK) {
+        print_message("FAIL layer fast status %d (%s): %s\n", (int)st, err.msg, what);
+        fails++;
+    }
+    if (!fails) fails += compare_layer(&gf, &gr, &L, TOL_REL, what, reports);
+    free(gf.blk);
+    free(gr.blk);
+    lfree(&L);
+    return fails;
+}
+
+/* the fast layer against its float64 reference: hidden size != D both
+ * ways, projection biases or none, causal, masks, B 1 and 3 */
+static void test_layer_grad(void **state)
+{
+    (void)state;
+    const lvariant more[] = {{AFT_FULL, AFT_BIAS_SEEDED, 0, 0, 0}, {AFT_LOCAL, AFT_BIAS_FACTORED, 0, 4, 0},
+                             {AFT_CONV, AFT_BIAS_CONV, 4, 5, 1}, {AFT_CONV, AFT_BIAS_CONV, 2, 40, 1}};
+    const size_t dims[][2] = {{10, 12}, {16, 8}};
+    const size_t Ts[] = {7, 33, 97};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(layer_variants) + N_OF(more); i++)
+        for (size_t di = 0; di < N_OF(dims); di++)
+            for (int causal = 0; causal <= 1; causal++) {
+                const lvariant *lv = i < N_OF(layer_variants) ? &layer_variants[i] : &more[i - N_OF(layer_variants)];
+                size_t B = (cases & 1) ? 3 : 1, T = Ts[cases % 3];
+                fails += layer_case(lv, B, T, dims[di][0], dims[di][1], (cases >> 1) & 1, causal,
+                                    (mask_mode)((cases / 2) % 3), 0, 3000 + (uint64_t)cases, grid_threads(cases),
+                                    &reports);
+                cases++;
+            }
+    finish(fails, cases);
+}
+
+/* keys of +-400 (+ a key bias of +-100) and position biases of +-250 */
+static void test_layer_grad_extreme(void **state)
+{
+    (void)state;
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(layer_variants); i++)
+        for (int causal = 0; causal <= 1; causal++) {
+            fails += layer_case(&layer_variants[i], 2, 41, 16, 12, 1, causal, MASK_NONE, 1, 4000 + (uint64_t)cases,
+                                grid_threads(cases), &reports);
+            cases++;
+        }
+    finish(fails, cases);
+}
+
+/* threads 1 to 4 (and all cores) give the same gradients, to 1e-5 */
+static void test_grad_threads(void **state)
+{
+    (void)state;
+    const gcase cs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 2, 301, 12, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 61, 1, 0},
+        {AFT_FULL, AFT_BIAS_FACTORED, 1, 257, 12, 0, 0, 0, 0, MASK_SHARED, VALS_NORMAL, 62, 1, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 2, 301, 12, 0, 7, 0, 0, MASK_NONE, VALS_NORMAL, 63, 1, 0},
+        {AFT_LOCAL, AFT_BIAS_FACTORED, 1, 301, 12, 0, 40, 0, 1, MASK_NONE, VALS_WIDE, 64, 1, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 2, 257, 12, 3, 9, 1, 1, MASK_NONE, VALS_NORMAL, 65, 1, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 199, 12, 2, 120, 0, 0, MASK_NONE, VALS_ADVERSE, 66, 1, 1},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 2, 301, 12, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 67, 1, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 1, 301, 12, 0, 0, 0, 1, MASK_NONE, VALS_WIDE, 68, 1, 0},
+        {AFT_LOCAL, AFT_BIAS_SEEDED, 1, 5, 12, 0, 3, 0, 0, MASK_NONE, VALS_NORMAL, 69, 1, 0},
+    };
+    const int threads[] = {2, 3, 4, 0};
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) {
+        gdata d;
+        build(&d, &cs[i]);
+        grads g1;
+        aft_error err = {{0}};
+        assert_int_equal(run_backward(&g1, &d, AFT_IMPL_FAST, 1, &err), AFT_OK);
+        for (size_t ti = 0; ti < N_OF(threads); ti++) {
+            gcase c = cs[i];
+            c.threads = threads[ti];
+            char what[512];
+            describe(what, sizeof what, &c);
+            grads gn;
+            assert_int_equal(run_backward(&gn, &d, AFT_IMPL_FAST, threads[ti], &err), AFT_OK);
+            fails += compare_grads(&gn, &g1, &d, THREAD_TOL, what, &reports);
+            grads_free(&gn);
+        }
+        grads_free(&g1);
+        free_data(&d);
+    }
+    finish(fails, (int)N_OF(cs));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_grad_fd),
         cmocka_unit_test(test_ref_grad_fd_extreme),
         cmocka_unit_test(test_layer_ref_grad_fd),
+        cmocka_unit_test(test_layer_grad),
+        cmocka_unit_test(test_layer_grad_extreme),
+        cmocka_unit_test(test_grad_threads),
+        cmocka_unit_test(test_grad_full),
         cmocka_unit_test(test_grad_simple),
         cmocka_unit_test(test_grad_local),
         cmocka_unit_test(test_grad_conv),
