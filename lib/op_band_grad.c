@@ -41,13 +41,6 @@ enum { GB_ROWS = 64, GB_CH = 128 };
 /* exp(mk + r - L) above e^GB_EXACT: the entry is done exactly */
 #define GB_EXACT 46.0
 
-/* sigmoid' = e / (1 + e)^2, e = exp(-|q|): no cancellation for either sign */
-static inline float dsigmoid(float q)
-{
-    float e = aft_expf(-fabsf(q));
-    return e / ((1.0f + e) * (1.0f + e));
-}
-
 /* exp(x) for a double x <= ~0 through the float exponential */
 static inline float expd(double x)
 {
@@ -70,18 +63,20 @@ static inline void key_add(float *restrict m, float *restrict s0, float *restric
     }
 }
 
-/* The same for the backward's rows: key -L (double), values a and a Y' */
-static inline void row_add(double *restrict m, float *restrict s1, float *restrict s2, const double *restrict L,
-                           const float *restrict a, const float *restrict y, size_t n)
+/* The same for the backward's rows: key -L = -(Z + log den), kept as
+ * key -Z (double) with values a / den and a Y' / den, so no logarithm is
+ * taken (den >= 1e-20 where it came from the fast path: a / den is finite) */
+static inline void row_add(double *restrict m, float *restrict s1, float *restrict s2, const double *restrict Z,
+                           const float *restrict den, const float *restrict a, const float *restrict y, size_t n)
 {
     for (size_t c = 0; c < n; c++) {
-        double d = -L[c] - m[c];
+        double d = -Z[c] - m[c];
         float e = aft_expf((float)-fabs(d));
         int up = d > 0.0;
-        float u = a[c], uy = a[c] * y[c];
+        float u = a[c] / den[c], uy = u * y[c];
         s1[c] = up ? s1[c] * e + u : s1[c] + e * u;
         s2[c] = up ? s2[c] * e + uy : s2[c] + e * uy;
-        m[c] = up ? -L[c] : m[c];
+        m[c] = up ? -Z[c] : m[c];
     }
 }
 
@@ -120,8 +115,9 @@ typedef struct {
     size_t b;                         /* the batch */
     size_t T, C, H, ch, s, nt;
     int causal, want_dw;
-    double *L;        /* (T, C) */
-    float *Y, *A;     /* Y' and a = dout sigmoid(q), (T, C) each */
+    double *Z;        /* (T, C): L = Z + log D, the stabiliser in double (a
+                       * float L of 700 is 3e-5 off, and so would be every P) */
+    float *D, *Y, *A; /* den, Y' and a = dout sigmoid(q), (T, C) each */
     float *kp;        /* the forward's key pieces: (2 nt, 4C): thread i's left piece at 2i, right at 2i + 1 */
     double *rpm;      /* the backward's row pieces: (2 nt, C) maxima, likewise */
     float *rps;       /* and their sums: (2 nt, 2C) */
@@ -134,7 +130,7 @@ static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->nt; }
 /* one thread's scratch for its block pass */
 typedef struct {
     float *ek, *ekv, *h1, *h2;   /* (GB_ROWS + 2s, cw) */
-    float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH) */
+    float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH); g1 holds exp(zb - Z) / den first */
     float *rm, *r0, *r1;         /* the rows' right sums, (GB_ROWS, GB_CH) each */
     float *ew, *wr;              /* (GB_ROWS, 2s): exp(w - r) and w */
     float *dw;                   /* (GB_ROWS, 2s) */
@@ -143,7 +139,9 @@ typedef struct {
     float *pm, *p0, *p1;         /* the left running sum, (ch) each */
     float *qm, *q0, *q1;         /* the right running sum, (ch) each */
     float *snap;                 /* (blocks, 3 ch) */
-    unsigned char *redo;         /* (GB_ROWS, GB_CH) */
+    unsigned char *redo, *bad;   /* (GB_ROWS, GB_CH) each */
+    unsigned char rowredo[GB_ROWS];   /* the row has an entry in redo */
+    size_t zhi;                  /* the head's rows of dv, dk are zeroed up to here */
     float *blk;
 } gscratch;
 
@@ -161,7 +159,7 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
     sc->blk = aft_alloc_array(total, sizeof(float));
-    sc->redo = malloc(R * GB_CH);
+    sc->redo = malloc(2 * R * GB_CH);
     if (!sc->blk || !sc->redo) {
         free(sc->blk);
         free(sc->redo);
@@ -169,6 +167,7 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
         sc->redo = NULL;
         return 0;
     }
+    sc->bad = sc->redo + R * GB_CH;
     float *p = sc->blk;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         *arrays[i] = p;
@@ -260,6 +259,58 @@ static void exact_forward(const gjob *jb, const gscratch *sc, size_t i, size_t t
     *Y = den > 0.0 ? (float)(num / den) : 0.0f;
 }
 
+/* Row i's forward for cw channels, in units of exp(Z), Z the largest of the
+ * three parts' stabilisers (band zb = mk + r, left pm, right rm; every
+ * factor <= 1): den, Y' = num / den, and exp(zb - Z) / den (for G);
+ * bad[c] where den fell below AFT_DEN_EXACT_BELOW or num overflowed (done
+ * exactly after). Without `right` (causal) no right part; callers pass a
+ * constant. (Its own function, restrict pointers and no calls: one
+ * vector loop.) */
+static inline __attribute__((always_inline)) int
+combine_row(double *restrict Zo, float *restrict Do, float *restrict Yo, float *restrict ratio,
+            unsigned char *restrict bad, const float *restrict mk, double r, const float *restrict b0,
+            const float *restrict b1, const float *restrict pm, const float *restrict p0, const float *restrict p1,
+            const float *restrict rm, const float *restrict r0, const float *restrict r1, size_t cw, int right)
+{
+    int any = 0;
+    for (size_t c = 0; c < cw; c++) {
+        double zb = (double)mk[c] + r, Z = zb > pm[c] ? zb : (double)pm[c];
+        if (right) Z = rm[c] > Z ? rm[c] : Z;
+        /* pm, rm of -inf (nothing held) give exp(-inf) = 0 */
+        float fb = aft_expf((float)(zb - Z)), fp = aft_expf((float)((double)pm[c] - Z));
+        float den = b0[c] * fb + p0[c] * fp, num = b1[c] * fb + p1[c] * fp;
+        if (right) {
+            float fr = aft_expf((float)((double)rm[c] - Z));
+            den += r0[c] * fr;
+            num += r1[c] * fr;
+        }
+        Zo[c] = Z;
+        Do[c] = den;
+        Yo[c] = num / den;
+        ratio[c] = fb / den;
+        bad[c] = !(den >= AFT_DEN_EXACT_BELOW) | !(fabsf(num) <= 3.4e38f);
+        any |= bad[c];
+    }
+    return any;
+}
+
+/* then per entry: the outputs, dq, a = dout sigmoid(q) and G = a exp(zb -
+ * Z) / den, G Y' (g1 holds the ratio on entry) */
+static inline __attribute__((always_inline)) void
+grad_row(float *restrict out, float *restrict dq, float *restrict A, float *restrict g1, float *restrict g2,
+         const float *restrict Y, const float *restrict q, const float *restrict dout, size_t cw)
+{
+    for (size_t c = 0; c < cw; c++) {
+        float e = aft_expf(-fabsf(q[c]));
+        float sq = q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        if (out) out[c] = sq * Y[c];
+        dq[c] = dout[c] * Y[c] * (e / ((1.0f + e) * (1.0f + e)));
+        A[c] = dout[c] * sq;
+        g1[c] *= A[c];
+        g2[c] = g1[c] * Y[c];
+    }
+}
+
 /* One block of rows [i0, i1) of head h on thread tid: the forward's L and
  * Y' (and out), dq, and the band's part of dw, dv and dk. */
 static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
@@ -282,6 +333,19 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         for (size_t j = 0; j < hi - lo; j++) e[j] = aft_expf(w[j] - r);
     }
     if (jb->want_dw) memset(sc->dw, 0, nr * 2 * s * sizeof(float));
+    /* the rows of dv, dk this block reaches first (every row of the
+     * thread's is in its own band), zeroed while they come into the cache */
+    {
+        size_t t0 = row0(jb, tid), t1 = row0(jb, tid + 1), z0 = lob > sc->zhi ? lob : sc->zhi;
+        z0 = z0 > t0 ? z0 : t0;
+        size_t z1 = hib < t1 ? hib : t1;
+        for (size_t j = z0; j < z1; j++) {
+            size_t row = jb->b * T + j;
+            memset(jb->io->dv + row * jb->io->lddv + h * ch, 0, ch * sizeof(float));
+            memset(jb->io->dk + row * jb->io->lddk + h * ch, 0, ch * sizeof(float));
+        }
+        sc->zhi = z1 > sc->zhi ? z1 : sc->zhi;
+    }
 
     for (size_t c0 = h * ch; c0 < (h + 1) * ch; c0 += cwm) {
         const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm, hc = c0 - h * ch;
@@ -332,38 +396,34 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
                 }
             }
             const double r = sc->r[i];
-            double *L = jb->L + t * C + c0;
-            float *Y = jb->Y + t * C + c0, *A = jb->A + t * C + c0;
+            double *Z = jb->Z + t * C + c0;
+            float *D = jb->D + t * C + c0, *Y = jb->Y + t * C + c0, *A = jb->A + t * C + c0;
             const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
             const size_t row = jb->b * T + t;
             float *dq = jb->io->dq + row * jb->io->lddq + c0;
             float *out = jb->io->out ? jb->io->out + row * C + c0 : NULL;
             float *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
-            unsigned char *redo = sc->redo + i * GB_CH;
-            for (size_t c = 0; c < cw; c++) {
-                double zb = (double)mk[c] + r, rm = causal ? -INFINITY : sc->rm[i * GB_CH + c];
-                double Z = zb > pm[c] ? zb : pm[c];
-                Z = rm > Z ? rm : Z;
-                float fb = expd(zb - Z), fp = pm[c] == -INFINITY ? 0.0f : expd(pm[c] - Z);
-                float fr = rm == -INFINITY ? 0.0f : expd(rm - Z);
-                float den = b0[c] * fb + p0[c] * fp + (causal ? 0.0f : sc->r0[i * GB_CH + c] * fr);
-                float num = b1[c] * fb + p1[c] * fp + (causal ? 0.0f : sc->r1[i * GB_CH + c] * fr);
-                if (den >= AFT_DEN_EXACT_BELOW && isfinite(num)) {
-                    L[c] = Z + log((double)den);
-                    Y[c] = num / den;
-                } else {
-                    exact_forward(jb, sc, i, t, lo, hi, c0, c, L + c, Y + c);
-                }
-                float sq = aft_sigmoidf(qr[c]);
-                if (out) out[c] = sq * Y[c];
-                dq[c] = dr[c] * Y[c] * dsigmoid(qr[c]);
-                A[c] = dr[c] * sq;
-                /* G = a exp(mk + r - L), or exactly below */
-                double x = zb - L[c];
+            unsigned char *redo = sc->redo + i * GB_CH, *bad = sc->bad + i * GB_CH;
+            const float *rm = sc->rm + i * GB_CH, *r0 = sc->r0 + i * GB_CH, *r1 = sc->r1 + i * GB_CH;
+            int any = causal ? combine_row(Z, D, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, 0)
+                             : combine_row(Z, D, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, 1);
+            sc->rowredo[i] = 0;
+            for (size_t c = 0; c < cw && any; c++) {
+                redo[c] = 0;
+                if (!bad[c]) continue;
+                /* exactly: then L = Z, den = 1, and G's factor exp(zb - L)
+                 * unless it would pass e^46 (then the gradient too is
+                 * done exactly, below) */
+                double L;
+                exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, Y + c);
+                Z[c] = L;
+                D[c] = 1.0f;
+                double x = (double)mk[c] + r - L;
                 redo[c] = !(x <= GB_EXACT);
-                g1[c] = redo[c] ? 0.0f : A[c] * expd(x);
-                g2[c] = g1[c] * Y[c];
+                sc->rowredo[i] |= redo[c];
+                g1[c] = redo[c] ? 0.0f : expd(x);
             }
+            grad_row(out, dq, A, g1, g2, Y, qr, dr, cw);
         }
 
         /* dw[t, j] += exp(w - r) sum_c (exp(k - mk) v G - exp(k - mk) Y' G) */
@@ -409,10 +469,11 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             const unsigned char *redo = sc->redo + i * GB_CH;
             const float *wr = sc->wr + i * 2 * s;
             float *dw = sc->dw + i * 2 * s;
-            for (size_t c = 0; c < cw; c++) {
+            for (size_t c = 0; c < cw && sc->rowredo[i]; c++) {
                 if (!redo[c]) continue;
                 size_t cc = c0 + c;
-                double L = jb->L[t * C + cc], y = jb->Y[t * C + cc], a = jb->A[t * C + cc];
+                /* an exact entry: den is 1 and L = Z */
+                double L = jb->Z[t * C + cc], y = jb->Y[t * C + cc], a = jb->A[t * C + cc];
                 for (size_t j = lo; j < hi; j++) {
                     double vj = jb->v[j * ldv + cc];
                     double g = exp((double)jb->k[j * ldk + cc] + (double)wr[j - lo] - L) * a;
@@ -441,6 +502,7 @@ static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     const size_t nb = (t1 - t0 + GB_ROWS - 1) / GB_ROWS;
     for (size_t h = 0; h < jb->H; h++) {
         const size_t c0 = h * ch;
+        sc->zhi = 0;
         /* left: keys [0, t0 - s), the left pieces of the threads before */
         for (size_t c = 0; c < ch; c++)
             aft_sums_merge_channel(jb->kp, 8 * C, tid, C, c0 + c, &sc->pm[c], &sc->p0[c], &sc->p1[c]);
@@ -478,8 +540,9 @@ static void row_pieces(const gjob *jb, size_t tid)
         rsum_empty(&r, C);
         size_t a = side == 0 ? (t0 > s ? t0 - s : 0) : (t0 + s < T ? t0 + s : T);
         size_t e = side == 0 ? (t1 > s ? t1 - s : 0) : (t1 + s < T ? t1 + s : T);
-        if (side == 0 && jb->causal) continue;
-        for (size_t t = a; t < e; t++) row_add(r.m, r.s1, r.s2, jb->L + t * C, jb->A + t * C, jb->Y + t * C, C);
+        /* (as the key pieces: only those another thread merges) */
+        if ((side == 0 && (jb->causal || tid + 1 == jb->nt)) || (side == 1 && tid == 0)) continue;
+        for (size_t t = a; t < e; t++) row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->D + t * C, jb->A + t * C, jb->Y + t * C, C);
     }
 }
 
@@ -503,14 +566,16 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
         }
         for (size_t n = 0; n < t1 - t0; n++) {
             size_t j = side ? t1 - 1 - n : t0 + n;
-            if (side && j + s < T) row_add(cur->m, cur->s1, cur->s2, jb->L + (j + s) * C, jb->A + (j + s) * C, jb->Y + (j + s) * C, C);
-            if (!side && j >= s) row_add(cur->m, cur->s1, cur->s2, jb->L + (j - s) * C, jb->A + (j - s) * C, jb->Y + (j - s) * C, C);
+            if (side && j + s < T) row_add(cur->m, cur->s1, cur->s2, jb->Z + (j + s) * C, jb->D + (j + s) * C, jb->A + (j + s) * C,
+                                  jb->Y + (j + s) * C, C);
+            if (!side && j >= s) row_add(cur->m, cur->s1, cur->s2, jb->Z + (j - s) * C, jb->D + (j - s) * C, jb->A + (j - s) * C,
+                                   jb->Y + (j - s) * C, C);
             const size_t row = jb->b * T + j;
             float *dv = jb->io->dv + row * jb->io->lddv, *dk = jb->io->dk + row * jb->io->lddk;
             const float *kr = jb->k + j * ldk, *vr = jb->v + j * ldv;
             for (size_t c = 0; c < C; c++) {
-                /* k + m <= 0: each row here sees key j with w = 0, so its
-                 * L is at least k */
+                /* k + m <= 0: each row here sees key j with w = 0 in a
+                 * running sum, whose stabiliser (<= Z) is at least k */
                 float f = cur->m[c] == -INFINITY ? 0.0f : expd((double)kr[c] + cur->m[c]);
                 float x = f * cur->s1[c];
                 dv[c] += x;
@@ -552,14 +617,15 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     gjob jb = {.ws = ws, .io = io, .T = T, .C = C, .H = H, .ch = C / H, .s = aft_op_band_width(ws, T), .nt = nt,
                .causal = ws->causal, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
     jb.hrows = jb.s - 1;
-    jb.L = aft_alloc_array(T, C * sizeof(double));
+    jb.Z = aft_alloc_array(T, C * sizeof(double));
+    jb.D = aft_alloc_array(T, C * sizeof(float));
     jb.Y = aft_alloc_array(T, C * sizeof(float));
     jb.A = aft_alloc_array(T, C * sizeof(float));
     jb.kp = aft_alloc_array(2 * nt, 4 * C * sizeof(float));
     jb.rpm = aft_alloc_array(2 * nt, C * sizeof(double));
     jb.rps = aft_alloc_array(2 * nt, 2 * C * sizeof(float));
     jb.halo = aft_alloc_array(nt * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
-    int failed = !jb.L || !jb.Y || !jb.A || !jb.kp || !jb.rpm || !jb.rps || !jb.halo;
+    int failed = !jb.Z || !jb.D || !jb.Y || !jb.A || !jb.kp || !jb.rpm || !jb.rps || !jb.halo;
     if (!failed) {
         #pragma omp parallel num_threads((int)nt)
         {
@@ -584,19 +650,22 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                 jbb.k = k + b * T * ws->ldk;
                 jbb.v = v + b * T * ws->ldv;
                 jbb.dout = io->dout + b * T * C;
-                /* P1: this thread's rows of dv, dk and its halo zeroed; the
-                 * key sums of its left and right pieces */
-                for (size_t t = t0; t < t1; t++) {
-                    memset(io->dv + (b * T + t) * io->lddv, 0, C * sizeof(float));
-                    memset(io->dk + (b * T + t) * io->lddk, 0, C * sizeof(float));
-                }
+                /* P1: this thread's halo zeroed (its rows of dv, dk are
+                 * zeroed as the block pass reaches them); the key sums of
+                 * its left and right pieces */
                 memset(jb.halo + tid * 2 * jb.hrows * 2 * C, 0, 2 * jb.hrows * 2 * C * sizeof(float));
                 const size_t s = jb.s;
                 float *lp = jb.kp + 2 * tid * 4 * C, *rp = lp + 4 * C;
                 size_t la = t0 > s ? t0 - s : 0, le = t1 > s ? t1 - s : 0;
-                (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, la, le, C, lp, lp + C, lp + 2 * C, lp + 3 * C);
+                /* (a left piece serves the threads after, a right one those
+                 * before; the forward has a right part only without causality) */
+                if (tid + 1 < nt)
+                    (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, la, le, C, lp, lp + C, lp + 2 * C,
+                                           lp + 3 * C);
                 size_t ra = t0 + s < T ? t0 + s : T, re = t1 + s < T ? t1 + s : T;
-                (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, ra, re, C, rp, rp + C, rp + 2 * C, rp + 3 * C);
+                if (tid > 0 && !jb.causal)
+                    (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, ra, re, C, rp, rp + C, rp + 2 * C,
+                                           rp + 3 * C);
                 #pragma omp barrier
                 /* P2: the block pass */
                 block_pass(&jbb, &sc, &mine, tid);
@@ -619,7 +688,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
             gscratch_free(&sc);
         }
     }
-    free(jb.L); free(jb.Y); free(jb.A); free(jb.kp); free(jb.rpm); free(jb.rps); free(jb.halo);
+    free(jb.Z); free(jb.D); free(jb.Y); free(jb.A); free(jb.kp); free(jb.rpm); free(jb.rps); free(jb.halo);
     if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
     return AFT_OK;
 }
