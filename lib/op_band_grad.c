@@ -63,27 +63,25 @@ static inline void key_add(float *restrict m, float *restrict s0, float *restric
     }
 }
 
-/* The same for the backward's rows: key -L = -(Z + log den), kept as
- * key -Z (double) with values a / den and a Y' / den, so no logarithm is
- * taken (den >= 1e-20 where it came from the fast path: a / den is finite) */
-static inline void row_add(double *restrict m, float *restrict s1, float *restrict s2, const double *restrict Z,
-                           const float *restrict den, const float *restrict a, const float *restrict y, size_t n)
+/* The same for the backward's rows: key -L = -(Z + log den), kept as key
+ * -Z with values u1 = a / den and u2 = u1 Y', so no logarithm is taken
+ * (den >= 1e-20 on the fast path: u1 is finite) */
+static inline void row_add(float *restrict m, float *restrict s1, float *restrict s2, const float *restrict Z,
+                           const float *restrict u1, const float *restrict u2, size_t n)
 {
     for (size_t c = 0; c < n; c++) {
-        double d = -Z[c] - m[c];
-        float e = aft_expf((float)-fabs(d));
-        int up = d > 0.0;
-        float u = a[c] / den[c], uy = u * y[c];
-        s1[c] = up ? s1[c] * e + u : s1[c] + e * u;
-        s2[c] = up ? s2[c] * e + uy : s2[c] + e * uy;
+        float d = -Z[c] - m[c];
+        float e = aft_expf(-fabsf(d));
+        int up = d > 0.0f;
+        s1[c] = up ? s1[c] * e + u1[c] : s1[c] + e * u1[c];
+        s2[c] = up ? s2[c] * e + u2[c] : s2[c] + e * u2[c];
         m[c] = up ? -Z[c] : m[c];
     }
 }
 
-/* a backward running sum: m (n doubles), s1, s2 (n floats each) */
+/* a backward running sum: m, s1, s2 (n floats each) */
 typedef struct {
-    double *m;
-    float *s1, *s2;
+    float *m, *s1, *s2;
 } rsum;
 
 static void rsum_empty(rsum *r, size_t n)
@@ -98,9 +96,9 @@ static void rsum_empty(rsum *r, size_t n)
 static void rsum_merge(rsum *a, const rsum *b, size_t n)
 {
     for (size_t c = 0; c < n; c++) {
-        double Z = a->m[c] > b->m[c] ? a->m[c] : b->m[c];
-        float fa = a->m[c] == -INFINITY ? 0.0f : expd(a->m[c] - Z);
-        float fb = b->m[c] == -INFINITY ? 0.0f : expd(b->m[c] - Z);
+        float Z = a->m[c] > b->m[c] ? a->m[c] : b->m[c];
+        float fa = a->m[c] == -INFINITY ? 0.0f : aft_expf(a->m[c] - Z);
+        float fb = b->m[c] == -INFINITY ? 0.0f : aft_expf(b->m[c] - Z);
         a->s1[c] = a->s1[c] * fa + b->s1[c] * fb;
         a->s2[c] = a->s2[c] * fa + b->s2[c] * fb;
         a->m[c] = Z;
@@ -115,12 +113,13 @@ typedef struct {
     size_t b;                         /* the batch */
     size_t T, C, H, ch, s, nt;
     int causal, want_dw;
-    double *Z;        /* (T, C): L = Z + log D, the stabiliser in double (a
-                       * float L of 700 is 3e-5 off, and so would be every P) */
-    float *D, *Y, *A; /* den, Y' and a = dout sigmoid(q), (T, C) each */
+    /* per entry (T, C) each: L = Z + log den, kept as the stabiliser Z
+     * (any float: the factors against it are taken with exponents in
+     * double; a float L of 700 would be 3e-5 off, and so every P),
+     * u1 = a / den (a = dout sigmoid(q)) and u2 = u1 Y' */
+    float *Z, *U1, *U2;
     float *kp;        /* the forward's key pieces: (2 nt, 4C): thread i's left piece at 2i, right at 2i + 1 */
-    double *rpm;      /* the backward's row pieces: (2 nt, C) maxima, likewise */
-    float *rps;       /* and their sums: (2 nt, 2C) */
+    float *rp;        /* the backward's row pieces: (2 nt, 3C) m, s1, s2, likewise */
     float *halo;      /* (nt, 2 hrows, 2C): dv | dk for rows of other threads */
     size_t hrows;     /* s - 1: halo rows each side */
 } gjob;
@@ -129,8 +128,14 @@ static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->nt; }
 
 /* one thread's scratch for its block pass */
 typedef struct {
-    float *ek, *ekv, *h1, *h2;   /* (GB_ROWS + 2s, cw) */
+    float *ek, *ekv;             /* (GB_ROWS + 2s, cw) */
+    float *ce;                   /* (2s): a key row's band weights in the block */
+    float *ci_f;                 /* (2s shorts): and their rows, as ci */
+    unsigned short *ci;
     float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH); g1 holds exp(zb - Z) / den first */
+    float *dn, *ys, *as;         /* den, Y' and a, (GB_ROWS, GB_CH) each */
+    double *lx;                  /* (GB_ROWS, GB_CH): L of the exact entries */
+    float *lx_f;                 /* (lx's block, as floats) */
     float *rm, *r0, *r1;         /* the rows' right sums, (GB_ROWS, GB_CH) each */
     float *ew, *wr;              /* (GB_ROWS, 2s): exp(w - r) and w */
     float *dw;                   /* (GB_ROWS, 2s) */
@@ -150,11 +155,12 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
     const size_t s = jb->s, ch = jb->ch, cw = ch < GB_CH ? ch : GB_CH, R = GB_ROWS;
     const size_t nb = (rows + R - 1) / R, nw = R + 2 * s;
     const size_t G = R * GB_CH;   /* per-row arrays: rows GB_CH apart */
-    const size_t sizes[] = {nw * cw, nw * cw, nw * cw, nw * cw, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
-                            R * 2 * s, R, cw, ch, ch, ch, ch, ch, ch, nb * 3 * ch};
-    float **arrays[] = {&sc->ek, &sc->ekv, &sc->h1, &sc->h2, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
+    /* lx (doubles) first: the block is aligned for them */
+    const size_t sizes[] = {2 * G, nw * cw, nw * cw, 2 * s, s, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
+                            R * 2 * s, R, cw, ch, ch, ch, ch, ch, ch, nb * 3 * ch, G, G, G};
+    float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->ce, &sc->ci_f, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
                         &sc->r1, &sc->ew, &sc->wr, &sc->dw, &sc->r, &sc->mk, &sc->pm, &sc->p0, &sc->p1, &sc->qm,
-                        &sc->q0, &sc->q1, &sc->snap};
+                        &sc->q0, &sc->q1, &sc->snap, &sc->dn, &sc->ys, &sc->as};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
@@ -173,6 +179,8 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
         *arrays[i] = p;
         p += sizes[i];
     }
+    sc->ci = (unsigned short *)sc->ci_f;
+    sc->lx = (double *)sc->lx_f;
     return 1;
 }
 
@@ -259,6 +267,81 @@ static void exact_forward(const gjob *jb, const gscratch *sc, size_t i, size_t t
     *Y = den > 0.0 ? (float)(num / den) : 0.0f;
 }
 
+/* Vectors of channels a step in the band's sums: NV vectors of AFT_VL
+ * floats, the sums of two right-hand sides, 2 NV registers, held over the
+ * band's rows (the axpy form, which loaded and stored the sums at every band
+ * row, spent its time on those). */
+enum { NV = 4, VSTEP = NV * AFT_VL };
+
+// b0[c] = sum_j e[j] x0[j][c], b1[c] = sum_j e[j] x1[j][c] for j < nw, rows
+// of x0, x1 ld apart: a row's band sums
+static void row_sums(float *restrict b0, float *restrict b1, const float *restrict e, const float *restrict x0,
+                     const float *restrict x1, size_t nw, size_t ld, size_t cw)
+{
+    size_t c = 0;
+    for (; c + VSTEP <= cw; c += VSTEP) {
+        aft_vf a0[NV], a1[NV];
+        for (int u = 0; u < NV; u++) a0[u] = a1[u] = (aft_vf){0};
+        for (size_t j = 0; j < nw; j++) {
+            const float ej = e[j], *p0 = x0 + j * ld + c, *p1 = x1 + j * ld + c;
+            for (int u = 0; u < NV; u++) {
+                a0[u] += ej * aft_vld(p0 + u * AFT_VL);
+                a1[u] += ej * aft_vld(p1 + u * AFT_VL);
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            aft_vst(b0 + c + u * AFT_VL, a0[u]);
+            aft_vst(b1 + c + u * AFT_VL, a1[u]);
+        }
+    }
+    for (; c < cw; c++) {
+        float a0 = 0.0f, a1 = 0.0f;
+        for (size_t j = 0; j < nw; j++) {
+            a0 += e[j] * x0[j * ld + c];
+            a1 += e[j] * x1[j * ld + c];
+        }
+        b0[c] = a0;
+        b1[c] = a1;
+    }
+}
+
+// Key row j's band part: with h1 = sum_i e[i] g1[i], h2 = sum_i e[i] g2[i]
+// over the n block rows i = ri[0 .. n) (rows of g1, g2 GB_CH apart),
+//   dv += ek h1,   dk += ek (v h1 - h2)
+static void col_sums(float *restrict dv, float *restrict dk, const float *restrict ek, const float *restrict v,
+                     const float *restrict g1, const float *restrict g2, const float *restrict e,
+                     const unsigned short *restrict ri, size_t n, size_t cw)
+{
+    size_t c = 0;
+    for (; c + VSTEP <= cw; c += VSTEP) {
+        aft_vf a1[NV], a2[NV];
+        for (int u = 0; u < NV; u++) a1[u] = a2[u] = (aft_vf){0};
+        for (size_t m = 0; m < n; m++) {
+            const float em = e[m], *p1 = g1 + (size_t)ri[m] * GB_CH + c, *p2 = g2 + (size_t)ri[m] * GB_CH + c;
+            for (int u = 0; u < NV; u++) {
+                a1[u] += em * aft_vld(p1 + u * AFT_VL);
+                a2[u] += em * aft_vld(p2 + u * AFT_VL);
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            size_t o = c + u * AFT_VL;
+            aft_vf x = aft_vld(ek + o) * a1[u];
+            aft_vst(dv + o, aft_vld(dv + o) + x);
+            aft_vst(dk + o, aft_vld(dk + o) + x * aft_vld(v + o) - aft_vld(ek + o) * a2[u]);
+        }
+    }
+    for (; c < cw; c++) {
+        float a1 = 0.0f, a2 = 0.0f;
+        for (size_t m = 0; m < n; m++) {
+            a1 += e[m] * g1[(size_t)ri[m] * GB_CH + c];
+            a2 += e[m] * g2[(size_t)ri[m] * GB_CH + c];
+        }
+        float x = ek[c] * a1;
+        dv[c] += x;
+        dk[c] += x * v[c] - ek[c] * a2;
+    }
+}
+
 /* Row i's forward for cw channels, in units of exp(Z), Z the largest of the
  * three parts' stabilisers (band zb = mk + r, left pm, right rm; every
  * factor <= 1): den, Y' = num / den, and exp(zb - Z) / den (for G);
@@ -267,20 +350,23 @@ static void exact_forward(const gjob *jb, const gscratch *sc, size_t i, size_t t
  * constant. (Its own function, restrict pointers and no calls: one
  * vector loop.) */
 static inline __attribute__((always_inline)) int
-combine_row(double *restrict Zo, float *restrict Do, float *restrict Yo, float *restrict ratio,
+combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *restrict ratio,
             unsigned char *restrict bad, const float *restrict mk, double r, const float *restrict b0,
             const float *restrict b1, const float *restrict pm, const float *restrict p0, const float *restrict p1,
             const float *restrict rm, const float *restrict r0, const float *restrict r1, size_t cw, int right)
 {
     int any = 0;
     for (size_t c = 0; c < cw; c++) {
-        double zb = (double)mk[c] + r, Z = zb > pm[c] ? zb : (double)pm[c];
+        /* the band's stabiliser mk + r, exact in double; Z a float at least
+         * as large as every part's */
+        double zb = (double)mk[c] + r;
+        float zf = (float)zb, Z = zf > pm[c] ? zf : pm[c];
         if (right) Z = rm[c] > Z ? rm[c] : Z;
         /* pm, rm of -inf (nothing held) give exp(-inf) = 0 */
-        float fb = aft_expf((float)(zb - Z)), fp = aft_expf((float)((double)pm[c] - Z));
+        float fb = aft_expf((float)(zb - (double)Z)), fp = aft_expf(pm[c] - Z);
         float den = b0[c] * fb + p0[c] * fp, num = b1[c] * fb + p1[c] * fp;
         if (right) {
-            float fr = aft_expf((float)((double)rm[c] - Z));
+            float fr = aft_expf(rm[c] - Z);
             den += r0[c] * fr;
             num += r1[c] * fr;
         }
@@ -294,11 +380,12 @@ combine_row(double *restrict Zo, float *restrict Do, float *restrict Yo, float *
     return any;
 }
 
-/* then per entry: the outputs, dq, a = dout sigmoid(q) and G = a exp(zb -
- * Z) / den, G Y' (g1 holds the ratio on entry) */
+/* then per entry: the outputs, dq, a = dout sigmoid(q), G = a exp(zb - Z)
+ * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y' */
 static inline __attribute__((always_inline)) void
 grad_row(float *restrict out, float *restrict dq, float *restrict A, float *restrict g1, float *restrict g2,
-         const float *restrict Y, const float *restrict q, const float *restrict dout, size_t cw)
+         float *restrict u1, float *restrict u2, const float *restrict D, const float *restrict Y,
+         const float *restrict q, const float *restrict dout, size_t cw)
 {
     for (size_t c = 0; c < cw; c++) {
         float e = aft_expf(-fabsf(q[c]));
@@ -308,6 +395,8 @@ grad_row(float *restrict out, float *restrict dq, float *restrict A, float *rest
         A[c] = dout[c] * sq;
         g1[c] *= A[c];
         g2[c] = g1[c] * Y[c];
+        u1[c] = A[c] / D[c];
+        u2[c] = u1[c] * Y[c];
     }
 }
 
@@ -320,7 +409,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, ldk = ws->ldk, ldv = ws->ldv, ldq = ws->ldq;
     const int causal = jb->causal;
     const size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0, hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
-    const size_t nbr = hib - lob, nr = i1 - i0, cwm = ch < GB_CH ? ch : GB_CH;
+    const size_t nr = i1 - i0, cwm = ch < GB_CH ? ch : GB_CH;
 
     /* the rows' w over their bands: exp(w - r), r the row's maximum */
     for (size_t i = 0; i < nr; i++) {
@@ -386,18 +475,11 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
             if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw);
             float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
-            for (size_t c = 0; c < cw; c++) b0[c] = b1[c] = 0.0f;
-            const float *e = sc->ew + i * 2 * s;
-            for (size_t j = lo; j < hi; j++) {
-                const float ej = e[j - lo], *ek = sc->ek + (j - lob) * cw, *ekv = sc->ekv + (j - lob) * cw;
-                for (size_t c = 0; c < cw; c++) {
-                    b0[c] += ej * ek[c];
-                    b1[c] += ej * ekv[c];
-                }
-            }
+            row_sums(b0, b1, sc->ew + i * 2 * s, sc->ek + (lo - lob) * cw, sc->ekv + (lo - lob) * cw, hi - lo, cw,
+                     cw);
             const double r = sc->r[i];
-            double *Z = jb->Z + t * C + c0;
-            float *D = jb->D + t * C + c0, *Y = jb->Y + t * C + c0, *A = jb->A + t * C + c0;
+            float *Z = jb->Z + t * C + c0, *U1 = jb->U1 + t * C + c0, *U2 = jb->U2 + t * C + c0;
+            float *D = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
             const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
             const size_t row = jb->b * T + t;
             float *dq = jb->io->dq + row * jb->io->lddq + c0;
@@ -411,19 +493,20 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             for (size_t c = 0; c < cw && any; c++) {
                 redo[c] = 0;
                 if (!bad[c]) continue;
-                /* exactly: then L = Z, den = 1, and G's factor exp(zb - L)
-                 * unless it would pass e^46 (then the gradient too is
-                 * done exactly, below) */
+                /* exactly: L kept as Z = L rounded and den = exp(L - Z);
+                 * G's factor exp(zb - L) unless it would pass e^46 (then
+                 * the gradient too is done exactly, below) */
                 double L;
                 exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, Y + c);
-                Z[c] = L;
-                D[c] = 1.0f;
+                Z[c] = (float)L;
+                D[c] = (float)exp(L - (double)Z[c]);
+                sc->lx[i * GB_CH + c] = L;
                 double x = (double)mk[c] + r - L;
                 redo[c] = !(x <= GB_EXACT);
                 sc->rowredo[i] |= redo[c];
                 g1[c] = redo[c] ? 0.0f : expd(x);
             }
-            grad_row(out, dq, A, g1, g2, Y, qr, dr, cw);
+            grad_row(out, dq, A, g1, g2, U1, U2, D, Y, qr, dr, cw);
         }
 
         /* dw[t, j] += exp(w - r) sum_c (exp(k - mk) v G - exp(k - mk) Y' G) */
@@ -436,31 +519,22 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
                     dw[j - lo] += e[j - lo] * dot2(sc->ekv + (j - lob) * cw, g1, sc->ek + (j - lob) * cw, g2, cw);
             }
 
-        /* h1[j] = sum_t exp(w - r) G[t], h2 with Y' G; then dv, dk */
-        memset(sc->h1, 0, nbr * cw * sizeof(float));
-        memset(sc->h2, 0, nbr * cw * sizeof(float));
-        for (size_t i = 0; i < nr; i++) {
-            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
-            const float *e = sc->ew + i * 2 * s, *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
-            for (size_t j = lo; j < hi; j++) {
-                float ej = e[j - lo], *h1 = sc->h1 + (j - lob) * cw, *h2 = sc->h2 + (j - lob) * cw;
-                for (size_t c = 0; c < cw; c++) {
-                    h1[c] += ej * g1[c];
-                    h2[c] += ej * g2[c];
-                }
-            }
-        }
+        /* key row j: dv += exp(k - mk) sum_t exp(w - r) G[t], dk likewise
+         * with v G - Y' G, over the block's rows t whose band holds j */
         for (size_t j = lob; j < hib; j++) {
-            float *dk, *dv = grad_rows(jb, tid, j, &dk);
-            dv += c0;
-            dk += c0;
-            const float *ek = sc->ek + (j - lob) * cw, *h1 = sc->h1 + (j - lob) * cw, *h2 = sc->h2 + (j - lob) * cw;
-            const float *vr = jb->v + j * ldv + c0;
-            for (size_t c = 0; c < cw; c++) {
-                float x = ek[c] * h1[c];
-                dv[c] += x;
-                dk[c] += x * vr[c] - ek[c] * h2[c];
+            /* t in [j - s + 1, j + s - 1], or [j, j + s - 1] under causality */
+            size_t ta = causal ? j : (j + 1 >= s ? j + 1 - s : 0), tb = j + s < i1 ? j + s : i1;
+            ta = ta > i0 ? ta : i0;
+            size_t n = 0;
+            for (size_t t = ta; t < tb; t++) {
+                size_t lo = t + 1 >= s ? t + 1 - s : 0;
+                sc->ci[n] = (unsigned short)(t - i0);
+                sc->ce[n++] = sc->ew[(t - i0) * 2 * s + (j - lo)];
             }
+            if (!n) continue;
+            float *dk, *dv = grad_rows(jb, tid, j, &dk);
+            col_sums(dv + c0, dk + c0, sc->ek + (j - lob) * cw, jb->v + j * ldv + c0, sc->g1, sc->g2, sc->ce, sc->ci,
+                     n, cw);
         }
 
         /* the entries whose band maxima lie far apart, exactly */
@@ -472,8 +546,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             for (size_t c = 0; c < cw && sc->rowredo[i]; c++) {
                 if (!redo[c]) continue;
                 size_t cc = c0 + c;
-                /* an exact entry: den is 1 and L = Z */
-                double L = jb->Z[t * C + cc], y = jb->Y[t * C + cc], a = jb->A[t * C + cc];
+                double L = sc->lx[i * GB_CH + c], y = sc->ys[i * GB_CH + c], a = sc->as[i * GB_CH + c];
                 for (size_t j = lo; j < hi; j++) {
                     double vj = jb->v[j * ldv + cc];
                     double g = exp((double)jb->k[j * ldk + cc] + (double)wr[j - lo] - L) * a;
@@ -535,14 +608,29 @@ static void row_pieces(const gjob *jb, size_t tid)
 {
     const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
     for (int side = 0; side < 2; side++) {
-        rsum r = {jb->rpm + (2 * tid + side) * C, jb->rps + (2 * tid + side) * 2 * C,
-                  jb->rps + (2 * tid + side) * 2 * C + C};
+        /* (as the key pieces: only those another thread merges) */
+        if ((side == 0 && (jb->causal || tid + 1 == jb->nt)) || (side == 1 && tid == 0)) continue;
+        float *p = jb->rp + (2 * tid + side) * 3 * C;
+        rsum r = {p, p + C, p + 2 * C};
         rsum_empty(&r, C);
         size_t a = side == 0 ? (t0 > s ? t0 - s : 0) : (t0 + s < T ? t0 + s : T);
         size_t e = side == 0 ? (t1 > s ? t1 - s : 0) : (t1 + s < T ? t1 + s : T);
-        /* (as the key pieces: only those another thread merges) */
-        if ((side == 0 && (jb->causal || tid + 1 == jb->nt)) || (side == 1 && tid == 0)) continue;
-        for (size_t t = a; t < e; t++) row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->D + t * C, jb->A + t * C, jb->Y + t * C, C);
+        for (size_t t = a; t < e; t++) row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C);
+    }
+}
+
+/* key row j's share of a running sum over rows outside its band:
+ * dv += exp(k + m) s1, dk += exp(k + m) (v s1 - s2). k + m <= 0: each row
+ * held sees key j with w = 0 inside one of its running sums, whose
+ * stabiliser (<= the row's Z) is at least k. */
+static void outside_add(float *restrict dv, float *restrict dk, const float *restrict k, const float *restrict v,
+                        const float *restrict m, const float *restrict s1, const float *restrict s2, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float f = aft_expf(k[c] + m[c]);   /* m = -inf (nothing held): 0 */
+        float x = f * s1[c];
+        dv[c] += x;
+        dk[c] += x * v[c] - f * s2[c];
     }
 }
 
@@ -560,27 +648,18 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
         rsum_empty(cur, C);
         size_t k0 = side ? tid + 1 : 0, k1 = side ? nt : tid;
         for (size_t kk = k0; kk < k1; kk++) {
-            rsum p = {jb->rpm + (2 * kk + side) * C, jb->rps + (2 * kk + side) * 2 * C,
-                      jb->rps + (2 * kk + side) * 2 * C + C};
+            float *pp = jb->rp + (2 * kk + side) * 3 * C;
+            rsum p = {pp, pp + C, pp + 2 * C};
             rsum_merge(cur, &p, C);
         }
         for (size_t n = 0; n < t1 - t0; n++) {
             size_t j = side ? t1 - 1 - n : t0 + n;
-            if (side && j + s < T) row_add(cur->m, cur->s1, cur->s2, jb->Z + (j + s) * C, jb->D + (j + s) * C, jb->A + (j + s) * C,
-                                  jb->Y + (j + s) * C, C);
-            if (!side && j >= s) row_add(cur->m, cur->s1, cur->s2, jb->Z + (j - s) * C, jb->D + (j - s) * C, jb->A + (j - s) * C,
-                                   jb->Y + (j - s) * C, C);
+            size_t t = side ? j + s : j - s;   /* the row joining */
+            if ((side && j + s < T) || (!side && j >= s))
+                row_add(cur->m, cur->s1, cur->s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C);
             const size_t row = jb->b * T + j;
-            float *dv = jb->io->dv + row * jb->io->lddv, *dk = jb->io->dk + row * jb->io->lddk;
-            const float *kr = jb->k + j * ldk, *vr = jb->v + j * ldv;
-            for (size_t c = 0; c < C; c++) {
-                /* k + m <= 0: each row here sees key j with w = 0 in a
-                 * running sum, whose stabiliser (<= Z) is at least k */
-                float f = cur->m[c] == -INFINITY ? 0.0f : expd((double)kr[c] + cur->m[c]);
-                float x = f * cur->s1[c];
-                dv[c] += x;
-                dk[c] += x * vr[c] - f * cur->s2[c];
-            }
+            outside_add(jb->io->dv + row * jb->io->lddv, jb->io->dk + row * jb->io->lddk, jb->k + j * ldk,
+                        jb->v + j * ldv, cur->m, cur->s1, cur->s2, C);
         }
     }
     /* the halos of the other threads that fall on these rows */
@@ -617,15 +696,13 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     gjob jb = {.ws = ws, .io = io, .T = T, .C = C, .H = H, .ch = C / H, .s = aft_op_band_width(ws, T), .nt = nt,
                .causal = ws->causal, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
     jb.hrows = jb.s - 1;
-    jb.Z = aft_alloc_array(T, C * sizeof(double));
-    jb.D = aft_alloc_array(T, C * sizeof(float));
-    jb.Y = aft_alloc_array(T, C * sizeof(float));
-    jb.A = aft_alloc_array(T, C * sizeof(float));
+    jb.Z = aft_alloc_array(T, 3 * C * sizeof(float));
+    jb.U1 = jb.Z ? jb.Z + T * C : NULL;
+    jb.U2 = jb.Z ? jb.U1 + T * C : NULL;
     jb.kp = aft_alloc_array(2 * nt, 4 * C * sizeof(float));
-    jb.rpm = aft_alloc_array(2 * nt, C * sizeof(double));
-    jb.rps = aft_alloc_array(2 * nt, 2 * C * sizeof(float));
+    jb.rp = aft_alloc_array(2 * nt, 3 * C * sizeof(float));
     jb.halo = aft_alloc_array(nt * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
-    int failed = !jb.Z || !jb.D || !jb.Y || !jb.A || !jb.kp || !jb.rpm || !jb.rps || !jb.halo;
+    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo;
     if (!failed) {
         #pragma omp parallel num_threads((int)nt)
         {
@@ -636,9 +713,8 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
             float *priv = NULL;
             int ok = gscratch_alloc(&sc, &jb, t1 - t0) && aft_bias_grad_private(ws, &io->db, &mine, &priv);
             /* the running sum of the outside pass: C doubles and 2C floats */
-            double *rm = aft_alloc_array(C, sizeof(double));
-            float *rs = aft_alloc_array(2 * C, sizeof(float));
-            if (!ok || !rm || !rs) {
+            float *rs = aft_alloc_array(3 * C, sizeof(float));
+            if (!ok || !rs) {
                 #pragma omp atomic write
                 failed = 1;
             }
@@ -674,7 +750,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                 row_pieces(&jbb, tid);
                 #pragma omp barrier
                 /* P4: the rows outside each key's band, and the halos */
-                rsum cur = {rm, rs, rs + C};
+                rsum cur = {rs, rs + C, rs + 2 * C};
                 outside_pass(&jbb, &cur, tid);
                 #pragma omp barrier
             }
@@ -683,12 +759,11 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                 aft_bias_grad_merge(ws, &io->db, &mine);
             }
             free(priv);
-            free(rm);
             free(rs);
             gscratch_free(&sc);
         }
     }
-    free(jb.Z); free(jb.D); free(jb.Y); free(jb.A); free(jb.kp); free(jb.rpm); free(jb.rps); free(jb.halo);
+    free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo);
     if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
     return AFT_OK;
 }
