@@ -12,13 +12,14 @@
 
 #include <cblas.h>
 #include <limits.h>
+#include <omp.h>
 #include <stdlib.h>
 
-/* C (M x N, rows ldc apart) = A^T B with A (K x M, rows lda apart), B (K x
- * N): the weights' gradients, K the B T rows. The output's rows are split
- * over the threads, one single-threaded sgemm each (as aft_gemm). */
-static void gemm_tn(int threads, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B,
-                    size_t ldb, float *C, size_t ldc)
+/* C (M x N, rows ldc apart) = op(A) op(B): trans_a, A (K x M) (else (M x
+ * K)), rows lda apart; trans_b, B (N x K) (else (K x N)). The output's rows
+ * are split over the threads, one single-threaded sgemm each. */
+static void gemm(int threads, int trans_a, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                 const float *B, size_t ldb, float *C, size_t ldc)
 {
     aft_blas_one_thread();
     size_t nt = (size_t)(threads > 0 ? threads : 1);
@@ -26,10 +27,15 @@ static void gemm_tn(int threads, size_t M, size_t N, size_t K, const float *A, s
     step = (step + 15) / 16 * 16;   /* whole register blocks of rows */
     #pragma omp parallel for schedule(static, 1) num_threads((int)nt)
     for (size_t p = 0; p < nt; p++) {
+        /* OpenBLAS's OpenMP build runs a product on omp_get_max_threads()
+         * threads unless inside an active parallel region, and a region of
+         * one thread is not active: this task's own count is 1 */
+        omp_set_num_threads(1);
         size_t m0 = p * step < M ? p * step : M, m1 = m0 + step < M ? m0 + step : M;
         if (m1 > m0)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(m1 - m0), (int)N, (int)K, 1.0f, A + m0,
-                        (int)lda, B, (int)ldb, 0.0f, C + m0 * ldc, (int)ldc);
+            cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                        (int)(m1 - m0), (int)N, (int)K, 1.0f, trans_a ? A + m0 : A + m0 * lda, (int)lda, B, (int)ldb,
+                        0.0f, C + m0 * ldc, (int)ldc);
     }
 }
 
@@ -150,20 +156,20 @@ static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const floa
         goto done;
     }
     aft_linear_apply(&lp->qkv, N, x, D, qkv, W);
-    aft_gemm(nt, 0, N, C, D, dy, D, p->wo, C, NULL, dh, C);   /* dH = dy Wo */
+    gemm(nt, 0, 0, N, C, D, dy, D, p->wo, C, dh, C);   /* dH = dy Wo */
     sp.ldq = sp.ldk = sp.ldv = W;
     aft_grad_io io = {.dq = dqkv, .dk = dqkv + C, .dv = dqkv + C + KC, .lddq = W, .lddk = W, .lddv = W,
                       .dout = dh, .out = h, .db = g->bias};
     if ((st = aft_op_grad_run(&io, qkv, qkv + C, qkv + C + KC, &sp, B, KC, 0, err))) goto done;
     if (y) aft_linear_apply(&lp->o, N, h, C, y, D);
-    if (g->wo) gemm_tn(nt, D, C, N, dy, D, h, C, g->wo, C);   /* dWo = dy^T H */
+    if (g->wo) gemm(nt, 1, 0, D, C, N, dy, D, h, C, g->wo, C);   /* dWo = dy^T H */
     if (g->bo && (st = column_sums(g->bo, dy, D, N, D, err))) goto done;
-    if (g->dx) aft_gemm(nt, 0, N, D, W, dqkv, W, lp->wcat, D, NULL, g->dx, D);   /* dX = dQKV Wcat */
+    if (g->dx) gemm(nt, 0, 0, N, D, W, dqkv, W, lp->wcat, D, g->dx, D);   /* dX = dQKV Wcat */
     /* dW = dQKV^T X, each projection's rows of it */
     float *const dws[3] = {g->wq, g->wk, g->wv}, *const dbs[3] = {g->bq, g->bk, g->bv};
     const size_t off[3] = {0, C, C + KC}, rows[3] = {C, KC, C};
     for (int i = 0; i < 3 && !st; i++) {
-        if (dws[i]) gemm_tn(nt, rows[i], D, N, dqkv + off[i], W, x, D, dws[i], D);
+        if (dws[i]) gemm(nt, 1, 0, rows[i], D, N, dqkv + off[i], W, x, D, dws[i], D);
         if (dbs[i]) st = column_sums(dbs[i], dqkv + off[i], W, N, rows[i], err);
     }
 done:

@@ -208,21 +208,59 @@ static float *grad_rows(const gjob *jb, size_t tid, size_t j, float **dk)
     return h;
 }
 
-// y = sum_c (a1[c] b1[c] - a2[c] b2[c]): the dw dot products, in vectors
-static inline float dot2(const float *restrict a1, const float *restrict b1, const float *restrict a2,
-                         const float *restrict b2, size_t n)
+/* the sum of a vector's lanes, halving the width (a loop over the lanes
+ * is a chain of dependent scalar adds) */
+typedef float aft_v4 __attribute__((vector_size(16)));
+static inline float hsum(aft_vf v)
 {
-    aft_vf acc = {0}, acc2 = {0};
-    size_t c = 0;
-    for (; c + 2 * AFT_VL <= n; c += 2 * AFT_VL) {
-        acc += aft_vld(a1 + c) * aft_vld(b1 + c) - aft_vld(a2 + c) * aft_vld(b2 + c);
-        acc2 += aft_vld(a1 + c + AFT_VL) * aft_vld(b1 + c + AFT_VL) - aft_vld(a2 + c + AFT_VL) * aft_vld(b2 + c + AFT_VL);
+#if AFT_VEC_BYTES >= 64
+    typedef float v8 __attribute__((vector_size(32)));
+    v8 h0, h1;
+    memcpy(&h0, &v, sizeof h0);
+    memcpy(&h1, (const char *)&v + sizeof h0, sizeof h1);
+    h0 += h1;
+    aft_v4 q0, q1;
+    memcpy(&q0, &h0, sizeof q0);
+    memcpy(&q1, (const char *)&h0 + sizeof q0, sizeof q1);
+#elif AFT_VEC_BYTES >= 32
+    aft_v4 q0, q1;
+    memcpy(&q0, &v, sizeof q0);
+    memcpy(&q1, (const char *)&v + sizeof q0, sizeof q1);
+#else
+    aft_v4 q0 = v, q1 = {0};
+#endif
+    q0 += q1;
+    return (q0[0] + q0[2]) + (q0[1] + q0[3]);
+}
+
+// Row t's dw over its band, before the factor exp(w - r):
+//   d[j] = sum_c (ekv[j][c] g1[c] - ek[j][c] g2[c]),  j < nw, rows ld apart;
+// four band rows at once share the loads of g1, g2
+static void dw_row(float *restrict d, const float *restrict ekv, const float *restrict ek, size_t ld,
+                   const float *restrict g1, const float *restrict g2, size_t nw, size_t cw)
+{
+    size_t j = 0, cv = cw / AFT_VL * AFT_VL;
+    for (; j + 4 <= nw; j += 4) {
+        aft_vf acc[4] = {{0}};
+        for (size_t c = 0; c < cv; c += AFT_VL) {
+            aft_vf x1 = aft_vld(g1 + c), x2 = aft_vld(g2 + c);
+            for (int u = 0; u < 4; u++)
+                acc[u] += aft_vld(ekv + (j + u) * ld + c) * x1 - aft_vld(ek + (j + u) * ld + c) * x2;
+        }
+        for (int u = 0; u < 4; u++) {
+            float r = hsum(acc[u]);
+            for (size_t c = cv; c < cw; c++) r += ekv[(j + u) * ld + c] * g1[c] - ek[(j + u) * ld + c] * g2[c];
+            d[j + u] = r;
+        }
     }
-    acc += acc2;
-    float r = 0.0f;
-    for (int l = 0; l < AFT_VL; l++) r += acc[l];
-    for (; c < n; c++) r += a1[c] * b1[c] - a2[c] * b2[c];
-    return r;
+    for (; j < nw; j++) {
+        aft_vf acc = {0};
+        for (size_t c = 0; c < cv; c += AFT_VL)
+            acc += aft_vld(ekv + j * ld + c) * aft_vld(g1 + c) - aft_vld(ek + j * ld + c) * aft_vld(g2 + c);
+        float r = hsum(acc);
+        for (size_t c = cv; c < cw; c++) r += ekv[j * ld + c] * g1[c] - ek[j * ld + c] * g2[c];
+        d[j] = r;
+    }
 }
 
 /* Row t of the block, channels [c0, c0 + cw) of head h: the forward's L
@@ -513,10 +551,11 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         if (jb->want_dw)
             for (size_t i = 0; i < nr; i++) {
                 size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
-                const float *e = sc->ew + i * 2 * s, *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
-                float *dw = sc->dw + i * 2 * s;
-                for (size_t j = lo; j < hi; j++)
-                    dw[j - lo] += e[j - lo] * dot2(sc->ekv + (j - lob) * cw, g1, sc->ek + (j - lob) * cw, g2, cw);
+                const float *e = sc->ew + i * 2 * s;
+                float *dw = sc->dw + i * 2 * s, *d = sc->ce;
+                dw_row(d, sc->ekv + (lo - lob) * cw, sc->ek + (lo - lob) * cw, cw, sc->g1 + i * GB_CH,
+                       sc->g2 + i * GB_CH, hi - lo, cw);
+                for (size_t j = 0; j < hi - lo; j++) dw[j] += e[j] * d[j];
             }
 
         /* key row j: dv += exp(k - mk) sum_t exp(w - r) G[t], dk likewise

@@ -54,7 +54,7 @@ typedef struct {
 typedef struct {
     float *e;      /* (rows, T): E */
     float *acc, *tmp, *gp;   /* (rows, 2ch) */
-    float *y, *a;  /* (rows, ch): Y', a */
+    float *y, *a, *g;   /* (rows, ch): Y', a, G */
     double *L;     /* (rows, ch) */
     float *r, *M, *f;        /* (rows), (ch), (ch) */
     unsigned char *vis, *redo;   /* (rows), (rows, ch) */
@@ -162,19 +162,25 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
             redo[c] = sc->vis[i] && !(x <= GF_EXACT);
         }
     }
-    /* per chunk: Gp = f [G | -Y' G], H += E^T Gp, dw = E .* (Gp R^T) */
+    /* G = a exp(r + M - L) once (into a; 0 where done exactly), then per
+     * chunk Gp = f [G | -Y' G], H += E^T Gp, dw = E .* (Gp R^T) */
+    for (size_t i = 0; i < bi; i++)
+        for (size_t c = 0; c < ch; c++) {
+            size_t k = i * ch + c;
+            double x = (double)sc->r[i] + (double)sc->M[c] - sc->L[k];
+            sc->g[k] = sc->vis[i] && !sc->redo[k] ? sc->a[k] * aft_expf((float)x) : 0.0f;
+        }
     float *H = jb->hs[tid];
     for (size_t jc = 0; jc < nc; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
         for (size_t c = 0; c < ch; c++) sc->f[c] = nc == 1 ? 1.0f : aft_expf(jb->mk[jc * C + h * ch + c] - sc->M[c]);
         for (size_t i = 0; i < bi; i++) {
-            float *g = sc->gp + i * ch2;
+            float *gp = sc->gp + i * ch2;
+            const float *g = sc->g + i * ch, *y = sc->y + i * ch;
             for (size_t c = 0; c < ch; c++) {
-                size_t k = i * ch + c;
-                double x = (double)sc->r[i] + (double)sc->M[c] - sc->L[k];
-                float g1 = sc->vis[i] && !sc->redo[k] ? sc->a[k] * aft_expf((float)x) * sc->f[c] : 0.0f;
-                g[c] = g1;
-                g[ch + c] = -g1 * sc->y[k];
+                float g1 = g[c] * sc->f[c];
+                gp[c] = g1;
+                gp[ch + c] = -g1 * y[c];
             }
         }
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(j1 - j0), (int)ch2, (int)bi, 1.0f, E + j0,
@@ -233,6 +239,7 @@ static int fscratch_alloc(fscratch *sc, size_t rows, size_t T, size_t ch)
     sc->gp = aft_alloc_array(rows, 2 * ch * sizeof(float));
     sc->y = aft_alloc_array(rows, ch * sizeof(float));
     sc->a = aft_alloc_array(rows, ch * sizeof(float));
+    sc->g = aft_alloc_array(rows, ch * sizeof(float));
     sc->L = aft_alloc_array(rows, ch * sizeof(double));
     sc->r = aft_alloc_array(rows, sizeof(float));
     sc->M = aft_alloc_array(ch, sizeof(float));
@@ -242,13 +249,13 @@ static int fscratch_alloc(fscratch *sc, size_t rows, size_t T, size_t ch)
     sc->wrow = aft_alloc_array(T, sizeof(float));
     sc->dwrow = aft_alloc_array(T, sizeof(float));
     sc->dws = aft_alloc_array(rows, DW_COLS * sizeof(float));
-    return sc->e && sc->acc && sc->tmp && sc->gp && sc->y && sc->a && sc->L && sc->r && sc->M && sc->f && sc->vis &&
+    return sc->e && sc->acc && sc->tmp && sc->gp && sc->y && sc->a && sc->g && sc->L && sc->r && sc->M && sc->f && sc->vis &&
            sc->redo && sc->wrow && sc->dwrow && sc->dws;
 }
 
 static void fscratch_free(fscratch *sc)
 {
-    free(sc->e); free(sc->acc); free(sc->tmp); free(sc->gp); free(sc->y); free(sc->a); free(sc->L);
+    free(sc->e); free(sc->acc); free(sc->tmp); free(sc->gp); free(sc->y); free(sc->a); free(sc->g); free(sc->L);
     free(sc->r); free(sc->M); free(sc->f); free(sc->vis); free(sc->redo); free(sc->wrow); free(sc->dwrow);
     free(sc->dws);
 }
@@ -298,6 +305,11 @@ aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *
     int failed = 0;
     #pragma omp parallel num_threads((int)nt)
     {
+        /* OpenBLAS's OpenMP build runs a product on omp_get_max_threads()
+         * threads unless inside an active parallel region, and a region of
+         * one thread is not active: this task's own count is 1 (the setting
+         * ends with the region) */
+        omp_set_num_threads(1);
         size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
         fscratch sc;
         aft_bias_grad mine;
