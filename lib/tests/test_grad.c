@@ -1138,6 +1138,171 @@ static void test_grad_threads(void **state)
     finish(fails, (int)N_OF(cs));
 }
 
+/* ---------------------------------------------------------------- 5. the PyTorch fixtures */
+
+static const char *testdata(void)
+{
+    const char *d = getenv("AFT_TESTDATA");
+    return d && *d ? d : "testdata";
+}
+
+typedef struct {
+    const char *name;
+    aft_variant variant;
+    size_t window;
+    int causal, tbd;   /* tbd: x, y in labml's (T, B, D) layout */
+    int band;          /* compare the position bias inside |i - j| < window
+                        * only (torch's is upstream's replaced parameter) */
+} torch_case;
+
+static void read_npy_f32(const char *dir, const char *file, aft_tensor *t)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    aft_error err = {{0}};
+    if (aft_npy_read(path, t, NULL, &err) != AFT_OK) fail_msg("%s: %s", path, err.msg);
+    assert_int_equal(t->dtype, AFT_F32);
+    assert_int_equal(t->ndim, 3);
+}
+
+/* (A, B, D) -> (B, A, D) */
+static void swap01(float *dst, const float *src, size_t A, size_t B, size_t D)
+{
+    for (size_t a = 0; a < A; a++)
+        for (size_t b = 0; b < B; b++) memcpy(dst + (b * A + a) * D, src + (a * B + b) * D, D * sizeof(float));
+}
+
+/* got against the fixture's tensor name (its first n floats; rows x cols
+ * when band: only entries with |i - j| < band, i, j < lim compared, and
+ * got 0 elsewhere) */
+static int compare_named(const aft_st_file *gf, const char *name, const float *got, size_t n, size_t cols,
+                         size_t band, size_t lim, const char *what, int *reports)
+{
+    const aft_tensor *t = aft_st_find(gf, name);
+    if (!t) {
+        print_message("FAIL %s: no tensor '%s' in grads.safetensors\n", what, name);
+        return 1;
+    }
+    assert_int_equal(t->dtype, AFT_F32);
+    assert_int_equal(t->nelem, n);
+    const float *want = t->data;
+    double *w = xmalloc(n * sizeof *w);
+    int outside = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t r = cols ? i / cols : 0, c = cols ? i % cols : 0;
+        int in = !band || (r < lim && c < lim && (r > c ? r - c : c - r) < band);
+        w[i] = in ? want[i] : 0.0;
+        outside |= !in && got[i] != 0.0f;
+    }
+    int f = compare(name, got, w, n, TOL_REL, what, reports);
+    if (outside) {
+        print_message("FAIL %s: %s nonzero outside the window\n", what, name);
+        f++;
+    }
+    free(w);
+    return f;
+}
+
+static int torch_case_run(const torch_case *tc, int *reports)
+{
+    char dir[1024], path[1100], what[256];
+    snprintf(dir, sizeof dir, "%s/torch/%s", testdata(), tc->name);
+    snprintf(what, sizeof what, "torch fixture %s as %s window %zu causal %d", tc->name,
+             aft_variant_name(tc->variant), tc->window, tc->causal);
+    aft_error err = {{0}};
+    aft_st_file *wf, *gf;
+    snprintf(path, sizeof path, "%s/weights.safetensors", dir);
+    if (aft_st_open(path, &wf, &err) != AFT_OK) fail_msg("%s: %s", path, err.msg);
+    snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+    if (aft_st_open(path, &gf, &err) != AFT_OK) fail_msg("%s: %s", path, err.msg);
+    aft_weights w;
+    if (aft_weights_load(wf, "", tc->variant, &w, &err) != AFT_OK) fail_msg("%s: %s", dir, err.msg);
+    aft_tensor xt, dyt;
+    read_npy_f32(dir, "x.npy", &xt);
+    read_npy_f32(dir, "dy.npy", &dyt);
+    const aft_params *p = &w.p;
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out;
+    size_t B = tc->tbd ? xt.shape[1] : xt.shape[0], T = tc->tbd ? xt.shape[0] : xt.shape[1], n = B * T * D;
+    assert_int_equal(xt.shape[2], D);
+    float *x = xmalloc(n * sizeof *x), *dy = xmalloc(n * sizeof *dy), *dx = xmalloc(n * sizeof *dx);
+    float *dxl = xmalloc(n * sizeof *dxl);
+    if (tc->tbd) {
+        swap01(x, xt.data, T, B, D);
+        swap01(dy, dyt.data, T, B, D);
+    } else {
+        memcpy(x, xt.data, n * sizeof *x);
+        memcpy(dy, dyt.data, n * sizeof *dy);
+    }
+    size_t tmax = p->bias.kind == AFT_BIAS_DENSE ? p->bias.tmax : 0;
+    float *gw[4], *gb[4], *gdense = tmax ? xmalloc(tmax * tmax * sizeof(float)) : NULL;
+    const size_t wn[4] = {C * D, KC * D, C * D, D * C}, bn[4] = {C, KC, C, D};
+    for (int i = 0; i < 4; i++) {
+        gw[i] = xmalloc(wn[i] * sizeof(float));
+        gb[i] = xmalloc(bn[i] * sizeof(float));
+    }
+    aft_layer_grads g = {dx, gw[0], gb[0], gw[1], gb[1], gw[2], gb[2], gw[3], gb[3], {gdense, NULL, NULL, NULL}};
+    aft_config cfg = {0};
+    cfg.variant = tc->variant;
+    cfg.window = tc->window;
+    cfg.causal = tc->causal;
+    int fails = 0;
+    const aft_impl impls[] = {AFT_IMPL_FAST, AFT_IMPL_REFERENCE};
+    for (size_t ii = 0; ii < N_OF(impls); ii++) {
+        cfg.impl = impls[ii];
+        char w2[300];
+        snprintf(w2, sizeof w2, "%s [%s]", what, impls[ii] == AFT_IMPL_FAST ? "fast" : "reference");
+        if (aft_layer_backward(&g, NULL, dy, x, p, &cfg, B, T, &err) != AFT_OK) {
+            print_message("FAIL %s: %s\n", w2, err.msg);
+            fails++;
+            continue;
+        }
+        if (tc->tbd) swap01(dxl, dx, B, T, D);
+        else memcpy(dxl, dx, n * sizeof *dx);
+        fails += compare_named(gf, "input", dxl, n, 0, 0, 0, w2, reports);
+        for (int i = 0; i < 4; i++) {
+            char bname[200];
+            fails += compare_named(gf, w.names[i], gw[i], wn[i], 0, 0, 0, w2, reports);
+            /* "stem.weight" -> "stem.bias" */
+            snprintf(bname, sizeof bname, "%.*s.bias", (int)(strlen(w.names[i]) - strlen(".weight")), w.names[i]);
+            fails += compare_named(gf, bname, gb[i], bn[i], 0, 0, 0, w2, reports);
+        }
+        if (gdense) fails += compare_named(gf, w.names[4], gdense, tmax * tmax, tmax, tc->band ? tc->window : 0, T, w2,
+                                           reports);
+    }
+    for (int i = 0; i < 4; i++) {
+        free(gw[i]);
+        free(gb[i]);
+    }
+    free(gdense); free(x); free(dy); free(dx); free(dxl);
+    aft_tensor_free(&xt);
+    aft_tensor_free(&dyt);
+    aft_weights_free(&w);
+    aft_st_close(wf);
+    aft_st_close(gf);
+    return fails;
+}
+
+/* torch.autograd's gradients of labml's AFTLocal and rish-16's AFTFull,
+ * AFTSimple and AFTLocal (testdata/make_torch_grad_fixtures.py) against
+ * aft_layer_backward on the same weights, to 1e-4 * max(1, max |g|).
+ * rish-16's AFTLocal replaces its wbias by a band-masked copy at every
+ * forward, so torch's wbias gradient is that of a full bias: full matches it
+ * whole, local inside the window (and is 0 outside). */
+static void test_grad_torch_fixtures(void **state)
+{
+    (void)state;
+    const torch_case cs[] = {
+        {"labml_local", AFT_LOCAL, 4, 1, 1, 0},
+        {"rish_full", AFT_FULL, 0, 0, 0, 0},
+        {"rish_simple", AFT_SIMPLE, 0, 0, 0, 0},
+        {"rish_local", AFT_FULL, 0, 0, 0, 0},
+        {"rish_local", AFT_LOCAL, 3, 0, 0, 1},
+    };
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) fails += torch_case_run(&cs[i], &reports);
+    finish(fails, (int)N_OF(cs));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1147,6 +1312,7 @@ int main(void)
         cmocka_unit_test(test_layer_grad),
         cmocka_unit_test(test_layer_grad_extreme),
         cmocka_unit_test(test_grad_threads),
+        cmocka_unit_test(test_grad_torch_fixtures),
         cmocka_unit_test(test_grad_full),
         cmocka_unit_test(test_grad_simple),
         cmocka_unit_test(test_grad_local),
