@@ -196,8 +196,13 @@ aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *d
     } else if ((st = aft_op_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) {
         /* st says why */
     } else if (N == 0) {
-        aft_bias_grad none = g->bias;
-        aft_grad_io io = {.db = none};
+        /* sums over no rows: every weight's gradient is 0 */
+        size_t D = lp.D;
+        float *const gs[8] = {g->wq, g->bq, g->wk, g->bk, g->wv, g->bv, g->wo, g->bo};
+        const size_t ns[8] = {C * D, C, KC * D, KC, C * D, C, D * C, D};
+        for (int i = 0; i < 8; i++)
+            if (gs[i]) memset(gs[i], 0, ns[i] * sizeof(float));
+        aft_grad_io io = {.db = g->bias};
         st = aft_op_grad_run(&io, NULL, NULL, NULL, &sp, 0, KC, 0, err);   /* zeroes the bias gradient */
     } else if (!x || !dy) {
         st = aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !x ? "input x" : "dy");

@@ -1303,6 +1303,72 @@ static void test_grad_torch_fixtures(void **state)
     finish(fails, (int)N_OF(cs));
 }
 
+/* ---------------------------------------------------------------- arguments */
+
+/* refusals name what is wrong; empty sizes write the (zero) gradients whole */
+static void test_grad_errors(void **state)
+{
+    (void)state;
+    const size_t B = 1, T = 5, C = 4, n = B * T * C;
+    float q[20], k[20], v[20], dout[20], dq[20], dk[20], dv[20], dense[36], ddense[36];
+    for (size_t i = 0; i < n; i++) q[i] = k[i] = v[i] = dout[i] = 0.1f * (float)i;
+    for (size_t i = 0; i < 36; i++) dense[i] = 0.0f;
+    aft_bias bias = {.kind = AFT_BIAS_DENSE, .dense = dense, .tmax = 6};
+    aft_config cfg = {0};
+    cfg.variant = AFT_FULL;
+    aft_error err = {{0}};
+    const aft_impl impls[] = {AFT_IMPL_FAST, AFT_IMPL_REFERENCE};
+    for (size_t ii = 0; ii < N_OF(impls); ii++) {
+        cfg.impl = impls[ii];
+        assert_int_equal(aft_op_backward(NULL, dk, dv, NULL, NULL, dout, q, k, v, &bias, &cfg, B, T, C, C, &err),
+                         AFT_ERR_ARG);
+        assert_non_null(strstr(err.msg, "dq"));
+        assert_int_equal(aft_op_backward(dq, dk, dv, NULL, NULL, NULL, q, k, v, &bias, &cfg, B, T, C, C, &err),
+                         AFT_ERR_ARG);
+        assert_non_null(strstr(err.msg, "dout"));
+        /* the forward's rules: a dense bias smaller than T */
+        bias.tmax = 4;
+        assert_int_equal(aft_op_backward(dq, dk, dv, NULL, NULL, dout, q, k, v, &bias, &cfg, B, T, C, C, &err),
+                         AFT_ERR_ARG);
+        assert_non_null(strstr(err.msg, "Tmax"));
+        bias.tmax = 6;
+        /* conv: 4 heads do not divide 6 channels */
+        aft_bias cb = {.kind = AFT_BIAS_CONV, .conv = dense};
+        aft_config cc = cfg;
+        cc.variant = AFT_CONV;
+        cc.heads = 4;
+        cc.window = 2;
+        assert_int_equal(aft_op_backward(dq, dk, dv, NULL, NULL, dout, q, k, v, &cb, &cc, 1, 2, 6, 6, &err),
+                         AFT_ERR_ARG);
+        assert_non_null(strstr(err.msg, "heads"));
+        /* T = 0: nothing to do, but the bias gradient asked for is written (0) */
+        for (size_t i = 0; i < 36; i++) ddense[i] = NAN;
+        aft_bias_grad db = {.dense = ddense};
+        assert_int_equal(aft_op_backward(dq, dk, dv, &db, NULL, dout, q, k, v, &bias, &cfg, B, 0, C, C, &err), AFT_OK);
+        for (size_t i = 0; i < 36; i++) assert_true(ddense[i] == 0.0f);
+    }
+    /* the layer: no gradients struct; and B = 0, where every gradient is 0 */
+    float wq[16], wo[16], gw[8][16], x[20], dy[20];
+    for (size_t i = 0; i < 16; i++) wq[i] = wo[i] = 0.25f;
+    for (size_t i = 0; i < 20; i++) x[i] = dy[i] = 1.0f;
+    aft_params p = {.d_model = 4, .d_hidden = 4, .k_out = 4, .wq = wq, .wk = wq, .wv = wq, .wo = wo, .bias = bias};
+    assert_int_equal(aft_layer_backward(NULL, NULL, dy, x, &p, &cfg, 1, 5, &err), AFT_ERR_ARG);
+    for (size_t i = 0; i < 8; i++)
+        for (size_t j = 0; j < 16; j++) gw[i][j] = NAN;
+    for (size_t i = 0; i < 36; i++) ddense[i] = NAN;
+    aft_layer_grads g = {NULL, gw[0], gw[1], gw[2], gw[3], gw[4], gw[5], gw[6], gw[7], {ddense, NULL, NULL, NULL}};
+    for (size_t ii = 0; ii < N_OF(impls); ii++) {
+        cfg.impl = impls[ii];
+        assert_int_equal(aft_layer_backward(&g, NULL, NULL, NULL, &p, &cfg, 0, 5, &err), AFT_OK);
+        for (size_t i = 0; i < 8; i++)
+            for (size_t j = 0; j < (i % 2 ? 4 : 16); j++) assert_true(gw[i][j] == 0.0f);
+        for (size_t i = 0; i < 36; i++) assert_true(ddense[i] == 0.0f);
+        /* missing input */
+        assert_int_equal(aft_layer_backward(&g, NULL, dy, NULL, &p, &cfg, 1, 5, &err), AFT_ERR_ARG);
+        assert_non_null(strstr(err.msg, "x"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1313,6 +1379,7 @@ int main(void)
         cmocka_unit_test(test_layer_grad_extreme),
         cmocka_unit_test(test_grad_threads),
         cmocka_unit_test(test_grad_torch_fixtures),
+        cmocka_unit_test(test_grad_errors),
         cmocka_unit_test(test_grad_full),
         cmocka_unit_test(test_grad_simple),
         cmocka_unit_test(test_grad_local),
