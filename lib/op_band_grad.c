@@ -446,11 +446,14 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     const aft_opspec *ws = jb->ws;
     const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, ldk = ws->ldk, ldv = ws->ldv, ldq = ws->ldq;
     const int causal = jb->causal;
-    const size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0, hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
+    /* the band's keys (s = 0, no band: the block's own rows, for dv, dk) */
+    const size_t lob = s == 0 ? i0 : (i0 + 1 >= s ? i0 + 1 - s : 0);
+    const size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
     const size_t nr = i1 - i0, cwm = ch < GB_CH ? ch : GB_CH;
 
     /* the rows' w over their bands: exp(w - r), r the row's maximum */
-    for (size_t i = 0; i < nr; i++) {
+    for (size_t i = 0; i < nr && s == 0; i++) sc->r[i] = 0.0f;
+    for (size_t i = 0; i < nr && s > 0; i++) {
         size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
         float *w = sc->wr + i * 2 * s, *e = sc->ew + i * 2 * s;
         aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
@@ -478,14 +481,15 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm, hc = c0 - h * ch;
         float *pm = sc->pm + hc, *p0 = sc->p0 + hc, *p1 = sc->p1 + hc, *mk = sc->mk;
 
-        /* band factors exp(k - mk), mk the block's key maximum per channel */
+        /* band factors exp(k - mk), mk the block's key maximum per channel
+         * (no band: mk = -inf, so the band's part is exp(-inf) = 0) */
         for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
-        for (size_t j = lob; j < hib; j++) {
+        for (size_t j = lob; j < hib && s > 0; j++) {
             const float *kr = jb->k + j * ldk + c0;
             for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
         }
-        for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
-        for (size_t j = lob; j < hib; j++) {
+        for (size_t c = 0; c < cw && s > 0; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
+        for (size_t j = lob; j < hib && s > 0; j++) {
             const float *kr = jb->k + j * ldk + c0, *vr = jb->v + j * ldv + c0;
             float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
             for (size_t c = 0; c < cw; c++) {
@@ -513,8 +517,11 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
             if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw);
             float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
-            row_sums(b0, b1, sc->ew + i * 2 * s, sc->ek + (lo - lob) * cw, sc->ekv + (lo - lob) * cw, hi - lo, cw,
-                     cw);
+            if (s > 0)
+                row_sums(b0, b1, sc->ew + i * 2 * s, sc->ek + (lo - lob) * cw, sc->ekv + (lo - lob) * cw, hi - lo,
+                         cw, cw);
+            else
+                for (size_t c = 0; c < cw; c++) b0[c] = b1[c] = 0.0f;
             const double r = sc->r[i];
             float *Z = jb->Z + t * C + c0, *U1 = jb->U1 + t * C + c0, *U2 = jb->U2 + t * C + c0;
             float *D = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
@@ -560,7 +567,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
 
         /* key row j: dv += exp(k - mk) sum_t exp(w - r) G[t], dk likewise
          * with v G - Y' G, over the block's rows t whose band holds j */
-        for (size_t j = lob; j < hib; j++) {
+        for (size_t j = lob; j < hib && s > 0; j++) {
             /* t in [j - s + 1, j + s - 1], or [j, j + s - 1] under causality */
             size_t ta = causal ? j : (j + 1 >= s ? j + 1 - s : 0), tb = j + s < i1 ? j + s : i1;
             ta = ta > i0 ? ta : i0;
@@ -732,9 +739,13 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
 {
     const size_t T = ws->T, C = ws->C, H = ws->heads ? ws->heads : 1, nt = (size_t)ws->threads;
     if (T == 0 || C == 0 || B == 0) return AFT_OK;
-    gjob jb = {.ws = ws, .io = io, .T = T, .C = C, .H = H, .ch = C / H, .s = aft_op_band_width(ws, T), .nt = nt,
+    /* w = 0 everywhere (causal simple: a zero bias reaches this kernel only
+     * with causality) has no band: the running sums take the diagonal too,
+     * s = 0 */
+    gjob jb = {.ws = ws, .io = io, .T = T, .C = C, .H = H, .ch = C / H,
+               .s = ws->zero_bias ? 0 : aft_op_band_width(ws, T), .nt = nt,
                .causal = ws->causal, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
-    jb.hrows = jb.s - 1;
+    jb.hrows = jb.s ? jb.s - 1 : 0;
     jb.Z = aft_alloc_array(T, 3 * C * sizeof(float));
     jb.U1 = jb.Z ? jb.Z + T * C : NULL;
     jb.U2 = jb.Z ? jb.U1 + T * C : NULL;
