@@ -1303,6 +1303,37 @@ static void test_grad_torch_fixtures(void **state)
     finish(fails, (int)N_OF(cs));
 }
 
+/* A key of +inf or NaN (only non-finite inputs make one): every kernel
+ * returns AFT_OK and stays inside its arrays (the sanitizer build checks
+ * that). Which gradients come out NaN is not specified: the reference
+ * drops the rows whose denominator is NaN, the fast kernels let the NaN
+ * reach more of the key's channel (and every dw those rows touch). */
+static void test_grad_nonfinite_keys(void **state)
+{
+    (void)state;
+    const gcase cs[] = {
+        {AFT_LOCAL, AFT_BIAS_DENSE, 2, 40, 5, 0, 3, 0, 1, MASK_NONE, VALS_NORMAL, 71, 0, 0},
+        {AFT_LOCAL, AFT_BIAS_SEEDED, 1, 70, 5, 0, 4, 0, 0, MASK_NONE, VALS_NORMAL, 72, 0, 0},
+        {AFT_FULL, AFT_BIAS_DENSE, 1, 40, 5, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 73, 0, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 2, 200, 5, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 74, 0, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 1, 200, 5, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 75, 0, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 40, 6, 2, 3, 0, 0, MASK_SHARED, VALS_NORMAL, 76, 0, 0},
+    };
+    for (size_t i = 0; i < N_OF(cs); i++)
+        for (int kind = 0; kind < 2; kind++) {
+            gdata d;
+            build(&d, &cs[i]);
+            d.k[(cs[i].T / 2) * d.kc + 1] = kind ? NAN : INFINITY;
+            grads gf, gr;
+            aft_error err = {{0}};
+            assert_int_equal(run_backward(&gr, &d, AFT_IMPL_REFERENCE, 1, &err), AFT_OK);
+            assert_int_equal(run_backward(&gf, &d, AFT_IMPL_FAST, cs[i].threads, &err), AFT_OK);
+            grads_free(&gf);
+            grads_free(&gr);
+            free_data(&d);
+        }
+}
+
 /* ---------------------------------------------------------------- arguments */
 
 /* refusals name what is wrong; empty sizes write the (zero) gradients whole */
@@ -1380,6 +1411,7 @@ int main(void)
         cmocka_unit_test(test_grad_threads),
         cmocka_unit_test(test_grad_torch_fixtures),
         cmocka_unit_test(test_grad_errors),
+        cmocka_unit_test(test_grad_nonfinite_keys),
         cmocka_unit_test(test_grad_full),
         cmocka_unit_test(test_grad_simple),
         cmocka_unit_test(test_grad_local),
