@@ -347,8 +347,8 @@ typedef struct {
 } aft_layer_grads;
 
 /* The layer's backward pass: dy, x: (B, T, D) batch-major; y: NULL, or
- * (B, T, D) the forward output (aft_layer_forward's values to rounding).
- * p and cfg as aft_layer_forward. */
+ * (B, T, D) the forward output (aft_layer_forward's values to rounding),
+ * which may not alias x or dy. p and cfg as aft_layer_forward. */
 aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *dy, const float *x,
                               const aft_params *p, const aft_config *cfg, size_t B, size_t T,
                               aft_error *err);

@@ -16,18 +16,21 @@
  * One pass over blocks of rows computes, per block, what the forward does
  * (band sums of exp(w - r) exp(k - mk), left and right running sums of the
  * keys, every running sum at the exact maximum of what it holds, so its
- * largest term is 1) and keeps L in double (a float L of 700 is 3e-5 off,
- * and so would be every P) and Y'; in the same pass, while the block's
- * factors are in the cache, the band's part of the gradients:
- *   G[t,c] = a exp(mk + r - L)      (the band's stabilisers against L)
+ * largest term is 1) and keeps, per entry, L as a stabiliser Z and den (L =
+ * Z + log den: a float L of 700 is 3e-5 off, and so would be every P; no
+ * logarithm is taken), a / den and a Y' / den. In the same pass, while the
+ * block's factors are in the cache, the band's part of the gradients:
+ *   G[t,c] = a exp(mk + r - L) = a exp(mk + r - Z) / den
  *   dw[t,j] = exp(w - r) sum_c exp(k - mk) (v G - Y' G)
  *   dv[j,c] += exp(k - mk) sum_t exp(w - r) G,  dk likewise with v G - Y' G.
- * Every factor but G is <= 1; G <= a e^46 unless the band's maxima are
- * more than 46 nats apart (a key's maximum where w is small and the
- * reverse), and there the row's entry is done exactly in double, as the
- * forward does where its denominator underflows: a term lost to
- * underflow is then below e^-41 a. A second pass adds the running sums
- * over the rows outside the band, once every row's L is known.
+ * Every factor but G is <= 1, and G <= a e^46 where den >=
+ * AFT_DEN_EXACT_BELOW; a smaller den (the band's key maximum and bias
+ * maximum more than 46 nats apart) makes the entry be done exactly in
+ * double, as the forward does, so a term lost to underflow is below
+ * e^-41 a. A second pass adds the running sums over the rows outside each
+ * key's band (key -Z, values a / den, a Y' / den), once every row's are
+ * known. With w = 0 everywhere (causal simple) there is no band at all: the
+ * running sums take the diagonal too (s = 0).
  *
  * Threads split the rows; a thread starts its running sums from the sums
  * of the pieces before (and after) it, and what its band adds to keys of
@@ -37,8 +40,10 @@
 #include <omp.h>
 #include <stdlib.h>
 
+/* rows a block, channels a step of the block pass */
 enum { GB_ROWS = 64, GB_CH = 128 };
-/* exp(mk + r - L) above e^GB_EXACT: the entry is done exactly */
+/* exp(mk + r - L) above e^GB_EXACT (an exact entry's): its gradient too is
+ * done exactly */
 #define GB_EXACT 46.0
 
 /* exp(x) for a double x <= ~0 through the float exponential */
