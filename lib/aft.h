@@ -400,6 +400,63 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
                                    const aft_config *cfg, size_t B, size_t T,
                                    aft_layer_times *times, aft_error *err);
 
+/* ---------------------------------------------------------------- gradients
+ *
+ * The backward pass: from dL/dY, the gradient of every input of the bare
+ * operator or of the layer, exact to float rounding for every variant, bias
+ * kind and mask (cfg.impl AFT_IMPL_REFERENCE: the same in float64, O(T^2 C)).
+ * Each call runs the forward pass itself and keeps, per entry, the log of
+ * the denominator and the normalised sum (as FlashAttention keeps its
+ * log-sum-exp) instead of any T x T weights; the variant's sums then run
+ * backwards in time. Time as the forward's: O(T S C) for local and conv,
+ * O(T C) for simple, O(T^2 C) for full and masked runs; memory O(T C)
+ * beyond the arguments. Every gradient asked for is written whole (not
+ * added to); a NULL pointer means that gradient is not wanted. */
+
+/* The position bias's gradient in the bias's own shapes. Only the field of
+ * the bias's kind is written: dense (tmax, tmax); u and v (tmax, rank)
+ * each; conv (conv_rows, conv_len), or (heads, 2*window-1) when the bias
+ * does not record its shape. Entries the run did not use (rows or columns
+ * from T on, outside a local or conv window, masked out, or every entry
+ * when the variant reads no bias) are 0. Seeded and absent biases have no
+ * gradient. */
+typedef struct {
+    float *dense;
+    float *u, *v;
+    float *conv;
+} aft_bias_grad;
+
+/* The bare operator's backward pass.
+ * dq, dv: (B, T, C)   dk: (B, T, kc) (conv with one key channel per head:
+ * the sum over the head's channels)   dbias: NULL, or the bias's gradient as
+ * above   out: NULL, or (B, T, C) the forward output (aft_op_forward's
+ * values to rounding: one call serves a training step)   dout: (B, T, C)
+ * dL/dout; q, k, v, bias, cfg and the sizes as aft_op_forward. dq, dk and
+ * dv are required. */
+aft_status aft_op_backward(float *dq, float *dk, float *dv, const aft_bias_grad *dbias, float *out,
+                           const float *dout, const float *q, const float *k, const float *v,
+                           const aft_bias *bias, const aft_config *cfg,
+                           size_t B, size_t T, size_t C, size_t kc, aft_error *err);
+
+/* The layer's gradients, shaped as aft_params's fields (PyTorch Linear's
+ * (out, in) weights); NULL: not wanted. A bias gradient (bq, ...) is the
+ * gradient of a bias of zeros where the layer has none. */
+typedef struct {
+    float *dx;             /* (B, T, D) */
+    float *wq, *bq;        /* (C, D), (C) */
+    float *wk, *bk;        /* (k_out, D), (k_out) */
+    float *wv, *bv;        /* (C, D), (C) */
+    float *wo, *bo;        /* (D, C), (D) */
+    aft_bias_grad bias;    /* the position bias, as for the operator */
+} aft_layer_grads;
+
+/* The layer's backward pass: dy, x: (B, T, D) batch-major; y: NULL, or
+ * (B, T, D) the forward output (aft_layer_forward's values to rounding),
+ * which may not alias x or dy. p and cfg as aft_layer_forward. */
+aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *dy, const float *x,
+                              const aft_params *p, const aft_config *cfg, size_t B, size_t T,
+                              aft_error *err);
+
 /* ---------------------------------------------------------------- streaming state
  *
  * (1-D sequences only: a grid configuration is refused.)

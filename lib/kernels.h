@@ -57,4 +57,38 @@ aft_status aft_op_grid(float *out, const float *q, const float *k, const float *
 size_t aft_grid_workspace(aft_variant variant, int causal, size_t B, size_t H, size_t W, size_t S, size_t C,
                           size_t threads);
 
+/* ---- the backward pass, each kernel beside its forward (*_grad.c). Each
+ * reads and writes io's arrays (op.h) with keys of one channel per value
+ * channel; the bias gradient's arrays come zeroed and are added to. */
+
+/* bias_grad.c: the adjoint of aft_w_row: adds dw[0 .. j1-j0) (dL/dw_eff[t, j]
+ * for head h) to the entries of db that w_eff[t, j] was read from */
+void aft_w_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, size_t t, size_t j0, size_t j1,
+                    const float *dw);
+/* the field of db for the bias's kind, zeroed (every kernel adds to it) */
+void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db);
+/* whether a backward run of sp has a bias gradient to write into db */
+int aft_bias_grad_wanted(const aft_opspec *sp, const aft_bias_grad *db);
+/* The parts of db threads cannot share when each owns rows t: factored v
+ * and conv. aft_bias_grad_private points *mine at db with those two
+ * replaced by zeroed arrays of its own (one block, *blk, NULL when none is
+ * needed); aft_bias_grad_merge adds them to db. Returns 0 when out of
+ * memory. */
+int aft_bias_grad_private(const aft_opspec *sp, const aft_bias_grad *db, aft_bias_grad *mine, float **blk);
+void aft_bias_grad_merge(const aft_opspec *sp, const aft_bias_grad *db, const aft_bias_grad *mine);
+
+/* op_ref_grad.c: float64, O(T^2 C); all batches, the mask from sp->bias */
+aft_status aft_op_reference_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
+                                 const aft_opspec *sp, aft_error *err);
+/* op_full_grad.c: one batch as aft_op_full (io's arrays from that batch's
+ * rows on) */
+aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,
+                            const uint8_t *mask, const aft_opspec *sp, aft_error *err);
+/* op_simple_grad.c: simple without causality, all batches */
+aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
+                              const aft_opspec *sp, aft_error *err);
+/* op_band_grad.c: local, conv and causal simple, all batches */
+aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
+                            const aft_opspec *sp, aft_error *err);
+
 #endif /* AFT_KERNELS_H */

@@ -11,7 +11,8 @@
  *                                neither all-visible nor exactly causal is given
  *   full, or any masked run   -> op_full.c (blocked products, O(T^2 C))
  * and aft_op_rows gives callers that hold part of a sequence the band kernel
- * a chunk of rows at a time. */
+ * a chunk of rows at a time. aft_op_backward picks the backward kernels the
+ * same way, each in the *_grad.c beside its forward. */
 #include "kernels.h"
 
 #include <limits.h>
@@ -199,26 +200,32 @@ static aft_status per_batch(float *out, const float *q, const float *k, const fl
     return st;
 }
 
+/* A mask that is all-visible or exactly causal is dropped for the fast
+ * kernels (sp->causal set for the latter); returns whether the mask is
+ * needed. */
+static int mask_needed(aft_opspec *sp, size_t B)
+{
+    const aft_bias *bias = sp->bias;
+    if (!bias->mask) return 0;
+    size_t nm = bias->mask_batched ? B : 1;
+    int all_all = 1, all_causal = 1;
+    for (size_t b = 0; b < nm; b++) {
+        int a, c;
+        classify_mask(bias->mask + b * sp->T * sp->T, sp->T, sp->causal, &a, &c);
+        all_all &= a;
+        all_causal &= c;
+    }
+    if (all_causal) sp->causal = 1;
+    return !all_causal && !all_all;
+}
+
 static aft_status run_kernel(float *out, const float *q, const float *k, const float *v, aft_opspec *sp,
                              size_t B, int reference, aft_error *err)
 {
     const aft_bias *bias = sp->bias;
     if (reference) return per_batch(out, q, k, v, sp, B, bias->mask, bias->mask_batched, 1, err);
 
-    /* a mask that is all-visible or exactly causal is dropped for the fast kernels */
-    int dense_mask = 0;
-    if (bias->mask) {
-        size_t nm = bias->mask_batched ? B : 1;
-        int all_all = 1, all_causal = 1;
-        for (size_t b = 0; b < nm; b++) {
-            int a, c;
-            classify_mask(bias->mask + b * sp->T * sp->T, sp->T, sp->causal, &a, &c);
-            all_all &= a;
-            all_causal &= c;
-        }
-        if (all_causal) sp->causal = 1;
-        else if (!all_all) dense_mask = 1;
-    }
+    int dense_mask = mask_needed(sp, B);
     if (dense_mask || sp->variant == AFT_FULL)
         return per_batch(out, q, k, v, sp, B, dense_mask ? bias->mask : NULL, bias->mask_batched, 0, err);
     if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);
@@ -271,6 +278,93 @@ aft_status aft_op_forward(float *out, const float *q, const float *k, const floa
     aft_status st = aft_op_settle(&sp, bias, cfg, B, T, C, kc, err);
     if (st) return st;
     return run_all(out, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);
+}
+
+/* ---- the backward pass: the kernels as run_kernel picks them */
+
+static aft_status grad_kernel(const aft_grad_io *io, const float *q, const float *k, const float *v, aft_opspec *sp,
+                              size_t B, int reference, aft_error *err)
+{
+    if (reference) return aft_op_reference_grad(io, q, k, v, B, sp, err);
+    int dense_mask = mask_needed(sp, B);
+    if (dense_mask || sp->variant == AFT_FULL) {
+        const size_t T = sp->T, C = sp->C;
+        aft_status st = AFT_OK;
+        for (size_t b = 0; b < B && !st; b++) {
+            aft_grad_io iob = *io;
+            iob.dq += b * T * io->lddq;
+            iob.dk += b * T * io->lddk;
+            iob.dv += b * T * io->lddv;
+            iob.dout += b * T * C;
+            if (iob.out) iob.out += b * T * C;
+            const uint8_t *m = dense_mask ? sp->bias->mask + (sp->bias->mask_batched ? b * T * T : 0) : NULL;
+            st = aft_op_full_grad(&iob, q + b * T * sp->ldq, k + b * T * sp->ldk, v + b * T * sp->ldv, m, sp, err);
+        }
+        return st;
+    }
+    if (sp->zero_bias && !sp->causal) return aft_op_simple_grad(io, q, k, v, B, sp, err);
+    return aft_op_band_grad(io, q, k, v, B, sp, err);
+}
+
+aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float *k, const float *v,
+                           const aft_opspec *sp_in, size_t B, size_t kc, int reference, aft_error *err)
+{
+    const size_t T = sp_in->T, C = sp_in->C;
+    aft_bias_grad_zero(sp_in, &io_in->db);
+    if (B == 0 || T == 0 || C == 0) return AFT_OK;
+    if (!io_in->dq || !io_in->dk || !io_in->dv || !io_in->dout || !q || !k || !v)
+        return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s",
+                        !io_in->dq ? "dq" : !io_in->dk ? "dk" : !io_in->dv ? "dv" : !io_in->dout ? "dout" :
+                        !q ? "q" : !k ? "k" : "v");
+    if (sp_in->bias->mask && T > SIZE_MAX / T / B)
+        return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
+    aft_opspec sp = *sp_in;
+    aft_grad_io io = *io_in;
+    /* keys of one channel per head: widened as for the forward, and each
+     * head's dk the sum over its channels */
+    float *kwide = NULL, *dkwide = NULL;
+    if (kc != C) {
+        size_t ch = C / kc;
+        kwide = aft_alloc_array(B * T, C * sizeof(float));
+        dkwide = aft_alloc_array(B * T, C * sizeof(float));
+        if (!kwide || !dkwide) {
+            free(kwide);
+            free(dkwide);
+            return aft_fail(err, AFT_ERR_NOMEM, "out of memory widening keys to %zu channels", C);
+        }
+        for (size_t bt = 0; bt < B * T; bt++)
+            for (size_t c = 0; c < C; c++) kwide[bt * C + c] = k[bt * sp.ldk + c / ch];
+        k = kwide;
+        sp.ldk = C;
+        io.dk = dkwide;
+        io.lddk = C;
+    }
+    aft_status st = grad_kernel(&io, q, k, v, &sp, B, reference, err);
+    if (dkwide && st == AFT_OK) {
+        size_t ch = C / kc;
+        for (size_t bt = 0; bt < B * T; bt++)
+            for (size_t h = 0; h < kc; h++) {
+                float s = 0.0f;
+                for (size_t c = h * ch; c < (h + 1) * ch; c++) s += dkwide[bt * C + c];
+                io_in->dk[bt * io_in->lddk + h] = s;
+            }
+    }
+    free(kwide);
+    free(dkwide);
+    return st;
+}
+
+aft_status aft_op_backward(float *dq, float *dk, float *dv, const aft_bias_grad *dbias, float *out,
+                           const float *dout, const float *q, const float *k, const float *v,
+                           const aft_bias *bias, const aft_config *cfg,
+                           size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+{
+    aft_opspec sp;
+    aft_status st = aft_op_settle(&sp, bias, cfg, B, T, C, kc, err);
+    if (st) return st;
+    aft_grad_io io = {.dq = dq, .dk = dk, .dv = dv, .lddq = C, .lddk = kc, .lddv = C, .dout = dout, .out = out};
+    if (dbias) io.db = *dbias;
+    return aft_op_grad_run(&io, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);
 }
 
 /* ---- a chunk of rows at a time */

@@ -94,4 +94,30 @@ int aft_op_rows(aft_op_rows_ctx *ctx, float *out, const float *q, const float *k
                 const aft_opspec *sp, size_t r0, size_t r1, const float *carry_in, float *carry_out,
                 const float *right_in);
 
+/* ---- the backward pass (aft_op_backward)
+ *
+ * What a backward run writes and reads beyond q, k and v: dq, dk, dv rows
+ * lddq, lddk, lddv apart (dk: kc channels); dout and out (NULL: not
+ * wanted) (B, T, C) contiguous; db the bias gradient (its fields NULL: not
+ * wanted). */
+typedef struct {
+    float *dq, *dk, *dv;
+    size_t lddq, lddk, lddv;
+    const float *dout;
+    float *out;
+    aft_bias_grad db;
+} aft_grad_io;
+
+/* aft_op_backward for a settled operator, with sp's row strides for q, k, v
+ * and io's for the gradients; reference: the float64 kernel */
+aft_status aft_op_grad_run(const aft_grad_io *io, const float *q, const float *k, const float *v,
+                           const aft_opspec *sp, size_t B, size_t kc, int reference, aft_error *err);
+
+/* The float64 backward pass (what the reference impl runs) on contiguous
+ * float64 arrays, for the layer's float64 reference: dq, dv, out (NULL: not
+ * wanted), dout, q, v (B, T, C); dk, k (B, T, kc). db as aft_op_backward's. */
+aft_status aft_op_grad_reference_d(double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db,
+                                   const double *dout, const double *q, const double *k, const double *v,
+                                   const aft_opspec *sp, size_t B, size_t kc, aft_error *err);
+
 #endif /* AFT_OP_H */

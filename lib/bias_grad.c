@@ -1,0 +1,133 @@
+/* bias_grad.c - the position bias's gradient: the adjoint of bias.c's
+ * aft_w_row, which maps dL/dw_eff[t, j] back to the bias entries w_eff[t, j]
+ * was read from. One home for the rule of which entries a variant reads:
+ * every backward kernel hands its rows of dL/dw_eff here. */
+#include "kernels.h"
+
+#include <stdlib.h>
+
+/* the field of db this run writes: the bias's kind, the variant reads it */
+int aft_bias_grad_wanted(const aft_opspec *sp, const aft_bias_grad *db)
+{
+    if (!db) return 0;
+    /* full reads its bias whatever the window (zero_bias speaks for the
+     * band variants only); local and conv unless the window is 0 */
+    int reads = sp->variant == AFT_FULL || (sp->variant != AFT_SIMPLE && !sp->zero_bias);
+    if (!reads) return 0;
+    switch (sp->bias->kind) {
+    case AFT_BIAS_DENSE:
+        return db->dense != NULL && sp->variant != AFT_CONV;
+    case AFT_BIAS_FACTORED:
+        return (db->u != NULL || db->v != NULL) && sp->variant != AFT_CONV;
+    case AFT_BIAS_CONV:
+        return db->conv != NULL && sp->variant == AFT_CONV;
+    default:
+        return 0;   /* seeded, none: nothing to learn */
+    }
+}
+
+/* the bias's own entries of a full/local row: dense, or factored u v^T */
+static void base_grad(const aft_bias *b, const aft_bias_grad *db, size_t t, size_t j0, size_t j1, const float *dw)
+{
+    if (b->kind == AFT_BIAS_DENSE) {
+        float *row = db->dense + t * b->tmax;
+        for (size_t j = j0; j < j1; j++) row[j] += dw[j - j0];
+        return;
+    }
+    if (b->kind != AFT_BIAS_FACTORED) return;
+    /* w[t, j] = u[t] . v[j]: du[t] = sum_j dw[j] v[j], dv[j] += dw[j] u[t] */
+    const size_t R = b->rank;
+    if (db->u) {
+        float *du = db->u + t * R;
+        for (size_t j = j0; j < j1; j++) {
+            const float *vj = b->v + j * R;
+            float g = dw[j - j0];
+            for (size_t r = 0; r < R; r++) du[r] += g * vj[r];
+        }
+    }
+    if (db->v) {
+        const float *ut = b->u + t * R;
+        for (size_t j = j0; j < j1; j++) {
+            float *dvj = db->v + j * R, g = dw[j - j0];
+            for (size_t r = 0; r < R; r++) dvj[r] += g * ut[r];
+        }
+    }
+}
+
+void aft_w_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, size_t t, size_t j0, size_t j1,
+                    const float *dw)
+{
+    if (!aft_bias_grad_wanted(sp, db) || j1 <= j0) return;
+    const size_t s = sp->window;
+    switch (sp->variant) {
+    case AFT_FULL:
+        base_grad(sp->bias, db, t, j0, j1, dw);
+        return;
+    case AFT_LOCAL: {
+        /* only the window |t - j| < s reads the bias (outside, w is 0) */
+        size_t lo = t + 1 >= s ? t + 1 - s : 0, hi = t + s;
+        lo = lo > j0 ? lo : j0;
+        hi = hi < j1 ? hi : j1;
+        if (lo < hi) base_grad(sp->bias, db, t, lo, hi, dw + (lo - j0));
+        return;
+    }
+    case AFT_CONV: {
+        /* offset j - t at entry j - t + s - 1 of the head's row (one row
+         * may serve every head: then all heads add to it) */
+        float *row = db->conv + (sp->conv_rows == 1 ? 0 : h) * sp->conv_len;
+        size_t lo = t + 1 >= s ? t + 1 - s : 0, hi = t + s;
+        lo = lo > j0 ? lo : j0;
+        hi = hi < j1 ? hi : j1;
+        for (size_t j = lo; j < hi; j++) row[j + s - 1 - t] += dw[j - j0];
+        return;
+    }
+    case AFT_SIMPLE:
+        return;
+    }
+}
+
+/* floats of the parts threads cannot share: factored v, conv */
+static void private_sizes(const aft_opspec *sp, const aft_bias_grad *db, size_t *nv, size_t *nconv)
+{
+    *nv = *nconv = 0;
+    if (!aft_bias_grad_wanted(sp, db)) return;
+    if (sp->bias->kind == AFT_BIAS_FACTORED && db->v) *nv = sp->bias->tmax * sp->bias->rank;
+    if (sp->bias->kind == AFT_BIAS_CONV) *nconv = sp->conv_rows * sp->conv_len;
+}
+
+int aft_bias_grad_private(const aft_opspec *sp, const aft_bias_grad *db, aft_bias_grad *mine, float **blk)
+{
+    size_t nv, nconv;
+    *blk = NULL;
+    if (db) *mine = *db;
+    else memset(mine, 0, sizeof *mine);
+    private_sizes(sp, db, &nv, &nconv);
+    if (nv + nconv == 0) return 1;
+    *blk = aft_calloc_array(nv + nconv, sizeof(float));
+    if (!*blk) return 0;
+    if (nv) mine->v = *blk;
+    if (nconv) mine->conv = *blk + nv;
+    return 1;
+}
+
+void aft_bias_grad_merge(const aft_opspec *sp, const aft_bias_grad *db, const aft_bias_grad *mine)
+{
+    size_t nv, nconv;
+    private_sizes(sp, db, &nv, &nconv);
+    for (size_t i = 0; i < nv; i++) db->v[i] += mine->v[i];
+    for (size_t i = 0; i < nconv; i++) db->conv[i] += mine->conv[i];
+}
+
+void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db)
+{
+    const aft_bias *b = sp->bias;
+    if (!db) return;
+    if (b->kind == AFT_BIAS_DENSE && db->dense) memset(db->dense, 0, b->tmax * b->tmax * sizeof(float));
+    if (b->kind == AFT_BIAS_FACTORED && db->u) memset(db->u, 0, b->tmax * b->rank * sizeof(float));
+    if (b->kind == AFT_BIAS_FACTORED && db->v) memset(db->v, 0, b->tmax * b->rank * sizeof(float));
+    if (b->kind == AFT_BIAS_CONV && db->conv) {
+        /* a conv bias read by another variant: its recorded shape, if any */
+        size_t n = sp->variant == AFT_CONV ? sp->conv_rows * sp->conv_len : b->conv_rows * b->conv_len;
+        memset(db->conv, 0, n * sizeof(float));
+    }
+}

@@ -1,0 +1,824 @@
+/* op_band_grad.c - the backward pass of AFT-local, AFT-conv and causal
+ * AFT-simple, beside op_band.c: O(T s C) time, O(T C) memory, no T x T
+ * array.
+ *
+ * Row t, channel c sees key j with weight exp(k[j,c] + w[t,j]); with L[t,c]
+ * the log of the denominator, P = exp(k + w - L), Y' = sum_j P v[j] and
+ * a = dout sigmoid(q) (dL/dY'):
+ *   dw[t,j] = sum_c P a (v[j,c] - Y'[t,c])          (the band only: w = 0 outside)
+ *   dv[j,c] = sum_t P a,   dk[j,c] = sum_t P a (v[j,c] - Y'[t,c])
+ * The visible pairs split as in the forward (op_band.c): the band |t - j| <
+ * s, and outside it w = 0: there dv[j] = exp(k[j]) sum_t exp(-L[t]) a[t],
+ * a running sum over the rows t >= j + s (and t <= j - s without
+ * causality), the forward's keys becoming the rows' -L and its values a and
+ * a Y'. So the backward is the forward run anti-causally.
+ *
+ * One pass over blocks of rows computes, per block, what the forward does
+ * (band sums of exp(w - r) exp(k - mk), left and right running sums of the
+ * keys, every running sum at the exact maximum of what it holds, so its
+ * largest term is 1) and keeps, per entry, L as a stabiliser Z and den (L =
+ * Z + log den: a float L of 700 is 3e-5 off, and so would be every P; no
+ * logarithm is taken), a / den and a Y' / den. In the same pass, while the
+ * block's factors are in the cache, the band's part of the gradients:
+ *   G[t,c] = a exp(mk + r - L) = a exp(mk + r - Z) / den
+ *   dw[t,j] = exp(w - r) sum_c exp(k - mk) (v G - Y' G)
+ *   dv[j,c] += exp(k - mk) sum_t exp(w - r) G,  dk likewise with v G - Y' G.
+ * Every factor but G is <= 1, and G <= a e^46 where den >=
+ * AFT_DEN_EXACT_BELOW; a smaller den (the band's key maximum and bias
+ * maximum more than 46 nats apart) makes the entry be done exactly in
+ * double, as the forward does, so a term lost to underflow is below
+ * e^-41 a. A second pass adds the running sums over the rows outside each
+ * key's band (key -Z, values a / den, a Y' / den), once every row's are
+ * known. With w = 0 everywhere (causal simple) there is no band at all: the
+ * running sums take the diagonal too (s = 0).
+ *
+ * Threads split the rows; a thread starts its running sums from the sums
+ * of the pieces before (and after) it, and what its band adds to keys of
+ * its neighbours' rows goes to a halo, added after a barrier. */
+#include "kernels.h"
+
+#include <omp.h>
+#include <stdlib.h>
+
+/* rows a block, channels a step of the block pass */
+enum { GB_ROWS = 64, GB_CH = 128 };
+/* exp(mk + r - L) above e^GB_EXACT (an exact entry's): its gradient too is
+ * done exactly */
+#define GB_EXACT 46.0
+
+/* exp(x) for a double x <= ~0 through the float exponential */
+static inline float expd(double x)
+{
+    return aft_expf((float)x);
+}
+
+/* Adds key row k (values v) to a running sum (m, s0, s1) held at its exact
+ * maximum m: one exponential, exp(-|k - m|), which scales either the sum
+ * (a new maximum) or the new term. */
+static inline void key_add(float *restrict m, float *restrict s0, float *restrict s1, const float *restrict k,
+                           const float *restrict v, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float d = k[c] - m[c];
+        float e = aft_expf(-fabsf(d));
+        int up = d > 0.0f;
+        s0[c] = up ? s0[c] * e + 1.0f : s0[c] + e;
+        s1[c] = up ? s1[c] * e + v[c] : s1[c] + e * v[c];
+        m[c] = up ? k[c] : m[c];
+    }
+}
+
+/* The same for the backward's rows: key -L = -(Z + log den), kept as key
+ * -Z with values u1 = a / den and u2 = u1 Y', so no logarithm is taken
+ * (den >= 1e-20 on the fast path: u1 is finite) */
+static inline void row_add(float *restrict m, float *restrict s1, float *restrict s2, const float *restrict Z,
+                           const float *restrict u1, const float *restrict u2, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float d = -Z[c] - m[c];
+        float e = aft_expf(-fabsf(d));
+        int up = d > 0.0f;
+        s1[c] = up ? s1[c] * e + u1[c] : s1[c] + e * u1[c];
+        s2[c] = up ? s2[c] * e + u2[c] : s2[c] + e * u2[c];
+        m[c] = up ? -Z[c] : m[c];
+    }
+}
+
+/* a backward running sum: m, s1, s2 (n floats each) */
+typedef struct {
+    float *m, *s1, *s2;
+} rsum;
+
+static void rsum_empty(rsum *r, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        r->m[c] = -INFINITY;
+        r->s1[c] = r->s2[c] = 0.0f;
+    }
+}
+
+/* a += b, both brought to the larger maximum */
+static void rsum_merge(rsum *a, const rsum *b, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float Z = a->m[c] > b->m[c] ? a->m[c] : b->m[c];
+        float fa = a->m[c] == -INFINITY ? 0.0f : aft_expf(a->m[c] - Z);
+        float fb = b->m[c] == -INFINITY ? 0.0f : aft_expf(b->m[c] - Z);
+        a->s1[c] = a->s1[c] * fa + b->s1[c] * fb;
+        a->s2[c] = a->s2[c] * fa + b->s2[c] * fb;
+        a->m[c] = Z;
+    }
+}
+
+/* what the threads share for one batch */
+typedef struct {
+    const aft_opspec *ws;
+    const aft_grad_io *io;
+    const float *q, *k, *v, *dout;   /* this batch's rows */
+    size_t b;                         /* the batch */
+    size_t T, C, H, ch, s, nt;
+    int causal, want_dw;
+    /* per entry (T, C) each: L = Z + log den, kept as the stabiliser Z
+     * (any float: the factors against it are taken with exponents in
+     * double; a float L of 700 would be 3e-5 off, and so every P),
+     * u1 = a / den (a = dout sigmoid(q)) and u2 = u1 Y' */
+    float *Z, *U1, *U2;
+    float *kp;        /* the forward's key pieces: (2 nt, 4C): thread i's left piece at 2i, right at 2i + 1 */
+    float *rp;        /* the backward's row pieces: (2 nt, 3C) m, s1, s2, likewise */
+    float *halo;      /* (nt, 2 hrows, 2C): dv | dk for rows of other threads */
+    size_t hrows;     /* s - 1: halo rows each side */
+} gjob;
+
+static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->nt; }
+
+/* one thread's scratch for its block pass */
+typedef struct {
+    float *ek, *ekv;             /* (GB_ROWS + 2s, cw) */
+    float *ce;                   /* (2s): a key row's band weights in the block */
+    float *ci_f;                 /* (2s shorts): and their rows, as ci */
+    unsigned short *ci;
+    float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH); g1 holds exp(zb - Z) / den first */
+    float *dn, *ys, *as;         /* den, Y' and a, (GB_ROWS, GB_CH) each */
+    double *lx;                  /* (GB_ROWS, GB_CH): L of the exact entries */
+    float *lx_f;                 /* (lx's block, as floats) */
+    float *rm, *r0, *r1;         /* the rows' right sums, (GB_ROWS, GB_CH) each */
+    float *ew, *wr;              /* (GB_ROWS, 2s): exp(w - r) and w */
+    float *dw;                   /* (GB_ROWS, 2s) */
+    float *r;                    /* (GB_ROWS) */
+    float *mk;                   /* (cw) */
+    float *pm, *p0, *p1;         /* the left running sum, (ch) each */
+    float *qm, *q0, *q1;         /* the right running sum, (ch) each */
+    float *snap;                 /* (blocks, 3 ch) */
+    unsigned char *redo, *bad;   /* (GB_ROWS, GB_CH) each */
+    unsigned char rowredo[GB_ROWS];   /* the row has an entry in redo */
+    size_t zhi;                  /* the head's rows of dv, dk are zeroed up to here */
+    float *blk;
+} gscratch;
+
+static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
+{
+    const size_t s = jb->s, ch = jb->ch, cw = ch < GB_CH ? ch : GB_CH, R = GB_ROWS;
+    const size_t nb = (rows + R - 1) / R, nw = R + 2 * s;
+    const size_t G = R * GB_CH;   /* per-row arrays: rows GB_CH apart */
+    /* lx (doubles) first: the block is aligned for them */
+    const size_t sizes[] = {2 * G, nw * cw, nw * cw, 2 * s, s, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
+                            R * 2 * s, R, cw, ch, ch, ch, ch, ch, ch, nb * 3 * ch, G, G, G};
+    float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->ce, &sc->ci_f, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
+                        &sc->r1, &sc->ew, &sc->wr, &sc->dw, &sc->r, &sc->mk, &sc->pm, &sc->p0, &sc->p1, &sc->qm,
+                        &sc->q0, &sc->q1, &sc->snap, &sc->dn, &sc->ys, &sc->as};
+    _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    sc->blk = aft_alloc_array(total, sizeof(float));
+    sc->redo = malloc(2 * R * GB_CH);
+    if (!sc->blk || !sc->redo) {
+        free(sc->blk);
+        free(sc->redo);
+        sc->blk = NULL;
+        sc->redo = NULL;
+        return 0;
+    }
+    sc->bad = sc->redo + R * GB_CH;
+    float *p = sc->blk;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *arrays[i] = p;
+        p += sizes[i];
+    }
+    sc->ci = (unsigned short *)sc->ci_f;
+    sc->lx = (double *)sc->lx_f;
+    return 1;
+}
+
+static void gscratch_free(gscratch *sc)
+{
+    free(sc->blk);
+    free(sc->redo);
+}
+
+/* where key row j's dv and dk (all C channels; dk = dv + (dk's offset))
+ * go for thread tid: its own rows straight to the output, others to its
+ * halo. Sets *dk. */
+static float *grad_rows(const gjob *jb, size_t tid, size_t j, float **dk)
+{
+    size_t t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    if (j >= t0 && j < t1) {
+        size_t r = jb->b * jb->T + j;
+        *dk = jb->io->dk + r * jb->io->lddk;
+        return jb->io->dv + r * jb->io->lddv;
+    }
+    /* left halo rows t0 - hrows .. t0 - 1 at 0 .. hrows - 1, right t1 .. at hrows .. */
+    size_t i = j < t0 ? jb->hrows - (t0 - j) : jb->hrows + (j - t1);
+    float *h = jb->halo + (tid * 2 * jb->hrows + i) * 2 * jb->C;
+    *dk = h + jb->C;
+    return h;
+}
+
+/* the sum of a vector's lanes, halving the width (a loop over the lanes
+ * is a chain of dependent scalar adds) */
+typedef float aft_v4 __attribute__((vector_size(16)));
+static inline float hsum(aft_vf v)
+{
+#if AFT_VEC_BYTES >= 64
+    typedef float v8 __attribute__((vector_size(32)));
+    v8 h0, h1;
+    memcpy(&h0, &v, sizeof h0);
+    memcpy(&h1, (const char *)&v + sizeof h0, sizeof h1);
+    h0 += h1;
+    aft_v4 q0, q1;
+    memcpy(&q0, &h0, sizeof q0);
+    memcpy(&q1, (const char *)&h0 + sizeof q0, sizeof q1);
+#elif AFT_VEC_BYTES >= 32
+    aft_v4 q0, q1;
+    memcpy(&q0, &v, sizeof q0);
+    memcpy(&q1, (const char *)&v + sizeof q0, sizeof q1);
+#else
+    aft_v4 q0 = v, q1 = {0};
+#endif
+    q0 += q1;
+    return (q0[0] + q0[2]) + (q0[1] + q0[3]);
+}
+
+// Row t's dw over its band, before the factor exp(w - r):
+//   d[j] = sum_c (ekv[j][c] g1[c] - ek[j][c] g2[c]),  j < nw, rows ld apart;
+// four band rows at once share the loads of g1, g2
+static void dw_row(float *restrict d, const float *restrict ekv, const float *restrict ek, size_t ld,
+                   const float *restrict g1, const float *restrict g2, size_t nw, size_t cw)
+{
+    size_t j = 0, cv = cw / AFT_VL * AFT_VL;
+    for (; j + 4 <= nw; j += 4) {
+        aft_vf acc[4] = {{0}};
+        for (size_t c = 0; c < cv; c += AFT_VL) {
+            aft_vf x1 = aft_vld(g1 + c), x2 = aft_vld(g2 + c);
+            for (int u = 0; u < 4; u++)
+                acc[u] += aft_vld(ekv + (j + u) * ld + c) * x1 - aft_vld(ek + (j + u) * ld + c) * x2;
+        }
+        for (int u = 0; u < 4; u++) {
+            float r = hsum(acc[u]);
+            for (size_t c = cv; c < cw; c++) r += ekv[(j + u) * ld + c] * g1[c] - ek[(j + u) * ld + c] * g2[c];
+            d[j + u] = r;
+        }
+    }
+    for (; j < nw; j++) {
+        aft_vf acc = {0};
+        for (size_t c = 0; c < cv; c += AFT_VL)
+            acc += aft_vld(ekv + j * ld + c) * aft_vld(g1 + c) - aft_vld(ek + j * ld + c) * aft_vld(g2 + c);
+        float r = hsum(acc);
+        for (size_t c = cv; c < cw; c++) r += ekv[j * ld + c] * g1[c] - ek[j * ld + c] * g2[c];
+        d[j] = r;
+    }
+}
+
+/* Row t of the block, channels [c0, c0 + cw) of head h: the forward's L
+ * and Y' exactly in double (its den underflowed): the band's terms one by
+ * one and the running sums (exact: held at their maxima) */
+static void exact_forward(const gjob *jb, const gscratch *sc, size_t i, size_t t, size_t lo, size_t hi, size_t c0,
+                          size_t c, double *L, float *Y)
+{
+    const aft_opspec *ws = jb->ws;
+    const float *wr = sc->wr + i * 2 * jb->s;
+    size_t cc = c0 + c;
+    double M = -INFINITY;
+    for (size_t j = lo; j < hi; j++) {
+        double z = (double)jb->k[j * ws->ldk + cc] + (double)wr[j - lo];
+        M = z > M ? z : M;
+    }
+    size_t ci = c0 + c - jb->ch * (c0 / jb->ch);   /* the channel within the head */
+    float pm = sc->pm[ci], p0 = sc->p0[ci], p1 = sc->p1[ci];
+    float rm = jb->causal ? -INFINITY : sc->rm[i * GB_CH + c], r0 = jb->causal ? 0.0f : sc->r0[i * GB_CH + c],
+          r1 = jb->causal ? 0.0f : sc->r1[i * GB_CH + c];
+    M = pm > M ? pm : M;
+    M = rm > M ? rm : M;
+    double den = 0.0, num = 0.0;
+    if (M > -INFINITY) {
+        for (size_t j = lo; j < hi; j++) {
+            double e = exp((double)jb->k[j * ws->ldk + cc] + (double)wr[j - lo] - M);
+            den += e;
+            num += e * (double)jb->v[j * ws->ldv + cc];
+        }
+        if (pm > -INFINITY) {
+            double f = exp((double)pm - M);
+            den += p0 * f;
+            num += p1 * f;
+        }
+        if (rm > -INFINITY) {
+            double f = exp((double)rm - M);
+            den += r0 * f;
+            num += r1 * f;
+        }
+    }
+    *L = M + log(den);
+    *Y = den > 0.0 ? (float)(num / den) : 0.0f;
+}
+
+/* Vectors of channels a step in the band's sums: NV vectors of AFT_VL
+ * floats, the sums of two right-hand sides, 2 NV registers, held over the
+ * band's rows (the axpy form, which loaded and stored the sums at every band
+ * row, spent its time on those). */
+enum { NV = 4, VSTEP = NV * AFT_VL };
+
+// b0[c] = sum_j e[j] x0[j][c], b1[c] = sum_j e[j] x1[j][c] for j < nw, rows
+// of x0, x1 ld apart: a row's band sums
+static void row_sums(float *restrict b0, float *restrict b1, const float *restrict e, const float *restrict x0,
+                     const float *restrict x1, size_t nw, size_t ld, size_t cw)
+{
+    size_t c = 0;
+    for (; c + VSTEP <= cw; c += VSTEP) {
+        aft_vf a0[NV], a1[NV];
+        for (int u = 0; u < NV; u++) a0[u] = a1[u] = (aft_vf){0};
+        for (size_t j = 0; j < nw; j++) {
+            const float ej = e[j], *p0 = x0 + j * ld + c, *p1 = x1 + j * ld + c;
+            for (int u = 0; u < NV; u++) {
+                a0[u] += ej * aft_vld(p0 + u * AFT_VL);
+                a1[u] += ej * aft_vld(p1 + u * AFT_VL);
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            aft_vst(b0 + c + u * AFT_VL, a0[u]);
+            aft_vst(b1 + c + u * AFT_VL, a1[u]);
+        }
+    }
+    for (; c < cw; c++) {
+        float a0 = 0.0f, a1 = 0.0f;
+        for (size_t j = 0; j < nw; j++) {
+            a0 += e[j] * x0[j * ld + c];
+            a1 += e[j] * x1[j * ld + c];
+        }
+        b0[c] = a0;
+        b1[c] = a1;
+    }
+}
+
+// Key row j's band part: with h1 = sum_i e[i] g1[i], h2 = sum_i e[i] g2[i]
+// over the n block rows i = ri[0 .. n) (rows of g1, g2 GB_CH apart),
+//   dv += ek h1,   dk += ek (v h1 - h2)
+static void col_sums(float *restrict dv, float *restrict dk, const float *restrict ek, const float *restrict v,
+                     const float *restrict g1, const float *restrict g2, const float *restrict e,
+                     const unsigned short *restrict ri, size_t n, size_t cw)
+{
+    size_t c = 0;
+    for (; c + VSTEP <= cw; c += VSTEP) {
+        aft_vf a1[NV], a2[NV];
+        for (int u = 0; u < NV; u++) a1[u] = a2[u] = (aft_vf){0};
+        for (size_t m = 0; m < n; m++) {
+            const float em = e[m], *p1 = g1 + (size_t)ri[m] * GB_CH + c, *p2 = g2 + (size_t)ri[m] * GB_CH + c;
+            for (int u = 0; u < NV; u++) {
+                a1[u] += em * aft_vld(p1 + u * AFT_VL);
+                a2[u] += em * aft_vld(p2 + u * AFT_VL);
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            size_t o = c + u * AFT_VL;
+            aft_vf x = aft_vld(ek + o) * a1[u];
+            aft_vst(dv + o, aft_vld(dv + o) + x);
+            aft_vst(dk + o, aft_vld(dk + o) + x * aft_vld(v + o) - aft_vld(ek + o) * a2[u]);
+        }
+    }
+    for (; c < cw; c++) {
+        float a1 = 0.0f, a2 = 0.0f;
+        for (size_t m = 0; m < n; m++) {
+            a1 += e[m] * g1[(size_t)ri[m] * GB_CH + c];
+            a2 += e[m] * g2[(size_t)ri[m] * GB_CH + c];
+        }
+        float x = ek[c] * a1;
+        dv[c] += x;
+        dk[c] += x * v[c] - ek[c] * a2;
+    }
+}
+
+/* Row i's forward for cw channels, in units of exp(Z), Z the largest of the
+ * three parts' stabilisers (band zb = mk + r, left pm, right rm; every
+ * factor <= 1): den, Y' = num / den, and exp(zb - Z) / den (for G);
+ * bad[c] where den fell below AFT_DEN_EXACT_BELOW or num overflowed (done
+ * exactly after). Without `right` (causal) no right part; callers pass a
+ * constant. (Its own function, restrict pointers and no calls: one
+ * vector loop.) */
+static inline __attribute__((always_inline)) int
+combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *restrict ratio,
+            unsigned char *restrict bad, const float *restrict mk, double r, const float *restrict b0,
+            const float *restrict b1, const float *restrict pm, const float *restrict p0, const float *restrict p1,
+            const float *restrict rm, const float *restrict r0, const float *restrict r1, size_t cw, int right)
+{
+    int any = 0;
+    for (size_t c = 0; c < cw; c++) {
+        /* the band's stabiliser mk + r, exact in double; Z a float at least
+         * as large as every part's */
+        double zb = (double)mk[c] + r;
+        float zf = (float)zb, Z = zf > pm[c] ? zf : pm[c];
+        if (right) Z = rm[c] > Z ? rm[c] : Z;
+        /* pm, rm of -inf (nothing held) give exp(-inf) = 0 */
+        float fb = aft_expf((float)(zb - (double)Z)), fp = aft_expf(pm[c] - Z);
+        float den = b0[c] * fb + p0[c] * fp, num = b1[c] * fb + p1[c] * fp;
+        if (right) {
+            float fr = aft_expf(rm[c] - Z);
+            den += r0[c] * fr;
+            num += r1[c] * fr;
+        }
+        Zo[c] = Z;
+        Do[c] = den;
+        Yo[c] = num / den;
+        ratio[c] = fb / den;
+        bad[c] = !(den >= AFT_DEN_EXACT_BELOW) | !(fabsf(num) <= 3.4e38f);
+        any |= bad[c];
+    }
+    return any;
+}
+
+/* then per entry: the outputs, dq, a = dout sigmoid(q), G = a exp(zb - Z)
+ * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y' */
+static inline __attribute__((always_inline)) void
+grad_row(float *restrict out, float *restrict dq, float *restrict A, float *restrict g1, float *restrict g2,
+         float *restrict u1, float *restrict u2, const float *restrict D, const float *restrict Y,
+         const float *restrict q, const float *restrict dout, size_t cw)
+{
+    for (size_t c = 0; c < cw; c++) {
+        float e = aft_expf(-fabsf(q[c]));
+        float sq = q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        if (out) out[c] = sq * Y[c];
+        dq[c] = dout[c] * Y[c] * (e / ((1.0f + e) * (1.0f + e)));
+        A[c] = dout[c] * sq;
+        g1[c] *= A[c];
+        g2[c] = g1[c] * Y[c];
+        u1[c] = A[c] / D[c];
+        u2[c] = u1[c] * Y[c];
+    }
+}
+
+/* One block of rows [i0, i1) of head h on thread tid: the forward's L and
+ * Y' (and out), dq, and the band's part of dw, dv and dk. */
+static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
+                       size_t i1, size_t bi)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, ldk = ws->ldk, ldv = ws->ldv, ldq = ws->ldq;
+    const int causal = jb->causal;
+    /* the band's keys (s = 0, no band: the block's own rows, for dv, dk) */
+    const size_t lob = s == 0 ? i0 : (i0 + 1 >= s ? i0 + 1 - s : 0);
+    const size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
+    const size_t nr = i1 - i0, cwm = ch < GB_CH ? ch : GB_CH;
+
+    /* the rows' w over their bands: exp(w - r), r the row's maximum */
+    for (size_t i = 0; i < nr && s == 0; i++) sc->r[i] = 0.0f;
+    for (size_t i = 0; i < nr && s > 0; i++) {
+        size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+        float *w = sc->wr + i * 2 * s, *e = sc->ew + i * 2 * s;
+        aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
+        float r = ws->zero_bias ? 0.0f : aft_max_f32(w, hi - lo);
+        r = isfinite(r) ? r : 0.0f;
+        sc->r[i] = r;
+        for (size_t j = 0; j < hi - lo; j++) e[j] = aft_expf(w[j] - r);
+    }
+    if (jb->want_dw) memset(sc->dw, 0, nr * 2 * s * sizeof(float));
+    /* the rows of dv, dk this block reaches first (every row of the
+     * thread's is in its own band), zeroed while they come into the cache */
+    {
+        size_t t0 = row0(jb, tid), t1 = row0(jb, tid + 1), z0 = lob > sc->zhi ? lob : sc->zhi;
+        z0 = z0 > t0 ? z0 : t0;
+        size_t z1 = hib < t1 ? hib : t1;
+        for (size_t j = z0; j < z1; j++) {
+            size_t row = jb->b * T + j;
+            memset(jb->io->dv + row * jb->io->lddv + h * ch, 0, ch * sizeof(float));
+            memset(jb->io->dk + row * jb->io->lddk + h * ch, 0, ch * sizeof(float));
+        }
+        sc->zhi = z1 > sc->zhi ? z1 : sc->zhi;
+    }
+
+    for (size_t c0 = h * ch; c0 < (h + 1) * ch; c0 += cwm) {
+        const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm, hc = c0 - h * ch;
+        float *pm = sc->pm + hc, *p0 = sc->p0 + hc, *p1 = sc->p1 + hc, *mk = sc->mk;
+
+        /* band factors exp(k - mk), mk the block's key maximum per channel
+         * (no band: mk = -inf, so the band's part is exp(-inf) = 0) */
+        for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
+        for (size_t j = lob; j < hib && s > 0; j++) {
+            const float *kr = jb->k + j * ldk + c0;
+            for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
+        }
+        for (size_t c = 0; c < cw && s > 0; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
+        for (size_t j = lob; j < hib && s > 0; j++) {
+            const float *kr = jb->k + j * ldk + c0, *vr = jb->v + j * ldv + c0;
+            float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
+            for (size_t c = 0; c < cw; c++) {
+                e[c] = aft_expf(kr[c] - mk[c]);
+                ev[c] = e[c] * vr[c];
+            }
+        }
+        /* the rows' right sums (keys t' >= t + s), from the block's snapshot */
+        if (!causal) {
+            float *qm = sc->qm + hc, *q0 = sc->q0 + hc, *q1 = sc->q1 + hc;
+            const float *sn = sc->snap + bi * 3 * ch;
+            memcpy(qm, sn + hc, cw * sizeof(float));
+            memcpy(q0, sn + ch + hc, cw * sizeof(float));
+            memcpy(q1, sn + 2 * ch + hc, cw * sizeof(float));
+            for (size_t t = i1; t-- > i0;) {
+                if (t + s < T) key_add(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw);
+                memcpy(sc->rm + (t - i0) * GB_CH, qm, cw * sizeof(float));
+                memcpy(sc->r0 + (t - i0) * GB_CH, q0, cw * sizeof(float));
+                memcpy(sc->r1 + (t - i0) * GB_CH, q1, cw * sizeof(float));
+            }
+        }
+
+        /* the forward, row by row */
+        for (size_t i = 0; i < nr; i++) {
+            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw);
+            float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
+            if (s > 0)
+                row_sums(b0, b1, sc->ew + i * 2 * s, sc->ek + (lo - lob) * cw, sc->ekv + (lo - lob) * cw, hi - lo,
+                         cw, cw);
+            else
+                for (size_t c = 0; c < cw; c++) b0[c] = b1[c] = 0.0f;
+            const double r = sc->r[i];
+            float *Z = jb->Z + t * C + c0, *U1 = jb->U1 + t * C + c0, *U2 = jb->U2 + t * C + c0;
+            float *D = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
+            const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
+            const size_t row = jb->b * T + t;
+            float *dq = jb->io->dq + row * jb->io->lddq + c0;
+            float *out = jb->io->out ? jb->io->out + row * C + c0 : NULL;
+            float *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
+            unsigned char *redo = sc->redo + i * GB_CH, *bad = sc->bad + i * GB_CH;
+            const float *rm = sc->rm + i * GB_CH, *r0 = sc->r0 + i * GB_CH, *r1 = sc->r1 + i * GB_CH;
+            int any = causal ? combine_row(Z, D, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, 0)
+                             : combine_row(Z, D, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, 1);
+            sc->rowredo[i] = 0;
+            for (size_t c = 0; c < cw && any; c++) {
+                redo[c] = 0;
+                if (!bad[c]) continue;
+                /* exactly: L kept as Z = L rounded and den = exp(L - Z);
+                 * G's factor exp(zb - L) unless it would pass e^46 (then
+                 * the gradient too is done exactly, below) */
+                double L;
+                exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, Y + c);
+                Z[c] = (float)L;
+                D[c] = (float)exp(L - (double)Z[c]);
+                sc->lx[i * GB_CH + c] = L;
+                double x = (double)mk[c] + r - L;
+                redo[c] = !(x <= GB_EXACT);
+                sc->rowredo[i] |= redo[c];
+                g1[c] = redo[c] ? 0.0f : expd(x);
+            }
+            grad_row(out, dq, A, g1, g2, U1, U2, D, Y, qr, dr, cw);
+        }
+
+        /* dw[t, j] += exp(w - r) sum_c (exp(k - mk) v G - exp(k - mk) Y' G) */
+        if (jb->want_dw)
+            for (size_t i = 0; i < nr; i++) {
+                size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+                const float *e = sc->ew + i * 2 * s;
+                float *dw = sc->dw + i * 2 * s, *d = sc->ce;
+                dw_row(d, sc->ekv + (lo - lob) * cw, sc->ek + (lo - lob) * cw, cw, sc->g1 + i * GB_CH,
+                       sc->g2 + i * GB_CH, hi - lo, cw);
+                for (size_t j = 0; j < hi - lo; j++) dw[j] += e[j] * d[j];
+            }
+
+        /* key row j: dv += exp(k - mk) sum_t exp(w - r) G[t], dk likewise
+         * with v G - Y' G, over the block's rows t whose band holds j */
+        for (size_t j = lob; j < hib && s > 0; j++) {
+            /* t in [j - s + 1, j + s - 1], or [j, j + s - 1] under causality */
+            size_t ta = causal ? j : (j + 1 >= s ? j + 1 - s : 0), tb = j + s < i1 ? j + s : i1;
+            ta = ta > i0 ? ta : i0;
+            size_t n = 0;
+            for (size_t t = ta; t < tb; t++) {
+                size_t lo = t + 1 >= s ? t + 1 - s : 0;
+                sc->ci[n] = (unsigned short)(t - i0);
+                sc->ce[n++] = sc->ew[(t - i0) * 2 * s + (j - lo)];
+            }
+            if (!n) continue;
+            float *dk, *dv = grad_rows(jb, tid, j, &dk);
+            col_sums(dv + c0, dk + c0, sc->ek + (j - lob) * cw, jb->v + j * ldv + c0, sc->g1, sc->g2, sc->ce, sc->ci,
+                     n, cw);
+        }
+
+        /* the entries whose band maxima lie far apart, exactly */
+        for (size_t i = 0; i < nr; i++) {
+            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            const unsigned char *redo = sc->redo + i * GB_CH;
+            const float *wr = sc->wr + i * 2 * s;
+            float *dw = sc->dw + i * 2 * s;
+            for (size_t c = 0; c < cw && sc->rowredo[i]; c++) {
+                if (!redo[c]) continue;
+                size_t cc = c0 + c;
+                double L = sc->lx[i * GB_CH + c], y = sc->ys[i * GB_CH + c], a = sc->as[i * GB_CH + c];
+                for (size_t j = lo; j < hi; j++) {
+                    double vj = jb->v[j * ldv + cc];
+                    double g = exp((double)jb->k[j * ldk + cc] + (double)wr[j - lo] - L) * a;
+                    float *dk, *dv = grad_rows(jb, tid, j, &dk);
+                    dv[cc] += (float)g;
+                    dk[cc] += (float)(g * (vj - y));
+                    if (jb->want_dw) dw[j - lo] += (float)(g * (vj - y));
+                }
+            }
+        }
+    }
+    if (jb->want_dw)
+        for (size_t i = 0; i < nr; i++) {
+            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            aft_w_row_grad(ws, db, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, sc->dw + i * 2 * s);
+        }
+}
+
+/* Thread tid's rows, every head: the block pass. Its left and right key
+ * sums start from the pieces (P1). */
+static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t tid)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    const size_t nt = jb->nt, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    if (t1 <= t0) return;
+    const size_t nb = (t1 - t0 + GB_ROWS - 1) / GB_ROWS;
+    for (size_t h = 0; h < jb->H; h++) {
+        const size_t c0 = h * ch;
+        sc->zhi = 0;
+        /* left: keys [0, t0 - s), the left pieces of the threads before */
+        for (size_t c = 0; c < ch; c++)
+            aft_sums_merge_channel(jb->kp, 8 * C, tid, C, c0 + c, &sc->pm[c], &sc->p0[c], &sc->p1[c]);
+        if (!jb->causal) {
+            /* right: keys [t1 + s, T), the right pieces of the threads after;
+             * then back over the rows, a snapshot at each block's end */
+            for (size_t c = 0; c < ch; c++)
+                aft_sums_merge_channel(jb->kp + (2 * tid + 3) * 4 * C, 8 * C, nt - tid - 1, C, c0 + c, &sc->qm[c],
+                                       &sc->q0[c], &sc->q1[c]);
+            for (size_t bi = nb; bi-- > 0;) {
+                size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
+                float *sn = sc->snap + bi * 3 * ch;
+                memcpy(sn, sc->qm, ch * sizeof(float));
+                memcpy(sn + ch, sc->q0, ch * sizeof(float));
+                memcpy(sn + 2 * ch, sc->q1, ch * sizeof(float));
+                for (size_t t = i1; t-- > i0;)
+                    if (t + s < T) key_add(sc->qm, sc->q0, sc->q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, ch);
+            }
+        }
+        for (size_t bi = 0; bi < nb; bi++) {
+            size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
+            band_block(jb, sc, db, tid, h, i0, i1, bi);
+        }
+    }
+}
+
+/* thread tid's sums of the rows of its pieces for the backward's outside
+ * parts: left piece rows [t0 - s, t1 - s), right [t0 + s, t1 + s) */
+static void row_pieces(const gjob *jb, size_t tid)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    for (int side = 0; side < 2; side++) {
+        /* (as the key pieces: only those another thread merges) */
+        if ((side == 0 && (jb->causal || tid + 1 == jb->nt)) || (side == 1 && tid == 0)) continue;
+        float *p = jb->rp + (2 * tid + side) * 3 * C;
+        rsum r = {p, p + C, p + 2 * C};
+        rsum_empty(&r, C);
+        size_t a = side == 0 ? (t0 > s ? t0 - s : 0) : (t0 + s < T ? t0 + s : T);
+        size_t e = side == 0 ? (t1 > s ? t1 - s : 0) : (t1 + s < T ? t1 + s : T);
+        for (size_t t = a; t < e; t++) row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C);
+    }
+}
+
+/* key row j's share of a running sum over rows outside its band:
+ * dv += exp(k + m) s1, dk += exp(k + m) (v s1 - s2). k + m <= 0: each row
+ * held sees key j with w = 0 inside one of its running sums, whose
+ * stabiliser (<= the row's Z) is at least k. */
+static void outside_add(float *restrict dv, float *restrict dk, const float *restrict k, const float *restrict v,
+                        const float *restrict m, const float *restrict s1, const float *restrict s2, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float f = aft_expf(k[c] + m[c]);   /* m = -inf (nothing held): 0 */
+        float x = f * s1[c];
+        dv[c] += x;
+        dk[c] += x * v[c] - f * s2[c];
+    }
+}
+
+/* Thread tid's keys j in [t0, t1): the rows outside their band (w = 0)
+ * through running sums, and the halos other threads left for them. */
+static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, nt = jb->nt, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    const size_t ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    if (t1 <= t0) return;
+    for (int side = 0; side < 2; side++) {
+        if (side == 0 && jb->causal) continue;
+        /* side 1: rows [j + s, T), from the pieces after, j descending;
+         * side 0: rows [0, j - s + 1), from the pieces before, j ascending */
+        rsum_empty(cur, C);
+        size_t k0 = side ? tid + 1 : 0, k1 = side ? nt : tid;
+        for (size_t kk = k0; kk < k1; kk++) {
+            float *pp = jb->rp + (2 * kk + side) * 3 * C;
+            rsum p = {pp, pp + C, pp + 2 * C};
+            rsum_merge(cur, &p, C);
+        }
+        for (size_t n = 0; n < t1 - t0; n++) {
+            size_t j = side ? t1 - 1 - n : t0 + n;
+            size_t t = side ? j + s : j - s;   /* the row joining */
+            if ((side && j + s < T) || (!side && j >= s))
+                row_add(cur->m, cur->s1, cur->s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C);
+            const size_t row = jb->b * T + j;
+            outside_add(jb->io->dv + row * jb->io->lddv, jb->io->dk + row * jb->io->lddk, jb->k + j * ldk,
+                        jb->v + j * ldv, cur->m, cur->s1, cur->s2, C);
+        }
+    }
+    /* the halos of the other threads that fall on these rows */
+    for (size_t o = 0; o < nt; o++) {
+        if (o == tid) continue;
+        size_t o0 = row0(jb, o), o1 = row0(jb, o + 1);
+        if (o1 <= o0) continue;
+        for (size_t i = 0; i < 2 * jb->hrows; i++) {
+            /* halo row i of thread o */
+            size_t j;
+            if (i < jb->hrows) {
+                if (o0 < jb->hrows - i) continue;
+                j = o0 - (jb->hrows - i);
+            } else {
+                j = o1 + (i - jb->hrows);
+            }
+            if (j < t0 || j >= t1) continue;
+            const float *hv = jb->halo + (o * 2 * jb->hrows + i) * 2 * C, *hk = hv + C;
+            const size_t row = jb->b * T + j;
+            float *dv = jb->io->dv + row * jb->io->lddv, *dk = jb->io->dk + row * jb->io->lddk;
+            for (size_t c = 0; c < C; c++) {
+                dv[c] += hv[c];
+                dk[c] += hk[c];
+            }
+        }
+    }
+}
+
+aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
+                            const aft_opspec *ws, aft_error *err)
+{
+    const size_t T = ws->T, C = ws->C, H = ws->heads ? ws->heads : 1, nt = (size_t)ws->threads;
+    if (T == 0 || C == 0 || B == 0) return AFT_OK;
+    /* w = 0 everywhere (causal simple: a zero bias reaches this kernel only
+     * with causality) has no band: the running sums take the diagonal too,
+     * s = 0 */
+    gjob jb = {.ws = ws, .io = io, .T = T, .C = C, .H = H, .ch = C / H,
+               .s = ws->zero_bias ? 0 : aft_op_band_width(ws, T), .nt = nt,
+               .causal = ws->causal, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
+    jb.hrows = jb.s ? jb.s - 1 : 0;
+    jb.Z = aft_alloc_array(T, 3 * C * sizeof(float));
+    jb.U1 = jb.Z ? jb.Z + T * C : NULL;
+    jb.U2 = jb.Z ? jb.U1 + T * C : NULL;
+    jb.kp = aft_alloc_array(2 * nt, 4 * C * sizeof(float));
+    jb.rp = aft_alloc_array(2 * nt, 3 * C * sizeof(float));
+    jb.halo = aft_alloc_array(nt * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
+    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo;
+    if (!failed) {
+        #pragma omp parallel num_threads((int)nt)
+        {
+            size_t tid = (size_t)omp_get_thread_num();
+            size_t t0 = row0(&jb, tid), t1 = row0(&jb, tid + 1);
+            gscratch sc;
+            aft_bias_grad mine;
+            float *priv = NULL;
+            int ok = gscratch_alloc(&sc, &jb, t1 - t0) && aft_bias_grad_private(ws, &io->db, &mine, &priv);
+            /* the running sum of the outside pass: C doubles and 2C floats */
+            float *rs = aft_alloc_array(3 * C, sizeof(float));
+            if (!ok || !rs) {
+                #pragma omp atomic write
+                failed = 1;
+            }
+            #pragma omp barrier
+            for (size_t b = 0; b < B && !failed; b++) {
+                gjob jbb = jb;
+                jbb.b = b;
+                jbb.q = q + b * T * ws->ldq;
+                jbb.k = k + b * T * ws->ldk;
+                jbb.v = v + b * T * ws->ldv;
+                jbb.dout = io->dout + b * T * C;
+                /* P1: this thread's halo zeroed (its rows of dv, dk are
+                 * zeroed as the block pass reaches them); the key sums of
+                 * its left and right pieces */
+                memset(jb.halo + tid * 2 * jb.hrows * 2 * C, 0, 2 * jb.hrows * 2 * C * sizeof(float));
+                const size_t s = jb.s;
+                float *lp = jb.kp + 2 * tid * 4 * C, *rp = lp + 4 * C;
+                size_t la = t0 > s ? t0 - s : 0, le = t1 > s ? t1 - s : 0;
+                /* (a left piece serves the threads after, a right one those
+                 * before; the forward has a right part only without causality) */
+                if (tid + 1 < nt)
+                    (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, la, le, C, lp, lp + C, lp + 2 * C,
+                                           lp + 3 * C);
+                size_t ra = t0 + s < T ? t0 + s : T, re = t1 + s < T ? t1 + s : T;
+                if (tid > 0 && !jb.causal)
+                    (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, ra, re, C, rp, rp + C, rp + 2 * C,
+                                           rp + 3 * C);
+                #pragma omp barrier
+                /* P2: the block pass */
+                block_pass(&jbb, &sc, &mine, tid);
+                #pragma omp barrier
+                /* P3: the backward's row pieces */
+                row_pieces(&jbb, tid);
+                #pragma omp barrier
+                /* P4: the rows outside each key's band, and the halos */
+                rsum cur = {rs, rs + C, rs + 2 * C};
+                outside_pass(&jbb, &cur, tid);
+                #pragma omp barrier
+            }
+            if (!failed && priv) {
+                #pragma omp critical(aft_band_grad_merge)
+                aft_bias_grad_merge(ws, &io->db, &mine);
+            }
+            free(priv);
+            free(rs);
+            gscratch_free(&sc);
+        }
+    }
+    free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo);
+    if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
+    return AFT_OK;
+}

@@ -1,0 +1,373 @@
+/* op_full_grad.c - the backward pass with an explicit T x T pattern (full,
+ * and any variant under a mask), beside op_full.c: O(T^2 C) time through
+ * blocked products, O(T C) memory; exp(w) is held for one block of rows
+ * per thread, as in the forward.
+ *
+ * For a block of query rows, with E = exp(w - r) (r each row's maximum
+ * over what it sees, invisible entries 0) and, per chunk of keys,
+ * R = [exp(k - mk) v | exp(k - mk)] (mk the chunk's key maximum):
+ *   [num | den] = E R            the forward, in units of exp(r + M) (M the
+ *                                block's largest mk), L = r + M + log den
+ *   G = a exp(r + M - L) = a / den,   Gp = f [G | -Y' G],  f = exp(mk - M) <= 1
+ *   dw = E .* (Gp R^T)           the bias's gradient, a block of rows
+ *   H += E^T Gp                  summed over the blocks; at the end
+ *   dv = exp(k - mk) H1,  dk = exp(k - mk) (v H1 + H2)
+ * Three products of the block's E against the forward's one, each run by
+ * OpenBLAS on one thread. Every factor but G is <= 1, and G <= a e^46
+ * unless den fell below e^-46: such entries (and those whose den
+ * underflowed outright) are done exactly in double, as the forward does,
+ * so what underflow drops is below e^-41 a. */
+#include "kernels.h"
+#include "linear.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+
+enum { CAUSAL_CHUNK = 256, DW_COLS = 512 };
+#define GF_EXACT 46.0
+
+static inline float dsigmoid(float q)
+{
+    float e = aft_expf(-fabsf(q));
+    return e / ((1.0f + e) * (1.0f + e));
+}
+
+static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, size_t j)
+{
+    return !(causal && j > t) && !(mask && !mask[t * T + j]);
+}
+
+/* what the threads share */
+typedef struct {
+    const aft_opspec *ws;
+    const aft_grad_io *io;
+    const float *q, *k, *v, *rhs, *mk;
+    const uint8_t *mask;
+    size_t T, C, H, ch, chunk, rows, nt;
+    int want_dw;
+    float **hs;   /* per thread (T, 2C): sum of E^T Gp, per head [H1 | H2] */
+    float **ds;   /* per thread (T, 2C) or NULL: exact terms, [dv | dk] */
+} fjob;
+
+/* one thread's buffers */
+typedef struct {
+    float *e;      /* (rows, T): E */
+    float *acc, *tmp, *gp;   /* (rows, 2ch) */
+    float *y, *a, *g;   /* (rows, ch): Y', a, G */
+    double *L;     /* (rows, ch) */
+    float *r, *M, *f;        /* (rows), (ch), (ch) */
+    unsigned char *vis, *redo;   /* (rows), (rows, ch) */
+    float *wrow, *dwrow;     /* (T) each */
+    float *dws;    /* (rows, DW_COLS) */
+} fscratch;
+
+// row t's L and Y' for channel c of head h exactly in double, over the
+// visible keys; wrow: w's row t
+static void exact_forward(const fjob *jb, size_t t, size_t tv, size_t cc, const float *wrow, double *L, float *Y)
+{
+    const aft_opspec *ws = jb->ws;
+    double M = -INFINITY;
+    for (size_t j = 0; j < tv; j++)
+        if (visible(jb->mask, ws->causal, jb->T, t, j)) {
+            double z = (double)jb->k[j * ws->ldk + cc] + (double)wrow[j];
+            M = z > M ? z : M;
+        }
+    double den = 0.0, num = 0.0;
+    if (M > -INFINITY)
+        for (size_t j = 0; j < tv; j++)
+            if (visible(jb->mask, ws->causal, jb->T, t, j)) {
+                double e = exp((double)jb->k[j * ws->ldk + cc] + (double)wrow[j] - M);
+                den += e;
+                num += e * (double)jb->v[j * ws->ldv + cc];
+            }
+    *L = M + log(den);
+    *Y = den > 0.0 ? (float)(num / den) : 0.0f;
+}
+
+/* Rows [i0, i1) of head h on the calling thread. Returns 0 when out of
+ * memory for the exact terms. */
+static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
+                      size_t i1)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, C = jb->C, C2 = 2 * C, ch = jb->ch, ch2 = 2 * ch, chunk = jb->chunk;
+    const int causal = ws->causal;
+    const size_t bi = i1 - i0, tv = causal ? i1 : T, nc = (tv + chunk - 1) / chunk;
+    float *E = sc->e;
+
+    /* E = exp(w - r) with invisible entries 0 */
+    for (size_t i = 0; i < bi; i++) {
+        size_t t = i0 + i;
+        float *er = E + i * tv;
+        aft_w_row(ws, h, t, 0, tv, er);
+        float r = -INFINITY;
+        for (size_t j = 0; j < tv; j++)
+            if (visible(jb->mask, causal, T, t, j) && er[j] > r) r = er[j];
+        sc->vis[i] = r > -INFINITY;
+        r = isfinite(r) ? r : 0.0f;
+        sc->r[i] = r;
+        for (size_t j = 0; j < tv; j++) er[j] = visible(jb->mask, causal, T, t, j) ? aft_expf(er[j] - r) : 0.0f;
+    }
+    /* M: the block's largest key maximum over the chunks it sees */
+    for (size_t c = 0; c < ch; c++) {
+        float M = -INFINITY;
+        for (size_t jc = 0; jc < nc; jc++) M = jb->mk[jc * C + h * ch + c] > M ? jb->mk[jc * C + h * ch + c] : M;
+        sc->M[c] = M;
+    }
+    /* [num | den] = E R, each chunk brought to M */
+    for (size_t jc = 0; jc < nc; jc++) {
+        size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
+        float *dst = nc == 1 ? sc->acc : sc->tmp;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, (int)ch2, (int)(j1 - j0), 1.0f, E + j0,
+                    (int)tv, jb->rhs + j0 * C2 + h * ch2, (int)C2, 0.0f, dst, (int)ch2);
+        if (nc == 1) break;
+        for (size_t c = 0; c < ch; c++) sc->f[c] = aft_expf(jb->mk[jc * C + h * ch + c] - sc->M[c]);
+        for (size_t i = 0; i < bi; i++) {
+            float *a = sc->acc + i * ch2, *tp = sc->tmp + i * ch2;
+            for (size_t c = 0; c < ch; c++) {
+                float pn = jc ? a[c] : 0.0f, pd = jc ? a[ch + c] : 0.0f;
+                a[c] = pn + tp[c] * sc->f[c];
+                a[ch + c] = pd + tp[ch + c] * sc->f[c];
+            }
+        }
+    }
+    /* L, Y', the outputs and dq; G = a exp(r + M - L) */
+    for (size_t i = 0; i < bi; i++) {
+        size_t t = i0 + i;
+        const float *acc = sc->acc + i * ch2;
+        double *L = sc->L + i * ch;
+        float *Y = sc->y + i * ch, *A = sc->a + i * ch;
+        unsigned char *redo = sc->redo + i * ch;
+        int have_w = 0;
+        for (size_t c = 0; c < ch; c++) {
+            size_t cc = h * ch + c;
+            float num = acc[c], den = acc[ch + c];
+            if (!sc->vis[i]) {
+                L[c] = -INFINITY;
+                Y[c] = 0.0f;
+            } else if (den >= AFT_DEN_EXACT_BELOW && isfinite(num) && isfinite(den)) {
+                L[c] = (double)sc->r[i] + (double)sc->M[c] + log((double)den);
+                Y[c] = num / den;
+            } else {
+                if (!have_w) aft_w_row(ws, h, t, 0, tv, sc->wrow);
+                have_w = 1;
+                exact_forward(jb, t, tv, cc, sc->wrow, L + c, Y + c);
+            }
+            float qv = jb->q[t * ws->ldq + cc], dout = jb->io->dout[t * C + cc], sq = aft_sigmoidf(qv);
+            if (jb->io->out) jb->io->out[t * C + cc] = sq * Y[c];
+            jb->io->dq[t * jb->io->lddq + cc] = dout * Y[c] * dsigmoid(qv);
+            A[c] = dout * sq;
+            double x = (double)sc->r[i] + (double)sc->M[c] - L[c];
+            redo[c] = sc->vis[i] && !(x <= GF_EXACT);
+        }
+    }
+    /* G = a exp(r + M - L) once (into a; 0 where done exactly), then per
+     * chunk Gp = f [G | -Y' G], H += E^T Gp, dw = E .* (Gp R^T) */
+    for (size_t i = 0; i < bi; i++)
+        for (size_t c = 0; c < ch; c++) {
+            size_t k = i * ch + c;
+            double x = (double)sc->r[i] + (double)sc->M[c] - sc->L[k];
+            sc->g[k] = sc->vis[i] && !sc->redo[k] ? sc->a[k] * aft_expf((float)x) : 0.0f;
+        }
+    float *H = jb->hs[tid];
+    for (size_t jc = 0; jc < nc; jc++) {
+        size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
+        for (size_t c = 0; c < ch; c++) sc->f[c] = nc == 1 ? 1.0f : aft_expf(jb->mk[jc * C + h * ch + c] - sc->M[c]);
+        for (size_t i = 0; i < bi; i++) {
+            float *gp = sc->gp + i * ch2;
+            const float *g = sc->g + i * ch, *y = sc->y + i * ch;
+            for (size_t c = 0; c < ch; c++) {
+                float g1 = g[c] * sc->f[c];
+                gp[c] = g1;
+                gp[ch + c] = -g1 * y[c];
+            }
+        }
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(j1 - j0), (int)ch2, (int)bi, 1.0f, E + j0,
+                    (int)tv, sc->gp, (int)ch2, 1.0f, H + j0 * C2 + h * ch2, (int)C2);
+        if (!jb->want_dw) continue;
+        for (size_t c0 = j0; c0 < j1; c0 += DW_COLS) {
+            size_t c1 = c0 + DW_COLS < j1 ? c0 + DW_COLS : j1, n = c1 - c0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)n, (int)ch2, 1.0f, sc->gp, (int)ch2,
+                        jb->rhs + c0 * C2 + h * ch2, (int)C2, 0.0f, sc->dws, DW_COLS);
+            for (size_t i = 0; i < bi; i++) {
+                float *d = sc->dws + i * DW_COLS;
+                const float *er = E + i * tv + c0;
+                for (size_t j = 0; j < n; j++) d[j] *= er[j];
+                aft_w_row_grad(ws, db, h, i0 + i, c0, c1, d);
+            }
+        }
+    }
+    /* the entries whose den was below e^-46, exactly */
+    for (size_t i = 0; i < bi; i++) {
+        size_t t = i0 + i;
+        const unsigned char *redo = sc->redo + i * ch;
+        int any = 0;
+        for (size_t c = 0; c < ch; c++) any |= redo[c];
+        if (!any) continue;
+        if (!jb->ds[tid]) {
+            jb->ds[tid] = aft_calloc_array(T, C2 * sizeof(float));
+            if (!jb->ds[tid]) return 0;
+        }
+        float *D = jb->ds[tid];
+        aft_w_row(ws, h, t, 0, tv, sc->wrow);
+        memset(sc->dwrow, 0, tv * sizeof(float));
+        for (size_t c = 0; c < ch; c++) {
+            if (!redo[c]) continue;
+            size_t cc = h * ch + c;
+            double L = sc->L[i * ch + c], y = sc->y[i * ch + c], a = sc->a[i * ch + c];
+            for (size_t j = 0; j < tv; j++) {
+                if (!visible(jb->mask, causal, T, t, j)) continue;
+                double vj = jb->v[j * ws->ldv + cc];
+                double g = exp((double)jb->k[j * ws->ldk + cc] + (double)sc->wrow[j] - L) * a;
+                D[j * C2 + cc] += (float)g;
+                D[j * C2 + C + cc] += (float)(g * (vj - y));
+                sc->dwrow[j] += (float)(g * (vj - y));
+            }
+        }
+        if (jb->want_dw) aft_w_row_grad(ws, db, h, t, 0, tv, sc->dwrow);
+    }
+    return 1;
+}
+
+static int fscratch_alloc(fscratch *sc, size_t rows, size_t T, size_t ch)
+{
+    memset(sc, 0, sizeof *sc);
+    sc->e = aft_alloc_array(rows, T * sizeof(float));
+    sc->acc = aft_alloc_array(rows, 2 * ch * sizeof(float));
+    sc->tmp = aft_alloc_array(rows, 2 * ch * sizeof(float));
+    sc->gp = aft_alloc_array(rows, 2 * ch * sizeof(float));
+    sc->y = aft_alloc_array(rows, ch * sizeof(float));
+    sc->a = aft_alloc_array(rows, ch * sizeof(float));
+    sc->g = aft_alloc_array(rows, ch * sizeof(float));
+    sc->L = aft_alloc_array(rows, ch * sizeof(double));
+    sc->r = aft_alloc_array(rows, sizeof(float));
+    sc->M = aft_alloc_array(ch, sizeof(float));
+    sc->f = aft_alloc_array(ch, sizeof(float));
+    sc->vis = malloc(rows);
+    sc->redo = malloc(rows * ch);
+    sc->wrow = aft_alloc_array(T, sizeof(float));
+    sc->dwrow = aft_alloc_array(T, sizeof(float));
+    sc->dws = aft_alloc_array(rows, DW_COLS * sizeof(float));
+    return sc->e && sc->acc && sc->tmp && sc->gp && sc->y && sc->a && sc->g && sc->L && sc->r && sc->M && sc->f && sc->vis &&
+           sc->redo && sc->wrow && sc->dwrow && sc->dws;
+}
+
+static void fscratch_free(fscratch *sc)
+{
+    free(sc->e); free(sc->acc); free(sc->tmp); free(sc->gp); free(sc->y); free(sc->a); free(sc->g); free(sc->L);
+    free(sc->r); free(sc->M); free(sc->f); free(sc->vis); free(sc->redo); free(sc->wrow); free(sc->dwrow);
+    free(sc->dws);
+}
+
+// io's arrays, q, k, v: one batch's rows   mask: (T, T) or NULL
+aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,
+                            const uint8_t *mask, const aft_opspec *ws, aft_error *err)
+{
+    const size_t T = ws->T, C = ws->C, C2 = 2 * C, nt = (size_t)ws->threads;
+    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    if (T == 0 || C == 0) return AFT_OK;
+    aft_blas_one_thread();
+    const size_t chunk = ws->causal ? CAUSAL_CHUNK : T, nchunk = (T + chunk - 1) / chunk;
+    fjob jb = {.ws = ws, .io = io, .q = q, .k = k, .v = v, .mask = mask, .T = T, .C = C, .H = H, .ch = ch,
+               .chunk = chunk, .rows = aft_full_rows(T, nt), .nt = nt, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
+    float *rhs = aft_alloc_array(T, C2 * sizeof(float));
+    float *mk = aft_alloc_array(nchunk, C * sizeof(float));
+    jb.hs = calloc(nt, sizeof *jb.hs);
+    jb.ds = calloc(nt, sizeof *jb.ds);
+    if (!rhs || !mk || !jb.hs || !jb.ds) {
+        free(rhs); free(mk); free(jb.hs); free(jb.ds);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full backward pass (T = %zu, C = %zu)", T, C);
+    }
+    jb.rhs = rhs;
+    jb.mk = mk;
+    /* mk per chunk, and R = [exp(k - mk) v | exp(k - mk)] per head */
+    #pragma omp parallel for schedule(static) num_threads((int)nt)
+    for (size_t jc = 0; jc < nchunk; jc++) {
+        size_t j0 = jc * chunk, j1 = j0 + chunk < T ? j0 + chunk : T;
+        float *m = mk + jc * C;
+        for (size_t c = 0; c < C; c++) m[c] = -INFINITY;
+        for (size_t j = j0; j < j1; j++)
+            for (size_t c = 0; c < C; c++) m[c] = k[j * ws->ldk + c] > m[c] ? k[j * ws->ldk + c] : m[c];
+        for (size_t c = 0; c < C; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
+        for (size_t j = j0; j < j1; j++)
+            for (size_t h = 0; h < H; h++) {
+                float *dst = rhs + j * C2 + h * 2 * ch;
+                for (size_t c = 0; c < ch; c++) {
+                    size_t cc = h * ch + c;
+                    float e = aft_expf(k[j * ws->ldk + cc] - m[cc]);
+                    dst[c] = e * v[j * ws->ldv + cc];
+                    dst[ch + c] = e;
+                }
+            }
+    }
+    const size_t nblk = (T + jb.rows - 1) / jb.rows, ntask = H * nblk;
+    int failed = 0;
+    #pragma omp parallel num_threads((int)nt)
+    {
+        /* OpenBLAS's OpenMP build runs a product on omp_get_max_threads()
+         * threads unless inside an active parallel region, and a region of
+         * one thread is not active: this task's own count is 1 (the setting
+         * ends with the region) */
+        omp_set_num_threads(1);
+        size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
+        fscratch sc;
+        aft_bias_grad mine;
+        float *priv = NULL;
+        int ok = fscratch_alloc(&sc, jb.rows, T, ch) && aft_bias_grad_private(ws, &io->db, &mine, &priv);
+        jb.hs[tid] = aft_calloc_array(T, C2 * sizeof(float));
+        if (!ok || !jb.hs[tid]) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp barrier
+        if (!failed) {
+            /* under causality the late blocks, which see more keys, first */
+            #pragma omp for schedule(dynamic, 1)
+            for (size_t task = 0; task < ntask; task++) {
+                size_t h = task / nblk, b = task % nblk;
+                if (ws->causal) b = nblk - 1 - b;
+                size_t i0 = b * jb.rows, i1 = i0 + jb.rows < T ? i0 + jb.rows : T;
+                if (!full_block(&jb, &sc, &mine, tid, h, i0, i1)) {
+                    #pragma omp atomic write
+                    failed = 1;
+                }
+            }
+        }
+        #pragma omp barrier
+        if (!failed) {
+            /* dv = exp(k - mk) H1 (+ exact terms), dk = exp(k - mk) (v H1 + H2) */
+            size_t j0 = T * tid / n, j1 = T * (tid + 1) / n;
+            for (size_t j = j0; j < j1; j++)
+                for (size_t h = 0; h < H; h++)
+                    for (size_t c = 0; c < ch; c++) {
+                        size_t cc = h * ch + c, o = j * C2 + h * 2 * ch + c;
+                        float h1 = 0.0f, h2 = 0.0f, xv = 0.0f, xk = 0.0f;
+                        for (size_t p = 0; p < n; p++) {
+                            h1 += jb.hs[p][o];
+                            h2 += jb.hs[p][o + ch];
+                            if (jb.ds[p]) {
+                                xv += jb.ds[p][j * C2 + cc];
+                                xk += jb.ds[p][j * C2 + C + cc];
+                            }
+                        }
+                        float e = rhs[o + ch], x = e * h1;
+                        io->dv[j * io->lddv + cc] = x + xv;
+                        io->dk[j * io->lddk + cc] = x * v[j * ws->ldv + cc] + e * h2 + xk;
+                    }
+            if (priv) {
+                #pragma omp critical(aft_full_grad_merge)
+                aft_bias_grad_merge(ws, &io->db, &mine);
+            }
+        }
+        free(priv);
+        fscratch_free(&sc);
+    }
+    for (size_t p = 0; p < nt; p++) {
+        free(jb.hs[p]);
+        free(jb.ds[p]);
+    }
+    free(jb.hs); free(jb.ds); free(rhs); free(mk);
+    if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full backward pass (T = %zu, C = %zu)", T, C);
+    return AFT_OK;
+}

@@ -1,0 +1,94 @@
+/* op_simple_grad.c - the backward pass of AFT-simple without causality,
+ * beside op_simple.c: O(T C).
+ *
+ * w = 0, so every row has the same softmax per channel: P[j,c] =
+ * exp(k[j,c] - L[c]), L the log of sum_j exp(k[j,c]), Y'[c] = sum_j P v.
+ * With a = dout sigmoid(q) and A[c] = sum_t a[t,c] (every row reads every
+ * key alike):
+ *   dv[j,c] = P[j,c] A[c],  dk[j,c] = P[j,c] (v[j,c] - Y'[c]) A[c],
+ *   dq = dout Y' sigmoid'(q).
+ * L is never formed (a float L of 700 is off by 3e-5, and so would be
+ * every P): P A = exp(k - m) A / s0, with m the keys' maximum and s0 =
+ * sum exp(k - m) >= 1, all in float; k - m <= 0, so nothing overflows. */
+#include "kernels.h"
+
+#include <omp.h>
+#include <stdlib.h>
+
+/* at[c] += a = dout sigmoid(q) over a row (restrict: one vector loop) */
+static void add_a(double *restrict at, const float *restrict dout, const float *restrict q, size_t n)
+{
+    for (size_t c = 0; c < n; c++) at[c] += dout[c] * aft_sigmoidf(q[c]);
+}
+
+/* A row's gradients: P A = exp(k - m) u with u = A / s0 (m the keys'
+ * maximum, s0 = sum exp(k - m) >= 1), so no L is formed; dq = dout Y'
+ * sigmoid'(q) with sigmoid' = e / (1 + e)^2, e = exp(-|q|) (no
+ * cancellation for either sign of q) */
+static void grad_row(float *restrict dq, float *restrict dk, float *restrict dv, float *restrict out,
+                     const float *restrict q, const float *restrict k, const float *restrict v,
+                     const float *restrict dout, const float *restrict m, const float *restrict u,
+                     const float *restrict y, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float e = aft_expf(-fabsf(q[c]));
+        dq[c] = dout[c] * y[c] * (e / ((1.0f + e) * (1.0f + e)));
+        float g = aft_expf(k[c] - m[c]) * u[c];
+        dv[c] = g;
+        dk[c] = g * (v[c] - y[c]);
+        if (out) out[c] = (q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e)) * y[c];
+    }
+}
+
+aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
+                              const aft_opspec *sp, aft_error *err)
+{
+    const size_t T = sp->T, C = sp->C, ldq = sp->ldq, ldk = sp->ldk, ldv = sp->ldv;
+    const size_t nt = (size_t)sp->threads;
+    /* per thread: m, s0, s1, scratch (4C floats) and A (C doubles); then
+     * the merged m, u = A / s0 and Y' (C floats each) */
+    float *st = aft_alloc_array(nt * 4 + 3, C * sizeof(float));
+    double *ad = aft_alloc_array(nt, C * sizeof(double));
+    if (!st || !ad) {
+        free(st);
+        free(ad);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for softmax sums (C = %zu)", C);
+    }
+    float *mm = st + nt * 4 * C, *u = mm + C, *yp = u + C;
+    for (size_t b = 0; b < B; b++) {
+        const float *qb = q + b * T * ldq, *kb = k + b * T * ldk, *vb = v + b * T * ldv, *ob = io->dout + b * T * C;
+        #pragma omp parallel num_threads((int)nt)
+        {
+            size_t tid = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
+            size_t t0 = T * tid / n, t1 = T * (tid + 1) / n;
+            float *m = st + tid * 4 * C;
+            double *at = ad + tid * C;
+            (void)aft_sums_of_rows(kb, ldk, vb, ldv, t0, t1, C, m, m + C, m + 2 * C, m + 3 * C);
+            for (size_t c = 0; c < C; c++) at[c] = 0.0;
+            for (size_t t = t0; t < t1; t++) add_a(at, ob + t * C, qb + t * ldq, C);
+            #pragma omp barrier
+            /* merge: each thread a range of channels */
+            size_t c0 = C * tid / n, c1 = C * (tid + 1) / n;
+            for (size_t c = c0; c < c1; c++) {
+                float M, s0, s1;
+                aft_sums_merge_channel(st, 4 * C, n, C, c, &M, &s0, &s1);
+                /* s0 >= 1 (the largest key's term is 1) unless no key is finite */
+                double a = 0.0;
+                for (size_t i = 0; i < n; i++) a += ad[i * C + c];
+                mm[c] = M;
+                u[c] = s0 > 0.0f ? (float)(a / s0) : 0.0f;
+                yp[c] = s0 > 0.0f ? s1 / s0 : 0.0f;
+            }
+            #pragma omp barrier
+            for (size_t t = t0; t < t1; t++) {
+                const size_t r = b * T + t;
+                grad_row(io->dq + r * io->lddq, io->dk + r * io->lddk, io->dv + r * io->lddv,
+                         io->out ? io->out + r * C : NULL, qb + t * ldq, kb + t * ldk, vb + t * ldv, ob + t * C,
+                         mm, u, yp, C);
+            }
+        }
+    }
+    free(st);
+    free(ad);
+    return AFT_OK;
+}
