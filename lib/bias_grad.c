@@ -54,10 +54,42 @@ static void base_grad(const aft_bias *b, const aft_bias_grad *db, size_t t, size
     }
 }
 
+/* aft_w_row_grad on a grid: the adjoint of bias.c's grid_w_row, window row
+ * by window row */
+static void grid_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, size_t t, size_t j0, size_t j1,
+                          const float *dw)
+{
+    const size_t s = sp->window, W = sp->grid_w, r = t / W, c = t % W;
+    if (s == 0) return;
+    const size_t reach = s - 1 < sp->T ? s - 1 : sp->T;
+    size_t rlo = r >= reach ? r - reach : 0, rhi = r + reach;
+    size_t clo = c >= reach ? c - reach : 0, chi = c + reach < W - 1 ? c + reach : W - 1;
+    rlo = rlo > j0 / W ? rlo : j0 / W;
+    rhi = rhi < (j1 - 1) / W ? rhi : (j1 - 1) / W;
+    const size_t len = sp->conv_len;
+    float *sq = sp->variant == AFT_CONV ? db->conv + (sp->conv_rows == 1 ? 0 : h) * len * len : NULL;
+    for (size_t rr = rlo; rr <= rhi; rr++) {
+        size_t lo = rr * W + clo, hi = rr * W + chi + 1;
+        lo = lo > j0 ? lo : j0;
+        hi = hi < j1 ? hi : j1;
+        if (lo >= hi) continue;
+        if (sp->variant == AFT_LOCAL) {
+            base_grad(sp->bias, db, t, lo, hi, dw + (lo - j0));
+        } else {
+            float *row = sq + (rr + s - 1 - r) * len;
+            for (size_t j = lo; j < hi; j++) row[j - rr * W + s - 1 - c] += dw[j - j0];
+        }
+    }
+}
+
 void aft_w_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, size_t t, size_t j0, size_t j1,
                     const float *dw)
 {
     if (!aft_bias_grad_wanted(sp, db) || j1 <= j0) return;
+    if (sp->grid_w && (sp->variant == AFT_LOCAL || sp->variant == AFT_CONV)) {
+        grid_row_grad(sp, db, h, t, j0, j1, dw);
+        return;
+    }
     const size_t s = sp->window;
     switch (sp->variant) {
     case AFT_FULL:
@@ -92,7 +124,7 @@ static void private_sizes(const aft_opspec *sp, const aft_bias_grad *db, size_t 
     *nv = *nconv = 0;
     if (!aft_bias_grad_wanted(sp, db)) return;
     if (sp->bias->kind == AFT_BIAS_FACTORED && db->v) *nv = sp->bias->tmax * sp->bias->rank;
-    if (sp->bias->kind == AFT_BIAS_CONV) *nconv = sp->conv_rows * sp->conv_len;
+    if (sp->bias->kind == AFT_BIAS_CONV) *nconv = sp->conv_rows * sp->conv_len * (sp->bias->conv_2d ? sp->conv_len : 1);
 }
 
 int aft_bias_grad_private(const aft_opspec *sp, const aft_bias_grad *db, aft_bias_grad *mine, float **blk)
@@ -128,6 +160,7 @@ void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db)
     if (b->kind == AFT_BIAS_CONV && db->conv) {
         /* a conv bias read by another variant: its recorded shape, if any */
         size_t n = sp->variant == AFT_CONV ? sp->conv_rows * sp->conv_len : b->conv_rows * b->conv_len;
+        if (b->conv_2d) n *= sp->variant == AFT_CONV ? sp->conv_len : b->conv_len;
         memset(db->conv, 0, n * sizeof(float));
     }
 }

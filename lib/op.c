@@ -287,7 +287,9 @@ static aft_status grad_kernel(const aft_grad_io *io, const float *q, const float
 {
     if (reference) return aft_op_reference_grad(io, q, k, v, B, sp, err);
     int dense_mask = mask_needed(sp, B);
-    if (dense_mask || sp->variant == AFT_FULL) {
+    /* local and conv on a grid: the dense kernel with the grid's w rows,
+     * O(T^2 C) (no banded backward on grids yet) */
+    if (dense_mask || sp->variant == AFT_FULL || aft_op_on_grid(sp)) {
         const size_t T = sp->T, C = sp->C;
         aft_status st = AFT_OK;
         for (size_t b = 0; b < B && !st; b++) {

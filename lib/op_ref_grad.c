@@ -27,7 +27,7 @@ static int acc_alloc(ref_acc *a, const aft_opspec *sp, const aft_bias_grad *db)
     const aft_bias *b = sp->bias;
     if (b->kind == AFT_BIAS_DENSE) a->ndense = b->tmax * b->tmax;
     if (b->kind == AFT_BIAS_FACTORED) a->nu = b->tmax * b->rank;
-    if (b->kind == AFT_BIAS_CONV) a->nconv = sp->conv_rows * sp->conv_len;
+    if (b->kind == AFT_BIAS_CONV) a->nconv = sp->conv_rows * sp->conv_len * (b->conv_2d ? sp->conv_len : 1);
     a->dense = aft_calloc_array(a->ndense, sizeof(double));
     a->u = aft_calloc_array(a->nu, sizeof(double));
     a->v = aft_calloc_array(a->nu, sizeof(double));
@@ -47,9 +47,22 @@ static void acc_free(ref_acc *a)
 static void acc_row(ref_acc *a, const aft_opspec *sp, size_t h, size_t t, const double *dw)
 {
     const aft_bias *b = sp->bias;
-    const size_t T = sp->T, s = sp->window;
+    const size_t T = sp->T, s = sp->window, W = sp->grid_w;
+    const int grid = aft_op_on_grid(sp);
     for (size_t j = 0; j < T; j++) {
         size_t dist = j > t ? j - t : t - j;
+        if (grid) {   /* the 2-D window |r - r'| < s, |c - c'| < s */
+            size_t r = t / W, c = t % W, r2 = j / W, c2 = j % W;
+            size_t dr = r2 > r ? r2 - r : r - r2, dc = c2 > c ? c2 - c : c - c2;
+            if (dr >= s || dc >= s) continue;
+            if (sp->variant == AFT_CONV) {
+                size_t len = sp->conv_len;
+                if (a->nconv)
+                    a->conv[((sp->conv_rows == 1 ? 0 : h) * len + r2 + s - 1 - r) * len + c2 + s - 1 - c] += dw[j];
+                continue;
+            }
+            dist = 0;   /* local: inside the window, the bias's entry (t, j) */
+        }
         if (sp->variant == AFT_CONV) {
             if (dist < s && a->nconv) a->conv[(sp->conv_rows == 1 ? 0 : h) * sp->conv_len + j + s - 1 - t] += dw[j];
             continue;

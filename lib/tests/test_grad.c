@@ -1400,6 +1400,114 @@ static void test_grad_errors(void **state)
     }
 }
 
+
+/* ---------------------------------------------------------------- grids */
+
+/* loss = sum dout * y in double through the test reference (grid-aware) */
+static double grid_loss(const double *q, const double *k, const double *v, const aft_bias *b, const aft_config *cfg,
+                        size_t B, size_t T, size_t C, size_t kc, const float *dout, double *y)
+{
+    assert_int_equal(ref_aft_op_d(y, q, k, v, b, cfg, B, T, C, kc), 0);
+    double s = 0.0;
+    for (size_t i = 0; i < B * T * C; i++) s += y[i] * (double)dout[i];
+    return s;
+}
+
+/* Local (dense bias) and conv (a 2-D bias per head, or one shared square,
+ * keys of one channel a head or a value channel) on grids, causal or not:
+ * the reference backward against central differences of the test
+ * reference, and the fast backward against the reference backward. */
+static void test_grad_grid(void **state)
+{
+    (void)state;
+    typedef struct { aft_variant v; size_t gh, gw, S, heads, shared_keys, one_square; } gc;
+    const gc cs[] = {{AFT_LOCAL, 3, 4, 2, 1, 0, 0}, {AFT_CONV, 4, 3, 2, 2, 0, 0}, {AFT_CONV, 3, 3, 2, 2, 1, 1},
+                     {AFT_CONV, 2, 5, 3, 3, 1, 0}};
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(cs); i++)
+        for (int causal = 0; causal <= 1; causal++) {
+            const gc *c = &cs[i];
+            const size_t B = 2, T = c->gh * c->gw, C = 6, kc = c->shared_keys ? c->heads : C, n = B * T * C,
+                         nk = B * T * kc, len = 2 * c->S - 1, rows = c->one_square ? 1 : c->heads;
+            rng r = {900 + i * 2 + (uint64_t)causal};
+            float *q = xmalloc(n * 4), *k = xmalloc(nk * 4), *v = xmalloc(n * 4), *dout = xmalloc(n * 4);
+            for (size_t j = 0; j < n; j++) {
+                q[j] = (float)rng_normal(&r);
+                v[j] = (float)rng_sym(&r);
+                dout[j] = (float)rng_sym(&r);
+            }
+            for (size_t j = 0; j < nk; j++) k[j] = (float)rng_normal(&r);
+            size_t nb = c->v == AFT_LOCAL ? T * T : rows * len * len;
+            float *bw = xmalloc(nb * 4);
+            for (size_t j = 0; j < nb; j++) bw[j] = (float)rng_sym(&r);
+            aft_bias bias = {0};
+            if (c->v == AFT_LOCAL) {
+                bias.kind = AFT_BIAS_DENSE;
+                bias.dense = bw;
+                bias.tmax = T;
+            } else {
+                bias = (aft_bias){.kind = AFT_BIAS_CONV, .conv = bw, .conv_len = len, .conv_rows = rows, .conv_2d = 1};
+            }
+            aft_config cfg = {.variant = c->v, .window = c->S, .heads = c->heads, .causal = causal, .threads = 1,
+                              .grid_h = c->gh, .grid_w = c->gw};
+            float *g[2][4];
+            for (int m = 0; m < 2; m++) {
+                g[m][0] = xcalloc(n, 4); g[m][1] = xcalloc(nk, 4); g[m][2] = xcalloc(n, 4); g[m][3] = xcalloc(nb, 4);
+                aft_config cm = cfg;
+                cm.impl = m ? AFT_IMPL_FAST : AFT_IMPL_REFERENCE;
+                aft_bias_grad db = {0};
+                if (c->v == AFT_LOCAL) db.dense = g[m][3];
+                else db.conv = g[m][3];
+                aft_error err = {{0}};
+                if (aft_op_backward(g[m][0], g[m][1], g[m][2], &db, NULL, dout, q, k, v, &bias, &cm, B, T, C, kc,
+                                    &err) != AFT_OK)
+                    fail_msg("grid case %zu: %s", i, err.msg);
+            }
+            char what[96];
+            snprintf(what, sizeof what, "grid %zu (%zux%zu S=%zu) causal=%d", i, c->gh, c->gw, c->S, causal);
+            /* finite differences of the double reference, each input in turn */
+            double *qd = xmalloc(n * 8), *kd = xmalloc(nk * 8), *vd = xmalloc(n * 8), *y = xmalloc(n * 8);
+            double *fd = xmalloc((n > nb ? n : nb) * 8);
+            for (size_t j = 0; j < n; j++) { qd[j] = q[j]; vd[j] = v[j]; }
+            for (size_t j = 0; j < nk; j++) kd[j] = k[j];
+            double *ins[3] = {qd, kd, vd};
+            size_t lens[3] = {n, nk, n};
+            const char *names[4] = {"dq", "dk", "dv", "dbias"};
+            for (int a = 0; a < 3; a++) {
+                for (size_t j = 0; j < lens[a]; j++) {
+                    double x0 = ins[a][j], h = 1e-5;
+                    ins[a][j] = x0 + h;
+                    double lp = grid_loss(qd, kd, vd, &bias, &cfg, B, T, C, kc, dout, y);
+                    ins[a][j] = x0 - h;
+                    double lm = grid_loss(qd, kd, vd, &bias, &cfg, B, T, C, kc, dout, y);
+                    ins[a][j] = x0;
+                    fd[j] = (lp - lm) / (2 * h);
+                }
+                fails += compare(names[a], g[0][a], fd, lens[a], FD_TOL, what, &reports);
+            }
+            for (size_t j = 0; j < nb; j++) {
+                float x0 = bw[j], h = 0x1p-10f;
+                bw[j] = x0 + h;
+                double lp = grid_loss(qd, kd, vd, &bias, &cfg, B, T, C, kc, dout, y);
+                bw[j] = x0 - h;
+                double lm = grid_loss(qd, kd, vd, &bias, &cfg, B, T, C, kc, dout, y);
+                bw[j] = x0;
+                fd[j] = (lp - lm) / (2.0 * (double)h);
+            }
+            fails += compare(names[3], g[0][3], fd, nb, FD_TOL_BIAS, what, &reports);
+            /* the fast backward against the reference's */
+            const size_t all[4] = {n, nk, n, nb};
+            for (int a = 0; a < 4; a++) {
+                for (size_t j = 0; j < all[a]; j++) fd[j] = g[0][a][j];
+                fails += compare(names[a], g[1][a], fd, all[a], TOL_REL, what, &reports);
+            }
+            for (int m = 0; m < 2; m++)
+                for (int a = 0; a < 4; a++) free(g[m][a]);
+            free(q); free(k); free(v); free(dout); free(bw); free(qd); free(kd); free(vd); free(y); free(fd);
+        }
+    finish(fails, (int)(2 * N_OF(cs)));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1416,6 +1524,7 @@ int main(void)
         cmocka_unit_test(test_grad_simple),
         cmocka_unit_test(test_grad_local),
         cmocka_unit_test(test_grad_conv),
+        cmocka_unit_test(test_grad_grid),
         cmocka_unit_test(test_grad_large),
         cmocka_unit_test(test_grad_extreme_wide),
         cmocka_unit_test(test_grad_extreme_one_huge_key),
