@@ -8,6 +8,8 @@ on PATH has neither:
     /usr/bin/python3 testdata/bench_torch.py --seq-len 256,1024,8192 --repeat 10
     /usr/bin/python3 testdata/bench_torch.py --check-only          # agreement only
     /usr/bin/python3 testdata/bench_torch.py --json                # JSON lines
+    /usr/bin/python3 testdata/bench_torch.py --stream              # a token at a time
+    /usr/bin/python3 testdata/bench_torch.py --grid                # AFT-conv, 56 x 56
 
 Cases (each a whole layer: Linear q, k, v, the AFT core, Linear output;
 float32, batch 1, d_model = d_hidden):
@@ -45,6 +47,36 @@ torch module's state dict (position bias set to randn * 0.5 so it matters) is
 written to a .safetensors file under the names aft resolves, aft runs on it,
 and the outputs are compared with the float32 module and the same module run
 in float64.
+
+--stream (issue 22) times decoding a token at a time: labml-local's layer,
+d = 256, window 32, causal, batch 1, one thread by default, --seq-len tokens
+(default 4096, at most 4096).  PyTorch runs it as a decoding loop is written
+(stream_decode): a cache of every past token's projected K and V, and for
+token t its three projections, then labml's formula over all t + 1 cached
+keys with bias row t, pos_bias[t] * local_mask[t] (0 outside the window:
+those keys still count, so the loop cannot keep only the window), then
+sigmoid(Q) *, then the output projection; float32, torch.no_grad().  Its
+time a token is the fastest decode's total over the tokens (the first and
+last 256 tokens are shown too: the loop's cost grows with t).  aft's is
+us_per_token_stream of `aft bench --stream` (a step of one row, the state
+in memory, seeded weights; the time does not depend on their values).  The
+check runs the loop over --check-len tokens against `aft run --causal
+--variant local` on the same weights and against labml's one-shot forward
+in float64, within --check-tol of max|y|.
+
+--grid [H,W] (issue 25) times AFT-conv on an H x W grid (default 56 x 56),
+d = 192, 32 heads, S = 6 (an 11 x 11 kernel), --batch 8, not causal:
+PaperAFTConv2d (testdata/torch_aft.py, the paper's formula with
+torch.nn.functional.conv2d, groups = channels, one key channel per head)
+against `aft run --variant conv --grid H,W` on the module's state dict and
+the same x.  The check compares the outputs on the full grid (against the
+module in float32 and float64, within --check-tol of max|y|).  Besides both
+times and their ratio it prints a floor: the operator's FLOPs (2 x 11 x 11
+multiply-adds a token and channel, numerator and denominator) plus the
+projections' (2 B T d (3 d + heads): to_k has one channel per head) at the
+faster of two measured torch matrix-product rates (a Linear of the
+projection's size, the 2048^3 torch.mm), and the bytes of x, y and the
+weights once at a measured copy rate; the floor is the larger time.
 """
 import argparse
 import json
@@ -233,8 +265,178 @@ def worker_check(spec):
             "finite32": bool(torch.isfinite(y32).all())}
 
 
+# ---- --stream: labml's layer decoded a token at a time, with a KV cache
+
+def _stream_case(spec, n):
+    """(LabmlAFTLocal with Tmax = n and a randn * 0.5 bias, x [n, 1, d])."""
+    import torch
+    M = _modules()
+    torch.manual_seed(spec["seed"])
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    m = M.LabmlAFTLocal(spec["d_model"], n, spec["window"])
+    x = torch.randn(n, 1, spec["d_model"], generator=g)    # [T, B, d]
+    with torch.no_grad():
+        m.pos_bias.copy_(torch.randn(m.pos_bias.shape, generator=g) * 0.5)
+    return m.eval(), x
+
+
+def stream_decode(m, x, n):
+    """The per-token loop as a decoding loop is usually written: the projected
+    K and V of every past token kept in a cache, and for token t its own
+    projections, then labml's formula over all t + 1 cached keys with bias
+    row t (pos_bias[t] * local_mask[t]: 0 outside the window, those keys
+    still count).  x [T, 1, d] -> (y [n, 1, d], seconds of each token)."""
+    import torch
+    d = x.shape[-1]
+    K = torch.empty(n, 1, d, dtype=x.dtype)
+    V = torch.empty(n, 1, d, dtype=x.dtype)
+    y = torch.empty(n, 1, d, dtype=x.dtype)
+    secs = []
+    clock = time.perf_counter
+    for t in range(n):
+        t0 = clock()
+        xt = x[t:t + 1]                                              # [1, 1, d]
+        q = m.query(xt)
+        K[t:t + 1] = m.key(xt)
+        V[t:t + 1] = m.value(xt)
+        k, v = K[:t + 1], V[:t + 1]                                  # [t+1, 1, d]
+        w = (m.pos_bias[t, :t + 1] * m.local_mask[t, :t + 1]).unsqueeze(-1)   # [t+1, 1]
+        ek = torch.exp(k - k.max(dim=0, keepdim=True).values)
+        ew = torch.exp(w - w.max(dim=0, keepdim=True).values)
+        num = torch.einsum("jb,jbd->bd", ew, ek * v)
+        den = torch.einsum("jb,jbd->bd", ew, ek)
+        y[t:t + 1] = m.output(torch.sigmoid(q[0]) * num / den)
+        secs.append(clock() - t0)
+    return y, secs
+
+
+def worker_stream_check(spec):
+    """The loop over check_len tokens, labml's one-shot forward in float32
+    and float64, and the weights and x for aft, written to spec['dir']."""
+    import copy
+    import numpy as np
+    torch = _worker_setup(spec)
+    M = _modules()
+    n = spec["T"]
+    m, x = _stream_case(spec, n)
+    mask = M.labml_causal_mask(n)
+    with torch.no_grad():
+        y_loop, _ = stream_decode(m, x, n)
+        y32 = m(query=x, key=x, value=x, mask=mask)
+        m64 = copy.deepcopy(m).double()
+        x64 = x.double()
+        y64 = m64(query=x64, key=x64, value=x64, mask=mask)
+    out = spec["dir"]
+    sd = list(m.state_dict().items())
+    M.write_safetensors(os.path.join(out, "weights.safetensors"), sd,
+                        {"format": "pt", "written_by": "testdata/bench_torch.py --stream"})
+    np.save(os.path.join(out, "x.npy"), x.numpy().astype("<f4"))
+    for name, y in (("y_loop", y_loop), ("y_torch32", y32), ("y_torch64", y64)):
+        np.save(os.path.join(out, name + ".npy"), y.numpy())
+    return {"tensors": [[k, list(v.shape), M.tensor_bytes(v)[0]] for k, v in sd]}
+
+
+def worker_stream_bench(spec):
+    """--repeat decodes of T tokens after --warmup untimed decodes of up to
+    64; the fastest decode's mean time a token, and over its first and last
+    256 tokens."""
+    torch = _worker_setup(spec)
+    n = spec["T"]
+    m, x = _stream_case(spec, n)
+    best = None
+    with torch.no_grad():
+        for _ in range(spec["warmup"]):
+            stream_decode(m, x, min(n, 64))
+        for _ in range(spec["repeat"]):
+            _, secs = stream_decode(m, x, n)
+            if best is None or sum(secs) < sum(best):
+                best = secs
+    edge = min(256, n)
+    return {"us_per_token": sum(best) / n * 1e6,
+            "us_first": sum(best[:edge]) / edge * 1e6,
+            "us_last": sum(best[-edge:]) / edge * 1e6,
+            "edge": edge, "rss_peak": _maxrss_bytes()}
+
+
+# ---- --grid: PaperAFTConv2d on an H x W grid
+
+def _grid_case(spec):
+    """(PaperAFTConv2d with a randn * 0.5 bias, x [B, H, W, d])."""
+    import torch
+    M = _modules()
+    torch.manual_seed(spec["seed"])
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    m = M.PaperAFTConv2d(spec["d_model"], spec["d_hidden"], spec["heads"], spec["window"])
+    x = torch.randn(spec["B"], spec["H"], spec["W"], spec["d_model"], generator=g)
+    with torch.no_grad():
+        m.pos_bias.copy_(torch.randn(m.pos_bias.shape, generator=g) * 0.5)
+    return m.eval(), x
+
+
+def worker_grid_prepare(spec):
+    """Weights and x for aft, the module's output in float32 and (for the
+    check) float64, written to spec['dir']."""
+    import copy
+    import numpy as np
+    torch = _worker_setup(spec)
+    M = _modules()
+    m, x = _grid_case(spec)
+    out = spec["dir"]
+    sd = list(m.state_dict().items())
+    M.write_safetensors(os.path.join(out, "weights.safetensors"), sd,
+                        {"format": "pt", "written_by": "testdata/bench_torch.py --grid"})
+    np.save(os.path.join(out, "x.npy"), x.numpy().astype("<f4"))
+    if spec["check"]:
+        with torch.no_grad():
+            np.save(os.path.join(out, "y_torch32.npy"), m(x).numpy())
+            np.save(os.path.join(out, "y_torch64.npy"), copy.deepcopy(m).double()(x.double()).numpy())
+    return {"tensors": [[k, list(v.shape), M.tensor_bytes(v)[0]] for k, v in sd]}
+
+
+def _best_seconds(fn, n):
+    best = float("inf")
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def worker_grid_bench(spec):
+    """The module timed as the other cases are; then the rate of one
+    projection alone (Linear d -> d on all B H W tokens) and of a 256 MiB
+    copy, for the floor."""
+    torch = _worker_setup(spec)
+    base = _maxrss_bytes()
+    m, x = _grid_case(spec)
+    times = []
+    with torch.no_grad():
+        for _ in range(spec["warmup"]):
+            m(x)
+        for _ in range(spec["repeat"]):
+            t0 = time.perf_counter()
+            y = m(x)
+            times.append((time.perf_counter() - t0) * 1e3)
+            del y
+        peak = _maxrss_bytes()
+        rows = x.reshape(-1, x.shape[-1])
+        lin = m.to_q
+        lin(rows)
+        s = _best_seconds(lambda: lin(rows), max(3, spec["repeat"]))
+        proj_gflops = 2.0 * rows.shape[0] * lin.in_features * lin.out_features / s / 1e9
+        src = torch.ones(1 << 26)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        s = _best_seconds(lambda: dst.copy_(src), 3)
+        copy_gbs = 2.0 * src.numel() * 4 / s / 1e9          # read + write
+    return {"ms_min": min(times), "ms_all": times, "rss_after_import": base,
+            "rss_peak": peak, "proj_gflops": proj_gflops, "copy_gbs": copy_gbs}
+
+
 def worker_main(spec):
-    fn = {"env": worker_env, "bench": worker_bench, "check": worker_check}[spec["task"]]
+    fn = {"env": worker_env, "bench": worker_bench, "check": worker_check,
+          "stream_check": worker_stream_check, "stream_bench": worker_stream_bench,
+          "grid_prepare": worker_grid_prepare, "grid_bench": worker_grid_bench}[spec["task"]]
     res = fn(spec)
     sys.stdout.write("@@RESULT " + json.dumps(res) + "\n")
     sys.stdout.flush()
@@ -597,6 +799,283 @@ def fmt_row(r):
             f"{trss:<32} {arss:>12}")
 
 
+# ---- --stream and --grid (parent side)
+
+def run_aft_bench(args, argv):
+    """Run `aft bench argv... --json`; (its last JSON object, error str)."""
+    cmd = [args.aft, "bench"] + argv
+    try:
+        p = subprocess.run(cmd, env=aft_env(args), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {args.timeout} s"
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return None, (p.stderr.strip() or f"exit status {p.returncode}")
+    return json.loads(lines[-1]), None
+
+
+def compare_outputs(args, out, label, d, ya_name, ref32_name):
+    """max |aft - torch f32| and |aft - torch f64| relative to max |y64|;
+    the note printed and its fields returned (ok among them)."""
+    import numpy as np
+    ya = np.load(os.path.join(d, ya_name)).astype(np.float64)
+    y32 = np.load(os.path.join(d, ref32_name)).astype(np.float64)
+    y64 = np.load(os.path.join(d, "y_torch64.npy"))
+    if ya.shape != y32.shape:
+        out.note(f"check {label}: shape {ya.shape} vs torch {y32.shape}",
+                 type="check", case=label, ok=False, error="shape")
+        return {"ok": False}
+    scale = float(np.max(np.abs(y64)))
+    r = {"max_abs_aft_torch32": float(np.max(np.abs(ya - y32))),
+         "max_abs_aft_torch64": float(np.max(np.abs(ya - y64))),
+         "max_abs_torch32_torch64": float(np.max(np.abs(y32 - y64))), "max_abs_y": scale}
+    r["rel_aft_torch32"] = r["max_abs_aft_torch32"] / scale if scale > 0 else float("inf")
+    r["ok"] = bool(np.all(np.isfinite(ya))) and r["rel_aft_torch32"] <= args.check_tol
+    return r
+
+
+def stream_check(args, out, tmp):
+    """The torch loop over --check-len tokens against `aft run` on the same
+    weights; True when they agree."""
+    d = os.path.join(tmp, "check-stream")
+    os.makedirs(d, exist_ok=True)
+    T = args.check_len
+    spec = {"task": "stream_check", "T": T, "d_model": args.d_model, "window": args.window,
+            "seed": args.seed, "dir": d}
+    r, err = run_worker(args, spec, args.torch_coretype)
+    if r is None:
+        out.note(f"check stream T={T}: torch failed: {err}", type="check", case="stream",
+                 ok=False, error="torch: " + err)
+        return False
+    argv = aft_argv(args, ["--weights", "weights.safetensors"]
+                    + aft_variant_args("labml-local", args.window) + ["--layout", "tbd"],
+                    ["x.npy", "-o", "y_aft.npy"])
+    tj, err = run_aft(args, argv, d)
+    if tj is None:
+        out.note(f"check stream T={T}: aft failed: {err}", type="check", case="stream",
+                 ok=False, error="aft: " + err)
+        return False
+    c = compare_outputs(args, out, "stream", d, "y_aft.npy", "y_loop.npy")
+    if "max_abs_y" not in c:
+        return False
+    cmd = "aft run " + " ".join(argv)
+    out.note(f"check stream T={T}: the torch per-token loop against aft, the first {T} tokens:\n"
+             f"      max|aft - loop f32| = {c['max_abs_aft_torch32']:.3g} "
+             f"({c['rel_aft_torch32']:.3g} of max|y| {c['max_abs_y']:.3g}), "
+             f"max|aft - labml f64| = {c['max_abs_aft_torch64']:.3g}, "
+             f"max|loop f32 - labml f64| = {c['max_abs_torch32_torch64']:.3g} "
+             f"{'ok' if c['ok'] else 'MISMATCH'}\n      `{cmd}`",
+             type="check", case="stream", T=T, aft_command=cmd, tensors=r["tensors"], **c)
+    return c["ok"]
+
+
+def stream_aft_argv(args, T):
+    return ["--stream", "--causal", "--variant", "local", "--window", str(args.window),
+            "--seq-len", str(T), "--d-model", str(args.d_model), "--threads", str(args.threads),
+            "--repeat", str(args.repeat), "--json", "--no-ceiling"]
+
+
+def stream_round(args, T, row):
+    """One torch decode and one `aft bench --stream`, merged into row (the
+    fastest of each so far)."""
+    if "torch_error" not in row:
+        spec = {"task": "stream_bench", "T": T, "d_model": args.d_model, "window": args.window,
+                "seed": args.seed, "warmup": args.warmup, "repeat": args.repeat}
+        r, err = run_worker(args, spec, args.torch_coretype)
+        if r is None:
+            row["torch_error"] = err
+        elif "torch_us" not in row or r["us_per_token"] < row["torch_us"]:
+            row.update(torch_us=r["us_per_token"], torch_us_first=r["us_first"],
+                       torch_us_last=r["us_last"], torch_edge=r["edge"])
+    if "aft_error" not in row:
+        j, err = run_aft_bench(args, stream_aft_argv(args, T))
+        if j is None:
+            row["aft_error"] = err
+        elif "aft_us" not in row or j["us_per_token_stream"] < row["aft_us"]:
+            row.update(aft_us=j["us_per_token_stream"], aft_us_one_shot=j["us_per_token_one_shot"],
+                       aft_us_floor=j["us_per_token_floor"])
+
+
+def stream_mode(args, out, tmp):
+    """--stream: the check, then per-token decoding, torch's loop against
+    aft bench --stream; True when all went well."""
+    ok = args.no_check or stream_check(args, out, tmp)
+    if args.check_only:
+        return ok
+    if not out.json:
+        print(f"\n--stream: d_model {args.d_model}, causal local, window {args.window}, batch 1, "
+              f"float32, {args.threads} thread(s); {args.rounds} rounds, torch and aft taking "
+              f"turns, best round of each\n"
+              f"  torch: the KV-cache loop (stream_decode), fastest of {args.repeat} decode(s) "
+              f"after {args.warmup} untimed of 64 tokens; us a token = the decode's time / tokens\n"
+              f"  aft:   us_per_token_stream of `aft bench "
+              f"{' '.join(stream_aft_argv(args, 'T'))}` (seeded weights, the state in memory)")
+    for T in args.seq_len:
+        row = {"type": "stream", "T": T, "aft_command": "aft bench " + " ".join(stream_aft_argv(args, T))}
+        for _ in range(args.rounds):
+            stream_round(args, T, row)
+        if "torch_us" in row and "aft_us" in row:
+            row["speedup"] = row["torch_us"] / row["aft_us"]
+        if out.json:
+            print(json.dumps(row), flush=True)
+        elif "speedup" in row:
+            print(f"  T = {T} tokens decoded: torch {row['torch_us']:.1f} us a token "
+                  f"(first {row['torch_edge']}: {row['torch_us_first']:.1f}, last "
+                  f"{row['torch_edge']}: {row['torch_us_last']:.1f}), aft {row['aft_us']:.2f} us "
+                  f"a token (one-shot run {row['aft_us_one_shot']:.2f}, floor "
+                  f"{row['aft_us_floor']:.2f}); aft is {row['speedup']:.1f}x torch (target >= 10x)",
+                  flush=True)
+        else:
+            print(f"  T = {T}: torch: {row.get('torch_error', 'ok')}; aft: "
+                  f"{row.get('aft_error', 'ok')}", flush=True)
+        ok &= "speedup" in row
+    return ok
+
+
+def grid_flops(args):
+    """(operator FLOPs, projection FLOPs, bytes of x, y and the weights):
+    2 x (2S-1)^2 multiply-adds a token and channel (numerator and
+    denominator), 2 B T d (3 hidden + heads) for to_q, to_v, project and a
+    to_k of one channel per head."""
+    T = args.grid[0] * args.grid[1]
+    k2 = (2 * args.window - 1) ** 2
+    op = 2.0 * 2 * k2 * args.batch * T * args.d_hidden
+    proj = 2.0 * args.batch * T * args.d_model * (3 * args.d_hidden + args.heads)
+    weights = 4.0 * (args.d_model * (3 * args.d_hidden + args.heads) + 3 * args.d_hidden
+                     + args.heads + args.d_model + args.heads * k2)
+    return op, proj, 2 * 4.0 * args.batch * T * args.d_model + weights
+
+
+def grid_aft_argv(args):
+    H, W = args.grid
+    return aft_argv(args, ["--variant", "conv", "--grid", f"{H},{W}", "--weights",
+                           "weights.safetensors", "--repeat", str(args.repeat)],
+                    ["x.npy", "-o", "y_aft.npy"])
+
+
+def grid_check(args, out, d):
+    """aft on the module's weights and x against the module; True when they agree."""
+    argv = grid_aft_argv(args)
+    tj, err = run_aft(args, argv, d)
+    if tj is None:
+        out.note(f"check grid: aft failed: {err}", type="check", case="grid", ok=False,
+                 error="aft: " + err)
+        return False
+    c = compare_outputs(args, out, "grid", d, "y_aft.npy", "y_torch32.npy")
+    if "max_abs_y" not in c:
+        return False
+    cmd = "aft run " + " ".join(argv)
+    out.note(f"check grid {args.batch}x{args.grid[0]}x{args.grid[1]}x{args.d_model}: "
+             f"max|aft - torch f32| = {c['max_abs_aft_torch32']:.3g} "
+             f"({c['rel_aft_torch32']:.3g} of max|y| {c['max_abs_y']:.3g}), "
+             f"max|aft - torch f64| = {c['max_abs_aft_torch64']:.3g} (torch f32 vs f64: "
+             f"{c['max_abs_torch32_torch64']:.3g}) {'ok' if c['ok'] else 'MISMATCH'}\n"
+             f"      `{cmd}`", type="check", case="grid", aft_command=cmd, **c)
+    return c["ok"]
+
+
+def grid_round(args, d, row):
+    """One torch measurement and one aft run, merged into row."""
+    if "torch_error" not in row:
+        spec = dict(grid_spec(args), task="grid_bench", warmup=args.warmup, repeat=args.repeat)
+        r, err = run_worker(args, spec, args.torch_coretype)
+        if r is None:
+            row["torch_error"] = err
+        else:
+            row["torch_ms"] = min(row.get("torch_ms", r["ms_min"]), r["ms_min"])
+            row["proj_gflops"] = max(row.get("proj_gflops", 0.0), r["proj_gflops"])
+            row["copy_gbs"] = max(row.get("copy_gbs", 0.0), r["copy_gbs"])
+            row["torch_peak_rss"] = max(row.get("torch_peak_rss", 0), r["rss_peak"])
+    if "aft_error" not in row:
+        tj, err = run_aft(args, grid_aft_argv(args), d)
+        if tj is None:
+            row["aft_error"] = err
+        elif tj["timing_ms"]["compute_min"] < row.get("aft_ms", float("inf")):
+            row.update(aft_ms=tj["timing_ms"]["compute_min"],
+                       aft_phases_ms=tj["timing_ms"].get("phases_of_fastest"),
+                       aft_peak_rss=tj.get("peak_rss_bytes"))
+
+
+def grid_spec(args):
+    return {"d_model": args.d_model, "d_hidden": args.d_hidden, "heads": args.heads,
+            "window": args.window, "B": args.batch, "H": args.grid[0], "W": args.grid[1],
+            "seed": args.seed}
+
+
+def grid_floor(args, row, mm_gflops):
+    """The floor: every FLOP at the measured matrix-product rate (the faster
+    of the projection's own product and the 2048^3 torch.mm of the
+    environment check), every byte of x, y and the weights once at the
+    measured copy rate; the larger of the two times."""
+    op, proj, nbytes = grid_flops(args)
+    row.update(op_gflop=op / 1e9, proj_gflop=proj / 1e9, min_bytes=nbytes,
+               mm_gflops=mm_gflops)
+    if row.get("proj_gflops"):
+        row["floor_gflops"] = max(row["proj_gflops"], mm_gflops)
+        row["flops_ms"] = (op + proj) / (row["floor_gflops"] * 1e9) * 1e3
+        row["bytes_ms"] = nbytes / (row["copy_gbs"] * 1e9) * 1e3
+        row["floor_ms"] = max(row["flops_ms"], row["bytes_ms"])
+        if "torch_ms" in row:
+            row["best_speedup_at_floor"] = row["torch_ms"] / row["floor_ms"]
+        if "aft_ms" in row:
+            row["aft_over_floor"] = row["aft_ms"] / row["floor_ms"]
+
+
+def grid_mode(args, out, tmp, mm_gflops):
+    """--grid: PaperAFTConv2d against aft run --variant conv --grid."""
+    d = os.path.join(tmp, "grid")
+    os.makedirs(d, exist_ok=True)
+    ok = True
+    r, err = run_worker(args, dict(grid_spec(args), task="grid_prepare", dir=d,
+                                   check=not args.no_check), args.torch_coretype)
+    if r is None:
+        out.note(f"grid: torch failed: {err}", type="check", case="grid", ok=False,
+                 error="torch: " + err)
+        return False
+    if not args.no_check:
+        ok = grid_check(args, out, d)
+    if args.check_only:
+        return ok
+    B, (H, W) = args.batch, args.grid
+    cmd = "aft run " + " ".join(grid_aft_argv(args))
+    if not out.json:
+        print(f"\n--grid: PaperAFTConv2d(dim={args.d_model}, hidden={args.d_hidden}, "
+              f"heads={args.heads}, S={args.window}) on x [{B}, {H}, {W}, {args.d_model}], "
+              f"float32, {args.threads} thread(s); {args.rounds} rounds, torch and aft taking "
+              f"turns, best round of each\n  torch: fastest of {args.repeat} after "
+              f"{args.warmup} warm-up; aft: compute_min of `{cmd}`")
+    row = {"type": "grid", "B": B, "H": H, "W": W, "aft_command": cmd}
+    for _ in range(args.rounds):
+        grid_round(args, d, row)
+    if "torch_ms" in row and "aft_ms" in row:
+        row["speedup"] = row["torch_ms"] / row["aft_ms"]
+    grid_floor(args, row, mm_gflops)
+    if out.json:
+        print(json.dumps(row), flush=True)
+    elif "speedup" in row:
+        ph = row.get("aft_phases_ms") or {}
+        print(f"  torch {row['torch_ms']:.1f} ms, aft {row['aft_ms']:.1f} ms (projections "
+              f"{ph.get('projections', 0):.1f}, operator {ph.get('operator', 0):.1f}, output "
+              f"{ph.get('output', 0):.1f}); aft is {row['speedup']:.2f}x torch (target >= 2x)\n"
+              f"  floor: operator {row['op_gflop']:.2f} GFLOP (2 x {2 * args.window - 1}^2 "
+              f"multiply-adds a token and channel) + projections {row['proj_gflop']:.2f} GFLOP "
+              f"(2 B T d (3 d + heads)) at {row['floor_gflops']:.1f} GFLOP/s, the faster of "
+              f"torch's Linear {args.d_model} -> {args.d_hidden} on all {B * H * W} tokens "
+              f"({row['proj_gflops']:.1f}) and the {args.matmul_n}^3 torch.mm above "
+              f"({mm_gflops:.1f}) = "
+              f"{row['flops_ms']:.1f} ms; x, y and the weights read or written once: "
+              f"{row['min_bytes'] / MIB:.0f} MiB at {row['copy_gbs']:.1f} GB/s (a 256 MiB copy) "
+              f"= {row['bytes_ms']:.1f} ms; floor {row['floor_ms']:.1f} ms, the larger\n"
+              f"  aft takes {row['aft_over_floor']:.2f}x the floor; torch / floor = "
+              f"{row['best_speedup_at_floor']:.2f}x, the most any implementation at the floor "
+              f"could be ahead of torch", flush=True)
+    else:
+        print(f"  torch: {row.get('torch_error', 'ok')}; aft: {row.get('aft_error', 'ok')}",
+              flush=True)
+    return ok and "speedup" in row
+
+
 def int_list(s):
     try:
         v = [int(x) for x in s.split(",") if x.strip()]
@@ -607,27 +1086,75 @@ def int_list(s):
     return v
 
 
+def grid_size(s):
+    try:
+        v = tuple(int(x) for x in s.split(","))
+    except ValueError:
+        v = ()
+    if len(v) != 2 or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"not H,W (two integers >= 1): {s!r}")
+    return v
+
+
+def resolve_mode_defaults(ap, args):
+    """Defaults that depend on the mode: the issues' layers for --stream
+    (d 256, S 32, 1 thread, 4096 tokens) and --grid (d 192, S 6)."""
+    if args.stream and args.grid:
+        ap.error("--stream and --grid are separate modes: pick one")
+    if args.d_model is None:
+        args.d_model = 192 if args.grid else 256
+    if args.window is None:
+        args.window = 6 if args.grid else 32
+    if args.threads is None:
+        args.threads = 1 if args.stream else 2
+    if args.repeat is None:
+        args.repeat = 1 if args.stream else 5
+    if args.seq_len is None:
+        args.seq_len = [4096] if args.stream else [1024, 4096]
+    if args.stream and max(args.seq_len) > 4096:
+        ap.error("--stream: --seq-len at most 4096 (aft bench --stream decodes the first 4096 tokens)")
+    if args.grid and (args.window < 1 or args.d_hidden is not None and args.d_hidden % args.heads
+                      or args.d_hidden is None and args.d_model % args.heads):
+        ap.error("--grid: --window must be >= 1 and --heads must divide the hidden size")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Time aft against PyTorch versions of labml's AFTLocal and "
-                    "rish-16's AFTFull and AFTSimple; check that they agree.",
+                    "rish-16's AFTFull and AFTSimple; check that they agree. "
+                    "--stream: decoding a token at a time; --grid: AFT-conv on a grid.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seq-len", type=int_list, default=[1024, 4096],
-                    help="comma-separated sequence lengths (default 1024,4096)")
-    ap.add_argument("--d-model", type=int, default=256, help="model width (default 256)")
+    ap.add_argument("--seq-len", type=int_list, default=None,
+                    help="comma-separated sequence lengths (default 1024,4096; "
+                         "--stream: tokens decoded, default 4096, at most 4096)")
+    ap.add_argument("--d-model", type=int, default=None,
+                    help="model width (default 256; --grid: 192)")
     ap.add_argument("--d-hidden", type=int, default=None,
-                    help="hidden width of the rish cases (default: --d-model; "
-                         "labml's AFTLocal has none)")
-    ap.add_argument("--window", type=int, default=32,
-                    help="local window s of labml-local (default 32)")
-    ap.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs, best kept (default 5)")
+                    help="hidden width of the rish cases and --grid (default: "
+                         "--d-model; labml's AFTLocal has none)")
+    ap.add_argument("--window", type=int, default=None,
+                    help="local window s of labml-local and --stream (default 32); "
+                         "--grid: S, a (2S-1) x (2S-1) kernel (default 6)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for both (default 2; --stream: 1)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="timed runs, best kept (default 5; --stream: decodes of "
+                         "the whole sequence, default 1)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed torch runs first (default 1)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="torch and aft take turns this many times per case; each "
                          "side keeps its fastest round (default 3): on a shared "
                          "machine whose speed drifts, neither side is measured "
                          "only in a slow moment")
+    ap.add_argument("--stream", action="store_true",
+                    help="time decoding a token at a time: a PyTorch KV-cache loop "
+                         "over labml's layer against aft bench --stream")
+    ap.add_argument("--grid", type=grid_size, nargs="?", const=(56, 56), default=None,
+                    metavar="H,W",
+                    help="time AFT-conv on an H x W grid (default 56,56): "
+                         "PaperAFTConv2d against aft run --variant conv --grid")
+    ap.add_argument("--batch", type=int, default=8, help="--grid: batch size (default 8)")
+    ap.add_argument("--heads", type=int, default=32, help="--grid: heads (default 32)")
     ap.add_argument("--aft", default=os.path.join(ROOT, "aft"),
                     help="the aft binary (default ./aft in the repository root)")
     ap.add_argument("--cases", default=",".join(CASES),
@@ -635,9 +1162,11 @@ def main(argv=None):
     ap.add_argument("--skip-torch-above", type=int, default=8192, metavar="T",
                     help="skip the O(T^2)-memory torch cases for T above this (default 8192)")
     ap.add_argument("--check-len", type=int, default=256,
-                    help="T of the agreement check (default 256)")
+                    help="T of the agreement check (default 256; --stream: tokens "
+                         "of the loop checked; --grid checks the full grid)")
     ap.add_argument("--check-tol", type=float, default=1e-4,
-                    help="largest accepted |aft - torch f32| (times max(1, max|y|)); default 1e-4")
+                    help="largest accepted max|aft - torch f32|, times max(1, max|y|) "
+                         "(--stream, --grid: times max|y|); default 1e-4")
     ap.add_argument("--check-only", action="store_true", help="only run the agreement check")
     ap.add_argument("--no-check", action="store_true", help="skip the agreement check")
     ap.add_argument("--json", action="store_true", help="print JSON lines instead of the table")
@@ -667,13 +1196,15 @@ def main(argv=None):
     if args.worker:
         worker_main(json.loads(args.worker))
         return 0
+    resolve_mode_defaults(ap, args)
     if args.d_hidden is None:
         args.d_hidden = args.d_model
     args.cases = [c for c in args.cases.split(",") if c]
     bad = [c for c in args.cases if c not in CASES]
     if bad:
         ap.error(f"unknown case(s) {bad}; choose from {list(CASES)}")
-    for name in ("d_model", "d_hidden", "threads", "repeat", "rounds", "check_len"):
+    for name in ("d_model", "d_hidden", "threads", "repeat", "rounds", "check_len", "batch",
+                 "heads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.window < 0 or args.warmup < 0:
@@ -687,7 +1218,7 @@ def main(argv=None):
         ap.error(f"aft binary not found or not executable: {args.aft} (run make, or pass --aft)")
 
     out = Out(args.json)
-    print_env(args, out)
+    env = print_env(args, out)
     try:
         ver = subprocess.run([args.aft, "--version"], stdout=subprocess.PIPE,
                              text=True).stdout.strip()
@@ -695,24 +1226,35 @@ def main(argv=None):
         ver = "?"
     ver += time.strftime(", built %Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(args.aft)))
     tmp = tempfile.mkdtemp(prefix="aft-bench-")
-    status = 0
     try:
-        if not args.no_check:
-            ok, core = do_checks(args, out, tmp)
-            out.note(f"aft: {args.aft} ({ver}), BLAS core {core or '?'}",
-                     type="aft", path=args.aft, version=ver, blas_core=core)
-            if not ok:
-                status = 1
-        else:
+        if args.stream or args.grid:
             out.note(f"aft: {args.aft} ({ver})", type="aft", path=args.aft, version=ver)
-        if not args.check_only:
-            rows = bench(args, out, tmp)
-            if any("torch_error" in r or "aft_error" in r for r in rows):
-                status = 1
+            if args.grid:
+                ok = grid_mode(args, out, tmp, env["matmul_gflops"])
+            else:
+                ok = stream_mode(args, out, tmp)
+            return 0 if ok else 1
+        return cases_mode(args, out, tmp, ver)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return status
 
+
+def cases_mode(args, out, tmp, ver):
+    """The default mode: check and time each of --cases; the exit status."""
+    status = 0
+    if not args.no_check:
+        ok, core = do_checks(args, out, tmp)
+        out.note(f"aft: {args.aft} ({ver}), BLAS core {core or '?'}",
+                 type="aft", path=args.aft, version=ver, blas_core=core)
+        if not ok:
+            status = 1
+    else:
+        out.note(f"aft: {args.aft} ({ver})", type="aft", path=args.aft, version=ver)
+    if not args.check_only:
+        rows = bench(args, out, tmp)
+        if any("torch_error" in r or "aft_error" in r for r in rows):
+            status = 1
+    return status
 
 if __name__ == "__main__":
     sys.exit(main())
