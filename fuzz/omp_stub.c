@@ -26,3 +26,8 @@ int omp_get_num_procs(void)
 {
     return 1;
 }
+
+int omp_in_parallel(void)
+{
+    return 0;
+}

@@ -456,6 +456,9 @@ size_t aft_peak_rss(void);
  * carries on; the context it reads then grows back to L. That costs one
  * more token encoded per token streamed, on average, and every logit is the
  * one the model gives for the context held at that point.
+ *
+ * A loaded model is only read: threads may share it, each with its own
+ * states.
  */
 typedef struct aft_model aft_model;
 

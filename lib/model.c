@@ -48,11 +48,13 @@ struct aft_model {
 
 /* ---------------------------------------------------------------- loading */
 
+/* "[a, b]"; SIZE_MAX (any size) as "*" */
 static void fmt_shape(char *buf, size_t cap, const size_t *shape, size_t ndim)
 {
     size_t used = (size_t)snprintf(buf, cap, "[");
     for (size_t i = 0; i < ndim && used < cap; i++)
-        used += (size_t)snprintf(buf + used, cap - used, "%s%zu", i ? ", " : "", shape[i]);
+        used += shape[i] == SIZE_MAX ? (size_t)snprintf(buf + used, cap - used, "%s*", i ? ", " : "")
+                                     : (size_t)snprintf(buf + used, cap - used, "%s%zu", i ? ", " : "", shape[i]);
     if (used < cap) snprintf(buf + used, cap - used, "]");
 }
 
@@ -85,12 +87,9 @@ static aft_status get(aft_model *m, const aft_st_file *f, const char *name, int 
     for (size_t i = 0; ok && i < ndim; i++) ok = shape[i] == SIZE_MAX || shape[i] == t->shape[i];
     if (!ok) {
         char want[96], have[96];
-        for (size_t i = 0; i < ndim; i++)
-            if (shape[i] == SIZE_MAX) shape[i] = 0;
         fmt_shape(want, sizeof want, shape, ndim);
         fmt_shape(have, sizeof have, t->shape, t->ndim < 8 ? t->ndim : 8);
-        return aft_fail(err, AFT_ERR_FORMAT, "'%s' (%s) is %s but must be %s%s", name, what, have, want,
-                        strchr(want, '0') ? " (0: any size)" : "");
+        return aft_fail(err, AFT_ERR_FORMAT, "'%s' (%s) is %s but must be %s", name, what, have, want);
     }
     for (size_t i = 0; i < ndim; i++) shape[i] = t->shape[i];
     if (!aft_dtype_is_float(t->dtype))
@@ -139,11 +138,16 @@ static aft_status count_layers(const aft_st_file *f, size_t *n, aft_error *err)
         const char *p = name + plen;
         size_t v = 0, digits = 0;
         for (; *p >= '0' && *p <= '9' && digits < 8; p++, digits++) v = v * 10 + (size_t)(*p - '0');
-        if (digits == 0 || *p != '.' || (digits > 1 && name[plen] == '0'))
-            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%.100s': no layer number after '" LAYERS_PREFIX "'", name);
-        if (v >= MAX_LAYERS)
-            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%.100s': layer %zu; aft reads at most %d layers", name, v,
+        char shown[100];
+        if (digits == 0 || *p != '.' || (digits > 1 && name[plen] == '0')) {
+            aft_show_text(shown, sizeof shown, name);
+            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': no layer number after '" LAYERS_PREFIX "'", shown);
+        }
+        if (v >= MAX_LAYERS) {
+            aft_show_text(shown, sizeof shown, name);
+            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': layer %zu; aft reads at most %d layers", shown, v,
                             MAX_LAYERS);
+        }
         if (v + 1 > *n) *n = v + 1;
     }
     if (*n == 0)
@@ -228,9 +232,12 @@ static aft_status known_window(const aft_st_file *f, const aft_model_options *op
     }
     const char *mv = meta_value(f, "window");
     if (!mv) return AFT_OK;
-    if (!parse_count(mv, w))
-        return aft_fail(err, AFT_ERR_FORMAT, "metadata 'window' = '%.40s' is not a whole number from 1 to %d", mv,
+    if (!parse_count(mv, w)) {
+        char shown[48];
+        aft_show_text(shown, sizeof shown, mv);
+        return aft_fail(err, AFT_ERR_FORMAT, "metadata 'window' = '%s' is not a whole number from 1 to %d", shown,
                         INT_MAX);
+    }
     *from = "metadata 'window'";
     return AFT_OK;
 }

@@ -33,6 +33,30 @@ static size_t utf8_char(const unsigned char *s, size_t n, uint32_t *cp)
     return len;
 }
 
+void aft_show_text(char *buf, size_t cap, const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t n = strlen(str), i = 0, o = 0;
+    while (i < n && cap > 4) {
+        uint32_t cp;
+        size_t len = utf8_char(s + i, n - i, &cp);
+        if (o + (len ? len : 1) + 4 > cap) {
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (len == 0 || cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp < 0xa0)) {
+            buf[o++] = '?';
+            i += len ? len : 1;
+        } else {
+            memcpy(buf + o, s + i, len);
+            o += len;
+            i += len;
+        }
+    }
+    if (cap) buf[o < cap ? o : cap - 1] = '\0';
+}
+
 /* a character for a message: itself when printable, and always its code point */
 static void describe_char(char *out, size_t cap, const char *s, size_t n)
 {

@@ -8,7 +8,7 @@
 #   make fuzz-merge            keep what `make fuzz` found: add the inputs of
 #                              build/fuzz/corpus/TARGET/ that reach code the
 #                              seeds do not to testdata/fuzz-seeds/TARGET/found/
-#   make fuzz-build            build only: build/fuzz/fuzz_{npy,safetensors,weights}
+#   make fuzz-build            build only: build/fuzz/fuzz_{npy,safetensors,weights,model}
 #
 # The targets are built with clang -fsanitize=fuzzer,address,undefined against
 # lib/*.c compiled by clang into build/fuzz/ (never the gcc-built
@@ -25,7 +25,7 @@
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_DIR     := build/fuzz
-FUZZ_TARGETS := fuzz_npy fuzz_safetensors fuzz_weights
+FUZZ_TARGETS := fuzz_npy fuzz_safetensors fuzz_weights fuzz_model
 
 # -O1 -g: exact stacks in reports at a good execution speed
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer

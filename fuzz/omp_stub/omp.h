@@ -14,5 +14,6 @@ int omp_get_num_threads(void);
 int omp_get_max_threads(void);
 int omp_get_thread_num(void);
 int omp_get_num_procs(void);
+int omp_in_parallel(void);
 
 #endif
