@@ -417,7 +417,8 @@ size_t aft_peak_rss(void);
  *
  *   x = src_embed.linear.weight[token] * sqrt(d_model)
  *       + src_embed.positional_encodings[position]       (V, D); (P, 1, D) or (P, D)
- *     (or x = src_embed.weight[token]: labml's embedding without positions)
+ *     (fixed sinusoidal or learned: the same name and shape; or
+ *     x = src_embed.weight[token]: labml's embedding without positions)
  *   each layer N, prefix encoder.layers.N.:
  *     x = x + self_attn(norm_self_attn(x))      causal AFT layer (below)
  *     x = x + feed_forward(norm_ff(x))          layer2(relu(layer1(z)))
@@ -463,7 +464,8 @@ size_t aft_peak_rss(void);
 typedef struct aft_model aft_model;
 
 typedef struct {
-    size_t window;     /* local: the window S; 0: from the checkpoint (see above) */
+    size_t window;     /* local: the window S (conv: must agree with the
+                        * bias); 0: from the checkpoint (see above) */
     int threads;       /* 0: every core */
     aft_impl impl;     /* AFT_IMPL_REFERENCE: aft_model_forward in float64 (the
                         * model state always runs the fast kernels) */
