@@ -242,18 +242,14 @@ static aft_status known_window(const aft_st_file *f, const aft_model_options *op
     return AFT_OK;
 }
 
-/* one layer: its self_attn (variant, window, configuration), norms, FFN */
-static aft_status load_layer(aft_model *m, const aft_st_file *f, size_t i, size_t window, const char *wfrom,
-                             int asked, aft_error *err)
+/* layer i's self_attn: its variant, weights, window and configuration */
+static aft_status load_self_attn(aft_model *m, const aft_st_file *f, size_t i, size_t window, const char *wfrom,
+                                 int asked, aft_error *err)
 {
     mlayer *L = &m->layers[i];
     const size_t D = m->info.d_model;
-    char pre[96], name[160], mask_name[160];
-    snprintf(L->prefix, sizeof L->prefix, LAYERS_PREFIX "%zu.", i);
+    char pre[96], mask_name[160];
     snprintf(pre, sizeof pre, "%sself_attn.", L->prefix);
-    if (!has_prefix(f, L->prefix))
-        return aft_fail(err, AFT_ERR_FORMAT, "layer %zu of %zu is missing: no tensor is named '%s*'", i,
-                        m->info.n_layers, L->prefix);
     aft_variant var = detect_variant(f, pre, window != 0, mask_name, sizeof mask_name);
     if (i > 0 && var != m->info.variant) {
         static const char *const why[] = {
@@ -311,7 +307,16 @@ static aft_status load_layer(aft_model *m, const aft_st_file *f, size_t i, size_
         m->info.context = tmax;
         snprintf(m->context_from, sizeof m->context_from, "%s", L->attn.names[4]);
     }
+    return AFT_OK;
+}
 
+/* layer i's LayerNorms and feed-forward network */
+static aft_status load_norms_ffn(aft_model *m, const aft_st_file *f, size_t i, aft_error *err)
+{
+    mlayer *L = &m->layers[i];
+    const size_t D = m->info.d_model;
+    char name[160];
+    aft_status st;
     size_t sd[1] = {D};
     const struct { const char *stem; const float **w, **b; } norms[2] = {
         {"norm_self_attn", &L->ln1_w, &L->ln1_b}, {"norm_ff", &L->ln2_w, &L->ln2_b}};
@@ -340,6 +345,18 @@ static aft_status load_layer(aft_model *m, const aft_st_file *f, size_t i, size_
     if ((st = aft_ffn_init(&L->ffn, &L->ffp, AFT_KERNEL_AUTO, m->threads, err))) return st;
     L->ffn_ready = 1;
     return AFT_OK;
+}
+
+static aft_status load_layer(aft_model *m, const aft_st_file *f, size_t i, size_t window, const char *wfrom,
+                             int asked, aft_error *err)
+{
+    mlayer *L = &m->layers[i];
+    snprintf(L->prefix, sizeof L->prefix, LAYERS_PREFIX "%zu.", i);
+    if (!has_prefix(f, L->prefix))
+        return aft_fail(err, AFT_ERR_FORMAT, "layer %zu of %zu is missing: no tensor is named '%s*'", i,
+                        m->info.n_layers, L->prefix);
+    aft_status st = load_self_attn(m, f, i, window, wfrom, asked, err);
+    return st ? st : load_norms_ffn(m, f, i, err);
 }
 
 void aft_model_free(aft_model *m)

@@ -613,7 +613,7 @@ static aft_status ck_load(const ckpt *c, const aft_model_options *o, aft_model *
 
 typedef struct {
     aft_variant variant;
-    int positions;     /* labml's embedding with positional encodings; else src_embed.weight */
+    int positions;     /* labml's embedding with positional encodings (P, 1, D), 2: (P, D); 0: src_embed.weight */
     int mask;          /* local: a local_mask */
     const char *name;
 } vcase;
@@ -628,7 +628,8 @@ static void make_small(ckpt *c, const vcase *vc, uint64_t seed)
     rng r = {seed};
     char n[112];
     if (vc->positions) {
-        ck_add(c, &r, "src_embed.positional_encodings", 1.0, 3, SP, 1, SD);
+        if (vc->positions == 2) ck_add(c, &r, "src_embed.positional_encodings", 1.0, 2, SP, SD, 0);
+        else ck_add(c, &r, "src_embed.positional_encodings", 1.0, 3, SP, 1, SD);
         ck_add(c, &r, "src_embed.linear.weight", 1.0, 2, SV, SD, 0);
     } else {
         ck_add(c, &r, "src_embed.weight", 3.0, 2, SV, SD, 0);
@@ -687,6 +688,7 @@ static void test_small_variants(void **state)
     const vcase cases[] = {
         {AFT_LOCAL, 1, 1, "local with local_mask"},
         {AFT_LOCAL, 1, 0, "local, window from the metadata"},
+        {AFT_LOCAL, 2, 1, "local, positional encodings (P, D)"},
         {AFT_FULL, 1, 0, "full"},
         {AFT_FULL, 1, 1, "full factored"},
         {AFT_CONV, 1, 0, "conv"},
