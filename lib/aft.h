@@ -582,6 +582,154 @@ double aft_now_ms(void);
 /* peak resident set size of this process in bytes (0 if unknown) */
 size_t aft_peak_rss(void);
 
+/* ---------------------------------------------------------------- the model
+ *
+ * labml's autoregressive transformer (labml_nn AutoregressiveTransformer, the
+ * model of its AFT experiment) from a .safetensors export of its
+ * state_dict(), under the state dict's own names:
+ *
+ *   x = src_embed.linear.weight[token] * sqrt(d_model)
+ *       + src_embed.positional_encodings[position]       (V, D); (P, 1, D) or (P, D)
+ *     (fixed sinusoidal or learned: the same name and shape; or
+ *     x = src_embed.weight[token]: labml's embedding without positions)
+ *   each layer N, prefix encoder.layers.N.:
+ *     x = x + self_attn(norm_self_attn(x))      causal AFT layer (below)
+ *     x = x + feed_forward(norm_ff(x))          layer2(relu(layer1(z)))
+ *   logits = generator.projection(encoder.norm(x))           (V, D), (V)
+ *
+ * norm_* and encoder.norm are LayerNorms (weight (D), bias (D) or absent;
+ * eps 1e-5, PyTorch's default, which labml keeps). feed_forward.layer1
+ * (F, D) and layer2 (D, F) take optional biases. The number of layers,
+ * D, F and the vocabulary size V come from the shapes; other tensors (labml's
+ * src_attn, for example) are ignored.
+ *
+ * The variant of each layer's self_attn (prefix encoder.layers.N.self_attn.;
+ * its query, key, value and output as aft_weights_load reads them) follows
+ * from the tensors it has, the same for every layer:
+ *  - pos_bias (or wbias) square (Tmax, Tmax), or pos_bias_u with pos_bias_v
+ *    ((Tmax, r) each, w = u v^T): local when the layer has a local_mask or a
+ *    window is known (the options' window, else the metadata "window"), else
+ *    full;
+ *  - pos_bias of odd length (2S-1), or (heads, 2S-1) and not square: conv,
+ *    window S;
+ *  - no position bias: simple.
+ * labml's AFTLocal multiplies pos_bias by its local_mask, True where
+ * |t - t'| < S: aft's local variant with window S. The window is the
+ * options', else the metadata "window", else the band local_mask holds; a
+ * local_mask that is not such a band below its diagonal (the part a causal
+ * model reads), or disagrees with the window, is refused. Every layer is
+ * causal: row t sees tokens 0..t.
+ *
+ * Positions. labml's pos_bias is learned for each pair of absolute
+ * positions below Tmax (its seq_len), and the positional encodings have P
+ * rows, so the model reads at most L = min(Tmax, P) tokens at once (conv
+ * and simple: L = P; no positional encodings either: unbounded), as
+ * PyTorch's model does. aft_model_forward refuses T > L. A model state
+ * streams on past L: when it holds L tokens and another comes, it keeps the
+ * most recent L/2 (rounded down), encodes them again from position 0 and
+ * carries on; the context it reads then grows back to L. That costs one
+ * more token encoded per token streamed, on average, and every logit is the
+ * one the model gives for the context held at that point.
+ *
+ * A loaded model is only read: threads may share it, each with its own
+ * states.
+ */
+typedef struct aft_model aft_model;
+
+typedef struct {
+    size_t window;     /* local: the window S (conv: must agree with the
+                        * bias); 0: from the checkpoint (see above) */
+    int threads;       /* 0: every core */
+    aft_impl impl;     /* AFT_IMPL_REFERENCE: aft_model_forward in float64 (the
+                        * model state always runs the fast kernels) */
+} aft_model_options;
+
+typedef struct {
+    size_t n_layers;
+    size_t d_model;        /* D */
+    size_t d_hidden;       /* C: the AFT layers' hidden size */
+    size_t key_channels;   /* C, or conv's heads */
+    size_t d_ff;           /* F */
+    size_t n_vocab;        /* V */
+    aft_variant variant;
+    size_t window;         /* local and conv: S; otherwise 0 */
+    size_t bias_rows;      /* local and full: Tmax; otherwise 0 */
+    size_t positions;      /* P: rows of the positional encodings; 0: none */
+    size_t context;        /* L: the most tokens the model reads at once
+                            * (SIZE_MAX: unbounded) */
+    size_t keep;           /* tokens a state keeps when it reaches L: L / 2 */
+    int has_vocab;         /* the metadata "vocab" was read */
+    const char *context_from;   /* the tensor that sets L, or NULL */
+} aft_model_info;
+
+/* Reads the model from f (converted to float32; f may be closed after).
+ * opt may be NULL (defaults: window from the checkpoint, every core, the
+ * fast kernels). Metadata read: "vocab", a JSON array of V strings (token
+ * id = index), optional; "window", optional. Missing tensors, shapes that do
+ * not fit together and bad metadata are refused with a message naming the
+ * tensor or entry. */
+aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model_options *opt, aft_error *err);
+aft_status aft_model_open(aft_model **out, const char *path, const aft_model_options *opt, aft_error *err);
+void aft_model_free(aft_model *m);
+const aft_model_info *aft_model_get_info(const aft_model *m);
+
+/* token id's text (NUL-terminated), or NULL without a vocabulary or for an
+ * id out of range */
+const char *aft_model_token(const aft_model *m, size_t id);
+/* text (len bytes) into token ids, the longest vocabulary entry at each
+ * point; *ids is malloc'd (free it). A character no entry matches is an
+ * error naming it and its byte offset. */
+aft_status aft_model_tokenize(const aft_model *m, int32_t **ids, size_t *n, const char *text, size_t len,
+                              aft_error *err);
+
+/* logits: (B, T, V)   tokens: (B, T) batch-major (for labml's seq-first
+ * (T, B), transpose first). Every sequence from position 0, T <= L. A token
+ * outside [0, V) is an error naming it and its place. */
+aft_status aft_model_forward(const aft_model *m, float *logits, const int32_t *tokens, size_t B, size_t T,
+                             aft_error *err);
+
+/* The model as an RNN: one aft_state per layer, B sequences fed a few
+ * tokens at a time, O(S D) a token a layer for local (S the window). The
+ * logits of a step equal the one-pass forward's over the same context, to
+ * rounding. m must outlive it. After a failed step (other than a bad token,
+ * which changes nothing) the state only frees. */
+typedef struct aft_model_state aft_model_state;
+aft_status aft_model_state_new(aft_model_state **out, const aft_model *m, size_t B, aft_error *err);
+void aft_model_state_free(aft_model_state *s);
+/* tokens: (B, n), the next n tokens of each sequence; logits: (B, n, V),
+ * or (B, V) for each sequence's last token when last_only, or NULL. */
+aft_status aft_model_step(aft_model_state *s, float *logits, const int32_t *tokens, size_t n, int last_only,
+                          aft_error *err);
+size_t aft_model_state_fed(const aft_model_state *s);      /* tokens fed per sequence */
+size_t aft_model_state_context(const aft_model_state *s);  /* tokens in the context now (<= L) */
+
+/* ---- sampling */
+
+typedef struct {
+    float temperature;   /* 0: greedy, the most likely token (the lowest id among equals) */
+    size_t top_k;        /* draw among the k most likely only; 0: all */
+    uint64_t seed;       /* aft_model_generate's generator starts here */
+} aft_sampling;
+
+/* aft's generator (splitmix64): the next 64 bits, and a double in [0, 1) */
+uint64_t aft_rng_next(uint64_t *state);
+double aft_rng_uniform(uint64_t *state);
+/* The next token from logits (V): greedy, or drawn with probability
+ * proportional to exp(logit / temperature) among the top_k; one draw of
+ * *rng. NaN logits are an error. */
+aft_status aft_sample(int32_t *token, const float *logits, size_t V, const aft_sampling *smp, uint64_t *rng,
+                      aft_error *err);
+
+/* called with each new token and the logits it was drawn from; nonzero
+ * stops the generation (not an error) */
+typedef int (*aft_token_fn)(void *ctx, int32_t token, const float *logits);
+/* Feeds the prompt (n_prompt >= 1 tokens) in one step, then draws n_new
+ * tokens one at a time, feeding each back. out (n_new, or NULL) gets the
+ * tokens, *n_out (when not NULL) how many were made. */
+aft_status aft_model_generate(const aft_model *m, int32_t *out, size_t *n_out, const int32_t *prompt,
+                              size_t n_prompt, size_t n_new, const aft_sampling *smp, aft_token_fn fn,
+                              void *fn_ctx, aft_error *err);
+
 #ifdef __cplusplus
 }
 #endif

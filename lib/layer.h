@@ -69,4 +69,9 @@ int aft_layer_chunked(float *y, const float *x, const aft_layer_prep *lp, const 
                       size_t T, size_t chunk, aft_layer_times *tm, aft_layer_carry *lc, aft_status *st,
                       aft_error *err);
 
+/* A streaming state (state.c) back at position 0, as aft_state_new left
+ * it, its room and packed weights kept: for the model, which starts its
+ * layers' states again when its context moves on. */
+void aft_state_reset(aft_state *s);
+
 #endif /* AFT_LAYER_H */

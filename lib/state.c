@@ -177,6 +177,14 @@ void aft_state_free(aft_state *s)
     free(s);
 }
 
+void aft_state_reset(aft_state *s)
+{
+    s->lc.pos = 0;
+    s->lc.off = 0;
+    s->poisoned = 0;
+    for (size_t b = 0; b < s->B; b++) aft_sums_empty(s->lc.carry + b * 4 * s->C, s->C);
+}
+
 size_t aft_state_position(const aft_state *s)
 {
     return s->lc.pos;

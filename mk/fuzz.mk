@@ -8,7 +8,7 @@
 #   make fuzz-merge            keep what `make fuzz` found: add the inputs of
 #                              build/fuzz/corpus/TARGET/ that reach code the
 #                              seeds do not to testdata/fuzz-seeds/TARGET/found/
-#   make fuzz-build            build only: build/fuzz/fuzz_{npy,npz,safetensors,state,weights}
+#   make fuzz-build            build only: build/fuzz/fuzz_{npy,npz,safetensors,state,weights,model}
 #   make fuzz-state-seeds      write fuzz_state's seeds (states of its layers)
 #
 # The targets are built with clang -fsanitize=fuzzer,address,undefined against
@@ -26,7 +26,7 @@
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_DIR     := build/fuzz
-FUZZ_TARGETS := fuzz_npy fuzz_npz fuzz_safetensors fuzz_state fuzz_weights
+FUZZ_TARGETS := fuzz_npy fuzz_npz fuzz_safetensors fuzz_state fuzz_weights fuzz_model
 
 # -O1 -g: exact stacks in reports at a good execution speed
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer

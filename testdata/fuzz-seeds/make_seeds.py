@@ -20,6 +20,10 @@ testdata/malformed/ is passed to every target as a second seed directory by
                      layers written here, one per naming scheme aft resolves
                      (query|to_q ..., pos_bias|wbias, pos_bias_u + _v, a conv
                      bias of one or two rows, a prefix, F16/BF16/F64 weights)
+  fuzz_model         small models in labml's state_dict names, one per
+                     variant aft finds (local by a window in the metadata,
+                     full, full factored, conv, simple without positional
+                     encodings), with and without a vocabulary, F32 and F16
 
 TARGET/found/ is not made here: it holds inputs the fuzzers found that reach
 code these seeds do not (kept with `make fuzz-merge`, named by their SHA-1),
@@ -114,8 +118,35 @@ WEIGHT_SEEDS = {
 }
 
 
+def model(attn_extra, d=4, c=4, kc=None, f=6, v=5, layers=2, p=8, positions=True, dtype="F32"):
+    """(name, dtype, shape) of labml's autoregressive transformer, under its
+    state_dict names (lib/aft.h, "the model")"""
+    t = [("src_embed.positional_encodings", dtype, (p, 1, d)), ("src_embed.linear.weight", dtype, (v, d))] \
+        if positions else [("src_embed.weight", dtype, (v, d))]
+    for i in range(layers):
+        pre = "encoder.layers.%d." % i
+        t += layer(d=d, c=c, kc=kc, dtype=dtype, prefix=pre + "self_attn.", extra=attn_extra)
+        t += [(pre + "feed_forward.layer1.weight", dtype, (f, d)), (pre + "feed_forward.layer1.bias", dtype, (f,)),
+              (pre + "feed_forward.layer2.weight", dtype, (d, f)), (pre + "feed_forward.layer2.bias", dtype, (d,))]
+        t += [(pre + n, dtype, (d,)) for n in ("norm_self_attn.weight", "norm_self_attn.bias",
+                                               "norm_ff.weight", "norm_ff.bias")]
+    return t + [("encoder.norm.weight", dtype, (d,)), ("encoder.norm.bias", dtype, (d,)),
+                ("generator.projection.weight", dtype, (v, d)), ("generator.projection.bias", dtype, (v,))]
+
+
+VOCAB = json.dumps(["a", "b", " ", "\n", "\u00e9"])
+MODEL_SEEDS = {
+    "local.safetensors": (model([("pos_bias", "F32", (6, 6))]), {"window": "2", "vocab": VOCAB}),
+    "full.safetensors": (model([("pos_bias", "F32", (6, 6))]), {"vocab": VOCAB}),
+    "factored.safetensors": (model([("pos_bias_u", "F32", (6, 2)), ("pos_bias_v", "F32", (6, 2))]), {}),
+    "conv.safetensors": (model([("pos_bias", "F32", (2, 3))], c=4, kc=2), {"vocab": VOCAB}),
+    "simple_no_positions.safetensors": (model([], positions=False, c=6), {}),
+    "local_f16.safetensors": (model([("pos_bias", "F16", (4, 4))], dtype="F16", layers=1), {"window": "3"}),
+}
+
+
 def main():
-    for target in ("fuzz_npy", "fuzz_npz", "fuzz_safetensors", "fuzz_weights"):
+    for target in ("fuzz_npy", "fuzz_npz", "fuzz_safetensors", "fuzz_weights", "fuzz_model"):
         os.makedirs(os.path.join(HERE, target), exist_ok=True)
     for name in NPY_SEEDS:
         shutil.copyfile(os.path.join(TESTDATA, "npy", name), os.path.join(HERE, "fuzz_npy", name))
@@ -128,6 +159,9 @@ def main():
     for name, tensors in WEIGHT_SEEDS.items():
         with open(os.path.join(HERE, "fuzz_weights", name), "wb") as f:
             f.write(safetensors(tensors, {"made_by": "make_seeds.py"}))
+    for name, (tensors, meta) in MODEL_SEEDS.items():
+        with open(os.path.join(HERE, "fuzz_model", name), "wb") as f:
+            f.write(safetensors(tensors, dict(meta, made_by="make_seeds.py")))
     print("seeds written under %s" % HERE)
 
 

@@ -1,0 +1,86 @@
+/* model.h - the pieces of the model around its AFT layers, inside lib/:
+ * LayerNorm (norm.c), the feed-forward network (ffn.c), the token embedding
+ * (embed.c), the vocabulary (vocab.c). Each fast kernel has a float64
+ * reference beside it, which the tests hold it to. */
+#ifndef AFT_MODEL_H
+#define AFT_MODEL_H
+
+#include "linear.h"
+
+/* PyTorch's nn.LayerNorm default, which labml's layers use */
+#define AFT_LAYERNORM_EPS 1e-5f
+
+/* ---- LayerNorm (norm.c) */
+
+// y, x: (N, D)   w: (D)   b: (D) or NULL. Each row: (x - mean) / sqrt(var + eps) * w + b,
+// var the biased variance (as torch.nn.LayerNorm). y may be x.
+void aft_layernorm(float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps);
+void aft_layernorm_ref(float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps);
+
+/* ---- the feed-forward network (ffn.c) */
+
+typedef struct {
+    size_t d_model;     /* D */
+    size_t d_ff;        /* F */
+    const float *w1;    /* (F, D) */
+    const float *b1;    /* (F) or NULL */
+    const float *w2;    /* (D, F) */
+    const float *b2;    /* (D) or NULL */
+} aft_ffn_params;
+
+/* both products packed once (linear.c); p and its arrays must outlive it */
+typedef struct {
+    aft_ffn_params p;
+    aft_linear l1, l2;
+} aft_ffn;
+
+aft_status aft_ffn_init(aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, int threads, aft_error *err);
+void aft_ffn_free(aft_ffn *f);
+// y, x: (N, D)   h: (N, F) scratch. y = relu(x W1^T + b1) W2^T + b2; y may not alias x.
+// relu keeps NaN (as torch.relu).
+void aft_ffn_apply(const aft_ffn *f, float *y, const float *x, size_t N, float *h);
+void aft_ffn_ref(float *y, const float *x, const aft_ffn_params *p, size_t N);
+
+/* ---- the token embedding (embed.c) */
+
+typedef struct {
+    const float *table;   /* (V, D) */
+    size_t V, D;
+    float scale;          /* each row times this (labml: sqrt(D)) */
+    const float *pe;      /* (P, D): added at each row's position, or NULL */
+    size_t P;
+} aft_embed_params;
+
+/* The first token of tokens (B, n, rows ldt apart) that is negative or not
+ * below V: 0 when all are valid, else 1 and its place in *b, *t. */
+int aft_embed_bad_token(const aft_embed_params *e, const int32_t *tokens, size_t ldt, size_t B, size_t n,
+                        size_t *b, size_t *t);
+// x: (B, n, D)   tokens: (B, n), rows ldt apart, each in [0, V) (checked by the caller).
+// x[b, j] = table[tokens[b, j]] * scale + pe[pos0 + j]; pos0 + n <= P when pe is set.
+void aft_embed(float *x, const aft_embed_params *e, const int32_t *tokens, size_t ldt, size_t B, size_t n,
+               size_t pos0);
+void aft_embed_ref(float *x, const aft_embed_params *e, const int32_t *tokens, size_t ldt, size_t B, size_t n,
+                   size_t pos0);
+
+/* ---- the vocabulary (vocab.c) */
+
+typedef struct {
+    size_t n;
+    char **text;    /* token i's text (UTF-8, NUL-terminated), malloc'd */
+    size_t *len;    /* its length in bytes */
+    char *key;      /* the metadata key it came from, for messages */
+} aft_vocab;
+
+/* json: a JSON array of n_expected non-empty, distinct strings (from the
+ * metadata entry `key`) */
+aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *key, size_t n_expected, aft_error *err);
+void aft_vocab_free(aft_vocab *v);
+/* str for a message: control characters and invalid UTF-8 as '?', cut
+ * short (with "...") to fit cap bytes, so a message stays one line of text
+ * whatever a file holds */
+void aft_show_text(char *buf, size_t cap, const char *str);
+/* the longest entry that matches at each point; *ids malloc'd */
+aft_status aft_vocab_encode(const aft_vocab *v, int32_t **ids, size_t *n, const char *text, size_t len,
+                            aft_error *err);
+
+#endif /* AFT_MODEL_H */
