@@ -14,6 +14,7 @@ int cmd_mask(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_grad(int argc, char **argv);
 
 /* "aft CMD: message" on stderr (CMD may be NULL for plain "aft: ") */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -71,7 +72,7 @@ int cli_set_string(const cli_option *opt, void *opts, const char *value);
 
 /* the option tables, for the tests that check the help, the man page and
  * the completion against them */
-extern const cli_command cli_info_command, cli_run_command, cli_mask_command, cli_compare_command,
+extern const cli_command cli_info_command, cli_run_command, cli_grad_command, cli_mask_command, cli_compare_command,
     cli_convert_command, cli_bench_command;
 
 /* strict number parsing: whole string, no sign for unsigned, range checked.
@@ -166,5 +167,7 @@ int cli_file_format(const char *cmd, const char *path, aft_format *fmt);
 
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);
+/* a tensor's shape as "2, 3", for messages (cut short to fit cap) */
+void cli_shape_text(const aft_tensor *t, char *buf, size_t cap);
 
 #endif

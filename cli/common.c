@@ -194,3 +194,12 @@ int cli_parse_grid(const char *s, size_t *h, size_t *w)
     if (cli_parse_size(buf, h) != 0 || cli_parse_size(comma + 1, w) != 0 || *h == 0 || *w == 0) return -1;
     return 0;
 }
+
+/* "2, 3" for messages */
+void cli_shape_text(const aft_tensor *t, char *buf, size_t cap)
+{
+    size_t u = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < t->ndim && u < cap - 24; i++)
+        u += (size_t)snprintf(buf + u, cap - u, "%s%zu", i ? ", " : "", t->shape[i]);
+}

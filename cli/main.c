@@ -19,6 +19,7 @@ struct cmd {
 static const struct cmd commands[] = {
     {"info", cmd_info, "print the tensors in .npy and .safetensors files"},
     {"run", cmd_run, "run an AFT layer or the bare AFT operator"},
+    {"grad", cmd_grad, "the gradients of a layer or the bare operator, given dL/dY"},
     {"mask", cmd_mask, "print a local (and causal) attention mask"},
     {"compare", cmd_compare, "compare two tensors with numpy's allclose rule"},
     {"convert", cmd_convert, "pack, extract and change the dtype of tensors"},

@@ -9,7 +9,6 @@
  * reporting. */
 #include "runner.h"
 
-#include <cJSON.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,58 +148,6 @@ static int compute(const struct run_opts *o, struct run *r)
 
 /* ---------------------------------------------------------------- write */
 
-static int write_timing(aft_out *out, const struct run_opts *o, const aft_config *cfg, size_t B, size_t T,
-                        size_t D, size_t C, const struct timing *tm)
-{
-    aft_blas_info bi;
-    aft_blas_get_info(&bi, cfg->projections);
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "variant", aft_variant_name(o->cfg.variant));
-    cJSON_AddNumberToObject(j, "window", (double)cfg->window);
-    cJSON_AddNumberToObject(j, "heads", (double)cfg->heads);
-    cJSON_AddBoolToObject(j, "causal", o->cfg.causal);
-    if (cfg->grid_h) {
-        cJSON *g = cJSON_AddArrayToObject(j, "grid");
-        cJSON_AddItemToArray(g, cJSON_CreateNumber((double)cfg->grid_h));
-        cJSON_AddItemToArray(g, cJSON_CreateNumber((double)cfg->grid_w));
-    }
-    cJSON_AddBoolToObject(j, "mask", o->mask_path != NULL);
-    cJSON_AddNumberToObject(j, "batch", (double)B);
-    cJSON_AddNumberToObject(j, "seq_len", (double)T);
-    cJSON_AddNumberToObject(j, "d_model", (double)D);
-    cJSON_AddNumberToObject(j, "d_hidden", (double)C);
-    cJSON_AddNumberToObject(j, "threads", cfg->threads);
-    cJSON_AddStringToObject(j, "impl", o->cfg.impl == AFT_IMPL_REFERENCE ? "reference" : "fast");
-    cJSON_AddNumberToObject(j, "repeat", (double)o->repeat);
-    cJSON *blas = cJSON_AddObjectToObject(j, "blas");
-    cJSON_AddStringToObject(blas, "library", bi.library);
-    cJSON_AddStringToObject(blas, "core", bi.core);
-    cJSON_AddStringToObject(blas, "projections", bi.projections);
-    cJSON *t = cJSON_AddObjectToObject(j, "timing_ms");
-    cJSON_AddNumberToObject(t, "load", tm->load);
-    cJSON_AddNumberToObject(t, "compute", tm->compute_med);
-    cJSON_AddNumberToObject(t, "compute_min", tm->compute_min);
-    cJSON_AddNumberToObject(t, "write", tm->write);
-    cJSON_AddNumberToObject(t, "total", tm->total);
-    if (tm->layer) {
-        cJSON *ph = cJSON_AddObjectToObject(t, "phases_of_fastest");
-        cJSON_AddNumberToObject(ph, "projections", tm->phases.projections);
-        cJSON_AddNumberToObject(ph, "operator", tm->phases.op);
-        cJSON_AddNumberToObject(ph, "output", tm->phases.output);
-    }
-    cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j);
-    if (!text) {
-        cli_error("run", "out of memory writing timing");
-        return EXIT_DATA;
-    }
-    fputs(text, out->fp);
-    fputc('\n', out->fp);
-    free(text);
-    return 0;
-}
-
 /* the result as a tensor in the input's layout and rank (y is swapped to
  * tbd in place when asked) */
 static int output_tensor(const struct run_opts *o, struct run *r, aft_tensor *yt)
@@ -252,7 +199,7 @@ static int write_result(const struct run_opts *o, struct run *r)
     r->tm.write = aft_now_ms() - t_w0;
     r->tm.total = aft_now_ms() - r->t_start;
     size_t outw = r->bare ? r->C : r->D;
-    if (o->timing_path && write_timing(&tout, o, &r->cfg, r->B, r->T, outw, r->C, &r->tm) != 0) goto out;
+    if (o->timing_path && runner_write_timing(&tout, o, r, outw) != 0) goto out;
     /* the state goes into place (atomically) once the result is written, before it is */
     if (o->state_out && aft_state_save(r->state, o->state_out, &err) != AFT_OK) {
         cli_error(NULL, "%s", err.msg);

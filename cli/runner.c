@@ -1,9 +1,10 @@
 /* runner.c - what aft run and aft grad share (runner.h): the options'
  * handlers, and the steps that read the input, get or seed the parameters,
  * settle the configuration by the library's rules, check the values and
- * the memory, and read the mask. */
+ * the memory, and read the mask; and --timing's JSON. */
 #include "runner.h"
 
+#include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -449,15 +450,6 @@ int runner_check_memory(const struct run_opts *o, const struct run *r)
 
 /* ---------------------------------------------------------------- the mask */
 
-/* "2, 3" for messages */
-static void shape_list(const aft_tensor *t, char *buf, size_t cap)
-{
-    size_t u = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < t->ndim && u < cap - 24; i++)
-        u += (size_t)snprintf(buf + u, cap - u, "%s%zu", i ? ", " : "", t->shape[i]);
-}
-
 /* --mask: [T, T] or [B, T, T] of 0 and 1 (bool, integers or floats) into
  * r->mask, one byte an entry, and the bias */
 int runner_load_mask(const struct run_opts *o, struct run *r)
@@ -475,7 +467,7 @@ int runner_load_mask(const struct run_opts *o, struct run *r)
     if (!((mt.ndim == 2 && mt.shape[0] == T && mt.shape[1] == T) ||
           (batched && mt.shape[0] == B && mt.shape[1] == T && mt.shape[2] == T))) {
         char shp[96];
-        shape_list(&mt, shp, sizeof shp);
+        cli_shape_text(&mt, shp, sizeof shp);
         cli_error(NULL, "%s: mask is [%s] but the input needs [T, T] = [%zu, %zu] or [B, T, T] = [%zu, %zu, %zu]",
                   o->mask_path, shp, T, T, B, T, T);
     } else if (aft_dtype_is_float(mt.dtype) && mt.dtype != AFT_F32 && mt.dtype != AFT_F64) {
@@ -523,4 +515,61 @@ aft_tensor runner_shaped(const struct run_opts *o, const struct run *r, float *d
         t.shape[2] = X;
     }
     return t;
+}
+
+/* ---------------------------------------------------------------- timing */
+
+int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D)
+{
+    const aft_config *cfg = &r->cfg;
+    const struct timing *tm = &r->tm;
+    size_t B = r->B, T = r->T, C = r->C;
+    aft_blas_info bi;
+    aft_blas_get_info(&bi, cfg->projections);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "variant", aft_variant_name(o->cfg.variant));
+    cJSON_AddNumberToObject(j, "window", (double)cfg->window);
+    cJSON_AddNumberToObject(j, "heads", (double)cfg->heads);
+    cJSON_AddBoolToObject(j, "causal", o->cfg.causal);
+    if (cfg->grid_h) {
+        cJSON *g = cJSON_AddArrayToObject(j, "grid");
+        cJSON_AddItemToArray(g, cJSON_CreateNumber((double)cfg->grid_h));
+        cJSON_AddItemToArray(g, cJSON_CreateNumber((double)cfg->grid_w));
+    }
+    cJSON_AddBoolToObject(j, "mask", o->mask_path != NULL);
+    cJSON_AddNumberToObject(j, "batch", (double)B);
+    cJSON_AddNumberToObject(j, "seq_len", (double)T);
+    cJSON_AddNumberToObject(j, "d_model", (double)D);
+    cJSON_AddNumberToObject(j, "d_hidden", (double)C);
+    cJSON_AddNumberToObject(j, "threads", cfg->threads);
+    cJSON_AddStringToObject(j, "impl", o->cfg.impl == AFT_IMPL_REFERENCE ? "reference" : "fast");
+    cJSON_AddNumberToObject(j, "repeat", (double)o->repeat);
+    if (r->cmd && strcmp(r->cmd, "grad") == 0) cJSON_AddStringToObject(j, "pass", "forward and backward");
+    cJSON *blas = cJSON_AddObjectToObject(j, "blas");
+    cJSON_AddStringToObject(blas, "library", bi.library);
+    cJSON_AddStringToObject(blas, "core", bi.core);
+    cJSON_AddStringToObject(blas, "projections", bi.projections);
+    cJSON *t = cJSON_AddObjectToObject(j, "timing_ms");
+    cJSON_AddNumberToObject(t, "load", tm->load);
+    cJSON_AddNumberToObject(t, "compute", tm->compute_med);
+    cJSON_AddNumberToObject(t, "compute_min", tm->compute_min);
+    cJSON_AddNumberToObject(t, "write", tm->write);
+    cJSON_AddNumberToObject(t, "total", tm->total);
+    if (tm->layer) {
+        cJSON *ph = cJSON_AddObjectToObject(t, "phases_of_fastest");
+        cJSON_AddNumberToObject(ph, "projections", tm->phases.projections);
+        cJSON_AddNumberToObject(ph, "operator", tm->phases.op);
+        cJSON_AddNumberToObject(ph, "output", tm->phases.output);
+    }
+    cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!text) {
+        cli_error(o->cmd, "out of memory writing timing");
+        return EXIT_DATA;
+    }
+    fputs(text, out->fp);
+    fputc('\n', out->fp);
+    free(text);
+    return 0;
 }

@@ -118,6 +118,10 @@ int runner_check_memory(const struct run_opts *o, const struct run *r);
 int runner_load_mask(const struct run_opts *o, struct run *r);
 void runner_free(struct run *r);
 
+/* --timing's JSON: the configuration as settled, the times, the peak
+ * memory; D the output's width */
+int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D);
+
 /* [T, B, X] -> [B, T, X] (or back when to_tbd), malloc'd; NULL when out of memory */
 float *runner_swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd);
 /* a float32 tensor over data of the input's rank and layout, width X */

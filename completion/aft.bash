@@ -9,7 +9,7 @@
 # bash-completion loads it on demand; or source it from ~/.bashrc. It needs
 # nothing from the bash-completion package.
 
-_aft_commands="info run mask compare convert bench help"
+_aft_commands="info run grad mask compare convert bench help"
 
 # the options of subcommand $1
 _aft_options()
@@ -20,6 +20,9 @@ _aft_options()
               "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --state-in --grid" \
               "--state-out --strict" \
               "-h --help" ;;
+    grad) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
+               "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --grid" \
+               "--grad-output --dy --strict -h --help" ;;
     mask) echo "--len --window --causal --format -o -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -h --help" ;;
@@ -34,11 +37,12 @@ _aft_options()
 _aft_value()
 {
     case $1:$2 in
+    grad:--mask | grad:--weights | grad:-o | grad:--output | grad:--timing | grad:--grad-output | grad:--dy | \
     run:--mask | run:--weights | run:-o | run:--output | run:--timing | run:--state-in | run:--state-out | mask:-o | \
     convert:-o | convert:--output | bench:--plot) echo file ;;
-    run:--variant) echo "list:full local simple conv" ;;
-    run:--layout) echo "list:btd tbd" ;;
-    run:--impl) echo "list:fast reference" ;;
+    run:--variant | grad:--variant) echo "list:full local simple conv" ;;
+    run:--layout | grad:--layout) echo "list:btd tbd" ;;
+    run:--impl | grad:--impl) echo "list:fast reference" ;;
     mask:--format) echo "list:text npy json" ;;
     convert:--format) echo "list:npy npz safetensors" ;;
     convert:--dtype) echo "list:f32 f16 bf16 f64" ;;
@@ -48,7 +52,8 @@ _aft_value()
     run:--threads | run:--max-memory | mask:--len | mask:--window | compare:--rtol | \
     compare:--atol | convert:--metadata | info:--max-memory | compare:--max-memory | convert:--max-memory | bench:--seq-len | bench:--d-model | \
     bench:--d-hidden | bench:--window | bench:--heads | bench:--batch | bench:--threads | \
-    bench:--repeat | bench:--chunk | bench:--grid | run:--grid) echo none ;;
+    bench:--repeat | bench:--chunk | bench:--grid | run:--grid | grad:--window | grad:--heads | grad:--prefix | \
+    grad:--seed | grad:--d-hidden | grad:--repeat | grad:--threads | grad:--max-memory | grad:--grid) echo none ;;
     *) echo flag ;;
     esac
 }
@@ -152,7 +157,7 @@ _aft()
         COMPREPLY=($(compgen -W "$(_aft_options "$cmd")" -- "$cur"))
     else
         case $cmd in
-        info | run) _aft_files "$cur" ;;
+        info | run | grad) _aft_files "$cur" ;;
         compare | convert)
             # NAME=INPUT (convert): complete INPUT after the first '='
             local name=""

@@ -553,6 +553,10 @@ aft_status aft_bias_load_grid(const aft_st_file *f, const char *prefix, aft_vari
  * sizes overflow. Callers compare it with what the machine has before they
  * start. */
 size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, size_t C, size_t kc);
+/* The same for aft_layer_backward (kc = 0) or aft_op_backward: about what
+ * it allocates beyond its arguments (bias: the position bias, or NULL). */
+size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias, size_t B, size_t T, size_t D,
+                                    size_t C, size_t kc);
 /* Memory this process may still use: MemAvailable, capped by the cgroup
  * limit when there is one; 0 if unknown. */
 size_t aft_available_memory(void);

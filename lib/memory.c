@@ -46,6 +46,40 @@ size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, 
     return sat_add(bytes, op);
 }
 
+size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias, size_t B, size_t T, size_t D,
+                                    size_t C, size_t kc)
+{
+    size_t N = sat_mul(B, T), f = sizeof(float), d = sizeof(double);
+    size_t threads = (size_t)aft_threads_or_all(cfg->threads);
+    /* the forward pass's own scratch, which the backward pass repeats */
+    size_t bytes = aft_workspace_bytes(cfg, B, T, D, C, kc);
+    if (kc == 0) {
+        /* Q, K, V and their gradients (N, 3C) each, H and dH (N, C) each */
+        bytes = sat_add(bytes, sat_mul(sat_mul(N, 8 * C), f));
+    } else if (kc != C) {
+        bytes = sat_add(bytes, sat_mul(sat_mul(N, 2 * C), f));   /* keys and their gradient widened */
+    }
+    if (cfg->impl == AFT_IMPL_REFERENCE) {
+        /* every activation and gradient in double */
+        bytes = sat_add(bytes, sat_mul(sat_mul(N, sat_add(sat_mul(3, D), 10 * C)), d));
+    } else {
+        /* per sequence (T, 3C) of running sums, and per thread a (T, 2C)
+         * block of the rows redone exactly (dense kernels) */
+        bytes = sat_add(bytes, sat_mul(sat_mul(T, 3 * C), f));
+        bytes = sat_add(bytes, sat_mul(threads, sat_mul(sat_mul(T, 2 * C), f)));
+    }
+    if (bias) {
+        /* each thread's private part of the bias gradient */
+        size_t conv = sat_mul(bias->conv_rows, bias->conv_len);
+        if (bias->conv_2d) conv = sat_mul(conv, bias->conv_len);
+        size_t priv = bias->kind == AFT_BIAS_FACTORED ? sat_mul(bias->tmax, bias->rank)
+                      : bias->kind == AFT_BIAS_CONV   ? conv
+                                                      : 0;
+        bytes = sat_add(bytes, sat_mul(sat_mul(threads, priv), f));
+    }
+    return bytes;
+}
+
 size_t aft_available_memory(void)
 {
     size_t avail = 0;

@@ -17,7 +17,7 @@
 #include "cli.h"
 #include "harness.h"
 
-static const char *const commands[] = {"info", "run", "mask", "compare", "convert", "bench"};
+static const char *const commands[] = {"info", "run", "grad", "mask", "compare", "convert", "bench"};
 
 static char *read_repo_file(const char *rel)
 {
@@ -93,8 +93,9 @@ static void test_every_option_documented(void **state)
 
 /* ---------------------------------------------------------------- the option tables */
 
-static const cli_command *const tables[] = {&cli_info_command,    &cli_run_command,     &cli_mask_command,
-                                            &cli_compare_command, &cli_convert_command, &cli_bench_command};
+static const cli_command *const tables[] = {&cli_info_command,    &cli_run_command,     &cli_grad_command,
+                                            &cli_mask_command,    &cli_compare_command, &cli_convert_command,
+                                            &cli_bench_command};
 #define NTABLES (sizeof tables / sizeof tables[0])
 
 /* 1 if c may stand before an option's name in prose, a synopsis or roff */

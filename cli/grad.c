@@ -1,0 +1,427 @@
+/* grad.c - aft grad: the gradients of one AFT layer (or the bare operator)
+ * on a user's files, given dL/dY.
+ *
+ * cmd_grad runs as aft run does, through the same steps (runner.c) and
+ * options, then reads dY (--grad-output), runs the backward pass, and writes
+ * every gradient into one .safetensors (or .npz) under the names the inputs
+ * came with: "input" for dL/dX (in the input's layout and rank), or "q",
+ * "k", "v" for the bare operator; each weight's and bias's gradient under
+ * its name in --weights, the position bias's in the file's own shape. That
+ * is the layout torch.autograd's fixtures use, so aft compare checks one
+ * against the other tensor by tensor. */
+#include "runner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- options */
+
+static const cli_option options[] = {
+    RUNNER_OPTIONS
+    {"--grad-output", "--dy", "DY.npy",
+     "dL/dY, the loss's gradient with respect to the output: the output's shape and layout (default: ones, the "
+     "gradients of sum(Y))",
+     cli_set_string, FIELD(grad_output), "--grad-output needs a file", 0},
+    {"-o", "--output", "FILE",
+     "the gradients as .safetensors, or .npz when FILE ends in .npz (default: stdout; on a terminal, a summary "
+     "instead)",
+     cli_set_string, FIELD(out_path), "-o needs a file", 0},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_grad_command = {
+    .name = "grad",
+    .usage = "usage: aft grad [options] INPUT\n"
+             "\n"
+             "The backward pass of the layer aft run computes with the same options:\n"
+             "the gradients of L = sum(Y * dY) with respect to the input and to every\n"
+             "parameter, written as one file of named tensors: 'input' (dL/dX), or 'q',\n"
+             "'k', 'v' for the bare operator, and each weight, bias and position bias\n"
+             "under its name in --weights (without --weights: query.weight, query.bias,\n"
+             "..., output.bias, and pos_bias for conv's bias; a seeded full or local\n"
+             "bias is no parameter and has no gradient).\n",
+    .options = options,
+    .operand = runner_set_input,
+};
+
+/* ---------------------------------------------------------------- dY */
+
+/* --grad-output in the output's shape (as aft run would write it) into a
+ * btd array of B*T*X floats; without it, ones */
+static int load_dy(const struct run_opts *o, const struct run *r, size_t X, float **dy)
+{
+    size_t n = r->B * r->T * X;
+    *dy = NULL;
+    if (!o->grad_output) {
+        if (!(*dy = malloc(n * sizeof(float) + 1))) goto nomem;
+        for (size_t i = 0; i < n; i++) (*dy)[i] = 1.0f;
+        return 0;
+    }
+    aft_error err;
+    aft_tensor t;
+    if (aft_npy_read(o->grad_output, &t, NULL, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->grad_output, err.msg);
+        return EXIT_DATA;
+    }
+    aft_tensor want = runner_shaped(o, r, NULL, X);
+    int same = t.ndim == want.ndim;
+    for (size_t i = 0; same && i < t.ndim; i++) same = t.shape[i] == want.shape[i];
+    int rc = EXIT_DATA;
+    float *f = NULL;
+    if (!same) {
+        char a[96], b[96];
+        cli_shape_text(&t, a, sizeof a);
+        cli_shape_text(&want, b, sizeof b);
+        cli_error(NULL, "%s: dY is [%s] but the output is [%s]; dY has the output's shape", o->grad_output, a, b);
+    } else if (!aft_dtype_is_float(t.dtype)) {
+        cli_error(NULL, "%s: dY has dtype %s; expected floating point", o->grad_output, aft_dtype_name(t.dtype));
+    } else if (aft_tensor_to_f32(&t, &f, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->grad_output, err.msg);
+    } else if (o->tbd && r->in_rank == 3) {
+        *dy = runner_swap_tb(f, r->B, r->T, X, 0);
+        rc = *dy ? 0 : (cli_error(o->cmd, "out of memory for dY"), EXIT_DATA);
+    } else {
+        *dy = f;
+        f = NULL;
+        rc = 0;
+    }
+    free(f);
+    aft_tensor_free(&t);
+    if (!rc && aft_count_nonfinite(*dy, n)) {
+        size_t bad = aft_count_nonfinite(*dy, n);
+        if (o->strict) {
+            cli_error(NULL, "%s: %zu non-finite values (NaN or inf); --strict refuses them", o->grad_output, bad);
+            rc = EXIT_DATA;
+        } else {
+            cli_error(o->cmd, "warning: %s holds %zu non-finite values (NaN or inf); gradients they reach will be "
+                      "NaN", o->grad_output, bad);
+        }
+    }
+    return rc;
+nomem:
+    cli_error(o->cmd, "out of memory for dY (%zu x %zu)", r->B * r->T, X);
+    return EXIT_DATA;
+}
+
+/* ---------------------------------------------------------------- the gradients to write */
+
+enum { MAX_GRADS = 14 };
+
+/* what is written: names, tensors (shaped, btd or the input's layout) and
+ * the buffers the backward pass fills */
+struct grads {
+    size_t n;
+    char names[MAX_GRADS][176];
+    aft_tensor t[MAX_GRADS];
+    float *buf[MAX_GRADS];
+};
+
+/* a gradient buffer of shape dims, named name */
+static float *add(struct grads *g, const char *name, size_t ndim, const size_t *dims)
+{
+    size_t n = 1, i = g->n;
+    aft_tensor *t = &g->t[i];
+    memset(t, 0, sizeof *t);
+    t->dtype = AFT_F32;
+    t->ndim = ndim;
+    for (size_t d = 0; d < ndim; d++) {
+        t->shape[d] = dims[d];
+        n *= dims[d];   /* the shapes of tensors already in memory: no overflow */
+    }
+    t->nelem = n;
+    t->nbytes = n * sizeof(float);
+    if (!(g->buf[i] = calloc(n + 1, sizeof(float)))) return NULL;
+    t->data = g->buf[i];
+    snprintf(g->names[i], sizeof g->names[i], "%s", name);
+    g->n++;
+    return g->buf[i];
+}
+
+static float *add2(struct grads *g, const char *name, size_t a, size_t b)
+{
+    size_t dims[2] = {a, b};
+    return add(g, name, b ? 2 : 1, dims);
+}
+
+/* "query.weight" -> "query.bias" (NULL name: no such tensor) */
+static void bias_name(char *out, size_t cap, const char *weight)
+{
+    size_t n = strlen(weight);
+    const char *suf = ".weight";
+    if (n >= 7 && strcmp(weight + n - 7, suf) == 0) snprintf(out, cap, "%.*s.bias", (int)(n - 7), weight);
+    else snprintf(out, cap, "%s.bias", weight);
+}
+
+/* the position bias's gradient: in the file's shape when it came from
+ * --weights, else in the shape the seeded conv bias has */
+static int add_bias_grads(struct grads *g, const struct run_opts *o, const struct run *r, aft_bias_grad *db)
+{
+    const aft_bias *b = &r->p->bias;
+    if (b->kind == AFT_BIAS_NONE || b->kind == AFT_BIAS_SEEDED) return 0;
+    const char *name = o->weights_path ? r->wts.names[4] : "pos_bias";
+    float **dst = b->kind == AFT_BIAS_DENSE ? &db->dense : b->kind == AFT_BIAS_FACTORED ? &db->u : &db->conv;
+    const aft_tensor *ft = o->weights_path ? aft_st_find(r->w_st, name) : NULL;
+    if (ft) {
+        if (!(*dst = add(g, name, ft->ndim, ft->shape))) return EXIT_DATA;
+    } else if (b->kind == AFT_BIAS_CONV) {
+        size_t dims[3] = {b->conv_rows, b->conv_len, b->conv_len};
+        if (!(*dst = add(g, name, b->conv_2d ? 3 : 2, dims))) return EXIT_DATA;
+    } else {
+        return 0;
+    }
+    if (b->kind == AFT_BIAS_FACTORED) {
+        const aft_tensor *fv = aft_st_find(r->w_st, r->wts.names[5]);
+        if (!fv || !(db->v = add(g, r->wts.names[5], fv->ndim, fv->shape))) return EXIT_DATA;
+    }
+    return 0;
+}
+
+/* the layer's: dX as "input", then each projection's weight and bias */
+static int plan_layer(struct grads *g, const struct run_opts *o, const struct run *r, aft_layer_grads *lg)
+{
+    const aft_params *p = r->p;
+    size_t D = r->D, C = r->C, KC = r->KC;
+    static const char *const canon[4] = {"query.weight", "key.weight", "value.weight", "output.weight"};
+    const float *bias[4] = {p->bq, p->bk, p->bv, p->bo};
+    float **wdst[4] = {&lg->wq, &lg->wk, &lg->wv, &lg->wo}, **bdst[4] = {&lg->bq, &lg->bk, &lg->bv, &lg->bo};
+    const size_t rows[4] = {C, KC, C, D}, cols[4] = {D, D, D, C};
+    aft_tensor xs = runner_shaped(o, r, NULL, D);
+    if (!(lg->dx = add(g, "input", xs.ndim, xs.shape))) return EXIT_DATA;
+    for (int i = 0; i < 4; i++) {
+        const char *wn = o->weights_path ? r->wts.names[i] : canon[i];
+        char bn[176];
+        if (!(*wdst[i] = add2(g, wn, rows[i], cols[i]))) return EXIT_DATA;
+        bias_name(bn, sizeof bn, wn);
+        if (bias[i] && !(*bdst[i] = add2(g, bn, rows[i], 0))) return EXIT_DATA;
+    }
+    return add_bias_grads(g, o, r, &lg->bias);
+}
+
+/* the bare operator's: q, k, v in the input's layout */
+static int plan_op(struct grads *g, const struct run_opts *o, const struct run *r, float **dq, float **dk,
+                   float **dv, aft_bias_grad *db)
+{
+    aft_tensor qs = runner_shaped(o, r, NULL, r->C), ks = runner_shaped(o, r, NULL, r->KC);
+    if (!(*dq = add(g, "q", qs.ndim, qs.shape)) || !(*dk = add(g, "k", ks.ndim, ks.shape)) ||
+        !(*dv = add(g, "v", qs.ndim, qs.shape)))
+        return EXIT_DATA;
+    return add_bias_grads(g, o, r, db);
+}
+
+static void grads_free(struct grads *g)
+{
+    for (size_t i = 0; i < g->n; i++) free(g->buf[i]);
+    g->n = 0;
+}
+
+/* ---------------------------------------------------------------- compute */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* the backward pass --repeat times; the times' median and minimum */
+static int compute(const struct run_opts *o, struct run *r, struct grads *g, const float *dy)
+{
+    aft_layer_grads lg;
+    aft_bias_grad db;
+    float *dq = NULL, *dk = NULL, *dv = NULL;
+    memset(&lg, 0, sizeof lg);
+    memset(&db, 0, sizeof db);
+    int rc = r->bare ? plan_op(g, o, r, &dq, &dk, &dv, &db) : plan_layer(g, o, r, &lg);
+    double *times = malloc(o->repeat * sizeof(double));
+    if (rc || !times) {
+        free(times);
+        cli_error(o->cmd, "out of memory for the gradients");
+        return EXIT_DATA;
+    }
+    r->t_loaded = aft_now_ms();
+    aft_error err;
+    const char *name = aft_variant_name(o->cfg.variant);
+    size_t B = r->B, T = r->T;
+    cli_progress_start("aft grad: %s T=%zu B=%zu", name, T, B);
+    for (size_t i = 0; i < o->repeat && !rc; i++) {
+        if (o->repeat > 1) cli_progress_label("aft grad: %s T=%zu B=%zu, run %zu of %zu", name, T, B, i + 1, o->repeat);
+        double t0 = aft_now_ms();
+        aft_status st = r->bare ? aft_op_backward(dq, dk, dv, &db, NULL, dy, r->q, r->k, r->v, &r->p->bias, &r->cfg,
+                                                  B, T, r->C, r->KC, &err)
+                                : aft_layer_backward(&lg, NULL, dy, r->x, r->p, &r->cfg, B, T, &err);
+        times[i] = aft_now_ms() - t0;
+        if (st != AFT_OK) {
+            cli_error(o->cmd, "%s", err.msg);
+            rc = EXIT_DATA;
+        }
+    }
+    cli_progress_stop();
+    if (!rc) {
+        qsort(times, o->repeat, sizeof(double), cmp_double);
+        size_t n = o->repeat;
+        r->tm.compute_min = times[0];
+        r->tm.compute_med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    }
+    free(times);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- write */
+
+/* the activations' gradients from btd to the input's layout */
+static int to_layout(const struct run_opts *o, const struct run *r, struct grads *g)
+{
+    if (!o->tbd || r->in_rank != 3) return 0;
+    size_t nact = r->bare ? 3 : 1;
+    for (size_t i = 0; i < nact; i++) {
+        float *z = runner_swap_tb(g->buf[i], r->B, r->T, g->t[i].shape[2], 1);
+        if (!z) {
+            cli_error(o->cmd, "out of memory");
+            return EXIT_DATA;
+        }
+        free(g->buf[i]);
+        g->buf[i] = z;
+        g->t[i].data = z;
+    }
+    return 0;
+}
+
+/* a line a gradient for the reader: its shape, largest magnitude and norm */
+static void show(const struct grads *g)
+{
+    printf("%-24s %-18s %14s %14s\n", "gradient", "shape", "max |g|", "norm");
+    for (size_t i = 0; i < g->n; i++) {
+        const float *x = g->buf[i];
+        double mx = 0.0, ss = 0.0;
+        for (size_t j = 0; j < g->t[i].nelem; j++) {
+            double a = fabs((double)x[j]);
+            mx = a > mx || isnan(a) ? a : mx;
+            ss += a * a;
+        }
+        char shp[64];
+        cli_shape_text(&g->t[i], shp, sizeof shp);
+        printf("%-24s [%-16s %14.6g %14.6g\n", g->names[i], strcat(shp, "]"), mx, sqrt(ss));
+    }
+    puts("(not saved: -o FILE or a pipe writes the gradients as .safetensors)");
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+    size_t n = strlen(s), m = strlen(suf);
+    return n >= m && strcmp(s + n - m, suf) == 0;
+}
+
+/* the gradients (and --timing), each file written whole or not at all */
+static int write_grads(const struct run_opts *o, struct run *r, struct grads *g)
+{
+    double t_w0 = aft_now_ms();
+    if (to_layout(o, r, g)) return EXIT_DATA;
+    const char *names[MAX_GRADS];
+    for (size_t i = 0; i < g->n; i++) names[i] = g->names[i];
+    int term = !o->out_path && isatty(STDOUT_FILENO);
+    const char *path = o->out_path ? o->out_path : "-";
+    aft_out tout = {0};
+    aft_error err;
+    int rc = EXIT_DATA;
+    if (o->timing_path && aft_out_open(&tout, o->timing_path, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
+    static const char *const meta[] = {"format", "pt", "grad_of", "sum(Y * dY)", "written_by", "aft grad"};
+    aft_status st;
+    if (term) {
+        show(g);
+        st = AFT_OK;
+    } else if (o->out_path && ends_with(o->out_path, ".npz")) {
+        st = aft_npz_write(path, names, g->t, g->n, &err);
+    } else {
+        st = aft_st_write(path, names, g->t, g->n, meta, 3, &err);
+    }
+    if (st != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        goto out;
+    }
+    r->tm.write = aft_now_ms() - t_w0;
+    r->tm.total = aft_now_ms() - r->t_start;
+    r->tm.load = r->t_loaded - r->t_start;
+    if (o->timing_path && runner_write_timing(&tout, o, r, r->bare ? r->C : r->D) != 0) goto out;
+    if (o->timing_path && aft_out_commit(&tout, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        goto out;
+    }
+    rc = 0;
+out:
+    if (tout.fp) aft_out_abort(&tout);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the command */
+
+/* the run's memory with the backward pass's: aft run's check with the
+ * gradients' arrays and the backward workspace */
+static int check_memory(const struct run_opts *o, const struct run *r)
+{
+    size_t B = r->B, T = r->T, N = B * T, outw = r->bare ? r->C : r->D;
+    size_t need = aft_backward_workspace_bytes(&r->cfg, &r->p->bias, B, T, r->D, r->C, r->bare ? r->KC : 0);
+    /* dY, and the gradients of the activations, twice over while swapped */
+    size_t act = r->bare ? 2 * r->C + r->KC : r->D, elems;
+    int ok = !__builtin_mul_overflow(N, outw + 2 * act, &elems) && !__builtin_mul_overflow(elems, sizeof(float), &elems);
+    size_t maskb = o->mask_path ? B * T * T * (sizeof(float) + 1) : 0;
+    if (!ok || need > SIZE_MAX - elems - maskb) need = SIZE_MAX;
+    else need += elems + maskb;
+    size_t limit = o->max_memory ? o->max_memory : aft_available_memory();
+    if (limit && need > limit) {
+        cli_error(o->cmd, "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
+                  o->max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, struct run_opts *o)
+{
+    runner_defaults(o, "grad");
+    int rc = cli_parse_options(&cli_grad_command, argc, argv, o);
+    if (rc) return rc;
+    if ((rc = runner_check_options(o))) return rc;
+    if (o->grad_output && o->input && strcmp(o->grad_output, "-") == 0 && strcmp(o->input, "-") == 0)
+        return cli_usage_error(o->cmd, "only one of INPUT and --grad-output can be '-' (standard input)");
+    return 0;
+}
+
+int cmd_grad(int argc, char **argv)
+{
+    struct run_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc < 0 ? cli_finish_stdout("grad") : rc;
+
+    struct run r;
+    struct grads g;
+    float *dy = NULL;
+    memset(&r, 0, sizeof r);
+    memset(&g, 0, sizeof g);
+    r.cmd = "grad";
+    r.t_start = aft_now_ms();
+    aft_format in_fmt;
+    if (cli_file_format(NULL, o.input, &in_fmt) != 0) return EXIT_DATA;
+    r.bare = in_fmt == AFT_FORMAT_SAFETENSORS || in_fmt == AFT_FORMAT_NPZ;
+    r.cfg = o.cfg;
+    cli_kernels_from_env(&r.cfg);
+
+    rc = runner_load_input(&o, &r);
+    if (!rc) rc = runner_place_grid(&o, &r);
+    if (!rc) rc = runner_get_params(&o, &r);
+    if (!rc) rc = runner_check_values(&o, &r);
+    if (!rc) rc = check_memory(&o, &r);
+    if (!rc) rc = runner_load_mask(&o, &r);
+    if (!rc) rc = load_dy(&o, &r, r.bare ? r.C : r.D, &dy);
+    if (!rc) rc = compute(&o, &r, &g, dy);
+    if (!rc) rc = write_grads(&o, &r, &g);
+    free(dy);
+    grads_free(&g);
+    runner_free(&r);
+    if (rc == 0 && !o.out_path) return cli_finish_stdout("grad");
+    return rc;
+}
