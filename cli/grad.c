@@ -225,6 +225,38 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static double median(double *t, size_t n)
+{
+    qsort(t, n, sizeof(double), cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* --timing: the forward pass alone, --repeat times, its median beside the
+ * backward pass's */
+static int time_forward(const struct run_opts *o, struct run *r, double *times)
+{
+    size_t outw = r->bare ? r->C : r->D;
+    float *y = malloc(r->B * r->T * outw * sizeof(float) + 1);
+    aft_error err;
+    int rc = y ? 0 : EXIT_DATA;
+    for (size_t i = 0; i < o->repeat && !rc; i++) {
+        double t0 = aft_now_ms();
+        aft_status st = r->bare ? aft_op_forward(y, r->q, r->k, r->v, &r->p->bias, &r->cfg, r->B, r->T, r->C, r->KC,
+                                                 &err)
+                                : aft_layer_forward(y, r->x, r->p, &r->cfg, r->B, r->T, &err);
+        times[i] = aft_now_ms() - t0;
+        if (st != AFT_OK) rc = EXIT_DATA;
+    }
+    free(y);
+    if (rc) {
+        cli_error(o->cmd, "the forward pass for --timing failed");
+        return rc;
+    }
+    r->tm.grad = 1;
+    r->tm.forward = median(times, o->repeat);
+    return 0;
+}
+
 /* the backward pass --repeat times; the times' median and minimum */
 static int compute(const struct run_opts *o, struct run *r, struct grads *g, const float *dy)
 {
@@ -259,11 +291,10 @@ static int compute(const struct run_opts *o, struct run *r, struct grads *g, con
     }
     cli_progress_stop();
     if (!rc) {
-        qsort(times, o->repeat, sizeof(double), cmp_double);
-        size_t n = o->repeat;
+        r->tm.compute_med = median(times, o->repeat);
         r->tm.compute_min = times[0];
-        r->tm.compute_med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
     }
+    if (!rc && o->timing_path) rc = time_forward(o, r, times);
     free(times);
     return rc;
 }

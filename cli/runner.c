@@ -555,6 +555,12 @@ int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run
     cJSON_AddNumberToObject(t, "compute_min", tm->compute_min);
     cJSON_AddNumberToObject(t, "write", tm->write);
     cJSON_AddNumberToObject(t, "total", tm->total);
+    if (tm->grad) {
+        /* the backward call recomputes the forward pass inside */
+        cJSON_AddNumberToObject(t, "forward", tm->forward);
+        cJSON_AddNumberToObject(t, "backward", tm->compute_med);
+        cJSON_AddNumberToObject(t, "backward_over_forward", tm->forward > 0 ? tm->compute_med / tm->forward : 0.0);
+    }
     if (tm->layer) {
         cJSON *ph = cJSON_AddObjectToObject(t, "phases_of_fastest");
         cJSON_AddNumberToObject(ph, "projections", tm->phases.projections);

@@ -86,6 +86,8 @@ struct timing {
     double load, write, total, compute_med, compute_min;
     int layer;              /* phases apply: a layer run, not the bare operator */
     aft_layer_times phases; /* of the fastest run */
+    int grad;               /* aft grad: compute is forward and backward, */
+    double forward;         /* beside the forward pass alone (medians) */
 };
 
 /* what a run holds from one step to the next */
