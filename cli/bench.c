@@ -33,6 +33,7 @@ typedef struct {
     int one;   /* --one: the child's mode */
     int stream;         /* --stream: the causal layer a token at a time, and in chunks */
     size_t chunk;       /* --chunk: the chunks' rows (default 4096) */
+    int grad;           /* --grad: also the backward pass */
     size_t grid_h, grid_w;   /* --grid H,W: one sequence length, H * W, on that grid */
     const char *plot;
 } bench_opts;
@@ -167,6 +168,10 @@ static const cli_option options[] = {
      "token), floor us (reading the weights once), chunked ms and its ratio to the one-shot run",
      cli_set_flag, FIELD(stream), NULL, 0},
     {"--chunk", NULL, "N", "--stream: rows a chunk (default 4096)", set_positive, FIELD(chunk), NEEDS_VALUE, 0},
+    {"--grad", NULL, NULL,
+     "also time the backward pass (every gradient, the forward pass inside it, as aft grad runs it); columns grad "
+     "ms (its median) and its ratio to the forward pass's",
+     cli_set_flag, FIELD(grad), NULL, 0},
     /* one configuration in this process: how the parent runs each */
     {"--one", NULL, NULL, "run the first configuration here and print its JSON", cli_set_flag, FIELD(one), NULL,
      1},
@@ -225,6 +230,7 @@ typedef struct {
     aft_layer_times phases;      /* of the fastest run */
     double maxdiff, maxref;      /* --impl both: vs the float64 reference; maxdiff < 0 otherwise */
     cli_stream_times stream;     /* --stream */
+    cli_grad_times grad;         /* --grad */
 } measured;
 
 /* runs the layer o->repeat times after one untimed run (thread pools and
@@ -324,6 +330,11 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
         cJSON_AddNumberToObject(j, "ms_chunked", m->stream.chunked_ms);
         cJSON_AddNumberToObject(j, "chunked_over_one_shot", m->stream.chunked_ms / m->min);
     }
+    if (o->grad) {
+        cJSON_AddNumberToObject(j, "ms_grad", m->grad.med);
+        cJSON_AddNumberToObject(j, "ms_grad_min", m->grad.min);
+        cJSON_AddNumberToObject(j, "grad_over_forward", m->grad.med / m->med);
+    }
     if (m->maxdiff >= 0) {
         cJSON_AddNumberToObject(j, "max_diff_vs_reference", m->maxdiff);
         cJSON_AddNumberToObject(j, "max_abs_reference", m->maxref);
@@ -365,6 +376,7 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
         rc = measure(o, y, x, &params.p, &cfg, B, T, &m);
         if (!rc && o->impl_both) rc = against_reference(y, x, &params.p, &cfg, B, T, nx, &m);
         if (!rc && o->stream) rc = cli_bench_stream(&params.p, &cfg, B, T, D, C, o->chunk, o->repeat, &m.stream);
+        if (!rc && o->grad) rc = cli_bench_grad(&params.p, &cfg, B, T, x, o->repeat, &m.grad);
         if (!rc) rc = print_one(o, &cfg, B, T, D, C, &m);
     }
     free(x);
@@ -437,6 +449,7 @@ static int run_child(const char *self, const bench_opts *o, aft_variant var, siz
     snprintf(a_g, sizeof a_g, "%zu,%zu", o->grid_h, o->grid_w);
     if (o->grid_h) { argv[n++] = "--grid"; argv[n++] = a_g; }
     if (o->stream) { argv[n++] = "--stream"; argv[n++] = "--chunk"; argv[n++] = a_c; }
+    if (o->grad) argv[n++] = "--grad";
     if (o->impl_both) { argv[n++] = "--impl"; argv[n++] = "both"; }
     else if (o->impl_ref) { argv[n++] = "--impl"; argv[n++] = "reference"; }
     argv[n] = NULL;
@@ -562,9 +575,10 @@ static void print_header(const bench_opts *o, int threads, double ceiling)
            bi.projections);
     if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
     else printf("sgemm ceiling not measured\n");
-    printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s%s\n", "variant", "causal", "T", "B", "d", "ms",
+    printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s%s%s\n", "variant", "causal", "T", "B", "d", "ms",
            "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil", "proj",
-           o->stream ? "   tok us 1-shot us floor us chunked ms ratio" : "", o->impl_both ? "  max|diff| vs ref" : "");
+           o->stream ? "   tok us 1-shot us floor us chunked ms ratio" : "", o->grad ? "    grad ms  x fwd" : "",
+           o->impl_both ? "  max|diff| vs ref" : "");
     fflush(stdout);
 }
 
@@ -591,10 +605,12 @@ static void print_row(const bench_opts *o, cJSON *j, double ceiling)
         snprintf(stream, sizeof stream, " %8.2f %9.3f %8.2f %10.3f %5.2f", NUM("us_per_token_stream"),
                  NUM("us_per_token_one_shot"), NUM("us_per_token_floor"), NUM("ms_chunked"),
                  NUM("chunked_over_one_shot"));
-    printf("%-7s %-6s %6.0f %3.0f %5.0f %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s%s\n",
+    char grad[48] = "";
+    if (o->grad) snprintf(grad, sizeof grad, " %10.3f %6.2f", NUM("ms_grad"), NUM("grad_over_forward"));
+    printf("%-7s %-6s %6.0f %3.0f %5.0f %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s%s%s\n",
            cJSON_GetObjectItem(j, "variant")->valuestring, o->causal ? "yes" : "no", NUM("seq_len"), NUM("batch"),
            NUM("d_model"), NUM("ms"), ms_min, gf, NUM("tokens_per_s"), NUM("peak_bytes") / 1048576.0, ceil_txt,
-           ms_min > 0 ? 100.0 * proj / ms_min : 0.0, stream, diff);
+           ms_min > 0 ? 100.0 * proj / ms_min : 0.0, stream, grad, diff);
 #undef NUM
     fflush(stdout);
 }

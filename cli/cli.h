@@ -142,6 +142,17 @@ typedef struct {
 int cli_bench_stream(const aft_params *p, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
                      size_t chunk, size_t repeat, cli_stream_times *out);
 
+/* aft bench --grad (bench_grad.c): the backward pass's median and fastest
+ * time in ms, the forward pass inside it included */
+typedef struct {
+    double med, min;
+} cli_grad_times;
+
+/* the layer p's gradients under cfg on x (B, T, D) and a seeded dY, timed
+ * `repeat` times after an untimed run; 0, or an exit status after reporting */
+int cli_bench_grad(const aft_params *p, const aft_config *cfg, size_t B, size_t T, const float *x, size_t repeat,
+                   cli_grad_times *out);
+
 /* ---------------------------------------------------------------- a tensor for a terminal (show.c) */
 
 /* numpy's repr of a float32 array of that shape ("array([[ 0.5, -1. ]],

@@ -27,7 +27,7 @@ _aft_options()
     compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
-                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid -h --help" ;;
+                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid --grad -h --help" ;;
     esac
 }
 

@@ -219,6 +219,40 @@ static void test_stream(void **state)
     harness_result_free(&r);
 }
 
+/* --grad: the backward pass's time and its ratio to the forward pass, for
+ * every variant, causal or not, in JSON and in the table */
+static void test_grad(void **state)
+{
+    (void)state;
+    skip_under_valgrind();
+    harness_result r;
+    for (int causal = 0; causal < 2; causal++) {
+        assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "50", "--d-model", "16", "--variant",
+                                     "local,simple,conv,full", "--window", "4", "--heads", "2",
+                                     causal ? "--causal" : "--batch", causal ? "--grad" : "2",
+                                     causal ? "--no-ceiling" : "--grad", "--repeat", "3", "--json"),
+                         0);
+        assert_int_equal(r.exit_code, 0);
+        assert_int_equal(harness_count_lines(r.out), 4);
+        char *save = NULL;
+        for (char *line = strtok_r(r.out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            cJSON *j = cJSON_Parse(line);
+            assert_non_null(j);
+            assert_true(num(j, "ms_grad") > 0 && num(j, "ms_grad_min") <= num(j, "ms_grad"));
+            assert_true(fabs(num(j, "grad_over_forward") - num(j, "ms_grad") / num(j, "ms")) <
+                        1e-9 * num(j, "grad_over_forward") + 1e-12);
+            cJSON_Delete(j);
+        }
+        harness_result_free(&r);
+    }
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "40", "--d-model", "8", "--variant", "conv", "--grid",
+                                 "5,8", "--window", "2", "--heads", "2", "--grad", "--repeat", "1", "--no-ceiling"),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    assert_non_null(strstr(r.out, "grad ms"));
+    harness_result_free(&r);
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -251,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_peak_is_the_runs_own),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_grad),
         cmocka_unit_test(test_usage_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

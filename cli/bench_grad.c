@@ -1,0 +1,69 @@
+/* bench_grad.c - aft bench --grad: the layer's backward pass (every
+ * gradient: the input's, the weights' and biases', the position bias's),
+ * which runs the forward pass inside, timed on the configuration's seeded
+ * inputs with a seeded dY. */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int cli_bench_grad(const aft_params *p, const aft_config *cfg, size_t B, size_t T, const float *x, size_t repeat,
+                   cli_grad_times *out)
+{
+    const size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, N = B * T;
+    /* the gradients' buffers, as aft grad writes them: one block */
+    const size_t sizes[] = {N * D, N * D, C * D, C, KC * D, KC, C * D, C, D * C, D};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    float *blk = calloc(total + 1, sizeof(float));
+    if (!blk) {
+        cli_error("bench", "out of memory for the gradients (T = %zu)", T);
+        return EXIT_DATA;
+    }
+    float *at[10], *q = blk;
+    for (size_t i = 0; i < 10; i++, q += sizes[i - 1]) at[i] = q;
+    float *dy = at[0];
+    for (size_t i = 0; i < N * D; i++) dy[i] = aft_seeded_bias(13, 1.0f, i / D, i % D);
+    aft_layer_grads g = {.dx = at[1], .wq = at[2], .bq = at[3], .wk = at[4], .bk = at[5],
+                         .wv = at[6], .bv = at[7], .wo = at[8], .bo = at[9]};
+    /* a conv bias has a gradient; the seeded full and local one none */
+    float *dconv = NULL;
+    const aft_bias *b = &p->bias;
+    if (b->kind == AFT_BIAS_CONV) {
+        size_t n = b->conv_rows * b->conv_len * (b->conv_2d ? b->conv_len : 1);
+        if (!(dconv = calloc(n + 1, sizeof(float)))) {
+            free(blk);
+            cli_error("bench", "out of memory for the bias gradient");
+            return EXIT_DATA;
+        }
+        g.bias.conv = dconv;
+    }
+    aft_error err;
+    double best = 1e300, *times = malloc((repeat + 1) * sizeof(double));
+    int rc = times ? 0 : EXIT_DATA;
+    /* one untimed first: thread pools and page faults belong to start-up */
+    for (size_t r = 0; r <= repeat && !rc; r++) {
+        double t0 = aft_now_ms();
+        if (aft_layer_backward(&g, NULL, dy, x, p, cfg, B, T, &err) != AFT_OK) {
+            cli_error("bench", "%s", err.msg);
+            rc = EXIT_DATA;
+        }
+        double dt = aft_now_ms() - t0;
+        if (r) times[r - 1] = dt;
+        best = r && dt < best ? dt : best;
+    }
+    if (!rc) {
+        for (size_t i = 1; i < repeat; i++)   /* insertion sort: a handful of values */
+            for (size_t j = i; j > 0 && times[j - 1] > times[j]; j--) {
+                double t = times[j];
+                times[j] = times[j - 1];
+                times[j - 1] = t;
+            }
+        out->med = repeat % 2 ? times[repeat / 2] : 0.5 * (times[repeat / 2 - 1] + times[repeat / 2]);
+        out->min = best;
+    }
+    free(times);
+    free(dconv);
+    free(blk);
+    return rc;
+}
