@@ -1,4 +1,5 @@
-/* test_compare.c - `aft compare`: the allclose rule, NaN and infinity, operands, errors. */
+/* test_compare.c - `aft compare`: the allclose rule, NaN and infinity, operands, errors;
+ * two files of tensors compared by name. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -477,6 +478,354 @@ static void test_empty_tensors(void **state)
     free(a);
 }
 
+/* ---------------------------------------------------------------- two files, by name */
+
+/* a named tensor of a gradient file */
+typedef struct {
+    const char *name;
+    const float *v;
+    size_t ndim, shape[2];
+} named;
+
+static const float qw[6] = {0.5f, -1, 2, 0.25f, 4, -3}, qb[3] = {0.1f, 0.2f, 0.3f}, pb[4] = {1, -1, 2, -2};
+
+/* what aft grad writes for a layer, in this order */
+static const named grads[4] = {
+    {"input", base, 2, {2, 3}},
+    {"query.weight", qw, 2, {3, 2}},
+    {"query.bias", qb, 1, {3}},
+    {"pos_bias", pb, 2, {2, 2}},
+};
+
+/* writes the n tensors to dir/name, a .npz if the name says so, else a
+ * .safetensors; returns the malloc'd path */
+static char *tensors_file(const char *name, const named *ts, size_t n)
+{
+    char *path = harness_path(dir, name);
+    aft_tensor t[8];
+    const char *names[8];
+    assert_true(n <= 8);
+    for (size_t i = 0; i < n; i++) {
+        t[i] = harness_tensor(AFT_F32, ts[i].v, ts[i].ndim, ts[i].shape);
+        names[i] = ts[i].name;
+    }
+    aft_error err = {{0}};
+    aft_status st = strstr(name, ".npz") ? aft_npz_write(path, names, t, n, &err)
+                                         : aft_st_write(path, names, t, n, NULL, 0, &err);
+    if (st != AFT_OK) fail_msg("writing %s: %s", path, err.msg);
+    return path;
+}
+
+/* B holds the same tensors in another order */
+static void reorder(named out[4])
+{
+    static const int order[4] = {3, 1, 0, 2};
+    for (int i = 0; i < 4; i++) out[i] = grads[order[i]];
+}
+
+/* the tensor object called name in the JSON's "tensors" */
+static const cJSON *tensor_named(const cJSON *o, const char *name)
+{
+    const cJSON *t;
+    cJSON_ArrayForEach(t, field(o, "tensors"))
+        if (strcmp(field(t, "name")->valuestring, name) == 0) return t;
+    fail_msg("no tensor '%s' in the JSON", name);
+    return NULL;
+}
+
+/* the JSON array under key holds exactly these strings, in order */
+static void check_names(const cJSON *o, const char *key, size_t n, const char *const *want)
+{
+    const cJSON *arr = field(o, key);
+    assert_true(cJSON_IsArray(arr));
+    assert_int_equal(cJSON_GetArraySize(arr), n);
+    for (size_t i = 0; i < n; i++)
+        assert_string_equal(cJSON_GetArrayItem(arr, (int)i)->valuestring, want[i]);
+}
+
+/* the same tensors, in another order and within tolerance: close */
+static void test_files_close(void **state)
+{
+    (void)state;
+    named b[4];
+    reorder(b);
+    float near[6];
+    for (int i = 0; i < 6; i++) near[i] = qw[i] * (1 + 2e-6f);
+    b[1].v = near;   /* query.weight */
+    char *fa = tensors_file("close_a.safetensors", grads, 4), *fb = tensors_file("close_b.safetensors", b, 4);
+    harness_result r;
+    COMPARE(&r, fa, fb);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(r.err_len, 0);
+    assert_string_equal(last_line(&r), "close\n");
+    /* a, b, rule, titles, a line per tensor, the verdict */
+    assert_int_equal(harness_count_lines(r.out), 9);
+    /* in A's order, whatever B's */
+    const char *at = r.out;
+    for (int i = 0; i < 4; i++) {
+        char line[64];
+        snprintf(line, sizeof line, "\n%-12s  ", grads[i].name);
+        const char *p = strstr(at, line);
+        if (!p) fail_msg("no line for %s after the previous one:\n%s", grads[i].name, r.out);
+        const char *eol = strchr(p + 1, '\n');
+        /* "  close", not "not close" */
+        assert_true(eol && eol - p > 8 && strncmp(eol - 7, "  close", 7) == 0);
+        at = p + 1;
+    }
+    harness_result_free(&r);
+
+    COMPARE(&r, fa, fb, "--json");
+    assert_int_equal(r.exit_code, 0);
+    cJSON *o = json_of(&r);
+    assert_true(cJSON_IsTrue(field(o, "close")));
+    assert_int_equal(cJSON_GetArraySize(field(o, "tensors")), 4);
+    check_names(o, "only_in_a", 0, NULL);
+    check_names(o, "only_in_b", 0, NULL);
+    const cJSON *t = tensor_named(o, "query.weight");
+    assert_true(cJSON_IsTrue(field(t, "close")));
+    assert_true(num(t, "max_rel_error") > 1e-6 && num(t, "max_rel_error") < 1e-5);
+    assert_int_equal(num(t, "total"), 6);
+    assert_string_equal(field(t, "dtype_a")->valuestring, "F32");
+    assert_true(num(o, "rtol") == 1e-5);
+    cJSON_Delete(o);
+    harness_result_free(&r);
+    /* a tighter rtol turns just that tensor */
+    COMPARE(&r, fa, fb, "--rtol", "1e-7");
+    assert_int_equal(r.exit_code, 1);
+    assert_string_equal(last_line(&r), "not close (1 of 4 tensors)\n");
+    harness_result_free(&r);
+    free(fa);
+    free(fb);
+}
+
+/* one element off in one tensor: the whole report, exactly; B a .npz */
+static void test_files_one_off(void **state)
+{
+    (void)state;
+    float off[6];
+    memcpy(off, qw, sizeof off);
+    off[1] = -0.5f;   /* [0, 1]: b holds -1 */
+    named a[4];
+    memcpy(a, grads, sizeof a);
+    a[1].v = off;
+    named b[4];
+    reorder(b);
+    char *fa = tensors_file("off_a.safetensors", a, 4), *fb = tensors_file("off_b.npz", b, 4);
+    harness_result r;
+    COMPARE(&r, fa, fb);
+    assert_int_equal(r.exit_code, 1);
+    assert_int_equal(r.err_len, 0);
+    char *want = NULL;
+    assert_true(asprintf(&want,
+                         "a:             %s  safetensors, 4 tensors\n"
+                         "b:             %s  npz, 4 tensors\n"
+                         "rule:          |a - b| <= 1e-08 + 1e-05 * |b|\n"
+                         "name          shape   max abs error  max rel error  mismatches\n"
+                         "input         [2, 3]  0              0              0 / 6       close\n"
+                         "query.weight  [3, 2]  0.5            0.5            1 / 6       not close\n"
+                         "query.bias    [3]     0              0              0 / 3       close\n"
+                         "pos_bias      [2, 2]  0              0              0 / 4       close\n"
+                         "not close (1 of 4 tensors)\n",
+                         fa, fb) > 0);
+    assert_string_equal(r.out, want);
+    free(want);
+    harness_result_free(&r);
+
+    COMPARE(&r, "--json", fa, fb);
+    assert_int_equal(r.exit_code, 1);
+    cJSON *o = json_of(&r);
+    assert_true(cJSON_IsFalse(field(o, "close")));
+    assert_string_equal(field(o, "a")->valuestring, fa);
+    const cJSON *t = field(o, "tensors");
+    assert_int_equal(cJSON_GetArraySize(t), 4);
+    /* in A's order */
+    for (int i = 0; i < 4; i++)
+        assert_string_equal(field(cJSON_GetArrayItem(t, i), "name")->valuestring, grads[i].name);
+    const cJSON *q = tensor_named(o, "query.weight");
+    assert_true(cJSON_IsFalse(field(q, "close")));
+    assert_true(cJSON_IsTrue(field(q, "shapes_equal")));
+    assert_int_equal(num(q, "mismatches"), 1);
+    check_index(q, 2, (size_t[]){0, 1});
+    assert_true(num(q, "worst_a") == -0.5 && num(q, "worst_b") == -1);
+    assert_true(cJSON_IsTrue(field(tensor_named(o, "pos_bias"), "close")));
+    cJSON_Delete(o);
+    harness_result_free(&r);
+    free(fa);
+    free(fb);
+}
+
+/* a name in one file only: a line each, A's among A's, B's at the end */
+static void test_files_name_one_side(void **state)
+{
+    (void)state;
+    named a[5], b[5];
+    memcpy(a, grads, 4 * sizeof *a);
+    a[4] = (named){"key.weight", qw, 2, {3, 2}};
+    reorder(b);
+    b[4] = (named){"value.bias", qb, 1, {3}};
+    char *fa = tensors_file("side_a.safetensors", a, 5), *fb = tensors_file("side_b.safetensors", b, 5);
+    harness_result r;
+    COMPARE(&r, fa, fb);
+    assert_int_equal(r.exit_code, 1);
+    const char *ka = strstr(r.out, "\nkey.weight    only in a\n");
+    const char *vb = strstr(r.out, "\nvalue.bias    only in b\n");
+    assert_non_null(ka);
+    assert_non_null(vb);
+    assert_true(strstr(r.out, "\npos_bias ") < ka && ka < vb);
+    assert_string_equal(last_line(&r), "not close (2 of 6 tensors)\n");
+    harness_result_free(&r);
+
+    COMPARE(&r, fa, fb, "--json");
+    assert_int_equal(r.exit_code, 1);
+    cJSON *o = json_of(&r);
+    assert_true(cJSON_IsFalse(field(o, "close")));
+    assert_int_equal(cJSON_GetArraySize(field(o, "tensors")), 4);
+    check_names(o, "only_in_a", 1, (const char *[]){"key.weight"});
+    check_names(o, "only_in_b", 1, (const char *[]){"value.bias"});
+    cJSON_Delete(o);
+    harness_result_free(&r);
+
+    /* a file of one tensor against one of several is compared by name too */
+    char *one = tensors_file("side_one.safetensors", grads, 1);
+    COMPARE(&r, one, fa, "--json");
+    assert_int_equal(r.exit_code, 1);
+    o = json_of(&r);
+    assert_int_equal(cJSON_GetArraySize(field(o, "tensors")), 1);
+    assert_true(cJSON_IsTrue(field(tensor_named(o, "input"), "close")));
+    check_names(o, "only_in_b", 4, (const char *[]){"query.weight", "query.bias", "pos_bias", "key.weight"});
+    cJSON_Delete(o);
+    harness_result_free(&r);
+    free(one);
+    free(fa);
+    free(fb);
+}
+
+/* a tensor whose shapes differ is not close, and has no errors */
+static void test_files_shapes_differ(void **state)
+{
+    (void)state;
+    named b[4];
+    memcpy(b, grads, sizeof b);
+    b[3].shape[0] = 1;   /* pos_bias [1, 2] */
+    b[3].shape[1] = 2;
+    char *fa = tensors_file("shape_a.safetensors", grads, 4), *fb = tensors_file("shape_b.safetensors", b, 4);
+    harness_result r;
+    COMPARE(&r, fa, fb);
+    assert_int_equal(r.exit_code, 1);
+    assert_non_null(strstr(r.out, "\npos_bias      shapes differ: [2, 2] vs [1, 2]\n"));
+    assert_string_equal(last_line(&r), "not close (1 of 4 tensors)\n");
+    harness_result_free(&r);
+
+    COMPARE(&r, fa, fb, "--json");
+    assert_int_equal(r.exit_code, 1);
+    cJSON *o = json_of(&r);
+    const cJSON *t = tensor_named(o, "pos_bias");
+    assert_true(cJSON_IsFalse(field(t, "shapes_equal")));
+    assert_true(cJSON_IsFalse(field(t, "close")));
+    assert_true(cJSON_IsNull(field(t, "max_abs_error")));
+    assert_int_equal(cJSON_GetArraySize(field(t, "shape_b")), 2);
+    assert_true(cJSON_IsTrue(field(tensor_named(o, "input"), "close")));
+    assert_true(cJSON_IsFalse(field(o, "close")));
+    cJSON_Delete(o);
+    harness_result_free(&r);
+    free(fa);
+    free(fb);
+}
+
+/* NaN and infinity keep the single report's strings inside "tensors" */
+static void test_files_json_nonfinite(void **state)
+{
+    (void)state;
+    float v[6];
+    memcpy(v, base, sizeof v);
+    v[2] = INFINITY;
+    named a[4];
+    memcpy(a, grads, sizeof a);
+    a[0].v = v;
+    char *fa = tensors_file("inf_a.safetensors", a, 4), *fb = tensors_file("inf_b.safetensors", grads, 4);
+    harness_result r;
+    COMPARE(&r, fa, fb, "--json");
+    assert_int_equal(r.exit_code, 1);
+    cJSON *o = json_of(&r);
+    const cJSON *t = tensor_named(o, "input");
+    assert_string_equal(field(t, "max_abs_error")->valuestring, "inf");
+    assert_string_equal(field(t, "worst_a")->valuestring, "inf");
+    cJSON_Delete(o);
+    harness_result_free(&r);
+    free(fa);
+    free(fb);
+}
+
+/* a file of several tensors against one tensor: one line, exit 1 */
+static void test_files_mixed_refused(void **state)
+{
+    (void)state;
+    char *f = tensors_file("mixed.safetensors", grads, 4);
+    char *x = npy23("mixed.npy", base);
+    char *named_one = NULL;
+    assert_true(asprintf(&named_one, "%s:input", f) > 0);
+    const char *cases[4][2] = {{f, x}, {x, f}, {f, named_one}, {named_one, f}};
+    for (int i = 0; i < 4; i++) {
+        harness_result r;
+        COMPARE(&r, cases[i][0], cases[i][1]);
+        assert_int_equal(r.exit_code, 1);
+        assert_int_equal(r.out_len, 0);
+        assert_int_equal(harness_count_lines(r.err), 1);
+        char *want = NULL;
+        assert_true(asprintf(&want, "aft compare: %s: holds 4 tensors; name one as %s:NAME", f, f) > 0);
+        if (strncmp(r.err, want, strlen(want)) != 0) fail_msg("stderr: %s", r.err);
+        free(want);
+        harness_result_free(&r);
+    }
+    /* named, it is a single tensor again */
+    harness_result r;
+    COMPARE(&r, named_one, x);
+    assert_int_equal(r.exit_code, 0);
+    assert_non_null(strstr(r.out, "worst index:"));
+    harness_result_free(&r);
+    free(named_one);
+    free(f);
+    free(x);
+}
+
+/* two single-tensor files compare those tensors, whatever their names */
+static void test_files_single_each(void **state)
+{
+    (void)state;
+    named other = grads[0];
+    other.name = "x";
+    char *fa = tensors_file("single_a.safetensors", grads, 1), *fb = tensors_file("single_b.safetensors", &other, 1);
+    harness_result r;
+    COMPARE(&r, fa, fb);
+    assert_int_equal(r.exit_code, 0);
+    assert_non_null(strstr(r.out, "mismatches:    0 / 6\n"));
+    harness_result_free(&r);
+    free(fa);
+    free(fb);
+}
+
+/* --max-memory bounds the archives of a file comparison as of one tensor */
+static void test_files_max_memory(void **state)
+{
+    (void)state;
+    char *a = NULL, *b = NULL;
+    assert_true(asprintf(&a, "%s/npz/weights_rish_full.npz", harness_testdata()) > 0);
+    assert_true(asprintf(&b, "%s/npz/weights_rish_full_deflated.npz", harness_testdata()) > 0);
+    harness_result r;
+    COMPARE(&r, a, b, "--atol", "0", "--rtol", "0");
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal(last_line(&r), "close\n");
+    harness_result_free(&r);
+    COMPARE(&r, a, b, "--max-memory", "1K");
+    assert_int_equal(r.exit_code, 1);
+    assert_int_equal(r.out_len, 0);
+    assert_int_equal(harness_count_lines(r.err), 1);
+    assert_non_null(strstr(r.err, "past the memory limit of 1024 bytes"));
+    harness_result_free(&r);
+    free(a);
+    free(b);
+}
+
 static void expect_usage_error(const char *const *args, const char *says)
 {
     harness_result r;
@@ -560,6 +909,14 @@ int main(void)
         cmocka_unit_test(test_stdin_operand),
         cmocka_unit_test(test_double_precision),
         cmocka_unit_test(test_empty_tensors),
+        cmocka_unit_test(test_files_close),
+        cmocka_unit_test(test_files_one_off),
+        cmocka_unit_test(test_files_name_one_side),
+        cmocka_unit_test(test_files_shapes_differ),
+        cmocka_unit_test(test_files_json_nonfinite),
+        cmocka_unit_test(test_files_mixed_refused),
+        cmocka_unit_test(test_files_single_each),
+        cmocka_unit_test(test_files_max_memory),
         cmocka_unit_test(test_bad_tolerance),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_missing_file),
