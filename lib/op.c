@@ -191,7 +191,8 @@ static aft_status per_batch(float *out, const float *q, const float *k, const fl
     const size_t T = sp->T, TC = T * sp->C;
     aft_status st = AFT_OK;
     for (size_t b = 0; b < B && !st; b++) {
-        const uint8_t *m = mask ? mask + (batched ? b * T * T : 0) : NULL;
+        size_t mrows = sp->q_row1 ? sp->q_row1 - sp->q_row0 : T;   /* rows of the mask a batch holds */
+        const uint8_t *m = mask ? mask + (batched ? b * mrows * (sp->mask_ld ? sp->mask_ld : T) : 0) : NULL;
         const float *qb = q + b * T * sp->ldq, *kb = k + b * T * sp->ldk, *vb = v + b * T * sp->ldv;
         st = reference ? aft_op_reference(out + b * TC, qb, kb, vb, m, sp, err)
                        : aft_op_full(out + b * TC, qb, kb, vb, m, sp, err);
@@ -206,8 +207,8 @@ static aft_status run_kernel(float *out, const float *q, const float *k, const f
     if (reference) return per_batch(out, q, k, v, sp, B, bias->mask, bias->mask_batched, 1, err);
 
     /* a mask that is all-visible or exactly causal is dropped for the fast kernels */
-    int dense_mask = 0;
-    if (bias->mask) {
+    int dense_mask = bias->mask && sp->q_row1;   /* a mask's rows only: as it is */
+    if (bias->mask && !dense_mask) {
         size_t nm = bias->mask_batched ? B : 1;
         int all_all = 1, all_causal = 1;
         for (size_t b = 0; b < nm; b++) {
