@@ -7,7 +7,7 @@
  * --state-in, --state-out), write. Each step takes the options and
  * the run's state (struct run) and returns 0 or an exit status after
  * reporting. */
-#include "cli.h"
+#include "run.h"
 
 #include <cJSON.h>
 #include <stddef.h>
@@ -15,22 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ---------------------------------------------------------------- options */
-
-struct run_opts {
-    aft_config cfg;
-    int window_set, heads_set;
-    const char *mask_path, *weights_path, *prefix, *out_path, *timing_path, *input;
-    const char *state_in, *state_out;   /* a causal run's streaming state */
-    size_t grid_h, grid_w;              /* --grid H,W (0: none given) */
-    int tbd;
-    uint64_t seed;
-    size_t d_hidden;
-    size_t repeat;
-    size_t max_memory;
-    int strict;
-};
 
 #define RUN_OPTS(opts) ((struct run_opts *)(opts))
 
@@ -227,35 +211,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     return 0;
 }
 
-/* ---------------------------------------------------------------- the run's state */
+/* ---------------------------------------------------------------- the run's state (run.h) */
 
-struct timing {
-    double load, write, total, compute_med, compute_min;
-    int layer;              /* phases apply: a layer run, not the bare operator */
-    aft_layer_times phases; /* of the fastest run */
-};
-
-/* what a run holds from one step to the next */
-struct run {
-    double t_start, t_loaded;
-    int bare;                 /* a .safetensors INPUT: the bare operator on its q, k, v */
-    size_t B, T, D, C, KC;    /* batch, sequence, model width, value and key channels */
-    size_t in_rank;           /* the input's rank, 2, 3 or 4 (a grid): the output's too */
-    size_t grid_h, grid_w;    /* the grid the rows make (0: a 1-D sequence) */
-    float *x;                 /* (B, T, D): the layer's input */
-    float *q, *k, *v;         /* bare: (B, T, C), (B, T, KC), (B, T, C) */
-    aft_st_file *in_st, *w_st;
-    aft_weights wts;          /* from --weights */
-    cli_params seeded;        /* without --weights */
-    aft_params *p;            /* &wts.p or &seeded.p */
-    aft_config cfg;           /* as asked, then settled by the library */
-    uint8_t *mask;            /* (T, T) or (B, T, T), 1 = visible */
-    float *y;                 /* (B, T, C or D): the result, btd */
-    aft_state *state;         /* --state-in, --state-out: the stream's state */
-    struct timing tm;
-};
-
-static void run_free(struct run *r)
+void run_free(struct run *r)
 {
     if (r->in_st) aft_st_close(r->in_st);
     if (r->w_st) aft_st_close(r->w_st);
@@ -492,7 +450,7 @@ static int settle(const struct run_opts *o, struct run *r)
     return 0;
 }
 
-static int get_params(const struct run_opts *o, struct run *r)
+int run_get_params(const struct run_opts *o, struct run *r)
 {
     int rc = o->weights_path ? load_weights(o, r) : seed_params(o, r);
     return rc ? rc : settle(o, r);
@@ -702,8 +660,8 @@ static int compute(const struct run_opts *o, struct run *r)
 
 /* ---------------------------------------------------------------- write */
 
-static int write_timing(aft_out *out, const struct run_opts *o, const aft_config *cfg, size_t B, size_t T,
-                        size_t D, size_t C, const struct timing *tm)
+cJSON *run_timing_json(const struct run_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
+                       const struct timing *tm)
 {
     aft_blas_info bi;
     aft_blas_get_info(&bi, cfg->projections);
@@ -742,7 +700,12 @@ static int write_timing(aft_out *out, const struct run_opts *o, const aft_config
         cJSON_AddNumberToObject(ph, "output", tm->phases.output);
     }
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
-    char *text = cJSON_Print(j);
+    return j;
+}
+
+int run_write_json(aft_out *out, cJSON *j)
+{
+    char *text = j ? cJSON_Print(j) : NULL;
     cJSON_Delete(j);
     if (!text) {
         cli_error("run", "out of memory writing timing");
@@ -820,7 +783,8 @@ static int write_result(const struct run_opts *o, struct run *r)
     r->tm.write = aft_now_ms() - t_w0;
     r->tm.total = aft_now_ms() - r->t_start;
     size_t outw = r->bare ? r->C : r->D;
-    if (o->timing_path && write_timing(&tout, o, &r->cfg, r->B, r->T, outw, r->C, &r->tm) != 0) goto out;
+    if (o->timing_path && run_write_json(&tout, run_timing_json(o, &r->cfg, r->B, r->T, outw, r->C, &r->tm)) != 0)
+        goto out;
     /* the state goes into place (atomically) once the result is written, before it is */
     if (o->state_out && aft_state_save(r->state, o->state_out, &err) != AFT_OK) {
         cli_error(NULL, "%s", err.msg);
@@ -846,6 +810,8 @@ int cmd_run(int argc, char **argv)
     struct run_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc < 0 ? cli_finish_stdout("run") : rc;
+    /* started by mpirun or srun: the sequence in slices, one a process */
+    if (cli_shard_launcher()) return cli_shard_run(&o);
 
     struct run r;
     memset(&r, 0, sizeof r);
@@ -858,7 +824,7 @@ int cmd_run(int argc, char **argv)
 
     rc = load_input(&o, &r);
     if (!rc) rc = set_run_grid(&o, &r);
-    if (!rc) rc = get_params(&o, &r);
+    if (!rc) rc = run_get_params(&o, &r);
     if (!rc) rc = check_values(&o, &r);
     if (!rc) rc = check_memory(&o, &r);
     if (!rc) rc = load_mask(&o, &r);
