@@ -808,7 +808,13 @@ out:
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o;
+    /* under MPI every rank parses the same options: rank 0 alone says
+     * what is wrong with them */
+    FILE *quiet = cli_shard_launcher() && !cli_shard_rank0() ? fopen("/dev/null", "w") : NULL;
+    cli_msg_stream = quiet;
     int rc = parse_args(argc, argv, &o);
+    cli_msg_stream = NULL;
+    if (quiet) fclose(quiet);
     if (rc) return rc < 0 ? cli_finish_stdout("run") : rc;
     /* started by mpirun or srun: the sequence in slices, one a process */
     if (cli_shard_launcher()) return cli_shard_run(&o);

@@ -68,6 +68,9 @@ int run_write_json(aft_out *out, cJSON *j);
  * (mpirun's OMPI_COMM_WORLD_SIZE, srun's PMIX_RANK or PMI_RANK), or NULL:
  * a plain run, which never initialises MPI. */
 const char *cli_shard_launcher(void);
+/* 1 unless the launcher says this process is a rank other than 0 (the
+ * one that reports the options' errors, before MPI is up) */
+int cli_shard_rank0(void);
 /* aft run over the ranks, each on its slice of the sequence; every rank
  * returns the same exit status */
 int cli_shard_run(const struct run_opts *o);

@@ -33,6 +33,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+int cli_shard_rank0(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return strcmp(v, "0") == 0;
+    }
+    return 1;
+}
+
 const char *cli_shard_launcher(void)
 {
     static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"};
@@ -48,8 +58,7 @@ const char *cli_shard_launcher(void)
 int cli_shard_run(const struct run_opts *o)
 {
     (void)o;
-    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank || strcmp(rank, "0") == 0)
+    if (cli_shard_rank0())
         cli_error("run", "started by an MPI launcher (%s is set), but this aft was built without MPI: install "
                   "Open MPI's development files (libopenmpi-dev) and rebuild", cli_shard_launcher());
     return EXIT_USAGE;
@@ -99,6 +108,8 @@ static int agree(shard *sh, int rc)
     fflush(sh->held_fp);
     if (out[0] == sh->rank && sh->held_len) fwrite(sh->held, 1, sh->held_len, stderr);
     fflush(stderr);
+    fseeko(sh->held_fp, 0, SEEK_SET);   /* said once, or not at all */
+    fflush(sh->held_fp);
     return out[1];
 }
 
