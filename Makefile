@@ -29,6 +29,13 @@ PKG_LIBS   = $(shell $(PKG_ENV) pkg-config --libs $(PKGS) 2>/dev/null) \
 ALL_CFLAGS = $(CFLAGS) $(WARN) $(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $(PKG_CFLAGS)
 LDLIBS_ALL = $(PKG_LIBS) -fopenmp -lpthread -lm
 
+# Open MPI, when its development files are there: cli/shard.c runs aft run
+# over mpirun's ranks (the library never links it); without them shard.c
+# builds to a stub that says MPI is not built in
+MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null || mpicc --showme:compile 2>/dev/null)
+MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null || mpicc --showme:link 2>/dev/null)
+MPI_FOUND  = $(if $(strip $(MPI_LIBS)),yes)
+
 LIB_SRC := $(wildcard lib/*.c)
 LIB_OBJ := $(LIB_SRC:lib/%.c=build/lib/%.o)
 CLI_SRC := $(wildcard cli/*.c)
@@ -50,16 +57,20 @@ build/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-build/cli/%.o: cli/%.c lib/aft.h cli/cli.h
+build/cli/%.o: cli/%.c lib/aft.h cli/cli.h cli/run.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Icli -c $< -o $@
+
+build/cli/shard.o: cli/shard.c lib/aft.h cli/cli.h cli/run.h
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(if $(MPI_FOUND),-DAFT_MPI $(MPI_CFLAGS)) -Icli -c $< -o $@
 
 lib/libaft.a: $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
 aft: $(CLI_OBJ) lib/libaft.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) lib/libaft.a $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) lib/libaft.a $(LDLIBS_ALL) $(if $(MPI_FOUND),$(MPI_LIBS))
 
 build/tests/lib_%: lib/tests/%.c $(TEST_HELP_SRC) lib/libaft.a lib/aft.h
 	@mkdir -p $(@D)
@@ -71,7 +82,7 @@ CLI_TEST_OBJ = $(filter-out build/cli/main.o,$(CLI_OBJ))
 
 build/tests/cli_%: cli/tests/%.c $(TEST_HELP_SRC) aft
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Icli/tests -Icli -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(filter cli/tests/%,$(TEST_HELP_SRC)) $(CLI_TEST_OBJ) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -Icli/tests -Icli -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(filter cli/tests/%,$(TEST_HELP_SRC)) $(CLI_TEST_OBJ) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL) $(if $(MPI_FOUND),$(MPI_LIBS))
 
 # Each test binary prints cmocka's summary; the last line sums them up.
 test: deps

@@ -18,6 +18,9 @@ int cmd_grad(int argc, char **argv);
 
 /* "aft CMD: message" on stderr (CMD may be NULL for plain "aft: ") */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* where cli_error and cli_usage_error write (NULL: stderr); a process of
+ * several under MPI holds its messages until the ranks agree who reports */
+extern FILE *cli_msg_stream;
 /* usage error: message plus a hint line, returns EXIT_USAGE */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -9,14 +9,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
+FILE *cli_msg_stream;
+
 static void vmsg(const char *cmd, const char *fmt, va_list ap)
 {
+    FILE *fp = cli_msg_stream ? cli_msg_stream : stderr;
     if (cmd)
-        fprintf(stderr, "aft %s: ", cmd);
+        fprintf(fp, "aft %s: ", cmd);
     else
-        fputs("aft: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+        fputs("aft: ", fp);
+    vfprintf(fp, fmt, ap);
+    fputc('\n', fp);
 }
 
 void cli_error(const char *cmd, const char *fmt, ...)
@@ -33,7 +36,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     va_start(ap, fmt);
     vmsg(cmd, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "Try 'aft %s --help'.\n", cmd ? cmd : "");
+    fprintf(cli_msg_stream ? cli_msg_stream : stderr, "Try 'aft %s --help'.\n", cmd ? cmd : "");
     return EXIT_USAGE;
 }
 

@@ -7,7 +7,7 @@
  * --state-in, --state-out), write. Each step takes the options and
  * the run's state (struct run) and returns 0 or an exit status after
  * reporting. */
-#include "runner.h"
+#include "run.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -223,8 +223,16 @@ out:
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o;
+    /* under MPI every rank parses the same options: rank 0 alone says
+     * what is wrong with them */
+    FILE *quiet = cli_shard_launcher() && !cli_shard_rank0() ? fopen("/dev/null", "w") : NULL;
+    cli_msg_stream = quiet;
     int rc = parse_args(argc, argv, &o);
+    cli_msg_stream = NULL;
+    if (quiet) fclose(quiet);
     if (rc) return rc < 0 ? cli_finish_stdout("run") : rc;
+    /* started by mpirun or srun: the sequence in slices, one a process */
+    if (cli_shard_launcher()) return cli_shard_run(&o);
 
     struct run r;
     memset(&r, 0, sizeof r);

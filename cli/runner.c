@@ -519,11 +519,9 @@ aft_tensor runner_shaped(const struct run_opts *o, const struct run *r, float *d
 
 /* ---------------------------------------------------------------- timing */
 
-int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D)
+cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
+                          const struct timing *tm)
 {
-    const aft_config *cfg = &r->cfg;
-    const struct timing *tm = &r->tm;
-    size_t B = r->B, T = r->T, C = r->C;
     aft_blas_info bi;
     aft_blas_get_info(&bi, cfg->projections);
     cJSON *j = cJSON_CreateObject();
@@ -544,7 +542,7 @@ int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run
     cJSON_AddNumberToObject(j, "threads", cfg->threads);
     cJSON_AddStringToObject(j, "impl", o->cfg.impl == AFT_IMPL_REFERENCE ? "reference" : "fast");
     cJSON_AddNumberToObject(j, "repeat", (double)o->repeat);
-    if (r->cmd && strcmp(r->cmd, "grad") == 0) cJSON_AddStringToObject(j, "pass", "forward and backward");
+    if (tm->grad) cJSON_AddStringToObject(j, "pass", "forward and backward");
     cJSON *blas = cJSON_AddObjectToObject(j, "blas");
     cJSON_AddStringToObject(blas, "library", bi.library);
     cJSON_AddStringToObject(blas, "core", bi.core);
@@ -568,14 +566,24 @@ int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run
         cJSON_AddNumberToObject(ph, "output", tm->phases.output);
     }
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
-    char *text = cJSON_Print(j);
+    return j;
+}
+
+int runner_write_json(aft_out *out, const char *cmd, cJSON *j)
+{
+    char *text = j ? cJSON_Print(j) : NULL;
     cJSON_Delete(j);
     if (!text) {
-        cli_error(o->cmd, "out of memory writing timing");
+        cli_error(cmd, "out of memory writing timing");
         return EXIT_DATA;
     }
     fputs(text, out->fp);
     fputc('\n', out->fp);
     free(text);
     return 0;
+}
+
+int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D)
+{
+    return runner_write_json(out, o->cmd, runner_timing_json(o, &r->cfg, r->B, r->T, D, r->C, &r->tm));
 }

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 
+#include <cJSON.h>
 #include <stddef.h>
 
 struct run_opts {
@@ -121,7 +122,12 @@ int runner_load_mask(const struct run_opts *o, struct run *r);
 void runner_free(struct run *r);
 
 /* --timing's JSON: the configuration as settled, the times, the peak
- * memory; D the output's width */
+ * memory; D the output's width (the caller may add to it) */
+cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
+                          const struct timing *tm);
+/* j printed to out, then deleted; 0 or EXIT_DATA after reporting */
+int runner_write_json(aft_out *out, const char *cmd, cJSON *j);
+/* the two for r */
 int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D);
 
 /* [T, B, X] -> [B, T, X] (or back when to_tbd), malloc'd; NULL when out of memory */

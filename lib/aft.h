@@ -117,6 +117,18 @@ aft_status aft_npy_read_mem(const void *buf, size_t len, aft_tensor *out,
  * file (AFT_ERR_ARG otherwise). */
 aft_status aft_npy_peek(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err);
 
+/* What aft_npy_peek says, without checking that the file holds all the
+ * data the header promises: for readers of part of it (aft_npy_read_f32
+ * checks the bytes it reads). */
+aft_status aft_npy_peek_header(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err);
+/* Elements [first, first + n) in C order of the .npy at path (a regular
+ * file), converted to float32 into dst (n floats): only their bytes are
+ * read, so that readers of a large file can each take a share of it. A
+ * Fortran-order array of two or more dimensions is refused (AFT_ERR_ARG:
+ * its rows are not contiguous), and a file that ends before the last of
+ * them is AFT_ERR_FORMAT, "data truncated: ...". */
+aft_status aft_npy_read_f32(const char *path, size_t first, size_t n, float *dst, aft_error *err);
+
 /* Writes t as a version 1.0 .npy (2.0 if the header needs it), little-endian,
  * C order, data 64-byte aligned. path "-" writes standard output; any other
  * path is written atomically (temporary file beside it, renamed on success). */
@@ -504,6 +516,81 @@ aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err);
 aft_status aft_state_load(aft_state *s, const aft_st_file *f, aft_error *err);
 /* 16 hex digits naming the weights, bias and sizes the state runs */
 const char *aft_state_fingerprint(const aft_state *s);
+
+/* What a state keeps of the rows before its position: the window (local,
+ * conv), 1 (simple) or SIZE_MAX (full: every row). */
+size_t aft_state_keep(const aft_state *s);
+/* Puts the state at position pos as if the rows before it had been run
+ * through it, from what they leave (a process that runs rows [pos, ...) of
+ * a sequence, the rows before run elsewhere): with kept = min(pos,
+ * aft_state_keep(s)),
+ *   sums: (B, 4C) the key sums (aft_layer_key_sums) of rows [0, pos - kept),
+ *         or NULL when pos = kept;
+ *   kv:   (B, kept, 2C) K | V (aft_layer_kv) of rows [pos - kept, pos).
+ * Both are copied. poisoned: a key before pos was +inf or NaN (every output
+ * from pos on is then NaN, as after such a key in a step). */
+aft_status aft_state_seed(aft_state *s, size_t pos, const float *sums, const float *kv, int poisoned,
+                          aft_error *err);
+
+/* ---------------------------------------------------------------- a sequence in slices
+ *
+ * (1-D sequences only.) For callers that hold only a slice of each
+ * sequence, rows [t0, t1) of T, and run the layer on it: one process of
+ * several, each with its own rows. What a slice needs of the rest of the
+ * sequence is K | V of the rows near it (its band's halo: the window
+ * either side, none after it with causality; every row for full and
+ * under a mask) and, for the rows farther away, their key sums.
+ *
+ * Key sums: per sequence 4C floats, four arrays of C: m, the stabiliser;
+ * s0 = sum exp(k - m); s1 = sum exp(k - m) v; the largest key. Every factor
+ * is exp of something <= 0, and the merge of two sums is associative up to
+ * rounding, so the sums of a range of rows can be put together from its
+ * pieces in any grouping (a scan or a reduction over processes).
+ * K | V: per row 2C floats, the layer's keys (widened to one per value
+ * channel when the key projection has one per head) then its values. */
+
+/* sums of no rows (4C floats) */
+void aft_key_sums_empty(float *sums, size_t C);
+/* a = the sums of a's rows and then b's (4C floats each) */
+void aft_key_sums_merge(float *a, const float *b, size_t C);
+/* 0 when sums of C channels hold a stabiliser of +inf or NaN, or sums that
+ * are negative or not finite: a key of +inf or NaN went into them */
+int aft_key_sums_ok(const float *sums, size_t C);
+
+/* kv: (B, n, 2C) K | V of the rows x: (B, n, D) (p, cfg as for the layer) */
+aft_status aft_layer_kv(float *kv, const float *x, const aft_params *p, const aft_config *cfg, size_t B, size_t n,
+                        aft_error *err);
+/* sums: (B, 4C) the key sums of rows [r0, r1) of x: (B, n, D), K, V made a
+ * chunk at a time (never held for all rows); *nonfinite (when not NULL) = 1
+ * when one of those keys is +inf or NaN */
+aft_status aft_layer_key_sums(float *sums, int *nonfinite, const float *x, const aft_params *p,
+                              const aft_config *cfg, size_t B, size_t n, size_t r0, size_t r1, aft_error *err);
+/* the same from K | V already made: rows [r0, r1) of kv: (B, n, 2C) */
+aft_status aft_kv_sums(float *sums, int *nonfinite, const float *kv, size_t B, size_t n, size_t C, size_t r0,
+                       size_t r1, aft_error *err);
+/* The rows of K | V either side of a slice that aft_layer_forward_slice
+ * needs for a sequence of T rows: the band's window (local, conv; 1 for
+ * simple with causality), 0 for simple without causality (its sums
+ * suffice), SIZE_MAX for full and under a mask (every row). */
+aft_status aft_layer_slice_halo(const aft_params *p, const aft_config *cfg, size_t T, size_t *halo, aft_error *err);
+
+/* The layer's output rows [t0, t1) of B sequences of T rows, as
+ * aft_layer_forward gives them for the whole sequences, from the slice's
+ * rows and what is held of the others:
+ *   y: (B, t1 - t0, D)   x: (B, t1 - t0, D) rows [t0, t1)
+ *   kv: (B, a1 - a0, 2C) K | V of rows [a0, a1), which hold [t0 - halo,
+ *       t1 + halo) clamped to [0, T) (causal: [t0 - halo, t1)), halo as
+ *       aft_layer_slice_halo says; simple without causality: any rows
+ *   left: (B, 4C) key sums of rows [0, a0) (NULL when a0 = 0);
+ *   right: (B, 4C) key sums of rows [a1, T) (NULL when a1 = T, and with
+ *       causality); full and masked runs use neither.
+ * A mask (p->bias.mask) holds the slice's rows only: (t1 - t0, T), or
+ * (B, t1 - t0, T) when mask_batched. Without causality a sequence with a
+ * key of +inf or NaN held or in its sums comes out NaN (every row sees
+ * every key). */
+aft_status aft_layer_forward_slice(float *y, const float *x, const float *kv, const float *left, const float *right,
+                                   const aft_params *p, const aft_config *cfg, size_t B, size_t T, size_t t0,
+                                   size_t t1, size_t a0, size_t a1, aft_error *err);
 
 /* ---------------------------------------------------------------- weights from a file */
 

@@ -17,9 +17,11 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
@@ -1115,7 +1117,10 @@ aft_status aft_npy_read(const char *path, aft_tensor *out, aft_npy_info *info, a
     return decode(buf, len, buf, 0, out, info, err);
 }
 
-aft_status aft_npy_peek(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err)
+/* aft_npy_peek, the data's size checked against the file's when
+ * check_data; the parsed header into *Hout when not NULL */
+static aft_status peek(const char *path, int check_data, aft_tensor *out, aft_npy_info *info, npy_head *Hout,
+                       aft_error *err)
 {
     memset(out, 0, sizeof *out);
     if (info) memset(info, 0, sizeof *info);
@@ -1146,8 +1151,10 @@ aft_status aft_npy_peek(const char *path, aft_tensor *out, aft_npy_info *info, a
             for (size_t i = lb; i-- > 0;) hl = hl << 8 | buf[8 + i];
             if (8 + lb + hl <= len) cut = 8 + lb + hl;
         }
-        st = parse_image(buf, cut, cut == len && len < want, &H, err);
-        if (!st && cut != len) {
+        st = parse_image(buf, cut, check_data && cut == len && len < want, &H, err);
+        if (!st && !check_data && H.data_off > fsize)
+            st = aft_fail(err, AFT_ERR_FORMAT, "header extends past the end of the file");
+        if (!st && check_data && cut != len) {
             size_t have = fsize - H.data_off;
             if (have < H.nbytes)
                 st = aft_fail(err, AFT_ERR_FORMAT, "data truncated: header promises %zu bytes, file holds %zu",
@@ -1158,10 +1165,82 @@ aft_status aft_npy_peek(const char *path, aft_tensor *out, aft_npy_info *info, a
         if (!st) {
             set_tensor(out, &H, NULL, NULL);
             fill_info(&H, info);
+            if (Hout) *Hout = H;
         }
     }
     free(buf);
     fclose(fp);
+    return st;
+}
+
+aft_status aft_npy_peek(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err)
+{
+    return peek(path, 1, out, info, NULL, err);
+}
+
+aft_status aft_npy_peek_header(const char *path, aft_tensor *out, aft_npy_info *info, aft_error *err)
+{
+    return peek(path, 0, out, info, NULL, err);
+}
+
+/* elements converted a block at a time: the raw bytes of one block and its
+ * float32 values are all a call holds */
+enum { RANGE_BLOCK = 1 << 18 };
+
+aft_status aft_npy_read_f32(const char *path, size_t first, size_t n, float *dst, aft_error *err)
+{
+    aft_tensor hdr;
+    npy_head H;
+    aft_status st = peek(path, 0, &hdr, NULL, &H, err);
+    if (st) return st;
+    size_t end;
+    if (!aft_add_ok(first, n, &end) || end > H.nelem)
+        return aft_fail(err, AFT_ERR_ARG, "elements [%zu, %zu) are past the array's %zu", first, first + n, H.nelem);
+    if (H.fortran && H.ndim >= 2 && H.nelem > 0 && n)
+        return aft_fail(err, AFT_ERR_ARG, "the array is stored in Fortran order: its rows are not contiguous");
+    if (n == 0) return AFT_OK;
+    size_t size = aft_dtype_size(H.dt);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return aft_fail(err, AFT_ERR_IO, "cannot open: %s", strerror(errno));
+    unsigned char *raw = aft_alloc_array(RANGE_BLOCK, size);
+    if (!raw) {
+        close(fd);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory reading %zu elements", n);
+    }
+    for (size_t i = 0; i < n && !st;) {
+        size_t m = n - i < RANGE_BLOCK ? n - i : RANGE_BLOCK, want = m * size, got = 0;
+        off_t at = (off_t)(H.data_off + (first + i) * size);
+        while (got < want) {
+            ssize_t r = pread(fd, raw + got, want - got, at + (off_t)got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) {
+                st = aft_fail(err, AFT_ERR_IO, "read failed: %s", strerror(errno));
+                break;
+            }
+            if (r == 0) {
+                st = aft_fail(err, AFT_ERR_FORMAT, "data truncated: element %zu of %zu is past the end of the file "
+                              "(header promises %zu bytes, file holds %zu)", first + i + got / size, H.nelem,
+                              H.nbytes, (size_t)at + got - H.data_off);
+                break;
+            }
+            got += (size_t)r;
+        }
+        if (st) break;
+        if (size > 1 && H.little != HOST_LITTLE) byteswap(raw, m, size);
+        aft_tensor t = {.dtype = H.dt, .ndim = 1, .nelem = m, .nbytes = want, .data = raw};
+        t.shape[0] = m;
+        if (H.dt == AFT_F32) {
+            memcpy(dst + i, raw, want);
+        } else {
+            float *f;
+            if ((st = aft_tensor_to_f32(&t, &f, err))) break;
+            memcpy(dst + i, f, m * sizeof(float));
+            free(f);
+        }
+        i += m;
+    }
+    free(raw);
+    close(fd);
     return st;
 }
 

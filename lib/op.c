@@ -192,7 +192,8 @@ static aft_status per_batch(float *out, const float *q, const float *k, const fl
     const size_t T = sp->T, TC = T * sp->C;
     aft_status st = AFT_OK;
     for (size_t b = 0; b < B && !st; b++) {
-        const uint8_t *m = mask ? mask + (batched ? b * T * T : 0) : NULL;
+        size_t mrows = sp->q_row1 ? sp->q_row1 - sp->q_row0 : T;   /* rows of the mask a batch holds */
+        const uint8_t *m = mask ? mask + (batched ? b * mrows * (sp->mask_ld ? sp->mask_ld : T) : 0) : NULL;
         const float *qb = q + b * T * sp->ldq, *kb = k + b * T * sp->ldk, *vb = v + b * T * sp->ldv;
         st = reference ? aft_op_reference(out + b * TC, qb, kb, vb, m, sp, err)
                        : aft_op_full(out + b * TC, qb, kb, vb, m, sp, err);
@@ -225,7 +226,8 @@ static aft_status run_kernel(float *out, const float *q, const float *k, const f
     const aft_bias *bias = sp->bias;
     if (reference) return per_batch(out, q, k, v, sp, B, bias->mask, bias->mask_batched, 1, err);
 
-    int dense_mask = mask_needed(sp, B);
+    /* a mask's rows only (a slice's) are taken as they are */
+    int dense_mask = bias->mask && sp->q_row1 ? 1 : mask_needed(sp, B);
     if (dense_mask || sp->variant == AFT_FULL)
         return per_batch(out, q, k, v, sp, B, dense_mask ? bias->mask : NULL, bias->mask_batched, 0, err);
     if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);

@@ -26,6 +26,12 @@ typedef struct {
                              * (chunked callers; 0 otherwise) */
     size_t q_row0;          /* q and out hold rows from this row on (chunked
                              * callers without causality; 0 otherwise) */
+    size_t q_row1;          /* full and masked runs: rows [q_row0, q_row1) only
+                             * (0: to T); a mask then holds those rows only,
+                             * and is taken as it is (not checked for being
+                             * all visible or exactly causal) */
+    size_t mask_ld;         /* a mask's row length (0: T; more when T is cut
+                             * short, as causal rows before T need) */
     size_t grid_h, grid_w;  /* a grid of grid_h x grid_w rows in raster order
                              * (T = grid_h * grid_w); 0, 0: a 1-D sequence.
                              * Only local's and conv's w depend on it. */

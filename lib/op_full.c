@@ -40,9 +40,16 @@ size_t aft_full_rows(size_t T, size_t threads)
     return rows > 512 ? 512 : rows < 16 ? 16 : rows;
 }
 
-static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, size_t j)
+/* mask: rows from r0 on (the rows the caller wants: aft_opspec.q_row0) */
+static inline int visible(const uint8_t *mask, size_t r0, int causal, size_t ld, size_t t, size_t j)
 {
-    return !(causal && j > t) && !(mask && !mask[t * T + j]);
+    return !(causal && j > t) && !(mask && !mask[(t - r0) * ld + j]);
+}
+
+/* a mask's row length */
+static inline size_t mask_ld(const aft_opspec *sp)
+{
+    return sp->mask_ld ? sp->mask_ld : sp->T;
 }
 
 /* the largest of w[0..nv) where the mask row (or NULL: everything) lets it
@@ -104,21 +111,21 @@ typedef struct {
 static void redo_row(const dense_job *jb, size_t h, size_t t, size_t tv, float *wrow, float *yr)
 {
     const aft_opspec *ws = jb->ws;
-    const size_t T = ws->T, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv, ch = jb->ch;
+    const size_t ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv, ch = jb->ch;
     aft_w_row(ws, h, t, 0, tv, wrow);
     for (size_t c = 0; c < ch; c++) {
         if (!isnan(yr[c])) continue;
         size_t cc = h * ch + c;
         double M = -INFINITY;
         for (size_t j = 0; j < tv; j++)
-            if (visible(jb->mask, ws->causal, T, t, j)) {
+            if (visible(jb->mask, ws->q_row0, ws->causal, mask_ld(ws), t, j)) {
                 double e = (double)jb->k[j * ldk + cc] + (double)wrow[j];
                 M = e > M ? e : M;
             }
         double num = 0.0, den = 0.0;
         if (M > -INFINITY)
             for (size_t j = 0; j < tv; j++)
-                if (visible(jb->mask, ws->causal, T, t, j)) {
+                if (visible(jb->mask, ws->q_row0, ws->causal, mask_ld(ws), t, j)) {
                     double e = exp((double)jb->k[j * ldk + cc] + (double)wrow[j] - M);
                     den += e;
                     num += e * (double)jb->v[j * ldv + cc];
@@ -183,10 +190,10 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
         if (!jb->factored) aft_w_row(ws, h, t, 0, tv, wr);
         /* columns past the diagonal are invisible under causality */
         size_t nv = causal ? t + 1 : tv;
-        float r = visible_max(wr, nv, mask ? mask + t * T : NULL);
+        float r = visible_max(wr, nv, mask ? mask + (t - ws->q_row0) * mask_ld(ws) : NULL);
         exp_row_shifted(wr, nv, r);
         if (mask) {
-            const uint8_t *mr = mask + t * T;
+            const uint8_t *mr = mask + (t - ws->q_row0) * mask_ld(ws);
             for (size_t j = 0; j < nv; j++) wr[j] = mr[j] ? wr[j] : 0.0f;
         }
         for (size_t j = nv; j < tv; j++) wr[j] = 0.0f;
@@ -380,7 +387,7 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
                     size_t row = mp * FMR + i, t = i0 + row;
                     float *a = ap + i * FKC;
                     size_t n = nv[i];
-                    const uint8_t *mr = mask && n ? mask + t * T + j0 : NULL;
+                    const uint8_t *mr = mask && n ? mask + (t - ws->q_row0) * mask_ld(ws) + j0 : NULL;
                     float m = n ? visible_max_raw(a, n, mr) : -INFINITY;
                     if (m > rmax[row]) {
                         /* a larger maximum: the row's sums so far come down to it */
@@ -414,7 +421,8 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
     finish_rows(jb, 0, i0, bi, tv, acc, Np, sc->wrow, out);
 }
 
-// out, q, k, v: (T, C) of one batch   mask: (T, T) or NULL
+// out, q, k, v: (T, C) of one batch   mask: (T, T) or NULL; q, out and the
+// mask hold rows [q_row0, q_row1) (q_row1 0: to T)
 aft_status aft_op_full(float *out, const float *q, const float *k, const float *v,
                         const uint8_t *mask, const aft_opspec *ws, aft_error *err)
 {
@@ -486,9 +494,10 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
      * the large ones, so they are handed out first */
     dense_job jb = {q, k, v, rhs, mk, mask, ws, H, ch, chunk,
                     ws->variant == AFT_FULL && ws->bias->kind == AFT_BIAS_FACTORED};
-    /* the rows wanted: [q_row0, T) */
-    const size_t row0 = ws->q_row0 < T ? ws->q_row0 : T, rows = aft_full_rows(T, nt);
-    const size_t nblk = (T - row0 + rows - 1) / rows, ntask = H * nblk;
+    /* the rows wanted: [q_row0, q_row1) */
+    const size_t row1 = ws->q_row1 && ws->q_row1 < T ? ws->q_row1 : T;
+    const size_t row0 = ws->q_row0 < row1 ? ws->q_row0 : row1, rows = aft_full_rows(T, nt);
+    const size_t nblk = (row1 - row0 + rows - 1) / rows, ntask = H * nblk;
     int failed = 0;
     #pragma omp parallel num_threads((int)nt)
     {
@@ -518,7 +527,7 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
             for (size_t task = 0; task < ntask; task++) {
                 size_t h = task / nblk, b = task % nblk;
                 if (causal) b = nblk - 1 - b;
-                size_t i0 = row0 + b * rows, i1 = i0 + rows < T ? i0 + rows : T;
+                size_t i0 = row0 + b * rows, i1 = i0 + rows < row1 ? i0 + rows : row1;
                 if (fused) dense_block_fused(&jb, i0, i1, &sc, out, rhs, npan);
                 else dense_block(&jb, h, i0, i1, &sc, out);
             }

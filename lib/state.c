@@ -30,6 +30,7 @@ struct aft_state {
 };
 
 static aft_status make_room(aft_state *s, size_t n, size_t min, aft_error *err);
+static int sums_ok(const float *m, const float *s0, const float *s1, const float *km, size_t n);
 
 /* ---- the fingerprint: a 64-bit hash of the sizes, the weights and the bias */
 
@@ -356,6 +357,43 @@ aft_status aft_state_step(aft_state *s, float *y, const float *x, size_t n, aft_
     }
     if (s->poisoned) fill_nan(y, s->B * n * s->D);
     s->lc.pos += n;
+    return AFT_OK;
+}
+
+size_t aft_state_keep(const aft_state *s)
+{
+    return s->lc.keep;
+}
+
+aft_status aft_state_seed(aft_state *s, size_t pos, const float *sums, const float *kv, int poisoned,
+                          aft_error *err)
+{
+    const size_t B = s->B, C = s->C, nk = pos < s->lc.keep ? pos : s->lc.keep;
+    if (pos > INT_MAX) return aft_fail(err, AFT_ERR_ARG, "position %zu exceeds the supported range", pos);
+    const aft_bias *b = &s->bias;
+    if ((b->kind == AFT_BIAS_DENSE || b->kind == AFT_BIAS_FACTORED) &&
+        (s->sp.variant == AFT_FULL || s->sp.variant == AFT_LOCAL) && pos > b->tmax)
+        return aft_fail(err, AFT_ERR_ARG, "position %zu is past the position bias's Tmax = %zu", pos, b->tmax);
+    if (nk && !kv) return aft_fail(err, AFT_ERR_ARG, "a state at position %zu needs K, V of its last %zu rows", pos, nk);
+    if (pos > nk && !sums && !poisoned)
+        return aft_fail(err, AFT_ERR_ARG, "a state at position %zu needs the key sums of rows [0, %zu)", pos, pos - nk);
+    for (size_t q = 0; q < B && sums && !poisoned && pos > nk; q++) {
+        const float *m = sums + q * 4 * C;
+        if (!sums_ok(m, m + C, m + 2 * C, m + 3 * C, C))
+            return aft_fail(err, AFT_ERR_ARG, "sequence %zu's sums hold NaN, infinite or negative values", q);
+    }
+    s->lc.pos = 0;   /* an empty room, then room for the rows */
+    s->lc.off = 0;
+    aft_status st = make_room(s, nk, 0, err);
+    if (st) return st;
+    for (size_t q = 0; q < B; q++) {
+        float *carry = s->lc.carry + q * 4 * C;
+        if (sums && pos > nk) memcpy(carry, sums + q * 4 * C, 4 * C * sizeof(float));
+        else aft_sums_empty(carry, C);
+        if (nk) memcpy(s->lc.kv + q * s->lc.cap * 2 * C, kv + q * nk * 2 * C, nk * 2 * C * sizeof(float));
+    }
+    s->lc.pos = pos;
+    s->poisoned = poisoned != 0;
     return AFT_OK;
 }
 

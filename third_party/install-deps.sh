@@ -7,9 +7,13 @@
 #                    which aft links (it starts no thread pool of its own)
 #   zlib1g-dev       zlib, to inflate the deflated members of .npz archives
 #   pkg-config       to find the four above
+#   libopenmpi-dev   Open MPI's headers and libraries: aft run under mpirun
+#                    shards the sequence over ranks (cli/shard.c); without
+#                    them aft builds with no MPI support
+#   openmpi-bin      mpirun, which the MPI tests (cli/tests/test_mpi.c) start
 # Uses apt-get, through sudo when not root. Prints nothing when all are there.
 set -eu
-pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config $*"
+pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config libopenmpi-dev openmpi-bin $*"
 missing=""
 for p in $pkgs; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

@@ -1,0 +1,20 @@
+/* run.h - aft run under an MPI launcher (shard.c): the sequence in slices,
+ * one a process, over the steps aft run and aft grad share (runner.h).
+ * Private to cli/. */
+#ifndef AFT_CLI_RUN_H
+#define AFT_CLI_RUN_H
+
+#include "runner.h"
+
+/* The environment variable that says an MPI launcher started this process
+ * (mpirun's OMPI_COMM_WORLD_SIZE, srun's PMIX_RANK or PMI_RANK), or NULL:
+ * a plain run, which never initialises MPI. */
+const char *cli_shard_launcher(void);
+/* 1 unless the launcher says this process is a rank other than 0 (the
+ * one that reports the options' errors, before MPI is up) */
+int cli_shard_rank0(void);
+/* aft run over the ranks, each on its slice of the sequence; every rank
+ * returns the same exit status */
+int cli_shard_run(const struct run_opts *o);
+
+#endif
