@@ -10,6 +10,7 @@ on PATH has neither:
     /usr/bin/python3 testdata/bench_torch.py --json                # JSON lines
     /usr/bin/python3 testdata/bench_torch.py --stream              # a token at a time
     /usr/bin/python3 testdata/bench_torch.py --grid                # AFT-conv, 56 x 56
+    /usr/bin/python3 testdata/bench_torch.py --grad                # forward + backward
 
 Cases (each a whole layer: Linear q, k, v, the AFT core, Linear output;
 float32, batch 1, d_model = d_hidden):
@@ -77,6 +78,24 @@ projections' (2 B T d (3 d + heads): to_k has one channel per head) at the
 faster of two measured torch matrix-product rates (a Linear of the
 projection's size, the 2048^3 torch.mm), and the bytes of x, y and the
 weights once at a measured copy rate; the floor is the larger time.
+
+--grad (issue 23) times forward + backward of the three cases at --seq-len
+(default 4096): torch.autograd, y = module(x); y.backward(dy) with x and
+every parameter requiring grad, against `aft grad --weights W <the case's
+aft run options> x.npy --grad-output dy.npy --timing FILE --repeat N` on
+the same files (the module's state dict, x, dy).  Both sides are medians:
+torch's of --repeat calls after --warmup, aft's timing_ms.backward (the
+gradient call, its forward included); each side keeps its round with the
+lowest median.  Beside them the forward alone (torch under no_grad, aft's
+timing_ms.forward) and each side's ratio forward+backward / forward (aft's
+backward_over_forward).  First, at --check-len, every gradient aft writes
+(input, each parameter under its state_dict name) is checked against
+torch.autograd in float64 within --check-tol x max(1, max|g64|); a case
+that disagrees is not timed.  Last, one `aft grad` of causal local with
+seeded weights at --grad-memory-len (default 65536, a few seconds; 0: none)
+for its peak RSS.  Targets, printed pass or MISS: aft >= 10x torch for
+labml-local, 1.5x rish-full, 2x rish-simple; backward_over_forward <= 3x
+each; the peak RSS under 1.5 GB.
 """
 import argparse
 import json
@@ -433,10 +452,103 @@ def worker_grid_bench(spec):
             "rss_peak": peak, "proj_gflops": proj_gflops, "copy_gbs": copy_gbs}
 
 
+# ---- --grad: forward + backward through torch.autograd
+
+def _grad_inputs(spec, x):
+    """dL/dy for the case: standard normal, the output's shape (= x's), seeded
+    apart from x and the weights."""
+    import torch
+    g = torch.Generator().manual_seed(spec["seed"] + 2)
+    return torch.randn(x.shape, generator=g)
+
+
+def _autograd(m, x, dy, call, dtype):
+    """[(name, gradient)] of sum(y * dy) in dtype: "input" first, then every
+    parameter with a gradient, in state_dict order (as aft grad names them)."""
+    import copy
+    m = copy.deepcopy(m).to(dtype)                       # a bool local_mask stays bool
+    x = x.to(dtype).clone().requires_grad_(True)
+    call(m, x).backward(dy.to(dtype))
+    params = dict(m.named_parameters())
+    named = [("input", x.grad)]
+    for k in m.state_dict():
+        p = params.get(k)
+        if p is not None and p.grad is not None:
+            named.append((k, p.grad))
+    return named
+
+
+def worker_grad_prepare(spec):
+    """The module's state dict, x and dy written to spec['dir'] for both
+    sides; with spec['check'] (the bias randn * 0.5 so it matters) also
+    torch.autograd's gradients in float64 and float32, g64.npz and g32.npz."""
+    import numpy as np
+    torch = _worker_setup(spec)
+    M = _modules()
+    m, x, call = _build_case(spec, for_check=spec["check"])
+    dy = _grad_inputs(spec, x)
+    out = spec["dir"]
+    sd = list(m.state_dict().items())
+    M.write_safetensors(os.path.join(out, "weights.safetensors"), sd,
+                        {"format": "pt", "written_by": "testdata/bench_torch.py --grad"})
+    np.save(os.path.join(out, "x.npy"), x.numpy().astype("<f4"))
+    np.save(os.path.join(out, "dy.npy"), dy.numpy().astype("<f4"))
+    if spec["check"]:
+        for name, dtype in (("g64.npz", torch.float64), ("g32.npz", torch.float32)):
+            np.savez(os.path.join(out, name),
+                     **{k: v.detach().numpy() for k, v in _autograd(m, x, dy, call, dtype)})
+    return {"tensors": [[k, list(v.shape), M.tensor_bytes(v)[0]] for k, v in sd]}
+
+
+def worker_grad_bench(spec):
+    """The module loaded from spec['dir'] (the files aft reads), x and every
+    parameter requiring grad: --warmup untimed then --repeat timed calls of
+    y = module(x); y.backward(dy), the gradients set to None between calls
+    (untimed); then the forward alone under torch.no_grad(), as often."""
+    import numpy as np
+    torch = _worker_setup(spec)
+    base = _maxrss_bytes()
+    m, _, call = _build_case(spec, for_check=False)
+    d = spec["dir"]
+    sd = read_safetensors(os.path.join(d, "weights.safetensors"))
+    m.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, strict=True)
+    x = torch.from_numpy(np.load(os.path.join(d, "x.npy"))).requires_grad_(True)
+    dy = torch.from_numpy(np.load(os.path.join(d, "dy.npy")))
+    fwd, bwd, total = [], [], []
+    for i in range(spec["warmup"] + spec["repeat"]):
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        t0 = time.perf_counter()
+        y = call(m, x)
+        t1 = time.perf_counter()
+        y.backward(dy)
+        t2 = time.perf_counter()
+        del y
+        if i >= spec["warmup"]:
+            fwd.append((t1 - t0) * 1e3)
+            bwd.append((t2 - t1) * 1e3)
+            total.append((t2 - t0) * 1e3)
+    peak = _maxrss_bytes()
+    alone = []
+    with torch.no_grad():
+        for i in range(spec["warmup"] + spec["repeat"]):
+            t0 = time.perf_counter()
+            y = call(m, x)
+            t1 = time.perf_counter()
+            del y
+            if i >= spec["warmup"]:
+                alone.append((t1 - t0) * 1e3)
+    med = statistics.median
+    return {"ms_grad": med(total), "ms_grad_all": total, "ms_grad_fwd": med(fwd),
+            "ms_grad_bwd": med(bwd), "ms_forward": med(alone), "ms_forward_all": alone,
+            "rss_after_import": base, "rss_peak": peak}
+
+
 def worker_main(spec):
     fn = {"env": worker_env, "bench": worker_bench, "check": worker_check,
           "stream_check": worker_stream_check, "stream_bench": worker_stream_bench,
-          "grid_prepare": worker_grid_prepare, "grid_bench": worker_grid_bench}[spec["task"]]
+          "grid_prepare": worker_grid_prepare, "grid_bench": worker_grid_bench,
+          "grad_prepare": worker_grad_prepare, "grad_bench": worker_grad_bench}[spec["task"]]
     res = fn(spec)
     sys.stdout.write("@@RESULT " + json.dumps(res) + "\n")
     sys.stdout.flush()
@@ -509,10 +621,11 @@ def aft_argv(args, opts, tail):
     return opts + ["--threads", str(args.threads), "--timing", "timing.json"] + tail
 
 
-def run_aft(args, argv, cwd):
-    """Run `aft run argv...` in cwd (argv from aft_argv); (timing dict, error str)."""
+def run_aft(args, argv, cwd, sub="run"):
+    """Run `aft SUB argv...` (run, or grad) in cwd (argv from aft_argv);
+    (timing dict, error str)."""
     tfile = os.path.join(cwd, "timing.json")
-    cmd = [args.aft, "run"] + argv
+    cmd = [args.aft, sub] + argv
     try:
         p = subprocess.run(cmd, cwd=cwd, env=aft_env(args), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, timeout=args.timeout)
@@ -522,6 +635,28 @@ def run_aft(args, argv, cwd):
         return None, (p.stderr.strip() or f"exit status {p.returncode}")
     with open(tfile) as f:
         return json.load(f), None
+
+
+ST_NP_DTYPE = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "BOOL": "?", "I64": "<i8",
+               "I32": "<i4", "U8": "u1"}
+
+
+def read_safetensors(path):
+    """{name: numpy array} of a .safetensors file, in the file's order
+    (numpy only: the parent reads aft's gradients, a worker its weights)."""
+    import struct
+    import numpy as np
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        out[k] = np.frombuffer(data[a:b], dtype=ST_NP_DTYPE[v["dtype"]]).reshape(v["shape"])
+    return out
 
 
 def aft_variant_args(case, window):
@@ -1076,6 +1211,289 @@ def grid_mode(args, out, tmp, mm_gflops):
     return ok and "speedup" in row
 
 
+# ---- --grad (parent side)
+
+GRAD_SPEEDUP_TARGET = {"labml-local": 10.0, "rish-full": 1.5, "rish-simple": 2.0}
+GRAD_RATIO_TARGET = 3.0            # aft grad's backward_over_forward, each case
+GRAD_MEMORY_TARGET = 1.5e9         # bytes: aft grad, causal local, at --grad-memory-len
+
+
+def grad_aft_argv(args, case, repeat):
+    """`aft grad` on the files a grad_prepare worker wrote: the module's state
+    dict, x and dy, in the module's layout."""
+    opts = ["--weights", "weights.safetensors"] + aft_variant_args(case, args.window)
+    if case == "labml-local":
+        opts += ["--layout", "tbd"]
+    return aft_argv(args, opts + ["--repeat", str(repeat)],
+                    ["x.npy", "--grad-output", "dy.npy", "-o", "g.safetensors"])
+
+
+def grad_spec(args, case, T, d, check):
+    return {"task": "grad_prepare", "case": case, "T": T, "d_model": args.d_model,
+            "d_hidden": args.d_hidden if case != "labml-local" else args.d_model,
+            "window": args.window, "seed": args.seed, "dir": d, "check": check}
+
+
+def compare_grads(args, d):
+    """Every gradient aft wrote (g.safetensors) against torch.autograd's in
+    float64 (g64.npz): (per-tensor results, problems)."""
+    import numpy as np
+    ga = read_safetensors(os.path.join(d, "g.safetensors"))
+    g64 = np.load(os.path.join(d, "g64.npz"))
+    g32 = np.load(os.path.join(d, "g32.npz"))
+    per, bad = [], []
+    for name, a in ga.items():
+        if name not in g64.files:
+            bad.append(f"{name}: torch.autograd has no such gradient")
+            continue
+        ref = g64[name]
+        if a.shape != ref.shape:
+            bad.append(f"{name}: shape {list(a.shape)}, torch {list(ref.shape)}")
+            continue
+        a = a.astype(np.float64)
+        scale = max(1.0, float(np.max(np.abs(ref))))
+        err = float(np.max(np.abs(a - ref)))
+        r = {"name": name, "shape": list(a.shape), "max_abs_aft_torch64": err,
+             "max_abs_torch32_torch64": float(np.max(np.abs(g32[name].astype(np.float64) - ref))),
+             "scale": scale, "rel": err / scale}
+        r["ok"] = bool(np.all(np.isfinite(a))) and err <= args.check_tol * scale
+        if not r["ok"]:
+            bad.append(f"{name}: max|aft - torch f64| = {err:.3g}, {r['rel']:.3g} of "
+                       f"max(1, max|g64|) = {scale:.3g}")
+        per.append(r)
+    bad += [f"{k}: torch.autograd has it, aft wrote none" for k in g64.files if k not in ga]
+    return per, bad
+
+
+def grad_check(args, out, tmp, case):
+    """aft grad against torch.autograd in float64 at --check-len on the same
+    weights, x and dy; True when every gradient agrees."""
+    T = args.check_len
+    d = os.path.join(tmp, f"grad-check-{case}")
+    os.makedirs(d, exist_ok=True)
+    r, err = run_worker(args, grad_spec(args, case, T, d, True), args.torch_coretype)
+    if r is None:
+        out.note(f"check grad {case:<12} T={T}: torch failed: {err}", type="grad_check",
+                 case=case, T=T, ok=False, error="torch: " + err)
+        return False
+    argv = grad_aft_argv(args, case, 1)
+    cmd = "aft grad " + " ".join(argv)
+    tj, err = run_aft(args, argv, d, "grad")
+    if tj is None:
+        out.note(f"check grad {case:<12} T={T}: aft failed: {err}", type="grad_check",
+                 case=case, T=T, ok=False, error="aft: " + err)
+        return False
+    per, bad = compare_grads(args, d)
+    ok = not bad and bool(per)
+    worst = max(per, key=lambda p: p["rel"]) if per else None
+    t32 = max((p["max_abs_torch32_torch64"] / p["scale"] for p in per), default=float("nan"))
+    text = (f"check grad {case:<12} T={T}: {len(per)} gradients ({', '.join(p['name'] for p in per)})"
+            f"\n      worst max|aft - torch f64| / max(1, max|g64|) = "
+            + (f"{worst['rel']:.3g} ({worst['name']})" if worst else "-")
+            + f"; torch f32 vs f64: {t32:.3g}; tolerance {args.check_tol:g} "
+            + ("ok" if ok else "MISMATCH: not timed") + f"\n      `{cmd}`")
+    text += "".join(f"\n      {b}" for b in bad)
+    out.note(text, type="grad_check", case=case, T=T, ok=ok, aft_command=cmd,
+             gradients=per, problems=bad, tensors=r["tensors"])
+    return ok
+
+
+def grad_round(args, case, T, d, row):
+    """One torch worker and one `aft grad` on the files in d, merged into row:
+    each side keeps its round with the lowest median (and the largest peak)."""
+    if "torch_skipped" not in row and "torch_error" not in row:
+        spec = dict(grad_spec(args, case, T, d, False), task="grad_bench",
+                    warmup=args.warmup, repeat=args.repeat)
+        r, err = run_worker(args, spec, args.torch_coretype)
+        if r is None:
+            row["torch_error"] = err
+        else:
+            row.setdefault("torch_round_medians_ms", []).append(r["ms_grad"])
+            if r["ms_grad"] < row.get("torch_ms", float("inf")):
+                row.update(torch_ms=r["ms_grad"], torch_ms_all=r["ms_grad_all"],
+                           torch_graph_forward_ms=r["ms_grad_fwd"],
+                           torch_backward_call_ms=r["ms_grad_bwd"],
+                           torch_forward_ms=r["ms_forward"],
+                           torch_ratio=r["ms_grad"] / r["ms_forward"])
+            row["torch_peak_rss"] = max(row.get("torch_peak_rss", 0), r["rss_peak"])
+            row["torch_rss_after_import"] = r["rss_after_import"]
+    if "aft_error" not in row:
+        tj, err = run_aft(args, grad_aft_argv(args, case, args.repeat), d, "grad")
+        if tj is None:
+            row["aft_error"] = err
+        else:
+            tm = tj["timing_ms"]
+            row.setdefault("aft_round_medians_ms", []).append(tm["backward"])
+            if tm["backward"] < row.get("aft_ms", float("inf")):
+                row.update(aft_ms=tm["backward"], aft_ms_min=tm["compute_min"],
+                           aft_forward_ms=tm["forward"], aft_ratio=tm["backward_over_forward"])
+            row["aft_peak_rss"] = max(row.get("aft_peak_rss", 0), tj.get("peak_rss_bytes") or 0)
+
+
+def grad_row(args, case, T, tmp, checked):
+    """The torch and aft rows of case at T (a dict), after the files are
+    written; refused when the check disagreed."""
+    row = {"type": "grad", "case": case, "T": T,
+           "aft_command": "aft grad " + " ".join(grad_aft_argv(args, case, args.repeat))}
+    if checked.get(case) is False:
+        row["refused"] = f"not timed: the gradients disagree with torch.autograd at T={args.check_len}"
+        return row
+    if case in QUADRATIC and T > args.skip_torch_above:
+        row["refused"] = (f"skipped: the module's T x T bias ({4.0 * T * T / GIB:.3g} GiB) above "
+                          f"--skip-torch-above {args.skip_torch_above}")
+        return row
+    avail = mem_available()
+    if case in QUADRATIC and avail is not None and \
+            3 * torch_peak_estimate(case, T, args.d_model) > 0.8 * avail:
+        row["torch_skipped"] = f"torch skipped ({avail / GIB:.3g} GiB available)"
+    d = os.path.join(tmp, f"grad-T{T}-{case}")
+    os.makedirs(d, exist_ok=True)
+    r, err = run_worker(args, grad_spec(args, case, T, d, False), args.torch_coretype)
+    if r is None:
+        row["refused"] = "writing the weights, x and dy failed: " + err
+        return row
+    # torch and aft take turns, --rounds times; each keeps its round with the
+    # lowest median, so a slow moment of the shared machine counts against neither
+    for _ in range(args.rounds):
+        grad_round(args, case, T, d, row)
+    shutil.rmtree(d, ignore_errors=True)
+    if "torch_ms" in row and "aft_ms" in row and row["aft_ms"] > 0:
+        row["speedup"] = row["torch_ms"] / row["aft_ms"]
+        row["speedup_target"] = GRAD_SPEEDUP_TARGET[case]
+        row["speedup_pass"] = row["speedup"] >= row["speedup_target"]
+    if "aft_ratio" in row:
+        row["ratio_target"] = GRAD_RATIO_TARGET
+        row["ratio_pass"] = row["aft_ratio"] <= GRAD_RATIO_TARGET
+    return row
+
+
+def fmt_grad_row(r):
+    if "refused" in r:
+        return f"{r['case']:<12} {r['T']:>6}  {r['refused']}"
+    if "torch_ms" in r:
+        t = (f"{r['torch_ms']:>12.1f} {r['torch_forward_ms']:>7.1f} "
+             f"{r['torch_backward_call_ms']:>8.1f} {r['torch_ratio']:>5.2f}x")
+        trss = f"{r['torch_peak_rss'] / MIB:.0f}"
+    else:
+        t = f"{r.get('torch_skipped') or 'torch: ' + r.get('torch_error', '?'):>35}"
+        trss = "-"
+    if "aft_ms" in r:
+        a = f"{r['aft_ms']:>11.1f} {r['aft_forward_ms']:>7.1f} {r['aft_ratio']:>5.2f}x"
+        arss = f"{r['aft_peak_rss'] / MIB:.0f}"
+    else:
+        a, arss = f"{'aft: ' + r.get('aft_error', '?'):>25}", "-"
+    sp = f"{r['speedup']:.1f}x" if "speedup" in r else "-"
+    return f"{r['case']:<12} {r['T']:>6} {t} {a} {sp:>9}  {trss:>6} / {arss} MiB"
+
+
+def grad_memory(args, out, tmp):
+    """`aft grad` of causal local at --grad-memory-len (seeded weights: the
+    dense T x T bias of a weights file would not fit), one call; its row."""
+    import numpy as np
+    T, D = args.grad_memory_len, args.d_model
+    d = os.path.join(tmp, "grad-memory")
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    for name in ("x.npy", "dy.npy"):
+        np.save(os.path.join(d, name), rng.standard_normal((T, 1, D), dtype=np.float32))
+    argv = aft_argv(args, aft_variant_args("labml-local", args.window)
+                    + ["--layout", "tbd", "--seed", str(args.seed), "--repeat", "1"],
+                    ["x.npy", "--grad-output", "dy.npy", "-o", "g.safetensors"])
+    row = {"type": "grad_memory", "case": "labml-local", "T": T,
+           "aft_command": "aft grad " + " ".join(argv), "target_bytes": GRAD_MEMORY_TARGET}
+    t0 = time.perf_counter()
+    tj, err = run_aft(args, argv, d, "grad")
+    row["wall_s"] = time.perf_counter() - t0
+    shutil.rmtree(d, ignore_errors=True)
+    if tj is None:
+        row["aft_error"] = err
+    else:
+        row.update(aft_peak_rss=tj.get("peak_rss_bytes"), aft_ms=tj["timing_ms"]["backward"],
+                   aft_forward_ms=tj["timing_ms"]["forward"],
+                   aft_ratio=tj["timing_ms"]["backward_over_forward"])
+        row["pass"] = row["aft_peak_rss"] is not None and row["aft_peak_rss"] < GRAD_MEMORY_TARGET
+    return row
+
+
+def pass_miss(ok):
+    return "pass" if ok else "MISS"
+
+
+def print_grad_targets(args, rows, mem):
+    print(f"\ntargets (d_model {args.d_model}, window {args.window}, {args.threads} thread(s); "
+          f"speed-up = torch forward+backward median / aft timing_ms.backward median):")
+    for r in rows:
+        if "speedup" in r:
+            print(f"  {r['case']:<12} T={r['T']:<6} aft grad >= {r['speedup_target']:g}x torch "
+                  f"forward+backward: {r['speedup']:6.2f}x  {pass_miss(r['speedup_pass'])}")
+        if "ratio_pass" in r:
+            print(f"  {r['case']:<12} T={r['T']:<6} aft grad's backward_over_forward <= "
+                  f"{GRAD_RATIO_TARGET:g}x: {r['aft_ratio']:6.2f}x  {pass_miss(r['ratio_pass'])}")
+        if "speedup" not in r and "ratio_pass" not in r:
+            print(f"  {r['case']:<12} T={r['T']:<6} not measured")
+    if mem is None:
+        return
+    head = f"  memory: `{mem['aft_command']}` (seeded weights), T={mem['T']}:"
+    if "aft_error" in mem:
+        print(f"{head} aft failed: {mem['aft_error']}")
+    else:
+        print(f"{head}\n    peak_rss_bytes {mem['aft_peak_rss']} ({mem['aft_peak_rss'] / MIB:.0f} MiB "
+              f"= {mem['aft_peak_rss'] / 1e9:.2f} GB) < {GRAD_MEMORY_TARGET / 1e9:g} GB  "
+              f"{pass_miss(mem['pass'])}  (gradient call {mem['aft_ms']:.0f} ms, forward alone "
+              f"{mem['aft_forward_ms']:.0f} ms, backward_over_forward {mem['aft_ratio']:.2f}x; "
+              f"{mem['wall_s']:.1f} s in all)")
+
+
+def grad_mode(args, out, tmp):
+    """--grad: the gradient check, then forward + backward, torch.autograd
+    against aft grad, then aft grad's memory at --grad-memory-len; True when
+    all went well (targets missed do not change it)."""
+    ok, checked = True, {}
+    if not args.no_check:
+        for case in args.cases:
+            checked[case] = grad_check(args, out, tmp, case)
+            ok &= checked[case]
+    if args.check_only:
+        return ok
+    if not out.json:
+        print(f"\n--grad: forward + backward of the layer, d_model {args.d_model}, d_hidden "
+              f"{args.d_hidden}, window {args.window}, batch 1, float32, {args.threads} thread(s); "
+              f"{args.rounds} rounds, torch and aft taking turns, each side keeps its round with "
+              f"the lowest median\n"
+              f"  torch: median of {args.repeat} calls of y = module(x); y.backward(dy) (x and "
+              f"every parameter requiring grad, the grads set to None between calls) after "
+              f"{args.warmup} warm-up; fwd: the forward alone, median of {args.repeat} under "
+              f"torch.no_grad(); bwd(): the y.backward(dy) call alone\n"
+              f"  aft:   timing_ms.backward (median of --repeat {args.repeat} gradient calls, each "
+              f"running its own forward) and timing_ms.forward (median of {args.repeat} forward "
+              f"passes alone) from --timing of")
+        for case in args.cases:
+            print(f"    {case:<12} aft grad " + " ".join(grad_aft_argv(args, case, args.repeat)))
+        print("  on the same files: weights.safetensors (the module's state dict), x.npy "
+              "(the module's x) and dy.npy, standard normal, in the module's layout\n"
+              "  ratio = forward+backward / forward alone (aft's backward_over_forward); "
+              "speed-up = torch f+b / aft grad; times in ms, medians")
+        hdr = (f"{'case':<12} {'T':>6} {'torch f+b':>12} {'fwd':>7} {'bwd()':>8} {'ratio':>6} "
+               f"{'aft grad':>11} {'fwd':>7} {'ratio':>6} {'speed-up':>9}  peak RSS torch / aft")
+        print(hdr)
+        print("-" * len(hdr))
+    rows = []
+    for T in args.seq_len:
+        for case in args.cases:
+            row = grad_row(args, case, T, tmp, checked)
+            rows.append(row)
+            ok &= "speedup" in row
+            print(json.dumps(row) if out.json else fmt_grad_row(row), flush=True)
+    mem = grad_memory(args, out, tmp) if args.grad_memory_len else None
+    if mem is not None:
+        ok &= "aft_error" not in mem
+        if out.json:
+            print(json.dumps(mem), flush=True)
+    if not out.json:
+        print_grad_targets(args, rows, mem)
+    return ok
+
+
 def int_list(s):
     try:
         v = [int(x) for x in s.split(",") if x.strip()]
@@ -1098,9 +1516,10 @@ def grid_size(s):
 
 def resolve_mode_defaults(ap, args):
     """Defaults that depend on the mode: the issues' layers for --stream
-    (d 256, S 32, 1 thread, 4096 tokens) and --grid (d 192, S 6)."""
-    if args.stream and args.grid:
-        ap.error("--stream and --grid are separate modes: pick one")
+    (d 256, S 32, 1 thread, 4096 tokens), --grid (d 192, S 6) and --grad
+    (T 4096)."""
+    if (args.stream, bool(args.grid), args.grad).count(True) > 1:
+        ap.error("--stream, --grid and --grad are separate modes: pick one")
     if args.d_model is None:
         args.d_model = 192 if args.grid else 256
     if args.window is None:
@@ -1110,7 +1529,7 @@ def resolve_mode_defaults(ap, args):
     if args.repeat is None:
         args.repeat = 1 if args.stream else 5
     if args.seq_len is None:
-        args.seq_len = [4096] if args.stream else [1024, 4096]
+        args.seq_len = [4096] if args.stream or args.grad else [1024, 4096]
     if args.stream and max(args.seq_len) > 4096:
         ap.error("--stream: --seq-len at most 4096 (aft bench --stream decodes the first 4096 tokens)")
     if args.grid and (args.window < 1 or args.d_hidden is not None and args.d_hidden % args.heads
@@ -1122,11 +1541,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Time aft against PyTorch versions of labml's AFTLocal and "
                     "rish-16's AFTFull and AFTSimple; check that they agree. "
-                    "--stream: decoding a token at a time; --grid: AFT-conv on a grid.",
+                    "--stream: decoding a token at a time; --grid: AFT-conv on a grid; "
+                    "--grad: forward + backward, torch.autograd against aft grad.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int_list, default=None,
                     help="comma-separated sequence lengths (default 1024,4096; "
-                         "--stream: tokens decoded, default 4096, at most 4096)")
+                         "--stream: tokens decoded, default 4096, at most 4096; "
+                         "--grad: default 4096)")
     ap.add_argument("--d-model", type=int, default=None,
                     help="model width (default 256; --grid: 192)")
     ap.add_argument("--d-hidden", type=int, default=None,
@@ -1138,8 +1559,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None,
                     help="threads for both (default 2; --stream: 1)")
     ap.add_argument("--repeat", type=int, default=None,
-                    help="timed runs, best kept (default 5; --stream: decodes of "
-                         "the whole sequence, default 1)")
+                    help="timed runs, best kept (default 5; --grad: their median; "
+                         "--stream: decodes of the whole sequence, default 1)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed torch runs first (default 1)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="torch and aft take turns this many times per case; each "
@@ -1153,6 +1574,12 @@ def main(argv=None):
                     metavar="H,W",
                     help="time AFT-conv on an H x W grid (default 56,56): "
                          "PaperAFTConv2d against aft run --variant conv --grid")
+    ap.add_argument("--grad", action="store_true",
+                    help="time forward + backward: torch.autograd of each case against "
+                         "aft grad on the same weights, x and dy, after a gradient check")
+    ap.add_argument("--grad-memory-len", type=int, default=65536, metavar="T",
+                    help="--grad: T of the aft grad peak-RSS row, causal local with seeded "
+                         "weights (default 65536; 0: no such row)")
     ap.add_argument("--batch", type=int, default=8, help="--grid: batch size (default 8)")
     ap.add_argument("--heads", type=int, default=32, help="--grid: heads (default 32)")
     ap.add_argument("--aft", default=os.path.join(ROOT, "aft"),
@@ -1167,7 +1594,8 @@ def main(argv=None):
     ap.add_argument("--check-tol", type=float, default=1e-4,
                     help="largest accepted max|aft - torch f32|, times max(1, max|y|) "
                          "(--stream, --grid: times max|y|); default 1e-4")
-    ap.add_argument("--check-only", action="store_true", help="only run the agreement check")
+    ap.add_argument("--check-only", action="store_true", help="only run the agreement check "
+                    "(--grad: the gradient check)")
     ap.add_argument("--no-check", action="store_true", help="skip the agreement check")
     ap.add_argument("--json", action="store_true", help="print JSON lines instead of the table")
     ap.add_argument("--torch-coretype", default="auto",
@@ -1207,8 +1635,8 @@ def main(argv=None):
                  "heads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.window < 0 or args.warmup < 0:
-        ap.error("--window and --warmup must be >= 0")
+    if args.window < 0 or args.warmup < 0 or args.grad_memory_len < 0:
+        ap.error("--window, --warmup and --grad-memory-len must be >= 0")
     if args.torch_coretype == "auto":
         args.torch_coretype = "SkylakeX" if cpu_has_avx512() else None
     elif args.torch_coretype in ("", "unset"):
@@ -1227,9 +1655,11 @@ def main(argv=None):
     ver += time.strftime(", built %Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(args.aft)))
     tmp = tempfile.mkdtemp(prefix="aft-bench-")
     try:
-        if args.stream or args.grid:
+        if args.stream or args.grid or args.grad:
             out.note(f"aft: {args.aft} ({ver})", type="aft", path=args.aft, version=ver)
-            if args.grid:
+            if args.grad:
+                ok = grad_mode(args, out, tmp)
+            elif args.grid:
                 ok = grid_mode(args, out, tmp, env["matmul_gflops"])
             else:
                 ok = stream_mode(args, out, tmp)
