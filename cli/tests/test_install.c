@@ -410,7 +410,7 @@ static void test_completion_words(void **state)
     (void)state;
     ASSERT_COMPLETES("run\n", dir, "aft", "ru");
     ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "co");
-    ASSERT_COMPLETES("info\nrun\nmask\ncompare\nconvert\nbench\nhelp\n", dir, "aft", "");
+    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nbench\nhelp\n", dir, "aft", "");
     ASSERT_COMPLETES("--help\n--version\n--quiet\n", dir, "aft", "--");
     ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "help", "co");
     ASSERT_COMPLETES("--dtype\n", dir, "aft", "convert", "--dt");
