@@ -9,7 +9,7 @@
 # bash-completion loads it on demand; or source it from ~/.bashrc. It needs
 # nothing from the bash-completion package.
 
-_aft_commands="info run mask compare convert bench help"
+_aft_commands="info run mask compare convert model generate bench help"
 
 # the options of subcommand $1
 _aft_options()
@@ -23,8 +23,12 @@ _aft_options()
     mask) echo "--len --window --causal --format -o -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -h --help" ;;
+    model) echo "--weights -o --output --layout --window --threads --impl --max-memory -h --help" ;;
+    generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
+                   "--timing --max-memory -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
-                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid -h --help" ;;
+                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid --generate" \
+                "--weights -h --help" ;;
     esac
 }
 
@@ -35,10 +39,12 @@ _aft_value()
 {
     case $1:$2 in
     run:--mask | run:--weights | run:-o | run:--output | run:--timing | run:--state-in | run:--state-out | mask:-o | \
-    convert:-o | convert:--output | bench:--plot) echo file ;;
+    convert:-o | convert:--output | bench:--plot | bench:--weights | model:--weights | model:-o | model:--output | \
+    generate:--weights | generate:--vocab | generate:--timing) echo file ;;
     run:--variant) echo "list:full local simple conv" ;;
     run:--layout) echo "list:btd tbd" ;;
-    run:--impl) echo "list:fast reference" ;;
+    run:--impl | model:--impl) echo "list:fast reference" ;;
+    model:--layout) echo "list:btd tbd" ;;
     mask:--format) echo "list:text npy json" ;;
     convert:--format) echo "list:npy npz safetensors" ;;
     convert:--dtype) echo "list:f32 f16 bf16 f64" ;;
@@ -48,7 +54,9 @@ _aft_value()
     run:--threads | run:--max-memory | mask:--len | mask:--window | compare:--rtol | \
     compare:--atol | convert:--metadata | info:--max-memory | compare:--max-memory | convert:--max-memory | bench:--seq-len | bench:--d-model | \
     bench:--d-hidden | bench:--window | bench:--heads | bench:--batch | bench:--threads | \
-    bench:--repeat | bench:--chunk | bench:--grid | run:--grid) echo none ;;
+    bench:--repeat | bench:--chunk | bench:--grid | run:--grid | model:--window | model:--threads | \
+    model:--max-memory | generate:--prompt | generate:-n | generate:--temperature | generate:--top-k | \
+    generate:--seed | generate:--window | generate:--threads | generate:--max-memory) echo none ;;
     *) echo flag ;;
     esac
 }
@@ -152,7 +160,7 @@ _aft()
         COMPREPLY=($(compgen -W "$(_aft_options "$cmd")" -- "$cur"))
     else
         case $cmd in
-        info | run) _aft_files "$cur" ;;
+        info | run | model) _aft_files "$cur" ;;
         compare | convert)
             # NAME=INPUT (convert): complete INPUT after the first '='
             local name=""
