@@ -193,7 +193,8 @@ const cli_command cli_bench_command = {
              "\n"
              "Times one AFT layer (projections included) on seeded inputs, with the\n"
              "seeded initialisation of aft run (seed 0).\n"
-             "Lists are comma-separated; every combination runs.\n",
+             "Lists are comma-separated; every combination runs.\n"
+             "With --generate, times labml's AFT language model generating text instead.\n",
     .options = options,
     .more = "Columns: ms (median), GFLOP/s, tokens/s, peak resident memory of the run,\n"
             "the fraction of the measured single-precision matrix-product ceiling\n"

@@ -24,7 +24,7 @@ static const struct cmd commands[] = {
     {"convert", cmd_convert, "pack, extract and change the dtype of tensors"},
     {"model", cmd_model, "run labml's AFT language model on token ids: its logits"},
     {"generate", cmd_generate, "generate text with labml's AFT language model"},
-    {"bench", cmd_bench, "time the layer over sizes and variants"},
+    {"bench", cmd_bench, "time the layer over sizes and variants, or the model generating text"},
 };
 
 static void usage(FILE *fp)
