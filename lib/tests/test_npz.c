@@ -19,6 +19,7 @@
 #include <zlib.h>
 
 #include "aft.h"
+#include "formats.h"
 #include "formula.h"
 #include "internal.h"
 
