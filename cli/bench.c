@@ -1,4 +1,5 @@
-/* bench.c - aft bench: time the layer over a sweep of sizes and variants.
+/* bench.c - aft bench: time the layer over a sweep of sizes and variants;
+ * with --generate, labml's model generating tokens (bench_generate.c).
  *
  * Each configuration runs in a child process (this program again, with the
  * hidden option --one), so the peak memory reported is that configuration's
@@ -36,6 +37,9 @@ typedef struct {
     int grad;           /* --grad: also the backward pass */
     size_t grid_h, grid_w;   /* --grid H,W: one sequence length, H * W, on that grid */
     const char *plot;
+    int seq_set;        /* --seq-len was given */
+    int generate;       /* --generate: the model generating --seq-len tokens */
+    const char *weights;   /* --generate: the model (default: the shipped one) */
 } bench_opts;
 
 /* a comma-separated list of sizes */
@@ -73,6 +77,7 @@ static int set_seq_len(const cli_option *opt, void *opts, const char *v)
 {
     if (parse_list(v, BENCH_OPTS(opts)->seq, &BENCH_OPTS(opts)->nseq))
         return cli_usage_error("bench", "--seq-len takes sizes like 1024,4096");
+    BENCH_OPTS(opts)->seq_set = 1;
     return 0;
 }
 
@@ -139,7 +144,8 @@ static int set_impl(const cli_option *opt, void *opts, const char *v)
 #define FIELD(f) offsetof(bench_opts, f)
 
 static const cli_option options[] = {
-    {"--seq-len", NULL, "L", "sequence lengths (default 1024,4096)", set_seq_len, 0, NEEDS_VALUE, 0},
+    {"--seq-len", NULL, "L", "sequence lengths (default 1024,4096); --generate: tokens generated (default 256)",
+     set_seq_len, 0, NEEDS_VALUE, 0},
     {"--d-model", NULL, "L", "model sizes D (default 256)", set_d_model, 0, NEEDS_VALUE, 0},
     {"--d-hidden", NULL, "N", "hidden size (default: D)", set_positive, FIELD(d_hidden), NEEDS_VALUE, 0},
     {"--variant", NULL, "L", "variants: full,local,simple,conv (default all four)", set_variants, 0, NEEDS_VALUE, 0},
@@ -172,6 +178,14 @@ static const cli_option options[] = {
      "also time the backward pass (every gradient, the forward pass inside it, as aft grad runs it); columns grad "
      "ms (its median) and its ratio to the forward pass's",
      cli_set_flag, FIELD(grad), NULL, 0},
+    {"--generate", NULL, NULL,
+     "time labml's model generating --seq-len tokens greedily after a prompt of 8, as aft generate does, on "
+     "--threads; columns ms, ttft ms (time to the first token), tokens/s, us/token, peak MiB",
+     cli_set_flag, FIELD(generate), NULL, 0},
+    {"--weights", NULL, "FILE",
+     "--generate: the model, a .safetensors of its state_dict() (default: the shipped one, " CLI_SHIPPED_MODEL
+     " in aft's source tree)",
+     cli_set_string, FIELD(weights), "--weights needs a file", 0},
     /* one configuration in this process: how the parent runs each */
     {"--one", NULL, NULL, "run the first configuration here and print its JSON", cli_set_flag, FIELD(one), NULL,
      1},
@@ -184,7 +198,8 @@ const cli_command cli_bench_command = {
              "\n"
              "Times one AFT layer (projections included) on seeded inputs, with the\n"
              "seeded initialisation of aft run (seed 0).\n"
-             "Lists are comma-separated; every combination runs.\n",
+             "Lists are comma-separated; every combination runs.\n"
+             "With --generate, times labml's AFT language model generating text instead.\n",
     .options = options,
     .more = "Columns: ms (median), GFLOP/s, tokens/s, peak resident memory of the run,\n"
             "the fraction of the measured single-precision matrix-product ceiling\n"
@@ -385,6 +400,60 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     return rc;
 }
 
+/* ---------------------------------------------------------------- --generate, one length (the child) */
+
+/* the model's sizes, shared by the child's JSON and the parent's header */
+static void add_model_info(cJSON *j, const char *path, const aft_model_info *in)
+{
+    cJSON_AddStringToObject(j, "model", path);
+    cJSON_AddStringToObject(j, "variant", aft_variant_name(in->variant));
+    cJSON_AddNumberToObject(j, "window", (double)in->window);
+    cJSON_AddNumberToObject(j, "n_layers", (double)in->n_layers);
+    cJSON_AddNumberToObject(j, "d_model", (double)in->d_model);
+    cJSON_AddNumberToObject(j, "d_ff", (double)in->d_ff);
+    cJSON_AddNumberToObject(j, "n_vocab", (double)in->n_vocab);
+    if (in->context == SIZE_MAX) cJSON_AddNullToObject(j, "context");
+    else cJSON_AddNumberToObject(j, "context", (double)in->context);
+}
+
+/* the model of --weights generating n tokens in this (child) process;
+ * prints one JSON line */
+static int run_generate_one(const bench_opts *o, size_t n)
+{
+    cli_model_opts mo = {.cmd = "bench", .weights = o->weights, .threads = o->threads};
+    aft_model *m;
+    int rc = cli_model_open(&mo, &m);
+    if (rc) return rc;
+    cli_generate_times t;
+    rc = cli_bench_generate(m, n, o->repeat, &t);
+    if (rc) {
+        aft_model_free(m);
+        return rc;
+    }
+    aft_blas_info bi;
+    aft_blas_get_info(&bi, AFT_KERNEL_AUTO);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "mode", "generate");
+    add_model_info(j, o->weights, aft_model_get_info(m));
+    cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
+    cJSON_AddStringToObject(j, "blas_core", bi.core);
+    cJSON_AddStringToObject(j, "projections", bi.projections);
+    cJSON_AddNumberToObject(j, "prompt_tokens", (double)t.prompt);
+    cJSON_AddNumberToObject(j, "tokens", (double)n);
+    cJSON_AddNumberToObject(j, "ms", t.ms);
+    cJSON_AddNumberToObject(j, "ms_min", t.ms_min);
+    cJSON_AddNumberToObject(j, "ttft_ms", t.ttft_ms);
+    cJSON_AddNumberToObject(j, "tokens_per_s", (double)n / (t.ms * 1e-3));
+    cJSON_AddNumberToObject(j, "us_per_token", t.ms * 1e3 / (double)n);
+    aft_model_free(m);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!text) return EXIT_DATA;
+    printf("%s\n", text);
+    free(text);
+    return cli_finish_stdout("bench");
+}
+
 /* ---------------------------------------------------------------- the sweep (the parent) */
 
 /* single-precision matrix-product ceiling: best of three 2048^3 products,
@@ -414,6 +483,8 @@ static double sgemm_ceiling(int threads)
     openblas_set_num_threads(1);   /* as libaft runs it */
     return 2.0 * n * (double)n * n / (best * 1e6);
 }
+
+static int spawn(const char *self, char **argv, char **line, size_t *peak);
 
 /* runs one configuration in a child; fills line (its JSON) and peak (bytes) */
 static int run_child(const char *self, const bench_opts *o, aft_variant var, size_t T, size_t D, char **line,
@@ -453,7 +524,25 @@ static int run_child(const char *self, const bench_opts *o, aft_variant var, siz
     if (o->impl_both) { argv[n++] = "--impl"; argv[n++] = "both"; }
     else if (o->impl_ref) { argv[n++] = "--impl"; argv[n++] = "reference"; }
     argv[n] = NULL;
+    return spawn(self, argv, line, peak);
+}
 
+/* --generate: n tokens in a child; as run_child */
+static int generate_child(const char *self, const bench_opts *o, size_t n, char **line, size_t *peak)
+{
+    char a_n[32], a_th[32], a_r[32];
+    snprintf(a_n, sizeof a_n, "%zu", n);
+    snprintf(a_th, sizeof a_th, "%d", o->threads);
+    snprintf(a_r, sizeof a_r, "%zu", o->repeat);
+    char *argv[] = {(char *)self, "bench", "--one", "--generate", "--weights", (char *)o->weights, "--seq-len", a_n,
+                    "--threads", a_th, "--repeat", a_r, NULL};
+    return spawn(self, argv, line, peak);
+}
+
+/* runs self with argv in a child; fills line (its standard output) and
+ * peak (its peak resident memory, bytes) */
+static int spawn(const char *self, char **argv, char **line, size_t *peak)
+{
     int fds[2];
     if (pipe(fds) != 0) return -1;
     fflush(stdout);
@@ -656,6 +745,99 @@ static int sweep(const bench_opts *o, const char *self, double ceiling, cJSON *r
     return rc;
 }
 
+/* --generate: the model's line of the header (its sizes), and the columns */
+static void print_generate_header(const bench_opts *o, const aft_model_info *in)
+{
+    aft_blas_info bi;
+    aft_blas_get_info(&bi, AFT_KERNEL_AUTO);
+    int threads = o->threads ? o->threads : aft_cores();
+    printf("# %s, kernel %s, %d thread%s; projections %s\n", bi.library, bi.core, threads, threads == 1 ? "" : "s",
+           bi.projections);
+    char ctx[32] = "unbounded";
+    if (in->context != SIZE_MAX) snprintf(ctx, sizeof ctx, "%zu", in->context);
+    char win[32] = "";
+    if (in->window) snprintf(win, sizeof win, " S=%zu", in->window);
+    printf("# %s: %zu layers, %s%s, d_model %zu, d_ff %zu, vocabulary %zu, context %s; greedy after a prompt of %d "
+           "tokens\n", o->weights, in->n_layers, aft_variant_name(in->variant), win, in->d_model, in->d_ff, in->n_vocab,
+           ctx, CLI_BENCH_PROMPT);
+    printf("%7s %10s %10s %9s %10s %9s %9s\n", "tokens", "ms", "min ms", "ttft ms", "tokens/s", "us/token",
+           "peak MiB");
+    fflush(stdout);
+}
+
+/* --generate: each length in a child, printed as it ends */
+static int generate_sweep(const bench_opts *o, const char *self)
+{
+    cli_model_opts mo = {.cmd = "bench", .weights = o->weights, .threads = o->threads};
+    aft_model *m;
+    int rc = cli_model_open(&mo, &m);   /* its errors here, once, before any child */
+    if (rc) return rc;
+    if (!o->json) print_generate_header(o, aft_model_get_info(m));
+    aft_model_free(m);
+#ifdef __GLIBC__
+    malloc_trim(0);   /* the children start with this process's resident pages (sgemm_ceiling) */
+#endif
+    for (size_t i = 0; i < o->nseq; i++) {
+        char *line = NULL;
+        size_t peak = 0;
+        cJSON *j = NULL;
+        if (generate_child(self, o, o->seq[i], &line, &peak) != 0 || !(j = cJSON_Parse(line))) {
+            cli_error("bench", "--generate of %zu tokens failed", o->seq[i]);
+            free(line);
+            rc = EXIT_DATA;
+            continue;
+        }
+        free(line);
+        cJSON_AddNumberToObject(j, "peak_bytes", (double)peak);
+        if (o->json) {
+            char *text = cJSON_PrintUnformatted(j);
+            if (text) printf("%s\n", text);
+            free(text);
+        } else {
+#define NUM(key) cJSON_GetObjectItem(j, key)->valuedouble
+            printf("%7.0f %10.3f %10.3f %9.3f %10.0f %9.2f %9.1f\n", NUM("tokens"), NUM("ms"), NUM("ms_min"),
+                   NUM("ttft_ms"), NUM("tokens_per_s"), NUM("us_per_token"), NUM("peak_bytes") / 1048576.0);
+#undef NUM
+        }
+        fflush(stdout);
+        cJSON_Delete(j);
+    }
+    return rc;
+}
+
+/* --generate times a model: the layer's options do not apply (those left at
+ * their defaults pass); --seq-len defaults to 256 and --weights to the
+ * shipped model. 0, or an exit status after reporting. */
+static int check_generate(bench_opts *o, char *shipped, size_t cap)
+{
+    const char *bad = o->ndm != 1 || o->dm[0] != 256 ? "--d-model"
+                      : o->nvar != 4 ? "--variant"
+                      : o->d_hidden ? "--d-hidden"
+                      : o->window != 32 ? "--window"
+                      : o->heads != 4 ? "--heads"
+                      : o->causal ? "--causal"
+                      : o->grid_h ? "--grid"
+                      : o->batch != 1 ? "--batch"
+                      : o->impl_both || o->impl_ref ? "--impl"
+                      : o->stream ? "--stream"
+                      : o->chunk != 4096 ? "--chunk"
+                      : o->plot ? "--plot" : NULL;
+    if (bad) return cli_usage_error("bench", "--generate times the model of --weights: %s does not apply", bad);
+    if (!o->seq_set) {
+        o->seq[0] = 256;
+        o->nseq = 1;
+    }
+    if (!o->weights) {
+        if (!cli_shipped_model(shipped, cap) || !cli_path_exists(shipped)) {
+            cli_error("bench", "--generate without --weights times the model shipped in aft's source tree (%s beside "
+                      "the aft binary), which is not there: give --weights FILE", CLI_SHIPPED_MODEL);
+            return EXIT_DATA;
+        }
+        o->weights = shipped;
+    }
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     bench_opts o = {.nseq = 2, .seq = {1024, 4096}, .ndm = 1, .dm = {256}, .nvar = 4,
@@ -663,6 +845,10 @@ int cmd_bench(int argc, char **argv)
                     .repeat = 5, .chunk = 4096};
     int rc = cli_parse_options(&cli_bench_command, argc, argv, &o);
     if (rc) return rc < 0 ? cli_finish_stdout("bench") : rc;
+    char shipped[4096];
+    if (o.generate && (rc = check_generate(&o, shipped, sizeof shipped))) return rc;
+    if (!o.generate && o.weights) return cli_usage_error("bench", "--weights applies to --generate");
+    if (o.generate && o.one) return run_generate_one(&o, o.seq[0]);
     if (o.stream && !o.causal) return cli_usage_error("bench", "--stream times a causal layer: add --causal");
     if (o.stream && o.impl_ref) return cli_usage_error("bench", "--stream runs the fast kernels, not --impl reference");
     if (o.stream && o.grid_h) return cli_usage_error("bench", "--stream carries a 1-D sequence; a grid has no streaming state");
@@ -681,6 +867,11 @@ int cmd_bench(int argc, char **argv)
         return EXIT_DATA;
     }
     self[sl] = 0;
+    if (o.generate) {
+        rc = generate_sweep(&o, self);
+        int frc = cli_finish_stdout("bench");
+        return rc ? rc : frc;
+    }
     int threads = o.threads ? o.threads : aft_cores();
     double ceiling = o.no_ceiling ? 0.0 : sgemm_ceiling(threads);
     if (!o.json) print_header(&o, threads, ceiling);

@@ -15,6 +15,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
+int cmd_model(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 /* "aft CMD: message" on stderr (CMD may be NULL for plain "aft: ") */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -76,7 +78,7 @@ int cli_set_string(const cli_option *opt, void *opts, const char *value);
 /* the option tables, for the tests that check the help, the man page and
  * the completion against them */
 extern const cli_command cli_info_command, cli_run_command, cli_grad_command, cli_mask_command, cli_compare_command,
-    cli_convert_command, cli_bench_command;
+    cli_convert_command, cli_model_command, cli_generate_command, cli_bench_command;
 
 /* strict number parsing: whole string, no sign for unsigned, range checked.
  * Return 0 on success, -1 otherwise. */
@@ -131,6 +133,40 @@ int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, 
                       int projections, const char *cmd);
 void cli_params_free(cli_params *sp);
 
+/* ---------------------------------------------------------------- the model (model.c)
+ *
+ * What aft model, aft generate and aft bench --generate share: the options
+ * that load labml's model (aft.h, "the model"), kept in a cli_model_opts
+ * inside each command's options struct, and the step that loads it. */
+typedef struct {
+    const char *cmd;          /* "model", "generate" or "bench", for messages */
+    const char *weights;      /* --weights FILE */
+    const char *vocab;        /* --vocab FILE (a JSON array), or NULL: the metadata's */
+    size_t window;            /* --window (0: from the checkpoint) */
+    int threads;              /* --threads (0: every core) */
+    aft_impl impl;            /* --impl */
+    size_t max_memory;        /* --max-memory (0: the memory available) */
+} cli_model_opts;
+
+/* the option handlers: each finds the cli_model_opts at opt->field */
+int cli_model_set_weights(const cli_option *opt, void *opts, const char *v);
+int cli_model_set_window(const cli_option *opt, void *opts, const char *v);
+int cli_model_set_threads(const cli_option *opt, void *opts, const char *v);
+int cli_model_set_max_memory(const cli_option *opt, void *opts, const char *v);
+int cli_model_set_vocab(const cli_option *opt, void *opts, const char *v);
+
+/* The model of --weights (with --vocab's vocabulary, --window, --threads,
+ * --impl), refused when it needs more memory than --max-memory or the
+ * machine has: 0, or EXIT_DATA after reporting "aft: FILE: ..." (FILE the
+ * weights, or --vocab's file when its list is what is wrong). */
+int cli_model_open(const cli_model_opts *o, aft_model **out);
+
+/* the trained model the source tree ships, relative to it */
+#define CLI_SHIPPED_MODEL "testdata/model/labml_aft_fortunes.safetensors"
+/* that file beside this aft binary (in the source tree it was built in),
+ * into buf: buf, or NULL when the binary cannot be found */
+const char *cli_shipped_model(char *buf, size_t cap);
+
 /* ---------------------------------------------------------------- aft bench --stream (bench_stream.c) */
 
 typedef struct {
@@ -155,6 +191,22 @@ typedef struct {
  * `repeat` times after an untimed run; 0, or an exit status after reporting */
 int cli_bench_grad(const aft_params *p, const aft_config *cfg, size_t B, size_t T, const float *x, size_t repeat,
                    cli_grad_times *out);
+
+/* ---------------------------------------------------------------- aft bench --generate (bench_generate.c) */
+
+/* the prompt's tokens: ids 0, 1, 2, ... (mod the vocabulary) */
+#define CLI_BENCH_PROMPT 8
+
+typedef struct {
+    double ms, ms_min;   /* the prompt and n new tokens: median and fastest */
+    double ttft_ms;      /* median time to the first new token */
+    size_t prompt;       /* the prompt's tokens */
+} cli_generate_times;
+
+/* m generating n tokens greedily after a prompt of CLI_BENCH_PROMPT tokens,
+ * as aft generate does: one untimed run, then `repeat` timed; 0, or an
+ * exit status after reporting */
+int cli_bench_generate(const aft_model *m, size_t n, size_t repeat, cli_generate_times *out);
 
 /* ---------------------------------------------------------------- a tensor for a terminal (show.c) */
 

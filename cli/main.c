@@ -23,7 +23,9 @@ static const struct cmd commands[] = {
     {"mask", cmd_mask, "print a local (and causal) attention mask"},
     {"compare", cmd_compare, "compare two tensors with numpy's allclose rule"},
     {"convert", cmd_convert, "pack, extract and change the dtype of tensors"},
-    {"bench", cmd_bench, "time the layer over sizes and variants"},
+    {"model", cmd_model, "run labml's AFT language model on token ids: its logits"},
+    {"generate", cmd_generate, "generate text with labml's AFT language model"},
+    {"bench", cmd_bench, "time the layer over sizes and variants, or the model generating text"},
 };
 
 static void usage(FILE *fp)

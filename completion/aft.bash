@@ -9,7 +9,7 @@
 # bash-completion loads it on demand; or source it from ~/.bashrc. It needs
 # nothing from the bash-completion package.
 
-_aft_commands="info run grad mask compare convert bench help"
+_aft_commands="info run grad mask compare convert model generate bench help"
 
 # the options of subcommand $1
 _aft_options()
@@ -26,8 +26,12 @@ _aft_options()
     mask) echo "--len --window --causal --format -o -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -h --help" ;;
+    model) echo "--weights -o --output --layout --window --threads --impl --max-memory -h --help" ;;
+    generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
+                   "--timing --max-memory -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
-                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid --grad -h --help" ;;
+                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid --grad" \
+                "--generate --weights -h --help" ;;
     esac
 }
 
@@ -39,10 +43,11 @@ _aft_value()
     case $1:$2 in
     grad:--mask | grad:--weights | grad:-o | grad:--output | grad:--timing | grad:--grad-output | grad:--dy | \
     run:--mask | run:--weights | run:-o | run:--output | run:--timing | run:--state-in | run:--state-out | mask:-o | \
-    convert:-o | convert:--output | bench:--plot) echo file ;;
+    convert:-o | convert:--output | bench:--plot | bench:--weights | model:--weights | model:-o | model:--output | \
+    generate:--weights | generate:--vocab | generate:--timing) echo file ;;
     run:--variant | grad:--variant) echo "list:full local simple conv" ;;
-    run:--layout | grad:--layout) echo "list:btd tbd" ;;
-    run:--impl | grad:--impl) echo "list:fast reference" ;;
+    run:--layout | grad:--layout | model:--layout) echo "list:btd tbd" ;;
+    run:--impl | grad:--impl | model:--impl) echo "list:fast reference" ;;
     mask:--format) echo "list:text npy json" ;;
     convert:--format) echo "list:npy npz safetensors" ;;
     convert:--dtype) echo "list:f32 f16 bf16 f64" ;;
@@ -53,7 +58,10 @@ _aft_value()
     compare:--atol | convert:--metadata | info:--max-memory | compare:--max-memory | convert:--max-memory | bench:--seq-len | bench:--d-model | \
     bench:--d-hidden | bench:--window | bench:--heads | bench:--batch | bench:--threads | \
     bench:--repeat | bench:--chunk | bench:--grid | run:--grid | grad:--window | grad:--heads | grad:--prefix | \
-    grad:--seed | grad:--d-hidden | grad:--repeat | grad:--threads | grad:--max-memory | grad:--grid) echo none ;;
+    grad:--seed | grad:--d-hidden | grad:--repeat | grad:--threads | grad:--max-memory | grad:--grid | \
+    model:--window | model:--threads | model:--max-memory | generate:--prompt | generate:-n | \
+    generate:--temperature | generate:--top-k | generate:--seed | generate:--window | generate:--threads | \
+    generate:--max-memory) echo none ;;
     *) echo flag ;;
     esac
 }
@@ -157,7 +165,7 @@ _aft()
         COMPREPLY=($(compgen -W "$(_aft_options "$cmd")" -- "$cur"))
     else
         case $cmd in
-        info | run | grad) _aft_files "$cur" ;;
+        info | run | grad | model) _aft_files "$cur" ;;
         compare | convert)
             # NAME=INPUT (convert): complete INPUT after the first '='
             local name=""

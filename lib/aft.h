@@ -733,6 +733,8 @@ typedef struct {
     int threads;       /* 0: every core */
     aft_impl impl;     /* AFT_IMPL_REFERENCE: aft_model_forward in float64 (the
                         * model state always runs the fast kernels) */
+    const char *vocab; /* a JSON array of V strings (token id = index) to use
+                        * instead of the metadata "vocab"; NULL: the metadata's */
 } aft_model_options;
 
 typedef struct {
@@ -756,7 +758,7 @@ typedef struct {
 /* Reads the model from f (converted to float32; f may be closed after).
  * opt may be NULL (defaults: window from the checkpoint, every core, the
  * fast kernels). Metadata read: "vocab", a JSON array of V strings (token
- * id = index), optional; "window", optional. Missing tensors, shapes that do
+ * id = index), optional (opt->vocab replaces it); "window", optional. Missing tensors, shapes that do
  * not fit together and bad metadata are refused with a message naming the
  * tensor or entry. */
 aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model_options *opt, aft_error *err);

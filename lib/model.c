@@ -446,9 +446,11 @@ aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model
     if (!st) m->info.n_layers = n;
     for (size_t i = 0; !st && i < n; i++) st = load_layer(m, f, i, window, wfrom, opt && opt->window, err);
     if (!st) st = load_head(m, f, err);
-    const char *voc = meta_value(f, "vocab");
+    /* the caller's vocabulary stands in for the metadata's */
+    const char *voc = opt && opt->vocab ? opt->vocab : meta_value(f, "vocab");
     if (!st && voc) {
-        st = aft_vocab_parse(&m->vocab, voc, "vocab", m->info.n_vocab, err);
+        st = aft_vocab_parse(&m->vocab, voc, opt && opt->vocab ? "the vocabulary" : "metadata 'vocab'",
+                             m->info.n_vocab, err);
         m->info.has_vocab = st == AFT_OK;
     }
     if (st) {

@@ -68,12 +68,12 @@ typedef struct {
     size_t n;
     char **text;    /* token i's text (UTF-8, NUL-terminated), malloc'd */
     size_t *len;    /* its length in bytes */
-    char *key;      /* the metadata key it came from, for messages */
+    char *key;      /* where it came from, for messages ("metadata 'vocab'") */
 } aft_vocab;
 
-/* json: a JSON array of n_expected non-empty, distinct strings (from the
- * metadata entry `key`) */
-aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *key, size_t n_expected, aft_error *err);
+/* json: a JSON array of n_expected non-empty, distinct strings; what says
+ * where it came from in messages ("metadata 'vocab'") */
+aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *what, size_t n_expected, aft_error *err);
 void aft_vocab_free(aft_vocab *v);
 /* str for a message: control characters and invalid UTF-8 as '?', cut
  * short (with "...") to fit cap bytes, so a message stays one line of text

@@ -26,7 +26,7 @@ struct aft_state {
     aft_layer_carry lc;
     int poisoned;
     aft_op_rows_ctx *ctx;    /* the band's scratch for steps on this thread */
-    char fingerprint[17];
+    char fingerprint[17];    /* "" until first asked for (fingerprint()) */
 };
 
 static aft_status make_room(aft_state *s, size_t n, size_t min, aft_error *err);
@@ -98,6 +98,17 @@ static void set_fingerprint(aft_state *s)
     snprintf(s->fingerprint, sizeof s->fingerprint, "%016" PRIx64, h);
 }
 
+/* The fingerprint, hashed the first time it is asked for (saving, loading,
+ * aft_state_fingerprint): a state that is only stepped, as a model's
+ * generating text, never reads its weights through (about 1 ms for
+ * labml's six layers). The cache is the state's own memory, never const
+ * storage, and a state serves one thread at a time. */
+static const char *fingerprint(const aft_state *s)
+{
+    if (!s->fingerprint[0]) set_fingerprint((aft_state *)s);
+    return s->fingerprint;
+}
+
 /* ---- making one */
 
 static aft_status state_init(aft_state *s, const aft_bias *bias, const aft_config *cfg, size_t B, size_t C,
@@ -147,7 +158,6 @@ aft_status aft_state_new(aft_state **out, const aft_params *p, const aft_config 
         return st;
     }
     s->D = p->d_model;
-    set_fingerprint(s);
     *out = s;
     return AFT_OK;
 }
@@ -163,7 +173,6 @@ aft_status aft_state_new_op(aft_state **out, const aft_bias *bias, const aft_con
         aft_state_free(s);
         return st;
     }
-    set_fingerprint(s);
     *out = s;
     return AFT_OK;
 }
@@ -193,7 +202,7 @@ size_t aft_state_position(const aft_state *s)
 
 const char *aft_state_fingerprint(const aft_state *s)
 {
-    return s->fingerprint;
+    return fingerprint(s);
 }
 
 /* ---- a step */
@@ -472,7 +481,7 @@ aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err)
     const char *meta[2 * (N_META + 1)];
     state_meta(s, text, meta);
     meta[2 * N_META] = "fingerprint";
-    meta[2 * N_META + 1] = s->fingerprint;
+    meta[2 * N_META + 1] = fingerprint(s);
     aft_status st = aft_st_write(path, names, ts, N_SUMS + 2, meta, N_META + 1, err);
     free(sums);
     free(kv);
@@ -509,9 +518,9 @@ static aft_status check_meta(const aft_state *s, const aft_st_file *f, size_t *p
     const char *fp = find_meta(f, "fingerprint");
     if (!fp) return aft_fail(err, AFT_ERR_FORMAT, "not an aft state: no 'fingerprint' in its metadata");
     char b[40];
-    if (strcmp(fp, s->fingerprint) != 0)
+    if (strcmp(fp, fingerprint(s)) != 0)
         return aft_fail(err, AFT_ERR_ARG, "the state was made with other weights or bias (fingerprint %s, this "
-                        "run's %s)", aft_shown(fp, b, 32), s->fingerprint);
+                        "run's %s)", aft_shown(fp, b, 32), fingerprint(s));
     const char *ps = find_meta(f, "position"), *pz = find_meta(f, "poisoned");
     char *end;
     unsigned long long v = strtoull(ps, &end, 10);

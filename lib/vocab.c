@@ -71,21 +71,21 @@ static void describe_char(char *out, size_t cap, const char *s, size_t n)
     else snprintf(out, cap, "U+%04X", (unsigned)cp);
 }
 
-aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *key, size_t n_expected, aft_error *err)
+aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *what, size_t n_expected, aft_error *err)
 {
     memset(v, 0, sizeof *v);
     cJSON *arr = cJSON_Parse(json);
     aft_status st = AFT_OK;
     if (!arr || !cJSON_IsArray(arr)) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "metadata '%s' is not a JSON array of strings", key);
+        st = aft_fail(err, AFT_ERR_FORMAT, "%s is not a JSON array of strings", what);
         goto done;
     }
     size_t n = (size_t)cJSON_GetArraySize(arr);
     if (n != n_expected) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "metadata '%s' lists %zu tokens but the model has %zu", key, n, n_expected);
+        st = aft_fail(err, AFT_ERR_FORMAT, "%s lists %zu tokens but the model has %zu", what, n, n_expected);
         goto done;
     }
-    v->key = strdup(key);
+    v->key = strdup(what);
     v->text = calloc(n ? n : 1, sizeof *v->text);
     v->len = calloc(n ? n : 1, sizeof *v->len);
     if (!v->key || !v->text || !v->len) {
@@ -96,7 +96,7 @@ aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *key, size
     size_t i = 0;
     for (const cJSON *it = arr->child; it; it = it->next, i++) {
         if (!cJSON_IsString(it) || !it->valuestring || !it->valuestring[0]) {
-            st = aft_fail(err, AFT_ERR_FORMAT, "metadata '%s': token %zu is not a non-empty string", key, i);
+            st = aft_fail(err, AFT_ERR_FORMAT, "%s: token %zu is not a non-empty string", what, i);
             goto done;
         }
         if (!(v->text[i] = strdup(it->valuestring))) {
@@ -108,7 +108,7 @@ aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *key, size
             if (strcmp(v->text[j], v->text[i]) == 0) {
                 char d[48];
                 describe_char(d, sizeof d, v->text[i], v->len[i]);
-                st = aft_fail(err, AFT_ERR_FORMAT, "metadata '%s': tokens %zu and %zu are both %s%s", key, j, i, d,
+                st = aft_fail(err, AFT_ERR_FORMAT, "%s: tokens %zu and %zu are both %s%s", what, j, i, d,
                               v->len[i] > 4 ? "..." : "");
                 goto done;
             }

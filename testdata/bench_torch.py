@@ -11,6 +11,7 @@ on PATH has neither:
     /usr/bin/python3 testdata/bench_torch.py --stream              # a token at a time
     /usr/bin/python3 testdata/bench_torch.py --grid                # AFT-conv, 56 x 56
     /usr/bin/python3 testdata/bench_torch.py --grad                # forward + backward
+    /usr/bin/python3 testdata/bench_torch.py --generate            # text from labml's model
 
 Cases (each a whole layer: Linear q, k, v, the AFT core, Linear output;
 float32, batch 1, d_model = d_hidden):
@@ -96,12 +97,33 @@ seeded weights at --grad-memory-len (default 65536, a few seconds; 0: none)
 for its peak RSS.  Targets, printed pass or MISS: aft >= 10x torch for
 labml-local, 1.5x rish-full, 2x rish-simple; backward_over_forward <= 3x
 each; the peak RSS under 1.5 GB.
+
+--generate (issue 24) times text generation with the shipped model,
+testdata/model/labml_aft_fortunes.safetensors (labml's AutoregressiveTransformer,
+defined in testdata/model/train_labml_aft.py), greedy from --prompt (default
+'It is '), --seq-len characters (default 256), one thread by default:
+  labml    labml's own sampling loop as a module (LabmlSampler): for every
+           character the whole text so far tokenized and run through the
+           model, the argmax at every position, the last one's appended;
+  stepper  the same model decoded as aft decodes it, in PyTorch
+           (TorchStepper): the prompt in one pass, then a token at a time
+           against a cache of each layer's keys and values;
+  aft      `aft generate --greedy --timing` in a fresh process each round:
+           tokens_per_s of its timing (new characters over the time from
+           handing over the prompt to the last character), and beside it the
+           warm figure of `aft bench --generate`.
+Past the context (256) all three keep the last 128 characters and encode
+them again (labml's pos_bias covers 256 positions). The check comes first:
+the three greedy texts must be equal. Targets (issue 24): aft at least 5000
+characters/s and 50x labml's loop.
 """
 import argparse
 import json
+import math
 import os
 import re
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -111,6 +133,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+MODEL_CKPT = os.path.join(HERE, "model", "labml_aft_fortunes.safetensors")
 CASES = ("labml-local", "rish-full", "rish-simple")
 QUADRATIC = ("labml-local", "rish-full")       # hold T x T arrays in torch
 GIB = float(1 << 30)
@@ -543,12 +566,163 @@ def worker_grad_bench(spec):
             "ms_grad_bwd": med(bwd), "ms_forward": med(alone), "ms_forward_all": alone,
             "rss_after_import": base, "rss_peak": peak}
 
+# ---- --generate: labml's language model generating text
+
+def _trained():
+    """testdata/model/train_labml_aft.py, the model's definition (imports torch)."""
+    sys.path.insert(0, os.path.join(HERE, "model"))
+    import train_labml_aft
+    return train_labml_aft
+
+
+def _labml_sampler_class():
+    import torch
+    from torch import nn
+
+    class LabmlSampler(nn.Module):
+        """labml's own sampling loop (NLPAutoRegressionConfigs.sample in
+        labml_nn/experiments/nlp_autoregression.py) as a module: for every
+        new character the whole text so far is tokenized, run through the
+        model, the argmax taken over the vocabulary at every position, and
+        the last position's appended.  Past seq_len the context keeps its
+        last seq_len / 2 characters (aft's rule: labml's pos_bias covers
+        seq_len positions, so its loop cannot go past them)."""
+
+        def __init__(self, model, itos, seq_len, keep):
+            super().__init__()
+            self.model, self.itos, self.seq_len, self.keep = model, itos, seq_len, keep
+            self.stoi = {c: i for i, c in enumerate(itos)}
+
+        def forward(self, prompt, n):
+            context, out = prompt, []
+            if len(context) > self.seq_len:
+                context = context[-self.keep:]
+            for _ in range(n):
+                data = torch.tensor([self.stoi[c] for c in context], dtype=torch.long).unsqueeze(-1)
+                output = self.model(data)
+                output = output.argmax(dim=-1).squeeze(-1)
+                c = self.itos[output[-1]]
+                out.append(c)
+                if len(context) == self.seq_len:
+                    context = context[self.seq_len - self.keep:]
+                context += c
+            return "".join(out)
+
+    return LabmlSampler
+
+
+class TorchStepper:
+    """The same model decoded as aft does it, in PyTorch: per layer a cache
+    of the context's keys and values; the prompt in one pass, then a new
+    token's embedding at its position, through each layer's norms, its
+    projections (its own row only), labml's formula for that row over the
+    cached keys (bias row t, pos_bias * local_mask, the -inf of the causal
+    mask left out: no later key is cached) and the feed-forward network.
+    Past seq_len: the last seq_len / 2 tokens encoded again from position 0."""
+
+    def __init__(self, model, seq_len, keep):
+        import torch
+        self.torch, self.m, self.seq_len, self.keep = torch, model, seq_len, keep
+        d = model.src_embed.d_model
+        n_layers = len(model.encoder.layers)
+        self.K = torch.empty(n_layers, seq_len, 1, d)
+        self.V = torch.empty(n_layers, seq_len, 1, d)
+        self.tokens = []
+
+    def _rows(self, toks):
+        """toks (the next tokens, positions len(self.tokens) on) through the
+        model, caching each layer's K and V; the last row's logits."""
+        torch, m = self.torch, self.m
+        t0, n = len(self.tokens), len(toks)
+        T = t0 + n
+        emb = m.src_embed
+        x = emb.linear(torch.tensor(toks, dtype=torch.long).unsqueeze(-1)) * math.sqrt(emb.d_model) \
+            + emb.positional_encodings[t0:T]
+        for li, layer in enumerate(m.encoder.layers):
+            a = layer.self_attn
+            z = layer.norm_self_attn(x)
+            q = a.query(z)
+            self.K[li, t0:T] = a.key(z)
+            self.V[li, t0:T] = a.value(z)
+            k, v = self.K[li, :T], self.V[li, :T]                       # [T, 1, d]
+            w = (a.pos_bias[t0:T, :T] * a.local_mask[t0:T, :T]).unsqueeze(-1)   # [n, T, 1]
+            if n > 1:                                                   # the prompt: causal
+                hide = torch.arange(T)[None, :] > torch.arange(t0, T)[:, None]
+                w = w.masked_fill(hide.unsqueeze(-1), float("-inf"))
+            ek = torch.exp(k - k.max(dim=0, keepdim=True).values)
+            ew = torch.exp(w - w.max(dim=1, keepdim=True).values)
+            num = torch.einsum("ijb,jbd->ibd", ew, ek * v)
+            den = torch.einsum("ijb,jbd->ibd", ew, ek)
+            x = x + a.output(torch.sigmoid(q) * num / den)
+            x = x + layer.feed_forward(layer.norm_ff(x))
+        self.tokens.extend(toks)
+        return m.generator(m.encoder.norm(x[-1:]))[0, 0]
+
+    def feed(self, toks):
+        """the next tokens, with the context rule; the last one's logits"""
+        logits, i = None, 0
+        while i < len(toks):
+            if len(self.tokens) == self.seq_len:
+                kept = self.tokens[self.seq_len - self.keep:]
+                self.tokens = []
+                self._rows(kept)
+            k = min(len(toks) - i, self.seq_len - len(self.tokens))
+            logits = self._rows(toks[i:i + k])
+            i += k
+        return logits
+
+
+def _generate_setup(spec):
+    torch = _worker_setup(spec)
+    T = _trained()
+    named, meta = T.read_safetensors(os.path.join(HERE, "model", T.CKPT_NAME))
+    itos = json.loads(meta["vocab"])
+    model = T.load_model(named, len(itos))
+    return torch, T, model, itos
+
+
+def worker_generate(spec):
+    """labml's loop and the PyTorch stepper, each generating spec['T']
+    characters greedily from spec['prompt'] after --warmup untimed runs of 16;
+    the fastest of --repeat runs of each, and their texts."""
+    torch, T, model, itos = _generate_setup(spec)
+    L, keep = T.SEQ_LEN, T.SEQ_LEN // 2
+    labml = _labml_sampler_class()(model, itos, L, keep).eval()
+    stoi = {c: i for i, c in enumerate(itos)}
+    prompt, n = spec["prompt"], spec["T"]
+
+    def stepper(count):
+        st = TorchStepper(model, L, keep)
+        logits = st.feed([stoi[c] for c in prompt])
+        out = []
+        for i in range(count):
+            nxt = int(torch.argmax(logits))
+            out.append(itos[nxt])
+            if i + 1 < count:
+                logits = st.feed([nxt])
+        return "".join(out)
+
+    res = {}
+    with torch.no_grad():
+        for name, run in (("labml", lambda c: labml(prompt, c)), ("stepper", stepper)):
+            for _ in range(spec["warmup"]):
+                run(min(n, 16))
+            best, text = float("inf"), None
+            for _ in range(spec["repeat"]):
+                t0 = time.perf_counter()
+                text = run(n)
+                best = min(best, time.perf_counter() - t0)
+            res[name] = {"s": best, "text": text}
+    res["rss_peak"] = _maxrss_bytes()
+    return res
+
 
 def worker_main(spec):
     fn = {"env": worker_env, "bench": worker_bench, "check": worker_check,
           "stream_check": worker_stream_check, "stream_bench": worker_stream_bench,
           "grid_prepare": worker_grid_prepare, "grid_bench": worker_grid_bench,
-          "grad_prepare": worker_grad_prepare, "grad_bench": worker_grad_bench}[spec["task"]]
+          "grad_prepare": worker_grad_prepare, "grad_bench": worker_grad_bench,
+          "generate": worker_generate}[spec["task"]]
     res = fn(spec)
     sys.stdout.write("@@RESULT " + json.dumps(res) + "\n")
     sys.stdout.flush()
@@ -1491,6 +1665,113 @@ def grad_mode(args, out, tmp):
             print(json.dumps(mem), flush=True)
     if not out.json:
         print_grad_targets(args, rows, mem)
+
+
+def generate_aft_argv(args, T):
+    return ["generate", "--weights", MODEL_CKPT, "--prompt", args.prompt, "-n", str(T), "--greedy",
+            "--threads", str(args.threads), "--timing", "timing.json"]
+
+
+def run_aft_generate(args, T, cwd):
+    """`aft generate --greedy --timing` in a fresh process; (text, timing dict, error str)."""
+    cmd = [args.aft] + generate_aft_argv(args, T)
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=aft_env(args), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return None, None, f"timed out after {args.timeout} s"
+    if p.returncode != 0:
+        return None, None, (p.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+    with open(os.path.join(cwd, "timing.json")) as f:
+        tj = json.load(f)
+    return p.stdout.decode(), tj, None
+
+
+def generate_round(args, T, d, row):
+    """One torch worker (labml's loop and the stepper) and one aft generate,
+    merged into row (the fastest of each so far); the texts checked."""
+    if "torch_error" not in row:
+        spec = {"task": "generate", "T": T, "prompt": args.prompt, "warmup": args.warmup,
+                "repeat": args.repeat}
+        r, err = run_worker(args, spec, args.torch_coretype)
+        if r is None:
+            row["torch_error"] = err
+        else:
+            for name in ("labml", "stepper"):
+                row[name + "_s"] = min(row.get(name + "_s", float("inf")), r[name]["s"])
+                row.setdefault("texts", {})[name] = args.prompt + r[name]["text"]
+    if "aft_error" not in row:
+        text, tj, err = run_aft_generate(args, T, d)
+        if text is None:
+            row["aft_error"] = err
+        else:
+            row.setdefault("texts", {})["aft"] = text
+            if tj["tokens_per_s"] > row.get("aft_tokens_per_s", 0.0):
+                row.update(aft_tokens_per_s=tj["tokens_per_s"], aft_ttft_ms=tj["time_to_first_token_ms"],
+                           aft_ms=tj["timing_ms"]["generate"])
+    texts = row.get("texts", {})
+    if len(texts) == 3 and len(set(texts.values())) != 1:
+        row["mismatch"] = True
+
+
+def generate_mode(args, out, tmp):
+    """--generate: the shipped model generating text greedily, labml's loop
+    and a PyTorch stepper against aft generate; True when all went well and
+    the texts agree."""
+    d = os.path.join(tmp, "generate")
+    os.makedirs(d, exist_ok=True)
+    ok = True
+    if not out.json:
+        print(f"\n--generate: {os.path.relpath(MODEL_CKPT, ROOT)} (labml's AutoregressiveTransformer, six "
+              f"layers of AFTLocal, d_model 128, window 32, context 256), greedy from {args.prompt!r}, "
+              f"{args.threads} thread(s); {args.rounds} rounds, torch and aft taking turns, best round "
+              f"of each\n"
+              f"  labml:   its sampling loop (LabmlSampler): the whole context through the model for "
+              f"every character\n"
+              f"  stepper: the same model decoded a token at a time in PyTorch (TorchStepper), a cache "
+              f"of each layer's keys and values\n"
+              f"  torch: fastest of {args.repeat} run(s) after {args.warmup} untimed of 16 characters; "
+              f"aft: `aft {shlex.join(generate_aft_argv(args, 'T'))}`, a fresh process each round, "
+              f"tokens_per_s of its --timing (new characters over the time from the prompt to the last)")
+    for T in args.seq_len:
+        row = {"type": "generate", "T": T, "prompt": args.prompt,
+               "aft_command": "aft " + shlex.join(generate_aft_argv(args, T))}
+        for _ in range(args.rounds):
+            generate_round(args, T, d, row)
+        texts = row.pop("texts", {})
+        row["texts_agree"] = len(texts) == 3 and len(set(texts.values())) == 1 and not row.pop("mismatch", False)
+        if "labml_s" in row:
+            row["labml_tokens_per_s"] = T / row["labml_s"]
+            row["stepper_tokens_per_s"] = T / row["stepper_s"]
+        if "labml_s" in row and "aft_tokens_per_s" in row:
+            row["aft_over_labml"] = row["aft_tokens_per_s"] / row["labml_tokens_per_s"]
+            row["aft_over_stepper"] = row["aft_tokens_per_s"] / row["stepper_tokens_per_s"]
+        j, err = run_aft_bench(args, ["--generate", "--weights", MODEL_CKPT, "--seq-len", str(T), "--threads",
+                                      str(args.threads), "--repeat", "5", "--json"])
+        if j is not None:
+            row.update(bench_tokens_per_s=j["tokens_per_s"], bench_ttft_ms=j["ttft_ms"])
+            if "labml_tokens_per_s" in row:
+                row["bench_over_labml"] = row["bench_tokens_per_s"] / row["labml_tokens_per_s"]
+        if out.json:
+            print(json.dumps(row), flush=True)
+        elif "aft_over_labml" in row:
+            agree = "equal" if row["texts_agree"] else "DIFFERENT"
+            print(f"  T = {T} characters: greedy texts of labml's loop, the stepper and aft: {agree}\n"
+                  f"    labml's loop  {row['labml_tokens_per_s']:9.0f} characters/s ({row['labml_s']:.3f} s)\n"
+                  f"    torch stepper {row['stepper_tokens_per_s']:9.0f} characters/s ({row['stepper_s']:.3f} s)\n"
+                  f"    aft generate  {row['aft_tokens_per_s']:9.0f} characters/s ({row['aft_ms']:.1f} ms, first "
+                  f"{row['aft_ttft_ms']:.2f} ms) (target >= 5000)\n"
+                  + (f"    aft bench --generate {row['bench_tokens_per_s']:9.0f} characters/s (warm as torch is: "
+                     f"after an untimed run, median of 5; first {row['bench_ttft_ms']:.2f} ms)\n"
+                     if "bench_tokens_per_s" in row else "")
+                  + f"    aft generate is {row['aft_over_labml']:.1f}x labml's loop (target >= 50x) and "
+                  f"{row['aft_over_stepper']:.1f}x the torch stepper"
+                  + (f"; warm, {row['bench_over_labml']:.1f}x labml's loop" if "bench_over_labml" in row else ""),
+                  flush=True)
+        else:
+            print(f"  T = {T}: torch: {row.get('torch_error', 'ok')}; aft: {row.get('aft_error', 'ok')}",
+                  flush=True)
+        ok &= "aft_over_labml" in row and row["texts_agree"]
     return ok
 
 
@@ -1516,20 +1797,20 @@ def grid_size(s):
 
 def resolve_mode_defaults(ap, args):
     """Defaults that depend on the mode: the issues' layers for --stream
-    (d 256, S 32, 1 thread, 4096 tokens), --grid (d 192, S 6) and --grad
-    (T 4096)."""
-    if (args.stream, bool(args.grid), args.grad).count(True) > 1:
-        ap.error("--stream, --grid and --grad are separate modes: pick one")
+    (d 256, S 32, 1 thread, 4096 tokens), --grid (d 192, S 6), --grad (T 4096)
+    and --generate (256 characters)."""
+    if sum(map(bool, (args.stream, args.grid, args.grad, args.generate))) > 1:
+        ap.error("--stream, --grid, --grad and --generate are separate modes: pick one")
     if args.d_model is None:
         args.d_model = 192 if args.grid else 256
     if args.window is None:
         args.window = 6 if args.grid else 32
     if args.threads is None:
-        args.threads = 1 if args.stream else 2
+        args.threads = 1 if args.stream or args.generate else 2
     if args.repeat is None:
-        args.repeat = 1 if args.stream else 5
+        args.repeat = 1 if args.stream or args.generate else 5
     if args.seq_len is None:
-        args.seq_len = [4096] if args.stream or args.grad else [1024, 4096]
+        args.seq_len = [4096] if args.stream or args.grad else [256] if args.generate else [1024, 4096]
     if args.stream and max(args.seq_len) > 4096:
         ap.error("--stream: --seq-len at most 4096 (aft bench --stream decodes the first 4096 tokens)")
     if args.grid and (args.window < 1 or args.d_hidden is not None and args.d_hidden % args.heads
@@ -1547,7 +1828,7 @@ def main(argv=None):
     ap.add_argument("--seq-len", type=int_list, default=None,
                     help="comma-separated sequence lengths (default 1024,4096; "
                          "--stream: tokens decoded, default 4096, at most 4096; "
-                         "--grad: default 4096)")
+                         "--grad: default 4096; --generate: characters generated, default 256)")
     ap.add_argument("--d-model", type=int, default=None,
                     help="model width (default 256; --grid: 192)")
     ap.add_argument("--d-hidden", type=int, default=None,
@@ -1580,6 +1861,10 @@ def main(argv=None):
     ap.add_argument("--grad-memory-len", type=int, default=65536, metavar="T",
                     help="--grad: T of the aft grad peak-RSS row, causal local with seeded "
                          "weights (default 65536; 0: no such row)")
+    ap.add_argument("--generate", action="store_true",
+                    help="time text generation with the shipped model (testdata/model): labml's "
+                         "sampling loop and a PyTorch stepper against aft generate")
+    ap.add_argument("--prompt", default="It is ", help="--generate: the prompt (default 'It is ')")
     ap.add_argument("--batch", type=int, default=8, help="--grid: batch size (default 8)")
     ap.add_argument("--heads", type=int, default=32, help="--grid: heads (default 32)")
     ap.add_argument("--aft", default=os.path.join(ROOT, "aft"),
@@ -1655,10 +1940,12 @@ def main(argv=None):
     ver += time.strftime(", built %Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(args.aft)))
     tmp = tempfile.mkdtemp(prefix="aft-bench-")
     try:
-        if args.stream or args.grid or args.grad:
+        if args.stream or args.grid or args.grad or args.generate:
             out.note(f"aft: {args.aft} ({ver})", type="aft", path=args.aft, version=ver)
             if args.grad:
                 ok = grad_mode(args, out, tmp)
+            elif args.generate:
+                ok = generate_mode(args, out, tmp)
             elif args.grid:
                 ok = grid_mode(args, out, tmp, env["matmul_gflops"])
             else:

@@ -410,7 +410,11 @@ static void test_completion_words(void **state)
     (void)state;
     ASSERT_COMPLETES("run\n", dir, "aft", "ru");
     ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "co");
-    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nbench\nhelp\n", dir, "aft", "");
+    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nbench\nhelp\n", dir, "aft", "");
+    ASSERT_COMPLETES("generate\n", dir, "aft", "ge");
+    ASSERT_COMPLETES("btd\ntbd\n", dir, "aft", "model", "--layout", "");
+    ASSERT_COMPLETES("--temperature\n--top-k\n--threads\n--timing\n", dir, "aft", "generate", "--t");
+    ASSERT_COMPLETES("", dir, "aft", "generate", "--prompt", "");   /* free text: nothing to offer */
     ASSERT_COMPLETES("--help\n--version\n--quiet\n", dir, "aft", "--");
     ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "help", "co");
     ASSERT_COMPLETES("--dtype\n", dir, "aft", "convert", "--dt");
@@ -432,7 +436,7 @@ static void test_completion_words(void **state)
 static void test_completion_matches_help(void **state)
 {
     (void)state;
-    static const char *const cmds[] = {"info", "run", "mask", "compare", "convert", "bench"};
+    static const char *const cmds[] = {"info", "run", "mask", "compare", "convert", "model", "generate", "bench"};
     for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
         char *opts = COMPLETE(dir, "aft", cmds[c], "-");
         harness_result r;
@@ -498,6 +502,8 @@ static void test_completion_files(void **state)
     ASSERT_COMPLETES("x.npy\n", cwd, "aft", "info", "x");
     ASSERT_COMPLETES("model.safetensors\n", cwd, "aft", "convert", "-o", "m");
     ASSERT_COMPLETES("x.npy\n", cwd, "aft", "convert", "w", "=", "x");
+    ASSERT_COMPLETES("model.safetensors\n", cwd, "aft", "generate", "--weights", "m");
+    ASSERT_COMPLETES("x.npy\n", cwd, "aft", "model", "--weights", "model.safetensors", "x");
     /* tensor names come from `aft info --json`, run as the completed command */
     const char *bin = harness_aft_bin();
     ASSERT_COMPLETES("blocks.0.wq\nblocks.0.wk\n", cwd, bin, "compare", "model.safetensors", ":", "blocks");

@@ -278,6 +278,20 @@ static void test_file(void **state)
     expect_failure(c, compare, NULL, 0, c->path, c->expect);
     const char *convert[] = {"convert", "-o", out_st_path, c->path, NULL};
     expect_failure(c, convert, NULL, 0, c->path, NULL);
+
+    /* the model's commands: the file as the checkpoint, or as the tokens */
+    if (c->is_st) {
+        const char *model[] = {"model", "--weights", c->path, x_path, "-o", out_path, NULL};
+        expect_failure(c, model, NULL, 0, c->path, c->expect);
+        const char *generate[] = {"generate", "--weights", c->path, "--prompt", "a", NULL};
+        expect_failure(c, generate, NULL, 0, c->path, c->expect);
+    } else {
+        char *ckpt = harness_path(harness_testdata(), "model/labml_aft_fortunes.safetensors");
+        assert_non_null(ckpt);
+        const char *model[] = {"model", "--weights", ckpt, c->path, "-o", out_path, NULL};
+        expect_failure(c, model, NULL, 0, c->path, c->expect);
+        free(ckpt);
+    }
 }
 
 /* Runs aft with args and checks the refusal (or success) of a command given

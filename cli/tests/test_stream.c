@@ -141,11 +141,11 @@ static void check_chunks(const char *what, const char *const *args, const char *
     free(one); free(state); free(chunk); free(yc);
 }
 
-/* [B, T, D] or [T, D] seeded input of normal values */
+/* [B, T, D], or [T, D] when B is 0, seeded input of normal values */
 static char *make_input(const char *name, size_t B, size_t T, size_t D, double scale)
 {
     char *p = tmp(name);
-    size_t n = B * T * D;
+    size_t n = (B ? B : 1) * T * D;   /* [T, D] holds T * D values, not none */
     float *x = malloc(n * sizeof *x);
     assert_non_null(x);
     for (size_t i = 0; i < n; i++) x[i] = (float)(scale * (double)aft_seeded_bias(17, 1.0f, i, 3));

@@ -904,6 +904,23 @@ static void test_hostile_checkpoints(void **state)
     expect_refused(&c, NULL, "a vocab of 2", "'vocab'", "2 tokens", "113", NULL);
     ck_meta(&c, "vocab", "{\"a\": 1}");
     expect_refused(&c, NULL, "a vocab that is no array", "'vocab'", NULL);
+    /* the caller's vocabulary replaces the metadata's (even a bad one) */
+    aft_model_options vo = {.vocab = "[\"x\", \"y\"]"};
+    expect_refused(&c, &vo, "a vocabulary of 2 given", "the vocabulary", "2 tokens", "113", NULL);
+    {
+        char *json = xmalloc(113 * 8 + 8), *w = json;
+        w += sprintf(w, "[");
+        for (int k = 0; k < 113; k++) w += sprintf(w, "%s\"t%d\"", k ? ", " : "", k);
+        sprintf(w, "]");
+        vo.vocab = json;
+        aft_model *vm;
+        aft_error verr = {{0}};
+        if (ck_load(&c, &vo, &vm, &verr) != AFT_OK) fail_msg("a vocabulary given: %s", verr.msg);
+        assert_true(aft_model_get_info(vm)->has_vocab);
+        assert_string_equal(aft_model_token(vm, 112), "t112");
+        aft_model_free(vm);
+        free(json);
+    }
     /* hostile layer numbers (on an optional tensor's name) */
     ck_from(&c, f);
     i = ck_index(&c, "generator.projection.bias");

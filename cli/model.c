@@ -1,0 +1,431 @@
+/* model.c - aft model: labml's autoregressive AFT model (aft.h, "the
+ * model") on token ids, writing its logits; and what aft model, aft
+ * generate and aft bench --generate share: the options that load a model
+ * and the step that loads it (cli.h, "the model").
+ *
+ * cmd_model reads as its steps: parse the options, load the model, load
+ * the tokens and check them against it, check the memory, compute, write. */
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- the shared options */
+
+/* the cli_model_opts inside a command's options, at opt->field */
+#define MODEL_OPTS(opt, opts) ((cli_model_opts *)((char *)(opts) + (opt)->field))
+
+int cli_model_set_weights(const cli_option *opt, void *opts, const char *v)
+{
+    MODEL_OPTS(opt, opts)->weights = v;
+    return 0;
+}
+
+int cli_model_set_window(const cli_option *opt, void *opts, const char *v)
+{
+    cli_model_opts *m = MODEL_OPTS(opt, opts);
+    if (cli_parse_size(v, &m->window) != 0 || m->window == 0)
+        return cli_usage_error(m->cmd, "--window takes a whole number >= 1");
+    return 0;
+}
+
+int cli_model_set_threads(const cli_option *opt, void *opts, const char *v)
+{
+    cli_model_opts *m = MODEL_OPTS(opt, opts);
+    size_t n;
+    if (cli_parse_size(v, &n) != 0 || n == 0 || n > 1024)
+        return cli_usage_error(m->cmd, "--threads takes a whole number from 1 to 1024");
+    m->threads = (int)n;
+    return 0;
+}
+
+int cli_model_set_max_memory(const cli_option *opt, void *opts, const char *v)
+{
+    cli_model_opts *m = MODEL_OPTS(opt, opts);
+    return cli_set_memory(m->cmd, &m->max_memory, v);
+}
+
+int cli_model_set_vocab(const cli_option *opt, void *opts, const char *v)
+{
+    MODEL_OPTS(opt, opts)->vocab = v;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- loading the model */
+
+/* a --vocab file, whole, NUL-terminated: 0, or EXIT_DATA after reporting */
+static int read_vocab(const char *path, char **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    struct stat sb;
+    if (!f || fstat(fileno(f), &sb) != 0) {
+        cli_error(NULL, "%s: %s", path, strerror(errno));
+        if (f) fclose(f);
+        return EXIT_DATA;
+    }
+    /* a vocabulary is a list of short strings: 64 MiB holds millions */
+    if (!S_ISREG(sb.st_mode) || sb.st_size > (64 << 20)) {
+        cli_error(NULL, "%s: %s", path, S_ISREG(sb.st_mode) ? "larger than 64 MiB: not a vocabulary"
+                                                             : "not a regular file");
+        fclose(f);
+        return EXIT_DATA;
+    }
+    size_t n = (size_t)sb.st_size;
+    char *buf = malloc(n + 1);
+    size_t got = buf ? fread(buf, 1, n, f) : 0;
+    int bad = !buf || got != n || ferror(f);
+    fclose(f);
+    if (bad) {
+        cli_error(NULL, "%s: %s", path, buf ? "read failed" : "out of memory");
+        free(buf);
+        return EXIT_DATA;
+    }
+    buf[n] = 0;
+    if (strlen(buf) != n) {
+        cli_error(NULL, "%s: holds a NUL byte: not a JSON vocabulary", path);
+        free(buf);
+        return EXIT_DATA;
+    }
+    *out = buf;
+    return 0;
+}
+
+/* bytes of the weights as float32: the model converts every tensor */
+static size_t weights_bytes(const aft_st_file *f)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < aft_st_count(f); i++) {
+        const aft_tensor *t = aft_st_get(f, i, NULL);
+        size_t b;
+        if (__builtin_mul_overflow(t->nelem, sizeof(float), &b) || __builtin_add_overflow(total, b, &total))
+            return SIZE_MAX;
+    }
+    return total;
+}
+
+int cli_model_open(const cli_model_opts *o, aft_model **out)
+{
+    *out = NULL;
+    char *vocab = NULL;
+    if (o->vocab && read_vocab(o->vocab, &vocab) != 0) return EXIT_DATA;
+    aft_error err;
+    aft_st_file *f;
+    size_t limit = cli_memory_limit(o->max_memory);
+    if (aft_st_open_limit(o->weights, limit, &f, &err) != AFT_OK) {
+        cli_report_file(NULL, o->weights, err.msg);
+        free(vocab);
+        return EXIT_DATA;
+    }
+    /* the float32 copy and the products' packed copy of each matrix */
+    size_t wb = weights_bytes(f), need = wb > SIZE_MAX / 2 ? SIZE_MAX : 2 * wb;
+    if (need > limit) {
+        cli_error(o->cmd, "the model needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
+                  o->max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        aft_st_close(f);
+        free(vocab);
+        return EXIT_DATA;
+    }
+    aft_model_options mo = {.window = o->window, .threads = o->threads, .impl = o->impl, .vocab = vocab};
+    aft_status st = aft_model_load(out, f, &mo, &err);
+    aft_st_close(f);
+    free(vocab);
+    if (st != AFT_OK) {
+        /* what is wrong with --vocab's list is that file's fault */
+        int theirs = o->vocab && strncmp(err.msg, "the vocabulary", 14) == 0;
+        cli_report_file(NULL, theirs ? o->vocab : o->weights, err.msg);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+const char *cli_shipped_model(char *buf, size_t cap)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return NULL;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (!slash) return NULL;
+    *slash = 0;
+    snprintf(buf, cap, "%s/" CLI_SHIPPED_MODEL, self);
+    return buf;
+}
+
+/* ---------------------------------------------------------------- aft model: options */
+
+struct model_opts {
+    cli_model_opts m;
+    const char *tokens, *out_path;
+    int tbd;
+};
+
+#define FIELD(f) offsetof(struct model_opts, f)
+
+static int set_layout(const cli_option *opt, void *opts, const char *v)
+{
+    if (!v || (strcmp(v, "btd") != 0 && strcmp(v, "tbd") != 0))
+        return cli_usage_error("model", "--layout takes btd or tbd");
+    ((struct model_opts *)opts)->tbd = strcmp(v, "tbd") == 0;
+    return 0;
+}
+
+static int set_impl(const cli_option *opt, void *opts, const char *v)
+{
+    if (!v || (strcmp(v, "fast") != 0 && strcmp(v, "reference") != 0))
+        return cli_usage_error("model", "--impl takes fast or reference");
+    ((struct model_opts *)opts)->m.impl = strcmp(v, "reference") == 0 ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST;
+    return 0;
+}
+
+static int set_tokens(void *opts, const char *arg)
+{
+    struct model_opts *o = opts;
+    if (o->tokens) return cli_usage_error("model", "more than one TOKENS: '%s' and '%s'", o->tokens, arg);
+    o->tokens = arg;
+    return 0;
+}
+
+static const cli_option options[] = {
+    {"--weights", NULL, "FILE",
+     "the model: a .safetensors export of its state_dict() (required)", cli_model_set_weights, FIELD(m),
+     "--weights needs a file", 0},
+    {"-o", "--output", "FILE",
+     "the logits, .npy float32 (default: stdout; on a terminal, a summary instead)", cli_set_string,
+     FIELD(out_path), "-o needs a file", 0},
+    {"--layout", NULL, "btd|tbd",
+     "TOKENS [B, T] (default) or labml's seq-first [T, B]; the logits follow", set_layout, 0,
+     "--layout needs btd or tbd", 0},
+    {"--window", NULL, "S", "local: the window (default: metadata 'window', else local_mask's band)",
+     cli_model_set_window, FIELD(m), "--window needs a value", 0},
+    {"--threads", NULL, "N", "threads (default: all cores)", cli_model_set_threads, FIELD(m),
+     "--threads needs a value", 0},
+    {"--impl", NULL, "fast|reference", "reference: the plain float64 kernels", set_impl, 0,
+     "--impl needs fast or reference", 0},
+    {"--max-memory", NULL, "SIZE",
+     "refuse runs needing more (bytes, or with K, M, G; default: the memory available)",
+     cli_model_set_max_memory, FIELD(m), "--max-memory needs a size", 0},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+
+const cli_command cli_model_command = {
+    .name = "model",
+    .usage = "usage: aft model --weights FILE [options] TOKENS\n"
+             "\n"
+             "Runs labml's autoregressive AFT model (its AutoregressiveTransformer) on\n"
+             "TOKENS, integer token ids [T] or [B, T] in a .npy ('-': stdin), and writes\n"
+             "its logits, float32 [T, V] or [B, T, V]. Layers, sizes, the vocabulary\n"
+             "size and the variant come from the checkpoint.\n",
+    .options = options,
+    .operand = set_tokens,
+};
+
+/* ---------------------------------------------------------------- aft model: steps */
+
+struct model_run {
+    aft_model *model;
+    const aft_model_info *info;
+    size_t B, T, rank;
+    int32_t *tokens;    /* (B, T), batch-major */
+    float *logits;      /* (B, T, V), batch-major */
+};
+
+/* one integer of any integer dtype, as int64 (u64 above INT64_MAX: -1,
+ * outside every vocabulary anyway) */
+static int64_t int_at(const aft_tensor *t, size_t i)
+{
+    const void *d = t->data;
+    switch (t->dtype) {
+    case AFT_U8: return ((const uint8_t *)d)[i];
+    case AFT_I8: return ((const int8_t *)d)[i];
+    case AFT_I16: return ((const int16_t *)d)[i];
+    case AFT_U16: return ((const uint16_t *)d)[i];
+    case AFT_I32: return ((const int32_t *)d)[i];
+    case AFT_U32: return ((const uint32_t *)d)[i];
+    case AFT_I64: return ((const int64_t *)d)[i];
+    case AFT_U64: return ((const uint64_t *)d)[i] > (uint64_t)INT64_MAX ? -1 : (int64_t)((const uint64_t *)d)[i];
+    default: return -1;
+    }
+}
+
+/* TOKENS: integers [T] or [B, T] (tbd: [T, B]), each in [0, V), into
+ * r->tokens batch-major */
+static int load_tokens(const struct model_opts *o, struct model_run *r)
+{
+    const char *file = o->tokens;
+    aft_error err;
+    aft_tensor t;
+    if (aft_npy_read(file, &t, NULL, &err) != AFT_OK) {
+        cli_report_file(NULL, file, err.msg);
+        return EXIT_DATA;
+    }
+    int rc = EXIT_DATA;
+    const size_t V = r->info->n_vocab;
+    if (aft_dtype_is_float(t.dtype) || t.dtype == AFT_BOOL) {
+        cli_error(NULL, "%s: tokens have dtype %s; they must be integers (token ids)", cli_display_name(file),
+                  aft_dtype_name(t.dtype));
+        goto done;
+    }
+    if (t.ndim != 1 && t.ndim != 2) {
+        cli_error(NULL, "%s: tokens must be [T] or [B, T]%s; they have %zu dimensions", cli_display_name(file),
+                  o->tbd ? " ([T, B] with --layout tbd)" : "", t.ndim);
+        goto done;
+    }
+    r->rank = t.ndim;
+    size_t d0 = t.shape[0], d1 = t.ndim == 2 ? t.shape[1] : 1;
+    r->B = t.ndim == 1 ? 1 : o->tbd ? d1 : d0;
+    r->T = t.ndim == 1 ? d0 : o->tbd ? d0 : d1;
+    if (!(r->tokens = malloc(t.nelem * sizeof(int32_t) + 1))) {
+        cli_error("model", "out of memory for %zu tokens", t.nelem);
+        goto done;
+    }
+    for (size_t i = 0; i < t.nelem; i++) {
+        int64_t v = int_at(&t, i);
+        if (v < 0 || (uint64_t)v >= V) {
+            if (t.ndim == 1)
+                cli_error(NULL, "%s: token %" PRId64 " at [%zu] is outside the vocabulary [0, %zu)",
+                          cli_display_name(file), v, i, V);
+            else
+                cli_error(NULL, "%s: token %" PRId64 " at [%zu, %zu] is outside the vocabulary [0, %zu)",
+                          cli_display_name(file), v, i / d1, i % d1, V);
+            goto done;
+        }
+        /* the file's [T, B] to [B, T] */
+        size_t at = t.ndim == 2 && o->tbd ? (i % d1) * d0 + i / d1 : i;
+        r->tokens[at] = (int32_t)v;
+    }
+    if (r->T > r->info->context) {
+        cli_error(NULL, "%s: %zu tokens a sequence, but the model reads at most %zu at once (the rows of '%s'); "
+                  "aft generate streams on past that", cli_display_name(file), r->T, r->info->context,
+                  r->info->context_from ? r->info->context_from : "?");
+        goto done;
+    }
+    rc = 0;
+done:
+    aft_tensor_free(&t);
+    return rc;
+}
+
+/* refuse, with both numbers, a run the machine cannot hold: the logits,
+ * four activations a row (x, the norm's output, a layer's output, the
+ * FFN's hidden row) and a layer's workspace */
+static int check_memory(const struct model_opts *o, const struct model_run *r)
+{
+    const aft_model_info *in = r->info;
+    size_t N = r->B * r->T, row = 3 * in->d_model + in->d_ff + in->n_vocab, need;
+    aft_config cfg = {.variant = in->variant, .window = in->window, .causal = 1, .threads = o->m.threads,
+                      .impl = o->m.impl,
+                      .heads = in->variant == AFT_CONV && in->key_channels != in->d_hidden ? in->key_channels : 1};
+    size_t ws = aft_workspace_bytes(&cfg, r->B, r->T, in->d_model, in->d_hidden, 0);
+    if (__builtin_mul_overflow(N, row * sizeof(float), &need) || __builtin_add_overflow(need, ws, &need))
+        need = SIZE_MAX;
+    size_t limit = o->m.max_memory ? o->m.max_memory : aft_available_memory();
+    if (limit && need > limit) {
+        cli_error("model", "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
+                  o->m.max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+static int compute(const struct model_opts *o, struct model_run *r)
+{
+    size_t V = r->info->n_vocab, bytes;
+    /* B * T tokens were read, so B * T fits; times V need not */
+    if (__builtin_mul_overflow(r->B * r->T, V * sizeof(float), &bytes) ||
+        !(r->logits = malloc(bytes + 1))) {
+        cli_error("model", "out of memory for the logits (%zu x %zu)", r->B * r->T, V);
+        return EXIT_DATA;
+    }
+    aft_error err;
+    cli_progress_start("aft model: B=%zu T=%zu", r->B, r->T);
+    aft_status st = aft_model_forward(r->model, r->logits, r->tokens, r->B, r->T, &err);
+    cli_progress_stop();
+    if (st != AFT_OK) {
+        cli_error("model", "%s", err.msg);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+/* the logits in the tokens' layout and rank, to -o or stdout as .npy, or a
+ * summary on a terminal */
+static int write_logits(const struct model_opts *o, struct model_run *r)
+{
+    size_t B = r->B, T = r->T, V = r->info->n_vocab, n = B * T * V;
+    float *y = r->logits;
+    if (o->tbd && r->rank == 2) {   /* [B, T, V] -> [T, B, V] */
+        if (!(y = malloc(n * sizeof(float) + 1))) {
+            cli_error("model", "out of memory");
+            return EXIT_DATA;
+        }
+        for (size_t b = 0; b < B; b++)
+            for (size_t t = 0; t < T; t++) memcpy(y + (t * B + b) * V, r->logits + (b * T + t) * V, V * sizeof(float));
+        free(r->logits);
+        r->logits = y;
+    }
+    aft_tensor yt = {.dtype = AFT_F32, .data = y, .nelem = n, .nbytes = n * sizeof(float)};
+    if (r->rank == 1) {
+        yt.ndim = 2;
+        yt.shape[0] = T;
+        yt.shape[1] = V;
+    } else {
+        yt.ndim = 3;
+        yt.shape[0] = o->tbd ? T : B;
+        yt.shape[1] = o->tbd ? B : T;
+        yt.shape[2] = V;
+    }
+    aft_error err;
+    if (!o->out_path && isatty(STDOUT_FILENO)) {
+        if (cli_show_tensor(stdout, &yt) != 0) {
+            cli_error("model", "out of memory");
+            return EXIT_DATA;
+        }
+        puts("(not saved: -o FILE or a pipe writes the logits as .npy)");
+        return 0;
+    }
+    aft_out out;
+    if (aft_out_open(&out, o->out_path ? o->out_path : "-", &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
+    if (aft_npy_write_fp(out.fp, &yt, &err) != AFT_OK) {
+        aft_out_abort(&out);
+        cli_error(NULL, "%s: %s", o->out_path ? o->out_path : "standard output", err.msg);
+        return EXIT_DATA;
+    }
+    if (aft_out_commit(&out, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+int cmd_model(int argc, char **argv)
+{
+    struct model_opts o = {.m = {.cmd = "model"}};
+    int rc = cli_parse_options(&cli_model_command, argc, argv, &o);
+    if (rc) return rc < 0 ? cli_finish_stdout("model") : rc;
+    if (!o.m.weights) return cli_usage_error("model", "--weights FILE is required: the model");
+    if (!o.tokens) return cli_usage_error("model", "no TOKENS given");
+
+    struct model_run r = {0};
+    rc = cli_model_open(&o.m, &r.model);
+    if (!rc) {
+        r.info = aft_model_get_info(r.model);
+        rc = load_tokens(&o, &r);
+    }
+    if (!rc) rc = check_memory(&o, &r);
+    if (!rc) rc = compute(&o, &r);
+    if (!rc) rc = write_logits(&o, &r);
+    free(r.tokens);
+    free(r.logits);
+    aft_model_free(r.model);
+    if (rc == 0 && !o.out_path) return cli_finish_stdout("model");
+    return rc;
+}

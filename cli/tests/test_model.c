@@ -1,0 +1,608 @@
+/*
+ * test_model.c - `aft model`, `aft generate` and `aft bench --generate`
+ * through the command line.
+ *
+ * What is checked, and against what:
+ *  - the PyTorch outputs stored beside the shipped checkpoint
+ *    (testdata/model): aft model's logits for [T], [B, T] and labml's
+ *    [T, B] within 1e-4 x max(1, |logit|), fast and --impl reference; aft
+ *    generate --greedy's text, character for character, for every run of
+ *    greedy.json (one goes past the context twice);
+ *  - the command against itself: sampling reproducible for a seed,
+ *    --temperature 0 and --top-k 1 as --greedy, --vocab as the metadata;
+ *    the other variants (full, conv, simple) in labml's block structure,
+ *    from checkpoints written here, fast against --impl reference;
+ *  - --timing's JSON, bench --generate's JSON;
+ *  - errors: a prompt character outside the vocabulary, a missing tensor,
+ *    shapes that do not fit, bad tokens (exit 1, one line naming it), usage
+ *    errors (exit 2), an -o left untouched by a failed run.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "aft.h"
+#include "harness.h"
+
+static char *dir;   /* temp dir for every input and output */
+
+static int setup(void **state)
+{
+    (void)state;
+    dir = harness_mkdtemp();
+    return dir ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = dir ? harness_rmtree(dir) : 0;
+    free(dir);
+    dir = NULL;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static char *fmt(const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    char *s = NULL;
+    int n = vasprintf(&s, f, ap);
+    va_end(ap);
+    assert_true(n >= 0);
+    return s;
+}
+
+static char *tmp(const char *name) { return harness_path(dir, name); }
+
+/* a file of testdata/model, malloc'd */
+static char *shipped(const char *name) { return fmt("%s/model/%s", harness_testdata(), name); }
+
+static char *ckpt(void) { return shipped("labml_aft_fortunes.safetensors"); }
+
+static aft_tensor read_npy(const char *path)
+{
+    aft_tensor t;
+    aft_error err;
+    if (aft_npy_read(path, &t, NULL, &err) != AFT_OK) fail_msg("%s: %s", path, err.msg);
+    return t;
+}
+
+/* every |a - ref| <= tol * max(1, |ref|), shapes equal */
+static void check_logits(const char *what, const char *got_path, const char *ref_path, double tol)
+{
+    aft_tensor a = read_npy(got_path), b = read_npy(ref_path);
+    assert_int_equal(a.dtype, AFT_F32);
+    assert_int_equal(a.ndim, b.ndim);
+    for (size_t i = 0; i < a.ndim; i++) assert_int_equal(a.shape[i], b.shape[i]);
+    const float *x = a.data, *y = b.data;
+    double worst = 0.0;
+    for (size_t i = 0; i < a.nelem; i++) {
+        double r = fabs((double)x[i] - (double)y[i]) / fmax(1.0, fabs((double)y[i]));
+        if (!(r <= worst)) worst = r;
+    }
+    if (!(worst <= tol)) fail_msg("%s: worst |aft - torch| / max(1, |torch|) = %g > %g", what, worst, tol);
+    aft_tensor_free(&a);
+    aft_tensor_free(&b);
+}
+
+/* a run (args) that must fail with status `code` and print nothing on
+ * stdout, and on stderr one line (usage errors: and the hint) holding every
+ * string of says */
+static void expect_failure(int code, const char *const *args, const char *const *says)
+{
+    harness_result r;
+    assert_int_equal(harness_run(&r, args, NULL, 0), 0);
+    if (r.exit_code != code) fail_msg("aft %s ...: exit %d, not %d; stderr: %s", args[0], r.exit_code, code, r.err);
+    size_t lines = harness_count_lines(r.err);
+    if (lines != (code == 2 ? 2u : 1u)) fail_msg("aft %s ...: %zu lines on stderr: %s", args[0], lines, r.err);
+    assert_int_equal(r.out_len, 0);
+    for (; *says; says++)
+        if (!strstr(r.err, *says)) fail_msg("aft %s ...: stderr lacks '%s': %s", args[0], *says, r.err);
+    char hint[64];
+    snprintf(hint, sizeof hint, "Try 'aft %s --help'.", args[0]);
+    if (code == 2 && !strstr(r.err, hint)) fail_msg("no hint '%s': %s", hint, r.err);
+    if (code != 2 && strncmp(r.err, "aft", 3) != 0) fail_msg("the message does not start with 'aft': %s", r.err);
+    harness_result_free(&r);
+}
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define SAYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define FAILS(code, args, says) expect_failure((code), args, says)
+
+/* aft generate's standard output (exit 0, nothing on stderr); malloc'd */
+static char *generate(const char *const *args)
+{
+    harness_result r;
+    assert_int_equal(harness_run(&r, args, NULL, 0), 0);
+    if (r.exit_code != 0 || r.err_len) fail_msg("aft generate: exit %d: %s", r.exit_code, r.err);
+    char *out = r.out;
+    r.out = NULL;
+    harness_result_free(&r);
+    return out;
+}
+#define GENERATE(...) generate((const char *const[]){"generate", __VA_ARGS__, NULL})
+
+/* ------------------------------------------------------------------ against PyTorch */
+
+static void test_logits_vs_torch(void **state)
+{
+    (void)state;
+    char *w = ckpt();
+    static const struct { const char *tokens, *logits, *layout, *impl; } cases[] = {
+        {"seq_tokens.npy", "seq_logits.npy", "btd", "fast"},        /* [T] */
+        {"bt_tokens.npy", "bt_logits.npy", "btd", "fast"},          /* [B, T] */
+        {"tb_tokens.npy", "tb_logits.npy", "tbd", "fast"},          /* labml's [T, B] */
+        {"bt_tokens.npy", "bt_logits.npy", "btd", "reference"},
+        {"tb_tokens.npy", "tb_logits.npy", "tbd", "reference"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *tok = shipped(cases[i].tokens), *ref = shipped(cases[i].logits), *out = tmp("logits.npy");
+        harness_result r;
+        assert_int_equal(HARNESS_RUN(&r, "model", "--weights", w, "--layout", cases[i].layout, "--impl",
+                                     cases[i].impl, tok, "-o", out),
+                         0);
+        if (r.exit_code != 0) fail_msg("aft model %s: %s", cases[i].tokens, r.err);
+        assert_int_equal(r.err_len, 0);
+        harness_result_free(&r);
+        char what[128];
+        snprintf(what, sizeof what, "%s (%s, %s)", cases[i].tokens, cases[i].layout, cases[i].impl);
+        check_logits(what, out, ref, 1e-4);
+        free(tok);
+        free(ref);
+        free(out);
+    }
+    /* through a pipe: stdin in, stdout out */
+    char *tok = shipped("seq_tokens.npy"), *ref = shipped("seq_logits.npy"), *in, *out = tmp("piped.npy");
+    size_t len;
+    assert_int_equal(harness_read_file(tok, &in, &len), 0);
+    harness_result r;
+    assert_int_equal(harness_run(&r, (const char *const[]){"model", "--weights", w, "-", NULL}, in, len), 0);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(harness_write_file(out, r.out, r.out_len), 0);
+    check_logits("seq_tokens.npy through a pipe", out, ref, 1e-4);
+    harness_result_free(&r);
+    free(in);
+    free(tok);
+    free(ref);
+    free(out);
+    free(w);
+}
+
+static void test_greedy_vs_torch(void **state)
+{
+    (void)state;
+    char *path = shipped("greedy.json"), *text, *w = ckpt();
+    assert_int_equal(harness_read_file(path, &text, NULL), 0);
+    cJSON *doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    const cJSON *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs"), *run;
+    assert_true(cJSON_GetArraySize(runs) >= 3);
+    cJSON_ArrayForEach(run, runs) {
+        const char *prompt = cJSON_GetObjectItemCaseSensitive(run, "prompt")->valuestring;
+        const char *want = cJSON_GetObjectItemCaseSensitive(run, "text")->valuestring;
+        char n[32];
+        snprintf(n, sizeof n, "%d", cJSON_GetObjectItemCaseSensitive(run, "n_new")->valueint);
+        char *got = GENERATE("--weights", w, "--prompt", prompt, "-n", n, "--greedy");
+        char *expect = fmt("%s%s", prompt, want);
+        if (strcmp(got, expect) != 0) fail_msg("greedy from '%s':\n got  %s\n want %s", prompt, got, expect);
+        free(got);
+        free(expect);
+    }
+    cJSON_Delete(doc);
+    free(text);
+    free(path);
+    free(w);
+}
+
+/* ------------------------------------------------------------------ sampling and timing */
+
+static void test_sampling(void **state)
+{
+    (void)state;
+    char *w = ckpt();
+    char *a = GENERATE("--weights", w, "--prompt", "The ", "-n", "150", "--temperature", "0.8", "--seed", "7");
+    char *b = GENERATE("--weights", w, "--prompt", "The ", "-n", "150", "--temperature", "0.8", "--seed", "7");
+    char *c = GENERATE("--weights", w, "--prompt", "The ", "-n", "150", "--temperature", "0.8", "--seed", "8");
+    assert_string_equal(a, b);   /* reproducible for a seed */
+    assert_string_not_equal(a, c);
+    assert_true(strncmp(a, "The ", 4) == 0);
+    /* 150 characters of the vocabulary after the prompt: count UTF-8 characters */
+    size_t chars = 0;
+    for (const unsigned char *p = (const unsigned char *)a; *p; p++) chars += (*p & 0xC0) != 0x80;
+    assert_int_equal(chars, 4 + 150);
+    /* the threads change nothing */
+    char *d = GENERATE("--weights", w, "--prompt", "The ", "-n", "150", "--temperature", "0.8", "--seed", "7",
+                       "--threads", "2");
+    assert_string_equal(a, d);
+    /* the same as greedy: temperature 0, and the top token alone */
+    char *g = GENERATE("--weights", w, "--prompt", "The ", "-n", "60", "--greedy");
+    char *t0 = GENERATE("--weights", w, "--prompt", "The ", "-n", "60", "--temperature", "0", "--seed", "3");
+    char *k1 = GENERATE("--weights", w, "--prompt", "The ", "-n", "60", "--top-k", "1", "--seed", "5");
+    assert_string_equal(g, t0);
+    assert_string_equal(g, k1);
+    /* -n 0: the prompt alone */
+    char *z = GENERATE("--weights", w, "--prompt", "The ", "-n", "0");
+    assert_string_equal(z, "The ");
+    free(a); free(b); free(c); free(d); free(g); free(t0); free(k1); free(z);
+    free(w);
+}
+
+static double num(const cJSON *j, const char *key)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsNumber(f)) fail_msg("JSON field %s missing or not a number", key);
+    return f->valuedouble;
+}
+
+static void test_timing(void **state)
+{
+    (void)state;
+    char *w = ckpt(), *t = tmp("timing.json");
+    char *out = GENERATE("--weights", w, "--prompt", "It is ", "-n", "300", "--greedy", "--threads", "1", "--timing", t);
+    char *text;
+    assert_int_equal(harness_read_file(t, &text, NULL), 0);
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    assert_true(num(j, "prompt_tokens") == 6);
+    assert_true(num(j, "generated_tokens") == 300);
+    double ttft = num(j, "time_to_first_token_ms"), tps = num(j, "tokens_per_s");
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "timing_ms");
+    double gen = num(tm, "generate");
+    assert_true(ttft > 0 && ttft <= gen);
+    assert_true(tps > 0 && fabs(tps - 300 / (gen * 1e-3)) <= 1e-6 * tps);
+    assert_true(num(tm, "total") >= gen + num(tm, "load") - 1e-6);
+    assert_true(num(j, "n_layers") == 6 && num(j, "d_model") == 128 && num(j, "n_vocab") == 113);
+    assert_true(num(j, "context") == 256 && num(j, "window") == 32 && num(j, "threads") == 1);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "variant")->valuestring, "local");
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "sampling");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "greedy")));
+    assert_true(num(j, "peak_rss_bytes") > 0);
+    cJSON_Delete(j);
+    free(text);
+    free(out);
+    free(t);
+    free(w);
+}
+
+/* ------------------------------------------------------------------ checkpoints made here */
+
+/* the shipped checkpoint's tensors and metadata, with tensor `drop`
+ * left out, tensor `reshape` given shape (d0, d1) (its data cut short), and
+ * the metadata "vocab" left out when no_vocab; written to path */
+static void rewrite(const char *path, const char *drop, const char *reshape, size_t d0, size_t d1, int no_vocab)
+{
+    char *w = ckpt();
+    aft_st_file *f;
+    aft_error err;
+    if (aft_st_open(w, &f, &err) != AFT_OK) fail_msg("%s", err.msg);
+    size_t n = aft_st_count(f), k = 0, nm = 0;
+    const char **names = calloc(n, sizeof *names);
+    aft_tensor *ts = calloc(n, sizeof *ts);
+    const char *meta[32];
+    assert_non_null(names);
+    assert_non_null(ts);
+    for (size_t i = 0; i < n; i++) {
+        const char *name;
+        const aft_tensor *t = aft_st_get(f, i, &name);
+        if (drop && strcmp(name, drop) == 0) continue;
+        names[k] = name;
+        ts[k] = *t;
+        ts[k].owned = NULL;
+        if (reshape && strcmp(name, reshape) == 0) {
+            ts[k].ndim = 2;
+            ts[k].shape[0] = d0;
+            ts[k].shape[1] = d1;
+            ts[k].nelem = d0 * d1;
+            ts[k].nbytes = d0 * d1 * aft_dtype_size(t->dtype);
+            assert_true(ts[k].nbytes <= t->nbytes);
+        }
+        k++;
+    }
+    for (size_t i = 0; i < aft_st_metadata_count(f) && nm < 30; i++) {
+        const char *key, *value;
+        aft_st_metadata(f, i, &key, &value);
+        if (no_vocab && strcmp(key, "vocab") == 0) continue;
+        meta[nm++] = key;
+        meta[nm++] = value;
+    }
+    if (aft_st_write(path, names, ts, k, meta, nm / 2, &err) != AFT_OK) fail_msg("%s", err.msg);
+    aft_st_close(f);
+    free(names);
+    free(ts);
+    free(w);
+}
+
+/* a small random model of labml's block structure, 2 layers, d 16, d_ff 32,
+ * vocabulary 11 ("abcdefghij "), 40 positions; self_attn of the variant */
+enum { SD = 16, SF = 32, SV = 11, SP = 40, SC = 24, SH = 2, SS = 5 };
+typedef struct {
+    const char *names[64];
+    char nbuf[64][96];
+    aft_tensor t[64];
+    float *data[64];
+    size_t n;
+    uint64_t rng;
+} small;
+
+static void add(small *s, const char *name, double scale, size_t ndim, size_t d0, size_t d1, size_t d2)
+{
+    assert_true(s->n < 64);
+    size_t dims[3] = {d0, d1, d2}, n = 1;
+    for (size_t i = 0; i < ndim; i++) n *= dims[i];
+    float *x = malloc(n * sizeof *x);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) {
+        s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)(scale * (2.0 * (double)(s->rng >> 11) * 0x1.0p-53 - 1.0));
+    }
+    snprintf(s->nbuf[s->n], sizeof s->nbuf[0], "%s", name);
+    s->names[s->n] = s->nbuf[s->n];
+    s->t[s->n] = harness_tensor(AFT_F32, x, ndim, dims);
+    s->data[s->n++] = x;
+}
+
+static const char *small_vocab = "[\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\", \"i\", \"j\", \" \"]";
+
+static void write_small(const char *path, aft_variant v, int with_vocab)
+{
+    small s = {.rng = 42 + (uint64_t)v};
+    char n[96];
+    add(&s, "src_embed.positional_encodings", 1.0, 3, SP, 1, SD);
+    add(&s, "src_embed.linear.weight", 1.0, 2, SV, SD, 0);
+    size_t C = v == AFT_LOCAL ? SD : SC, KC = v == AFT_CONV ? SH : C;
+    for (int l = 0; l < 2; l++) {
+#define ADD(stem, sc, nd, a, b) (snprintf(n, sizeof n, "encoder.layers.%d.%s", l, stem), add(&s, n, sc, nd, a, b, 0))
+        if (v == AFT_FULL) ADD("self_attn.pos_bias", 1.0, 2, SP - 10, SP - 10);
+        if (v == AFT_CONV) ADD("self_attn.pos_bias", 1.0, 2, SH, 2 * SS - 1);
+        ADD("self_attn.query.weight", 0.3, 2, C, SD);
+        ADD("self_attn.query.bias", 0.1, 1, C, 0);
+        ADD("self_attn.key.weight", 0.3, 2, KC, SD);
+        ADD("self_attn.key.bias", 0.1, 1, KC, 0);
+        ADD("self_attn.value.weight", 0.3, 2, C, SD);
+        ADD("self_attn.value.bias", 0.1, 1, C, 0);
+        ADD("self_attn.output.weight", 0.3, 2, SD, C);
+        ADD("self_attn.output.bias", 0.1, 1, SD, 0);
+        ADD("feed_forward.layer1.weight", 0.3, 2, SF, SD);
+        ADD("feed_forward.layer1.bias", 0.1, 1, SF, 0);
+        ADD("feed_forward.layer2.weight", 0.2, 2, SD, SF);
+        ADD("feed_forward.layer2.bias", 0.1, 1, SD, 0);
+        ADD("norm_self_attn.weight", 1.0, 1, SD, 0);
+        ADD("norm_self_attn.bias", 0.2, 1, SD, 0);
+        ADD("norm_ff.weight", 1.0, 1, SD, 0);
+        ADD("norm_ff.bias", 0.2, 1, SD, 0);
+#undef ADD
+    }
+    add(&s, "encoder.norm.weight", 1.0, 1, SD, 0, 0);
+    add(&s, "encoder.norm.bias", 0.2, 1, SD, 0, 0);
+    add(&s, "generator.projection.weight", 0.5, 2, SV, SD, 0);
+    add(&s, "generator.projection.bias", 0.2, 1, SV, 0, 0);
+    const char *meta[2] = {"vocab", small_vocab};
+    aft_error err;
+    if (aft_st_write(path, s.names, s.t, s.n, meta, with_vocab ? 1 : 0, &err) != AFT_OK) fail_msg("%s", err.msg);
+    for (size_t i = 0; i < s.n; i++) free(s.data[i]);
+}
+
+static void write_tokens(const char *path, aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
+{
+    aft_error err;
+    aft_tensor t = harness_tensor(dt, data, ndim, shape);
+    if (aft_npy_write(path, &t, &err) != AFT_OK) fail_msg("%s", err.msg);
+}
+
+/* full, conv and simple in the same block structure: the variant found,
+ * fast against --impl reference, and generation (with --vocab where the
+ * checkpoint has none) */
+static void test_other_variants(void **state)
+{
+    (void)state;
+    const aft_variant vs[] = {AFT_FULL, AFT_CONV, AFT_SIMPLE};
+    int32_t tok[2 * 30];
+    for (size_t i = 0; i < 60; i++) tok[i] = (int32_t)((i * 7 + 3) % SV);
+    char *tp = tmp("small_tokens.npy"), *vocab = tmp("vocab.json");
+    write_tokens(tp, AFT_I32, tok, 2, (size_t[]){2, 30});
+    assert_int_equal(harness_write_file(vocab, small_vocab, strlen(small_vocab)), 0);
+    for (size_t i = 0; i < 3; i++) {
+        char *w = tmp("small.safetensors"), *a = tmp("fast.npy"), *b = tmp("ref.npy"), *t = tmp("small_timing.json");
+        write_small(w, vs[i], i != 1);
+        harness_result r;
+        assert_int_equal(HARNESS_RUN(&r, "model", "--weights", w, tp, "-o", a), 0);
+        if (r.exit_code) fail_msg("%s: %s", aft_variant_name(vs[i]), r.err);
+        harness_result_free(&r);
+        assert_int_equal(HARNESS_RUN(&r, "model", "--weights", w, tp, "-o", b, "--impl", "reference"), 0);
+        assert_int_equal(r.exit_code, 0);
+        harness_result_free(&r);
+        check_logits(aft_variant_name(vs[i]), a, b, 1e-4);
+        /* generation past the context (full: the bias's 30 rows) */
+        char *g = i == 1 ? GENERATE("--weights", w, "--vocab", vocab, "--prompt", "abc ", "-n", "100", "--greedy",
+                                    "--timing", t)
+                         : GENERATE("--weights", w, "--prompt", "abc ", "-n", "100", "--greedy", "--timing", t);
+        assert_int_equal(strlen(g), 104);
+        assert_true(strspn(g, "abcdefghij ") == 104);
+        char *text;
+        assert_int_equal(harness_read_file(t, &text, NULL), 0);
+        cJSON *j = cJSON_Parse(text);
+        assert_non_null(j);
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "variant")->valuestring, aft_variant_name(vs[i]));
+        assert_true(num(j, "context") == (vs[i] == AFT_FULL ? SP - 10 : SP));
+        cJSON_Delete(j);
+        free(text);
+        free(g);
+        free(w); free(a); free(b); free(t);
+    }
+    free(tp);
+    free(vocab);
+}
+
+/* a checkpoint without the metadata vocab: --vocab gives the same text */
+static void test_vocab_file(void **state)
+{
+    (void)state;
+    char *w = ckpt(), *bare = tmp("novocab.safetensors"), *vocab = tmp("vocab113.json");
+    rewrite(bare, NULL, NULL, 0, 0, 1);
+    aft_st_file *f;
+    aft_error err;
+    assert_int_equal(aft_st_open(w, &f, &err), AFT_OK);
+    for (size_t i = 0; i < aft_st_metadata_count(f); i++) {
+        const char *k, *v;
+        aft_st_metadata(f, i, &k, &v);
+        if (strcmp(k, "vocab") == 0) assert_int_equal(harness_write_file(vocab, v, strlen(v)), 0);
+    }
+    aft_st_close(f);
+    FAILS(1, ARGS("generate", "--weights", bare, "--prompt", "It is "), SAYS(bare, "'vocab'", "--vocab"));
+    char *a = GENERATE("--weights", w, "--prompt", "It is ", "-n", "80", "--greedy");
+    char *b = GENERATE("--weights", bare, "--vocab", vocab, "--prompt", "It is ", "-n", "80", "--greedy");
+    assert_string_equal(a, b);
+    /* a vocabulary of the wrong size names its file */
+    char *small_v = tmp("vocab11.json");
+    assert_int_equal(harness_write_file(small_v, small_vocab, strlen(small_vocab)), 0);
+    FAILS(1, ARGS("generate", "--weights", w, "--vocab", small_v, "--prompt", "a"), SAYS(small_v, "11 tokens", "113"));
+    free(a); free(b); free(w); free(bare); free(vocab); free(small_v);
+}
+
+/* ------------------------------------------------------------------ errors */
+
+static void test_data_errors(void **state)
+{
+    (void)state;
+    char *w = ckpt(), *seq = shipped("seq_tokens.npy"), *out = tmp("keep.npy");
+    /* a prompt character outside the vocabulary: named, nothing printed */
+    FAILS(1, ARGS("generate", "--weights", w, "--prompt", "price: 5\xe2\x82\xac"), SAYS("'\xe2\x82\xac'", "U+20AC", "byte 8"));
+    /* a checkpoint missing a tensor */
+    char *miss = tmp("missing.safetensors");
+    rewrite(miss, "encoder.layers.3.feed_forward.layer1.weight", NULL, 0, 0, 0);
+    FAILS(1, ARGS("model", "--weights", miss, seq), SAYS(miss, "encoder.layers.3.feed_forward.layer1.weight"));
+    FAILS(1, ARGS("generate", "--weights", miss, "--prompt", "It"), SAYS(miss, "encoder.layers.3.feed_forward.layer1.weight"));
+    /* shapes that do not fit */
+    char *bad = tmp("shape.safetensors");
+    rewrite(bad, NULL, "generator.projection.weight", 100, 128, 0);
+    FAILS(1, ARGS("model", "--weights", bad, seq), SAYS(bad, "generator.projection.weight", "[100, 128]"));
+    FAILS(1, ARGS("generate", "--weights", bad, "--prompt", "It"), SAYS(bad, "generator.projection.weight"));
+    rewrite(bad, NULL, "encoder.layers.1.self_attn.key.weight", 64, 128, 0);
+    FAILS(1, ARGS("model", "--weights", bad, seq), SAYS(bad, "encoder.layers.1.self_attn.key.weight"));
+    /* tokens: out of range, floats, too many, the wrong rank */
+    char *tp = tmp("tokens.npy");
+    int64_t t64[4] = {1, 2, 113, 4};
+    write_tokens(tp, AFT_I64, t64, 2, (size_t[]){2, 2});
+    FAILS(1, ARGS("model", "--weights", w, tp), SAYS(tp, "token 113", "[1, 0]", "[0, 113)"));
+    int32_t neg[3] = {5, -1, 7};
+    write_tokens(tp, AFT_I32, neg, 1, (size_t[]){3});
+    FAILS(1, ARGS("model", "--weights", w, tp), SAYS(tp, "token -1", "[1]"));
+    float fl[3] = {1, 2, 3};
+    write_tokens(tp, AFT_F32, fl, 1, (size_t[]){3});
+    FAILS(1, ARGS("model", "--weights", w, tp), SAYS(tp, "F32", "integers"));
+    int32_t *many = calloc(300, sizeof *many);
+    assert_non_null(many);
+    write_tokens(tp, AFT_I32, many, 1, (size_t[]){300});
+    FAILS(1, ARGS("model", "--weights", w, tp), SAYS(tp, "300", "256"));
+    write_tokens(tp, AFT_I32, many, 3, (size_t[]){2, 3, 4});
+    FAILS(1, ARGS("model", "--weights", w, tp), SAYS(tp, "3 dimensions"));
+    free(many);
+    /* a failed run leaves -o as it was */
+    assert_int_equal(harness_write_file(out, "old", 3), 0);
+    write_tokens(tp, AFT_I64, t64, 2, (size_t[]){2, 2});
+    FAILS(1, ARGS("model", "--weights", w, tp, "-o", out), SAYS("token 113"));
+    char *kept;
+    assert_int_equal(harness_read_file(out, &kept, NULL), 0);
+    assert_string_equal(kept, "old");
+    free(kept);
+    /* not a checkpoint; --max-memory too small */
+    FAILS(1, ARGS("model", "--weights", seq, seq), SAYS(seq));
+    FAILS(1, ARGS("generate", "--weights", w, "--prompt", "It", "--max-memory", "1M"), SAYS("--max-memory"));
+    free(w); free(seq); free(out); free(miss); free(bad); free(tp);
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    char *w = ckpt(), *seq = shipped("seq_tokens.npy");
+    FAILS(2, ARGS("model", seq), SAYS("--weights"));
+    FAILS(2, ARGS("model", "--weights", w), SAYS("no TOKENS"));
+    FAILS(2, ARGS("model", "--weights", w, seq, seq), SAYS("more than one TOKENS"));
+    FAILS(2, ARGS("model", "--weights", w, "--layout", "bt", seq), SAYS("--layout"));
+    FAILS(2, ARGS("model", "--weights", w, "--impl", "slow", seq), SAYS("--impl"));
+    FAILS(2, ARGS("model", "--weights", w, "--threads", "0", seq), SAYS("--threads"));
+    FAILS(2, ARGS("model", "--weights", w, "--window", "x", seq), SAYS("--window"));
+    FAILS(2, ARGS("model", "--weights", w, "--bogus", seq), SAYS("--bogus"));
+    FAILS(2, ARGS("generate", "--prompt", "a"), SAYS("--weights"));
+    FAILS(2, ARGS("generate", "--weights", w), SAYS("--prompt"));
+    FAILS(2, ARGS("generate", "--weights", w, "--prompt", ""), SAYS("--prompt", "at least one character"));
+    FAILS(2, ARGS("generate", "--weights", w, "--prompt", "a", "--greedy", "--temperature", "0.5"), SAYS("--temperature"));
+    FAILS(2, ARGS("generate", "--weights", w, "--prompt", "a", "--greedy", "--top-k", "3"), SAYS("--top-k"));
+    FAILS(2, ARGS("generate", "--weights", w, "--prompt", "a", "-n", "-1"), SAYS("-n"));
+    FAILS(2, ARGS("generate", "--weights", w, "--prompt", "a", "--temperature", "-1"), SAYS("--temperature"));
+    FAILS(2, ARGS("generate", "--weights", w, "--prompt", "a", "--seed", "x"), SAYS("--seed"));
+    FAILS(2, ARGS("generate", "--weights", w, "--prompt", "a", "extra"), SAYS("extra"));
+    FAILS(2, ARGS("generate", "--weights", w, "--prompt"), SAYS("--prompt needs"));
+    FAILS(2, ARGS("bench", "--generate", "--d-model", "64"), SAYS("--d-model"));
+    FAILS(2, ARGS("bench", "--weights", w), SAYS("--generate"));
+    free(w);
+    free(seq);
+}
+
+/* ------------------------------------------------------------------ aft bench --generate */
+
+static void test_bench_generate(void **state)
+{
+    (void)state;
+    if (strstr(harness_aft_bin(), "valgrind")) {
+        print_message("skipped: aft bench starts its children through /proc/self/exe (valgrind's binary)\n");
+        skip();
+    }
+    char *w = ckpt();
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--generate", "--weights", w, "--seq-len", "40,300", "--threads", "1",
+                                 "--repeat", "1", "--json"),
+                     0);
+    if (r.exit_code) fail_msg("aft bench --generate: %s", r.err);
+    assert_int_equal(harness_count_lines(r.out), 2);
+    char *save = NULL;
+    double want[2] = {40, 300};
+    int i = 0;
+    for (char *line = strtok_r(r.out, "\n", &save); line; line = strtok_r(NULL, "\n", &save), i++) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "mode")->valuestring, "generate");
+        assert_true(num(j, "tokens") == want[i] && num(j, "prompt_tokens") == 8 && num(j, "threads") == 1);
+        double ms = num(j, "ms");
+        assert_true(num(j, "ms_min") > 0 && num(j, "ms_min") <= ms && num(j, "ttft_ms") <= ms);
+        assert_true(fabs(num(j, "tokens_per_s") - want[i] / (ms * 1e-3)) <= 1e-6 * num(j, "tokens_per_s"));
+        assert_true(num(j, "peak_bytes") > 0 && num(j, "n_layers") == 6);
+        cJSON_Delete(j);
+    }
+    harness_result_free(&r);
+    /* the table: the model's line and a row */
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--generate", "--weights", w, "--seq-len", "20", "--repeat", "1"), 0);
+    assert_int_equal(r.exit_code, 0);
+    assert_non_null(strstr(r.out, "6 layers, local S=32"));
+    assert_non_null(strstr(r.out, "tokens/s"));
+    assert_int_equal(harness_count_lines(r.out), 4);
+    harness_result_free(&r);
+    free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logits_vs_torch),
+        cmocka_unit_test(test_greedy_vs_torch),
+        cmocka_unit_test(test_sampling),
+        cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_other_variants),
+        cmocka_unit_test(test_vocab_file),
+        cmocka_unit_test(test_data_errors),
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_bench_generate),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
