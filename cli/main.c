@@ -17,11 +17,11 @@ struct cmd {
 };
 
 static const struct cmd commands[] = {
-    {"info", cmd_info, "print the tensors in .npy and .safetensors files"},
+    {"info", cmd_info, "print the tensors in .npy, .npz and .safetensors files"},
     {"run", cmd_run, "run an AFT layer or the bare AFT operator"},
     {"grad", cmd_grad, "the gradients of a layer or the bare operator, given dL/dY"},
     {"mask", cmd_mask, "print a local (and causal) attention mask"},
-    {"compare", cmd_compare, "compare two tensors with numpy's allclose rule"},
+    {"compare", cmd_compare, "compare two tensors, or two files of them, with numpy's allclose rule"},
     {"convert", cmd_convert, "pack, extract and change the dtype of tensors"},
     {"model", cmd_model, "run labml's AFT language model on token ids: its logits"},
     {"generate", cmd_generate, "generate text with labml's AFT language model"},
@@ -32,7 +32,7 @@ static void usage(FILE *fp)
 {
     fputs("usage: aft [--version] [--help] [--quiet] COMMAND [ARGS]\n\ncommands:\n", fp);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(fp, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fputs("\n--quiet (anywhere) silences the progress lines that long runs show on a terminal.\n"
           "'aft COMMAND --help' or 'aft help COMMAND' shows a command's options; 'man aft' has\n"
           "the details.\n", fp);

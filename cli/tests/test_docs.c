@@ -3,11 +3,7 @@
  * and every option that `aft CMD --help` names appears in man/aft.1 (and
  * every subcommand in README.md); and each subcommand's option table (the
  * one cli_parse_options walks) is what its --help, its section of
- * man/aft.1 and its list in completion/aft.bash name, no more and no less.
- *
- * README.md is being rewritten elsewhere: the paragraphs written for it
- * meanwhile wait in docs/model-readme-snippet.md, which counts as part of
- * it here until they are merged in. */
+ * man/aft.1 and its list in completion/aft.bash name, no more and no less. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,12 +64,7 @@ static void test_every_option_documented(void **state)
 {
     (void)state;
     char *man = unescape_man(read_repo_file("man/aft.1"));
-    char *readme0 = read_repo_file("README.md"), *snippet = read_repo_file("docs/model-readme-snippet.md");
-    char *readme = malloc(strlen(readme0) + strlen(snippet) + 2);
-    assert_non_null(readme);
-    sprintf(readme, "%s\n%s", readme0, snippet);
-    free(readme0);
-    free(snippet);
+    char *readme = read_repo_file("README.md");
     for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++) {
         char needle[64];
         snprintf(needle, sizeof needle, "aft %s", commands[c]);
