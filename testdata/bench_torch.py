@@ -44,6 +44,12 @@ turns --rounds times (default 3) and each side keeps its fastest round: the
 speed of a shared machine drifts by up to 2x within a minute, and a single
 pair of measurements can land one side in a slow moment.
 
+Beside both times the default mode prints the machine's floor for each
+layer: its useful FLOPs (the four projections and the AFT sums over the
+visible pairs) at the measured 2048^3 torch.mm rate, or its bytes (x, y, the
+weights, full's T x T bias) at a measured copy rate, whichever takes longer;
+aft/floor is how far aft is from it.
+
 Before timing, each case is checked once at --check-len (default 256): the
 torch module's state dict (position bias set to randn * 0.5 so it matters) is
 written to a .safetensors file under the names aft resolves, aft runs on it,
@@ -1041,12 +1047,44 @@ def bench_round(args, case, T, d, row):
         row["aft_blas_core"] = (tj.get("blas") or {}).get("core")
 
 
-def bench(args, out, tmp):
+def case_floor(args, case, T, mm_gflops, copy_gbs):
+    """The machine's floor for one layer: its useful FLOPs (the four
+    projections, 2 N d h each, and the AFT sums, 4 h a visible (t, t')
+    pair: numerator and denominator) at the measured 2048^3 torch.mm rate,
+    and its bytes (x, y, the weights and a T x T bias once) at the measured
+    copy rate; the larger of the two times, in ms."""
+    d = args.d_model
+    h = d if case == "labml-local" else args.d_hidden
+    s = min(args.window, T)
+    pairs = {"labml-local": T * s - s * (s - 1) / 2, "rish-full": T * T, "rish-simple": T}[case]
+    flops = 2.0 * T * d * h * 4 + 4.0 * pairs * h
+    nbytes = 4.0 * (2 * T * d + 4 * d * h + (T * T if case == "rish-full" else 0))
+    return max(flops / (mm_gflops * 1e9), nbytes / (copy_gbs * 1e9)) * 1e3
+
+
+def copy_rate():
+    """GB/s of a 256 MiB copy (read and write counted), best of 5."""
+    import numpy as np
+    src = np.ones(1 << 26, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * src.nbytes / best / 1e9
+
+
+def bench(args, out, tmp, mm_gflops=None):
     import numpy as np
     rows = []
-    hdr = (f"{'case':<12} {'T':>6} {'torch ms':>12} {'aft ms':>9} {'speed-up':>9}  "
-           f"{'torch peak RSS (+ over import)':<32} {'aft peak RSS':>12}")
+    copy_gbs = copy_rate() if mm_gflops else None
+    hdr = (f"{'case':<12} {'T':>6} {'torch ms':>12} {'aft ms':>9} {'speed-up':>9} {'floor ms':>9} "
+           f"{'aft/floor':>9}  {'torch peak RSS (+ over import)':<32} {'aft peak RSS':>12}")
     if not out.json:
+        if mm_gflops:
+            print(f"\nfloor: the layer's FLOPs at {mm_gflops:.1f} GFLOP/s (the 2048^3 torch.mm above) "
+                  f"or its bytes at {copy_gbs:.1f} GB/s (a 256 MiB copy), the larger")
         print(f"\n{args.rounds} rounds, torch and aft taking turns; torch: best of "
               f"{args.repeat} after {args.warmup} warm-up; aft: compute_min of --repeat "
               f"{args.repeat}; best round of each; d_model {args.d_model}, "
@@ -1081,6 +1119,10 @@ def bench(args, out, tmp):
                 pass
             if "torch_ms" in row and "aft_ms" in row and row["aft_ms"] > 0:
                 row["speedup"] = row["torch_ms"] / row["aft_ms"]
+            if mm_gflops:
+                row["floor_ms"] = case_floor(args, case, T, mm_gflops, copy_gbs)
+                if "aft_ms" in row:
+                    row["aft_over_floor"] = row["aft_ms"] / row["floor_ms"]
             rows.append(row)
             if out.json:
                 print(json.dumps(row), flush=True)
@@ -1104,7 +1146,9 @@ def fmt_row(r):
     else:
         ams, arss = "failed", "aft: " + r.get("aft_error", "?")
     sp = f"{r['speedup']:.1f}x" if "speedup" in r else "-"
-    return (f"{r['case']:<12} {r['T']:>6} {tms:>12} {ams:>9} {sp:>9}  "
+    fl = f"{r['floor_ms']:.2f}" if "floor_ms" in r else "-"
+    af = f"{r['aft_over_floor']:.2f}x" if "aft_over_floor" in r else "-"
+    return (f"{r['case']:<12} {r['T']:>6} {tms:>12} {ams:>9} {sp:>9} {fl:>9} {af:>9}  "
             f"{trss:<32} {arss:>12}")
 
 
@@ -1951,12 +1995,12 @@ def main(argv=None):
             else:
                 ok = stream_mode(args, out, tmp)
             return 0 if ok else 1
-        return cases_mode(args, out, tmp, ver)
+        return cases_mode(args, out, tmp, ver, env.get("matmul_gflops"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cases_mode(args, out, tmp, ver):
+def cases_mode(args, out, tmp, ver, mm_gflops):
     """The default mode: check and time each of --cases; the exit status."""
     status = 0
     if not args.no_check:
@@ -1968,7 +2012,7 @@ def cases_mode(args, out, tmp, ver):
     else:
         out.note(f"aft: {args.aft} ({ver})", type="aft", path=args.aft, version=ver)
     if not args.check_only:
-        rows = bench(args, out, tmp)
+        rows = bench(args, out, tmp, mm_gflops)
         if any("torch_error" in r or "aft_error" in r for r in rows):
             status = 1
     return status
