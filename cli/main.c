@@ -69,12 +69,22 @@ static void keep_freed_memory(void)
 #endif
 }
 
+/* A signal the parent set to be ignored stays ignored: a shell starts
+ * `aft run ... &` with SIGINT ignored so that Ctrl-C meant for the foreground
+ * does not stop it, and `nohup aft ...` ignores SIGHUP. */
+static void catch_signal(int sig)
+{
+    struct sigaction old;
+    if (sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_IGN) return;
+    signal(sig, on_signal);
+}
+
 int main(int argc, char **argv)
 {
     keep_freed_memory();
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
+    catch_signal(SIGINT);
+    catch_signal(SIGTERM);
+    catch_signal(SIGHUP);
     signal(SIGPIPE, SIG_IGN);  /* a closed pipe becomes a write error we report */
 
     /* --quiet (anywhere) silences progress lines; it is taken out of argv so

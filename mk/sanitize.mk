@@ -94,7 +94,7 @@ define san_check_logs
 endef
 
 # the longest-running programs first, so parallel runs end together
-SAN_SLOW_FIRST = %/cli_test_malformed %/cli_test_run %/lib_test_op
+SAN_SLOW_FIRST = %/cli_test_stream %/cli_test_model %/cli_test_run %/cli_test_malformed %/lib_test_op
 san_order = $(filter $(SAN_SLOW_FIRST),$(1)) $(filter-out $(SAN_SLOW_FIRST),$(1))
 
 .PHONY: test-asan test-valgrind sanitize-deps
@@ -143,8 +143,10 @@ VG_CLI_TESTS = $(call san_cli_tests,$(VG_DIR))
 VG_LIB_TESTS = $(VG_DIR)/tests/lib_test_npy $(VG_DIR)/tests/lib_test_npz $(VG_DIR)/tests/lib_test_safetensors
 VG_RESULTS   = $(patsubst $(VG_DIR)/tests/%,$(VG_DIR)/runs/%.result,$(call san_order,$(VG_CLI_TESTS) $(VG_LIB_TESTS)))
 
-# AFT_TEST_QUICK=1: test_malformed runs one command per file (aft info and
-# aft run in turn) instead of four (see cli/tests/test_malformed.c). AFT_TEST_TIMEOUT: one aft run under
+# AFT_TEST_QUICK=1: fewer cases of the same paths (harness_quick()):
+# test_malformed runs one command per file (aft info and aft run in turn)
+# instead of four, test_stream feeds one row at a time for local alone, and
+# test_model generates shorter texts. AFT_TEST_TIMEOUT: one aft run under
 # memcheck takes a second or more instead of milliseconds.
 # OPENBLAS_CORETYPE: OpenBLAS picks its kernels from CPUID, and valgrind shows
 # a CPU without AVX-512, so an aft under valgrind would multiply with other

@@ -28,6 +28,12 @@ const char *harness_aft_bin(void)
     return s && *s ? s : "./aft";
 }
 
+int harness_quick(void)
+{
+    const char *q = getenv("AFT_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
 int harness_aft_is_binary(void)
 {
     char magic[4] = {0};

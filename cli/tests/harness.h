@@ -65,6 +65,10 @@ const char *harness_testdata(void);
  * test-valgrind's script) or unreadable: measurements of the child's memory
  * then describe the wrapper, not aft */
 int harness_aft_is_binary(void);
+/* 1 when $AFT_TEST_QUICK is set and not "0" (make test-valgrind sets it,
+ * where every aft run costs a second or more): a test then runs fewer
+ * cases of the same paths */
+int harness_quick(void);
 
 /* Number of '\n' in s (so a message of one complete line counts 1). */
 size_t harness_count_lines(const char *s);

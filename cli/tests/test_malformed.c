@@ -131,8 +131,7 @@ fail:
 static int setup(void **state)
 {
     (void)state;
-    const char *q = getenv("AFT_TEST_QUICK");
-    quick = q && *q && strcmp(q, "0") != 0;
+    quick = harness_quick();
     dir = harness_mkdtemp();
     if (!dir) return -1;
     x_path = harness_path(dir, "x.npy");

@@ -53,10 +53,16 @@ static int teardown(void **state)
     return 0;
 }
 
-static pid_t start(const char *const *args)
+/* starts aft as a shell starts a foreground command: SIGINT and SIGTERM at
+ * their defaults, whatever this test inherited (a test run from a script in
+ * the background inherits SIGINT ignored), unless `ignore_int` asks for
+ * SIGINT ignored, as a shell starts `aft ... &` */
+static pid_t start_with(const char *const *args, int ignore_int)
 {
     pid_t pid = fork();
     if (pid == 0) {
+        signal(SIGINT, ignore_int ? SIG_IGN : SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
         const char *argv[32];
         int n = 0;
         argv[n++] = harness_aft_bin();
@@ -68,6 +74,11 @@ static pid_t start(const char *const *args)
         _exit(127);
     }
     return pid;
+}
+
+static pid_t start(const char *const *args)
+{
+    return start_with(args, 0);
 }
 
 /* names in dir other than the input, the output and the FIFO */
@@ -151,12 +162,55 @@ static void test_sigint_with_a_temporary_open(void **state)
     free(fifo);
 }
 
+/* started with SIGINT ignored, aft keeps ignoring it: the run goes on to
+ * write its output and exits 0 */
+static void test_ignored_sigint_stays_ignored(void **state)
+{
+    (void)state;
+    assert_int_equal(harness_write_file(out_path, precious, sizeof precious - 1), 0);
+    char *fifo = harness_path(dir, "timing2.fifo");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *args[] = {"run", "--variant", "simple", x_path, "-o", out_path, "--timing", fifo, NULL};
+    pid_t pid = start_with(args, 1);
+    assert_true(pid > 0);
+    int seen = 0;
+    for (int i = 0; i < 400 && !seen; i++) {
+        seen = stray_files() > 0;
+        if (!seen) sleep_ms(25);
+    }
+    assert_true(seen);
+    kill(pid, SIGINT);
+    sleep_ms(200);
+    /* had SIGINT stopped it, opening the FIFO would wait for a writer forever */
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) fail_msg("aft ended on an ignored SIGINT (status %d)", st);
+    /* the reader lets the blocked open go on; the run writes its timing */
+    int fd = open(fifo, O_RDONLY);
+    assert_true(fd >= 0);
+    char buf[4096];
+    size_t got = 0;
+    for (ssize_t r; (r = read(fd, buf, sizeof buf)) > 0;) got += (size_t)r;
+    close(fd);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_true(got > 0);
+    aft_tensor y;
+    aft_error err;
+    assert_int_equal(aft_npy_read(out_path, &y, NULL, &err), AFT_OK);
+    assert_int_equal(y.ndim, 2);
+    aft_tensor_free(&y);
+    assert_int_equal(stray_files(), 0);
+    remove(fifo);
+    free(fifo);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigint_while_computing),
         cmocka_unit_test(test_sigterm_while_computing),
         cmocka_unit_test(test_sigint_with_a_temporary_open),
+        cmocka_unit_test(test_ignored_sigint_stays_ignored),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
