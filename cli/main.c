@@ -82,6 +82,7 @@ static void catch_signal(int sig)
 int main(int argc, char **argv)
 {
     keep_freed_memory();
+    cli_blas_core();
     catch_signal(SIGINT);
     catch_signal(SIGTERM);
     catch_signal(SIGHUP);

@@ -253,6 +253,51 @@ static void test_grad(void **state)
     harness_result_free(&r);
 }
 
+/* the OpenBLAS kernel a bench ran with, under OPENBLAS_CORETYPE=core (NULL: unset) */
+static char *bench_core(const char *core)
+{
+    const char *saved = getenv("OPENBLAS_CORETYPE");
+    char *keep = saved ? strdup(saved) : NULL;
+    if (core) setenv("OPENBLAS_CORETYPE", core, 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+    harness_result r;
+    int rc = HARNESS_RUN(&r, "bench", "--seq-len", "32", "--d-model", "16", "--variant", "simple", "--repeat", "1",
+                         "--threads", "1", "--no-ceiling", "--json");
+    if (keep) setenv("OPENBLAS_CORETYPE", keep, 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+    free(keep);
+    assert_int_equal(rc, 0);
+    if (r.exit_code) fail_msg("aft bench: %s", r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    assert_non_null(j);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "blas_core");
+    assert_true(cJSON_IsString(c));
+    char *out = strdup(c->valuestring);
+    cJSON_Delete(j);
+    harness_result_free(&r);
+    return out;
+}
+
+/* left to itself, aft multiplies with OpenBLAS's kernels for a CPU with
+ * AVX2 and FMA, not with the SSE3 fallback OpenBLAS takes for a CPU newer
+ * than it knows; a core the user names is kept */
+static void test_blas_core(void **state)
+{
+    (void)state;
+    skip_under_valgrind();
+    char *chosen = bench_core("Prescott");
+    assert_string_equal(chosen, "Prescott");
+    free(chosen);
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        print_message("skipped: this CPU has no AVX2 and FMA; SSE3's kernels are its own\n");
+        skip();
+    }
+    char *own = bench_core(NULL);
+    if (strcmp(own, "Prescott") == 0) fail_msg("aft ran OpenBLAS's SSE3 kernels (Prescott) on a CPU with AVX2");
+    free(own);
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -286,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_stream),
         cmocka_unit_test(test_grad),
+        cmocka_unit_test(test_blas_core),
         cmocka_unit_test(test_usage_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
