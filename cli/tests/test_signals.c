@@ -136,23 +136,30 @@ static void test_sigterm_while_computing(void **state)
     interrupt_computation(SIGTERM);
 }
 
-static void test_sigint_with_a_temporary_open(void **state)
+/* starts `aft run ... --timing FIFO` over an earlier output and returns once
+ * the run has its output's temporary: opening the FIFO for writing blocks
+ * with no reader, and by then the temporary exists */
+static pid_t start_blocked_on_fifo(const char *fifo, int ignore_int)
 {
-    (void)state;
     assert_int_equal(harness_write_file(out_path, precious, sizeof precious - 1), 0);
-    char *fifo = harness_path(dir, "timing.fifo");
     assert_int_equal(mkfifo(fifo, 0600), 0);
     const char *args[] = {"run", "--variant", "simple", x_path, "-o", out_path, "--timing", fifo, NULL};
-    pid_t pid = start(args);
+    pid_t pid = start_with(args, ignore_int);
     assert_true(pid > 0);
-    /* opening the FIFO for writing blocks with no reader: by then the
-     * output's temporary exists */
     int seen = 0;
     for (int i = 0; i < 400 && !seen; i++) {
         seen = stray_files() > 0;
         if (!seen) sleep_ms(25);
     }
     assert_true(seen);
+    return pid;
+}
+
+static void test_sigint_with_a_temporary_open(void **state)
+{
+    (void)state;
+    char *fifo = harness_path(dir, "timing.fifo");
+    pid_t pid = start_blocked_on_fifo(fifo, 0);
     kill(pid, SIGINT);
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
@@ -167,18 +174,8 @@ static void test_sigint_with_a_temporary_open(void **state)
 static void test_ignored_sigint_stays_ignored(void **state)
 {
     (void)state;
-    assert_int_equal(harness_write_file(out_path, precious, sizeof precious - 1), 0);
     char *fifo = harness_path(dir, "timing2.fifo");
-    assert_int_equal(mkfifo(fifo, 0600), 0);
-    const char *args[] = {"run", "--variant", "simple", x_path, "-o", out_path, "--timing", fifo, NULL};
-    pid_t pid = start_with(args, 1);
-    assert_true(pid > 0);
-    int seen = 0;
-    for (int i = 0; i < 400 && !seen; i++) {
-        seen = stray_files() > 0;
-        if (!seen) sleep_ms(25);
-    }
-    assert_true(seen);
+    pid_t pid = start_blocked_on_fifo(fifo, 1);
     kill(pid, SIGINT);
     sleep_ms(200);
     /* had SIGINT stopped it, opening the FIFO would wait for a writer forever */
