@@ -6,7 +6,7 @@
  * and falls back to Prescott's SSE3 kernels: Debian 12's OpenBLAS 0.3.21 on
  * an Emerald Rapids Xeon (family 6, model 207) multiplies 2048^3 at 42
  * GFLOP/s there against 311 with its SkylakeX kernels, and `aft grad`, whose
- * products are OpenBLAS's, ran at a seventh of its speed. When the user has
+ * products are OpenBLAS's, ran at a quarter to a half of its speed. When the user has
  * not chosen a core (OPENBLAS_CORETYPE), the core is that fallback, and the
  * CPU runs AVX-512 or AVX2 with FMA, aft names the newest kernels it runs
  * and has OpenBLAS choose again, before any product: gotoblas_dynamic_quit
