@@ -27,6 +27,7 @@ typedef struct {
     const float *w, *bias;
     float *pk, *bpad;   /* packed W and the bias padded to npad features (the
                          * packing's, a view's too); NULL: OpenBLAS */
+    void *mem;          /* the block holding both, pk on a cache line in it */
     size_t f0;          /* a view (aft_linear_view): features from f0 of pk */
     int view;           /* pk, bpad belong to another aft_linear */
     int threads;

@@ -768,6 +768,24 @@ void aft_band_ctx_free(aft_band_ctx *ctx)
  * which pays only over many rows. For a step of a row or two (a token at a
  * time) this is several times faster. Returns 0 when a key it reads is +inf
  * or NaN. */
+/* band_row1's sums: den, num += exp(k + w - Z) (times v) over the nw keys
+ * from lo; nonpos: every k + w - Z is <= 0, -inf or NaN-free */
+static inline __attribute__((always_inline)) void
+band_row1_terms(float *restrict den, float *restrict num, const float *k, size_t ldk, const float *v, size_t ldv,
+                size_t lo, size_t nw, const float *w, const float *restrict Z, size_t cw, int nonpos)
+{
+    for (size_t j = 0; j < nw; j++) {
+        const float *kr = k + (lo + j) * ldk, *vr = v + (lo + j) * ldv;
+        const float wj = w[j];
+        for (size_t c = 0; c < cw; c++) {
+            float x = kr[c] + wj - Z[c];
+            float e = nonpos ? aft_expf_nonpos(x) : aft_expf(x);
+            den[c] += e;
+            num[c] += e * vr[c];
+        }
+    }
+}
+
 static int band_row1(float *out, const float *q, const float *k, const float *v, const aft_opspec *ws, size_t h,
                      size_t c0, size_t cw, size_t s, band_scratch *sc, size_t t)
 {
@@ -801,15 +819,13 @@ static int band_row1(float *out, const float *q, const float *k, const float *v,
         den[c] = p0[c] * f;
         num[c] = p1[c] * f;
     }
-    for (size_t j = 0; j < nw; j++) {
-        const float *kr = k + (lo + j) * ldk, *vr = v + (lo + j) * ldv;
-        const float wj = w[j];
-        for (size_t c = 0; c < cw; c++) {
-            float e = aft_expf(kr[c] + wj - Z[c]);
-            den[c] += e;
-            num[c] += e * vr[c];
-        }
-    }
+    /* Z is the largest k + w: with no w of +inf or NaN (and a key of either
+     * ends the step, ok = 0) every exponent is <= 0 or -inf, the case
+     * aft_expf_nonpos takes in 17 instructions a vector instead of 28 */
+    int w_ok = 1;
+    for (size_t j = 0; j < nw; j++) w_ok &= w[j] < INFINITY;
+    if (w_ok) band_row1_terms(den, num, k, ldk, v, ldv, lo, nw, w, Z, cw, 1);
+    else band_row1_terms(den, num, k, ldk, v, ldv, lo, nw, w, Z, cw, 0);
     const float *qr = q + (t - ws->q_row0) * ws->ldq;
     float *yr = out + (t - ws->q_row0) * ws->C;
     for (size_t c = 0; c < cw; c++) yr[c] = den[c] > 0.0f ? aft_sigmoidf(qr[c]) * (num[c] / den[c]) : 0.0f;
