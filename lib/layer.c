@@ -107,26 +107,35 @@ static aft_status layer_reference(float *y, const float *x, const aft_params *p,
     return st;
 }
 
-/* the whole sequence at once: Q, K, V of every row (one product), the
- * operator reading them in place, rows W apart, the output projection */
+/* The whole sequence at once: Q, K, V of every row (one product), the
+ * operator reading them in place, rows W apart, the output projection.
+ * Sequences whose operator needs none of the others' rows (a grid's, with
+ * no mask) go one at a time through buffers of one sequence: for B images
+ * of a 56 x 56 grid the buffers of all of them (60 MiB at d = 192) are
+ * past what malloc keeps for reuse, so every call faulted them in again,
+ * and one image's are still in the caches when the operator reads them.
+ * A row's result does not depend on the split. */
 static aft_status layer_whole(float *y, const float *x, const aft_layer_prep *lp, aft_opspec sp, size_t B, size_t T,
                               aft_layer_times *tm, aft_error *err)
 {
-    size_t N = B * T, C = lp->C, KC = lp->KC, W = lp->W;
+    size_t C = lp->C, KC = lp->KC, W = lp->W, D = lp->D;
+    size_t nb = aft_op_on_grid(&sp) && !sp.bias->mask ? 1 : B, N = nb * T;
     float *qkv = aft_alloc_array(N, W * sizeof(float));
     float *h = aft_alloc_array(N, C * sizeof(float));
-    aft_status st;
-    if (!qkv || !h) {
-        st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, W);
-    } else {
+    aft_status st = AFT_OK;
+    *tm = (aft_layer_times){0, 0, 0};
+    if (!qkv || !h) st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V of %zu x %zu", N, W);
+    sp.ldq = sp.ldk = sp.ldv = W;
+    for (size_t b = 0; b < B && !st; b += nb) {
         double t0 = aft_now_ms();
-        aft_linear_apply(&lp->qkv, N, x, lp->D, qkv, W);
+        aft_linear_apply(&lp->qkv, N, x + b * T * D, D, qkv, W);
         double t1 = aft_now_ms();
-        sp.ldq = sp.ldk = sp.ldv = W;
-        st = aft_op_run(h, qkv, qkv + C, qkv + C + KC, &sp, B, KC, err);
+        st = aft_op_run(h, qkv, qkv + C, qkv + C + KC, &sp, nb, KC, err);
         double t2 = aft_now_ms();
-        if (st == AFT_OK) aft_linear_apply(&lp->o, N, h, C, y, lp->D);
-        *tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
+        if (st == AFT_OK) aft_linear_apply(&lp->o, N, h, C, y + b * T * D, D);
+        tm->projections += t1 - t0;
+        tm->op += t2 - t1;
+        tm->output += aft_now_ms() - t2;
     }
     free(qkv);
     free(h);

@@ -526,7 +526,8 @@ static void row_prep(const grid_job *jb, grid_scratch *sc, size_t bi, size_t cb,
     float *rw = sc->rw + bi * GV, *ew = sc->ew + bi * K * GV;
     if (memcmp(rw, rwn, sizeof rwn) != 0) {
         memcpy(rw, rwn, sizeof rwn);
-        for (size_t j = 0; j < K * GV; j++) ew[j] = aft_expf(kw[j] - rw[j % GV]);
+        for (size_t j = 0; j < K; j++)   /* a lane at a time: it vectorises */
+            for (size_t l = 0; l < GV; l++) ew[j * GV + l] = aft_expf(kw[j * GV + l] - rw[l]);
     }
     float *tf = sc->tf + bi * K2r * K2c * GV;
     for (long dr = dlo; dr <= dhi; dr++) {
