@@ -814,8 +814,13 @@ static int band_row1(float *out, const float *q, const float *k, const float *v,
         }
     }
     for (size_t c = 0; c < cw; c++) {
-        Z[c] = Z[c] == -INFINITY ? 0.0f : Z[c];   /* nothing visible: every term 0 */
-        float f = scale_down(pst[c], Z[c]);
+        float z = Z[c];
+        Z[c] = z == -INFINITY ? 0.0f : z;   /* nothing visible: every term 0 */
+    }
+    for (size_t c = 0; c < cw; c++) {
+        /* scale_down(pst, Z) without its branch, which kept this loop
+         * scalar: Z is finite or +inf here, so pst = -inf gives exp(-inf) = 0 */
+        float f = aft_expf(pst[c] - Z[c]);
         den[c] = p0[c] * f;
         num[c] = p1[c] * f;
     }
@@ -847,11 +852,11 @@ int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k,
     for (size_t c0 = 0, cw = 0; c0 < C; c0 += cw) {
         size_t hh = c0 / ch, hend = (hh + 1) * ch;
         cw = hend - c0 < ctx->cwr ? hend - c0 : ctx->cwr;
-        for (size_t c = 0; c < cw; c++) {
-            sc->pst[c] = carry_in ? carry_in[c0 + c] : -INFINITY;
-            sc->p0[c] = carry_in ? carry_in[C + c0 + c] : 0.0f;
-            sc->p1[c] = carry_in ? carry_in[2 * C + c0 + c] : 0.0f;
-            sc->pmax[c] = carry_in ? carry_in[3 * C + c0 + c] : -INFINITY;
+        float *const sums[4] = {sc->pst, sc->p0, sc->p1, sc->pmax};
+        const float empty[4] = {-INFINITY, 0.0f, 0.0f, -INFINITY};
+        for (size_t i = 0; i < 4; i++) {
+            if (carry_in) memcpy(sums[i], carry_in + i * C + c0, cw * sizeof(float));
+            else for (size_t c = 0; c < cw; c++) sums[i][c] = empty[i];
         }
         int have_right = !ws->causal && right_in;
         for (size_t i = 0; i < 4 && have_right; i++)
