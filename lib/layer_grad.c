@@ -40,22 +40,24 @@ static void gemm(int threads, int trans_a, int trans_b, size_t M, size_t N, size
     }
 }
 
-/* out[c] = sum over the N rows of a[., c] (rows lda apart), in double. The
- * threads take whole stripes of columns, each summed down the rows in
- * order: the same bits for any number of threads, and no serial pass over
- * dQKV while the other threads wait (it was a tenth of simple's backward) */
-enum { SUM_STRIPE = 64 };
+/* out[c] = sum over the N rows of a[., c] (rows lda apart), in double. Each
+ * thread takes a part of the columns and goes down the rows through it, so
+ * every column is summed in row order (the same bits for any number of
+ * threads) and no serial pass over dQKV keeps the other threads waiting. */
 static aft_status column_sums(int threads, float *out, const float *a, size_t lda, size_t N, size_t n,
                               aft_error *err)
 {
     double *s = aft_calloc_array(n, sizeof(double));
     if (!s) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu column sums", n);
-    size_t nstripe = (n + SUM_STRIPE - 1) / SUM_STRIPE;
-    #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (nstripe > 1)
-    for (size_t j = 0; j < nstripe; j++) {
-        size_t c0 = j * SUM_STRIPE, c1 = c0 + SUM_STRIPE < n ? c0 + SUM_STRIPE : n;
-        for (size_t i = 0; i < N; i++)
-            for (size_t c = c0; c < c1; c++) s[c] += a[i * lda + c];
+    size_t nt = threads > 0 ? (size_t)threads : 1, part = ((n + nt - 1) / nt + 7) / 8 * 8;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1)
+    for (size_t p = 0; p < nt; p++) {
+        size_t c0 = p * part < n ? p * part : n, c1 = c0 + part < n ? c0 + part : n;
+        double *restrict sp = s + c0;
+        for (size_t i = 0; i < N; i++) {
+            const float *restrict row = a + i * lda + c0;
+            for (size_t c = 0; c < c1 - c0; c++) sp[c] += row[c];
+        }
         for (size_t c = c0; c < c1; c++) out[c] = (float)s[c];
     }
     free(s);
