@@ -1553,6 +1553,11 @@ static void test_linear(void **state)
                         aft_error err = {{0}};
                         assert_int_equal(aft_linear_init(&l, w, with_bias ? b : NULL, N, K, modes[mo], th, &err), AFT_OK);
                         if (modes[mo] == AFT_KERNEL_OWN && !l.pk) fail_msg("the own kernel was not packed: %s", what);
+                        /* packed weights on a cache line: a token's products
+                         * stream through them with 64-byte loads */
+                        if (l.pk && ((uintptr_t)l.pk % 64 != 0 || (uintptr_t)l.bpad % 64 != 0))
+                            fail_msg("packed weights not on a cache line (%p, %p): %s", (void *)l.pk, (void *)l.bpad,
+                                     what);
                         for (size_t i = 0; i < ny; i++) y[i] = sentinel;
                         aft_linear_apply(&l, M, x, ldx, y, ldy);
                         int bad = 0;
