@@ -65,18 +65,19 @@ aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, siz
     l->threads = threads > 0 ? threads : 1;
     int own = kernel == AFT_KERNEL_OWN || (kernel == AFT_KERNEL_AUTO && aft_linear_kernel() != NULL);
     if (!own || n == 0 || k == 0) return AFT_OK;
-    size_t npad = (n + LIN_NR - 1) / LIN_NR * LIN_NR, floats;
-    /* pk starts on a cache line (malloc gives 16 bytes): a 64-byte load
-     * that straddles two lines costs two, and a token's matrix-vector
+    /* pk and bpad start on cache lines (malloc gives 16 bytes): a 64-byte
+     * load that straddles two lines costs two, and a token's matrix-vector
      * products, which only stream through pk, ran at half the rate. The
      * padding is in the block rather than posix_memalign's, whose split-off
-     * ends kept --repeat from reusing freed memory. npad is a multiple of
-     * LIN_NR, so bpad is on a line too. */
-    if (aft_mul3_ok(npad, k + 1, 1, &floats) && aft_add_ok(floats, 64 / sizeof(float), &floats))
+     * ends kept --repeat from reusing freed memory. */
+    enum { LINE = 64 / sizeof(float) };
+    size_t npad = (n + LIN_NR - 1) / LIN_NR * LIN_NR, npk, floats;
+    if (aft_mul_ok(npad, k, &npk) && aft_add_ok(npk, LINE - 1, &npk) &&
+        aft_add_ok(npk / LINE * LINE, npad + LINE, &floats))
         l->mem = aft_alloc_array(floats, sizeof(float));
     if (!l->mem) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for packed weights (%zu x %zu)", n, k);
     l->pk = (float *)(((uintptr_t)l->mem + 63) & ~(uintptr_t)63);
-    l->bpad = l->pk + npad * k;
+    l->bpad = l->pk + npk / LINE * LINE;
     l->npad = npad;
     /* block p0 (kc inputs deep) starts at p0 * npad; panel j of it at
      * j * kc * LIN_NR, laid out [kc][LIN_NR]; features past n are zero */
