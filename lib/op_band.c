@@ -759,17 +759,9 @@ void aft_band_ctx_free(aft_band_ctx *ctx)
     free(ctx);
 }
 
-/* One causal row t of channels [c0, c0 + cw) of head h, the left sum in
- * sc (pst, p0, p1, pmax) holding the keys before t - s + 1 once it has taken
- * key t - s here. The band's terms exp(k + w - Z) are summed directly, Z the
- * exact maximum of the band's k + w and the left sum's stabiliser, so the
- * largest term is 1 and no sum can underflow: s exponentials a channel,
- * where the blocked kernel shares each key's among the rows of its window,
- * which pays only over many rows. For a step of a row or two (a token at a
- * time) this is several times faster. Returns 0 when a key it reads is +inf
- * or NaN. */
-/* band_row1's sums: den, num += exp(k + w - Z) (times v) over the nw keys
- * from lo; nonpos: every k + w - Z is <= 0, -inf or NaN-free */
+/* band_row1's sums: den += exp(k + w - Z), num += that times v, over the
+ * nw keys from lo; nonpos: no exponent is above 0 or NaN, the domain of
+ * aft_expf_nonpos */
 static inline __attribute__((always_inline)) void
 band_row1_terms(float *restrict den, float *restrict num, const float *k, size_t ldk, const float *v, size_t ldv,
                 size_t lo, size_t nw, const float *w, const float *restrict Z, size_t cw, int nonpos)
@@ -786,6 +778,15 @@ band_row1_terms(float *restrict den, float *restrict num, const float *k, size_t
     }
 }
 
+/* One causal row t of channels [c0, c0 + cw) of head h, the left sum in
+ * sc (pst, p0, p1, pmax) holding the keys before t - s + 1 once it has taken
+ * key t - s here. The band's terms exp(k + w - Z) are summed directly, Z the
+ * exact maximum of the band's k + w and the left sum's stabiliser, so the
+ * largest term is 1 and no sum can underflow: s exponentials a channel,
+ * where the blocked kernel shares each key's among the rows of its window,
+ * which pays only over many rows. For a step of a row or two (a token at a
+ * time) this is several times faster. Returns 0 when a key it reads is +inf
+ * or NaN. */
 static int band_row1(float *out, const float *q, const float *k, const float *v, const aft_opspec *ws, size_t h,
                      size_t c0, size_t cw, size_t s, band_scratch *sc, size_t t)
 {
