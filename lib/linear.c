@@ -71,13 +71,14 @@ aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, siz
      * padding is in the block rather than posix_memalign's, whose split-off
      * ends kept --repeat from reusing freed memory. */
     enum { LINE = 64 / sizeof(float) };
-    size_t npad = (n + LIN_NR - 1) / LIN_NR * LIN_NR, npk, floats;
-    if (aft_mul_ok(npad, k, &npk) && aft_add_ok(npk, LINE - 1, &npk) &&
-        aft_add_ok(npk / LINE * LINE, npad + LINE, &floats))
-        l->mem = aft_alloc_array(floats, sizeof(float));
+    size_t npad = (n + LIN_NR - 1) / LIN_NR * LIN_NR, pkf = 0, floats = 0;
+    /* the block: pk (npad k floats, to a whole line), bpad, a line's slack */
+    int sized = aft_mul_ok(npad, k, &pkf) && aft_add_ok(pkf, LINE - 1, &pkf);
+    pkf = pkf / LINE * LINE;
+    if (sized && aft_add_ok(pkf, npad + LINE, &floats)) l->mem = aft_alloc_array(floats, sizeof(float));
     if (!l->mem) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for packed weights (%zu x %zu)", n, k);
     l->pk = (float *)(((uintptr_t)l->mem + 63) & ~(uintptr_t)63);
-    l->bpad = l->pk + npk / LINE * LINE;
+    l->bpad = l->pk + pkf;
     l->npad = npad;
     /* block p0 (kc inputs deep) starts at p0 * npad; panel j of it at
      * j * kc * LIN_NR, laid out [kc][LIN_NR]; features past n are zero */
