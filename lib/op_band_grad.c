@@ -146,23 +146,23 @@ typedef struct {
     float *dw;                   /* (GB_ROWS, 2s) */
     float *r;                    /* (GB_ROWS) */
     float *mk;                   /* (cw) */
-    float *pm, *p0, *p1;         /* the left running sum, (ch) each */
-    float *qm, *q0, *q1;         /* the right running sum, (ch) each */
-    float *snap;                 /* (blocks, 3 ch) */
+    float *pm, *p0, *p1;         /* the left running sums, (C) each */
+    float *qm, *q0, *q1;         /* the right running sums, (C) each */
+    float *snap;                 /* (blocks, 3C) */
     unsigned char *redo, *bad;   /* (GB_ROWS, GB_CH) each */
     unsigned char rowredo[GB_ROWS];   /* the row has an entry in redo */
-    size_t zhi;                  /* the head's rows of dv, dk are zeroed up to here */
+    size_t zhi;                  /* rows of dv, dk (every channel) zeroed up to here */
     float *blk;
 } gscratch;
 
 static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
 {
-    const size_t s = jb->s, ch = jb->ch, cw = ch < GB_CH ? ch : GB_CH, R = GB_ROWS;
+    const size_t s = jb->s, C = jb->C, ch = jb->ch, cw = ch < GB_CH ? ch : GB_CH, R = GB_ROWS;
     const size_t nb = (rows + R - 1) / R, nw = R + 2 * s;
     const size_t G = R * GB_CH;   /* per-row arrays: rows GB_CH apart */
     /* lx (doubles) first: the block is aligned for them */
     const size_t sizes[] = {2 * G, nw * cw, nw * cw, 2 * s, s, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
-                            R * 2 * s, R, cw, ch, ch, ch, ch, ch, ch, nb * 3 * ch, G, G, G};
+                            R * 2 * s, R, cw, C, C, C, C, C, C, nb * 3 * C, G, G, G};
     float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->ce, &sc->ci_f, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
                         &sc->r1, &sc->ew, &sc->wr, &sc->dw, &sc->r, &sc->mk, &sc->pm, &sc->p0, &sc->p1, &sc->qm,
                         &sc->q0, &sc->q1, &sc->snap, &sc->dn, &sc->ys, &sc->as};
@@ -282,7 +282,7 @@ static void exact_forward(const gjob *jb, const gscratch *sc, size_t i, size_t t
         double z = (double)jb->k[j * ws->ldk + cc] + (double)wr[j - lo];
         M = z > M ? z : M;
     }
-    size_t ci = c0 + c - jb->ch * (c0 / jb->ch);   /* the channel within the head */
+    size_t ci = c0 + c;
     float pm = sc->pm[ci], p0 = sc->p0[ci], p1 = sc->p1[ci];
     float rm = jb->causal ? -INFINITY : sc->rm[i * GB_CH + c], r0 = jb->causal ? 0.0f : sc->r0[i * GB_CH + c],
           r1 = jb->causal ? 0.0f : sc->r1[i * GB_CH + c];
@@ -469,22 +469,23 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     }
     if (jb->want_dw) memset(sc->dw, 0, nr * 2 * s * sizeof(float));
     /* the rows of dv, dk this block reaches first (every row of the
-     * thread's is in its own band), zeroed while they come into the cache */
-    {
+     * thread's is in its own band), zeroed while they come into the cache,
+     * every head's channels (the block's first head comes first) */
+    if (h == 0) {
         size_t t0 = row0(jb, tid), t1 = row0(jb, tid + 1), z0 = lob > sc->zhi ? lob : sc->zhi;
         z0 = z0 > t0 ? z0 : t0;
         size_t z1 = hib < t1 ? hib : t1;
         for (size_t j = z0; j < z1; j++) {
             size_t row = jb->b * T + j;
-            memset(jb->io->dv + row * jb->io->lddv + h * ch, 0, ch * sizeof(float));
-            memset(jb->io->dk + row * jb->io->lddk + h * ch, 0, ch * sizeof(float));
+            memset(jb->io->dv + row * jb->io->lddv, 0, C * sizeof(float));
+            memset(jb->io->dk + row * jb->io->lddk, 0, C * sizeof(float));
         }
         sc->zhi = z1 > sc->zhi ? z1 : sc->zhi;
     }
 
     for (size_t c0 = h * ch; c0 < (h + 1) * ch; c0 += cwm) {
-        const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm, hc = c0 - h * ch;
-        float *pm = sc->pm + hc, *p0 = sc->p0 + hc, *p1 = sc->p1 + hc, *mk = sc->mk;
+        const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm;
+        float *pm = sc->pm + c0, *p0 = sc->p0 + c0, *p1 = sc->p1 + c0, *mk = sc->mk;
 
         /* band factors exp(k - mk), mk the block's key maximum per channel
          * (no band: mk = -inf, so the band's part is exp(-inf) = 0) */
@@ -504,11 +505,11 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         }
         /* the rows' right sums (keys t' >= t + s), from the block's snapshot */
         if (!causal) {
-            float *qm = sc->qm + hc, *q0 = sc->q0 + hc, *q1 = sc->q1 + hc;
-            const float *sn = sc->snap + bi * 3 * ch;
-            memcpy(qm, sn + hc, cw * sizeof(float));
-            memcpy(q0, sn + ch + hc, cw * sizeof(float));
-            memcpy(q1, sn + 2 * ch + hc, cw * sizeof(float));
+            float *qm = sc->qm + c0, *q0 = sc->q0 + c0, *q1 = sc->q1 + c0;
+            const float *sn = sc->snap + bi * 3 * C;
+            memcpy(qm, sn + c0, cw * sizeof(float));
+            memcpy(q0, sn + C + c0, cw * sizeof(float));
+            memcpy(q1, sn + 2 * C + c0, cw * sizeof(float));
             for (size_t t = i1; t-- > i0;) {
                 if (t + s < T) key_add(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw);
                 memcpy(sc->rm + (t - i0) * GB_CH, qm, cw * sizeof(float));
@@ -617,39 +618,38 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
 }
 
 /* Thread tid's rows, every head: the block pass. Its left and right key
- * sums start from the pieces (P1). */
+ * sums start from the pieces (P1). A block's heads go one after another,
+ * while its rows are in the cache (head after head over all the rows read
+ * every row from memory once a head). */
 static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t tid)
 {
-    const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
     const size_t nt = jb->nt, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
     if (t1 <= t0) return;
     const size_t nb = (t1 - t0 + GB_ROWS - 1) / GB_ROWS;
-    for (size_t h = 0; h < jb->H; h++) {
-        const size_t c0 = h * ch;
-        sc->zhi = 0;
-        /* left: keys [0, t0 - s), the left pieces of the threads before */
-        for (size_t c = 0; c < ch; c++)
-            aft_sums_merge_channel(jb->kp, 8 * C, tid, C, c0 + c, &sc->pm[c], &sc->p0[c], &sc->p1[c]);
-        if (!jb->causal) {
-            /* right: keys [t1 + s, T), the right pieces of the threads after;
-             * then back over the rows, a snapshot at each block's end */
-            for (size_t c = 0; c < ch; c++)
-                aft_sums_merge_channel(jb->kp + (2 * tid + 3) * 4 * C, 8 * C, nt - tid - 1, C, c0 + c, &sc->qm[c],
-                                       &sc->q0[c], &sc->q1[c]);
-            for (size_t bi = nb; bi-- > 0;) {
-                size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
-                float *sn = sc->snap + bi * 3 * ch;
-                memcpy(sn, sc->qm, ch * sizeof(float));
-                memcpy(sn + ch, sc->q0, ch * sizeof(float));
-                memcpy(sn + 2 * ch, sc->q1, ch * sizeof(float));
-                for (size_t t = i1; t-- > i0;)
-                    if (t + s < T) key_add(sc->qm, sc->q0, sc->q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, ch);
-            }
-        }
-        for (size_t bi = 0; bi < nb; bi++) {
+    sc->zhi = 0;
+    /* left: keys [0, t0 - s), the left pieces of the threads before */
+    for (size_t c = 0; c < C; c++)
+        aft_sums_merge_channel(jb->kp, 8 * C, tid, C, c, &sc->pm[c], &sc->p0[c], &sc->p1[c]);
+    if (!jb->causal) {
+        /* right: keys [t1 + s, T), the right pieces of the threads after;
+         * then back over the rows, a snapshot at each block's end */
+        for (size_t c = 0; c < C; c++)
+            aft_sums_merge_channel(jb->kp + (2 * tid + 3) * 4 * C, 8 * C, nt - tid - 1, C, c, &sc->qm[c],
+                                   &sc->q0[c], &sc->q1[c]);
+        for (size_t bi = nb; bi-- > 0;) {
             size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
-            band_block(jb, sc, db, tid, h, i0, i1, bi);
+            float *sn = sc->snap + bi * 3 * C;
+            memcpy(sn, sc->qm, C * sizeof(float));
+            memcpy(sn + C, sc->q0, C * sizeof(float));
+            memcpy(sn + 2 * C, sc->q1, C * sizeof(float));
+            for (size_t t = i1; t-- > i0;)
+                if (t + s < T) key_add(sc->qm, sc->q0, sc->q1, jb->k + (t + s) * ldk, jb->v + (t + s) * ldv, C);
         }
+    }
+    for (size_t bi = 0; bi < nb; bi++) {
+        size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
+        for (size_t h = 0; h < jb->H; h++) band_block(jb, sc, db, tid, h, i0, i1, bi);
     }
 }
 
