@@ -809,9 +809,12 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                 outside_pass(&jbb, &cur, tid);
                 #pragma omp barrier
             }
-            if (!failed && priv) {
-                #pragma omp critical(aft_band_grad_merge)
-                aft_bias_grad_merge(ws, &io->db, &mine);
+            /* the threads' bias gradients added in thread order: the same
+             * bits from run to run (in the order they finish, they were not,
+             * with three threads or more) */
+            for (size_t i = 0; i < nt; i++) {
+                if (i == tid && !failed && priv) aft_bias_grad_merge(ws, &io->db, &mine);
+                #pragma omp barrier
             }
             free(priv);
             free(rs);

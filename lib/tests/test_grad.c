@@ -1138,6 +1138,57 @@ static void test_grad_threads(void **state)
     finish(fails, (int)N_OF(cs));
 }
 
+/* the tensors of a and b that differ in any bit (names printed) */
+static int bits_differ(const grads *a, const grads *b, const gdata *d, const char *what)
+{
+    const float *const x[] = {a->dq, a->dk, a->dv, a->out, a->ddense, a->du, a->dv_f, a->dconv};
+    const float *const y[] = {b->dq, b->dk, b->dv, b->out, b->ddense, b->du, b->dv_f, b->dconv};
+    const size_t n[] = {d->nq, d->nk, d->nq, d->nq, d->ndense, d->nfac, d->nfac, d->nconv};
+    static const char *const names[] = {"dq", "dk", "dv", "out", "dense", "u", "v", "conv"};
+    int fails = 0;
+    for (size_t i = 0; i < N_OF(n); i++)
+        if (n[i] && memcmp(x[i], y[i], n[i] * sizeof(float)) != 0) {
+            printf("  bits differ from the first run: %s (%s)\n", names[i], what);
+            fails++;
+        }
+    return fails;
+}
+
+/* local and conv with three threads (more than this machine's cores, so
+ * they finish in any order): every run gives the same bits, the threads'
+ * bias gradients being added in thread order. (full's threads take its
+ * blocks as they come free, so its sums over them are not: see
+ * op_full_grad.c.) */
+static void test_grad_same_bits_every_run(void **state)
+{
+    (void)state;
+    const gcase cs[] = {
+        {AFT_LOCAL, AFT_BIAS_DENSE, 1, 700, 48, 0, 20, 0, 1, MASK_NONE, VALS_NORMAL, 73, 3, 0},
+        {AFT_LOCAL, AFT_BIAS_FACTORED, 1, 700, 48, 0, 20, 0, 0, MASK_NONE, VALS_NORMAL, 76, 3, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 700, 48, 4, 32, 0, 1, MASK_NONE, VALS_NORMAL, 74, 3, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 700, 48, 4, 32, 0, 0, MASK_NONE, VALS_NORMAL, 75, 3, 0},
+    };
+    int fails = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) {
+        gdata d;
+        build(&d, &cs[i]);
+        char what[512];
+        describe(what, sizeof what, &cs[i]);
+        aft_error err = {{0}};
+        grads g1;
+        assert_int_equal(run_backward(&g1, &d, AFT_IMPL_FAST, 3, &err), AFT_OK);
+        for (int r = 0; r < 8; r++) {
+            grads gn;
+            assert_int_equal(run_backward(&gn, &d, AFT_IMPL_FAST, 3, &err), AFT_OK);
+            fails += bits_differ(&gn, &g1, &d, what);
+            grads_free(&gn);
+        }
+        grads_free(&g1);
+        free_data(&d);
+    }
+    assert_int_equal(fails, 0);
+}
+
 /* ---------------------------------------------------------------- 5. the PyTorch fixtures */
 
 static const char *testdata(void)
@@ -1517,6 +1568,7 @@ int main(void)
         cmocka_unit_test(test_layer_grad),
         cmocka_unit_test(test_layer_grad_extreme),
         cmocka_unit_test(test_grad_threads),
+        cmocka_unit_test(test_grad_same_bits_every_run),
         cmocka_unit_test(test_grad_torch_fixtures),
         cmocka_unit_test(test_grad_errors),
         cmocka_unit_test(test_grad_nonfinite_keys),
