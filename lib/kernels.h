@@ -29,6 +29,14 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
 /* rows of exp(w) each thread of aft_op_full holds at once, for a sequence
  * of T on `threads` threads */
 size_t aft_full_rows(size_t T, size_t threads);
+/* A row of exp(w - r), the forward's and the backward's: the largest of
+ * w[0..nv) where the mask row (NULL: every column) lets it through, -inf
+ * when nothing does; then, on w's row wr[0..tv), exp(w - r) on the nv
+ * columns the row may see (up to the diagonal under causality) and 0 on
+ * those the mask hides and past nv. Vector loops: the backward's per-entry
+ * visibility test had kept its loops scalar, a sixth of its time. */
+float aft_full_visible_max(const float *w, size_t nv, const uint8_t *mrow);
+void aft_full_exp_row(float *wr, size_t nv, size_t tv, float r, const uint8_t *mrow);
 
 /* ---- op_simple.c: simple without causality, a softmax average of v per
  * channel; all batches: (B, T, C) */

@@ -109,14 +109,16 @@ static inline void aft_vst(float *p, aft_vf x) { memcpy(p, &x, sizeof x); }
 
 /* max of x[0..n), -inf when n == 0; NaNs are skipped. AFT_VL running
  * maxima side by side, because a plain loop's float max reduction does not
- * vectorise without -ffast-math. */
+ * vectorise without -ffast-math. They start at -inf, not at x's first
+ * vector: a lane that started at a NaN would keep it (no value compares
+ * larger) and hide the rest of its lane. */
 static inline float aft_max_f32(const float *x, size_t n)
 {
     size_t i = 0;
     float r = -INFINITY;
     if (n >= AFT_VL) {
-        aft_vf m = aft_vld(x);
-        for (i = AFT_VL; i + AFT_VL <= n; i += AFT_VL) {
+        aft_vf m = (aft_vf){0} - INFINITY;
+        for (; i + AFT_VL <= n; i += AFT_VL) {
             aft_vf v = aft_vld(x + i);
             aft_vi gt = v > m;   /* all ones where v is larger */
             m = (aft_vf)(((aft_vi)v & gt) | ((aft_vi)m & ~gt));

@@ -52,9 +52,7 @@ static inline size_t mask_ld(const aft_opspec *sp)
     return sp->mask_ld ? sp->mask_ld : sp->T;
 }
 
-/* the largest of w[0..nv) where the mask row (or NULL: everything) lets it
- * through; -inf when nothing does */
-static float visible_max_raw(const float *w, size_t nv, const uint8_t *mrow)
+float aft_full_visible_max(const float *w, size_t nv, const uint8_t *mrow)
 {
     if (!mrow) return aft_max_f32(w, nv);
     float r = -INFINITY;
@@ -62,30 +60,39 @@ static float visible_max_raw(const float *w, size_t nv, const uint8_t *mrow)
     return r;
 }
 
-/* the row stabiliser: visible_max_raw, but 0 when nothing is visible (the
- * row then stays 0) */
+/* the row stabiliser: aft_full_visible_max, but 0 when nothing is visible
+ * (the row then stays 0) */
 static float visible_max(const float *w, size_t nv, const uint8_t *mrow)
 {
-    float r = visible_max_raw(w, nv, mrow);
+    float r = aft_full_visible_max(w, nv, mrow);
     return r == -INFINITY ? 0.0f : r;
 }
 
 /* a[k] = exp(a[k] - r) for k < n, r the largest of a's visible entries
- * (others are zeroed by the caller afterwards). Those arguments are <= 0, so
- * when no a[k] is NaN and r is below +inf the shorter exponential for
- * non-positive arguments gives aft_expf's values (a masked entry above r
- * gets some value the caller then drops); otherwise aft_expf, so NaN stays
- * NaN and +inf - +inf is NaN (a -nan would otherwise be taken
- * for a value below -87 and become 0). The check is one compare a value,
- * the shorter exponential about half the instructions. */
+ * or a stand-in for it (others are zeroed by the caller afterwards). When
+ * every a[k] is at most r (none NaN) and r is below +inf, the arguments are
+ * <= 0 and the shorter exponential for non-positive arguments gives
+ * aft_expf's values; otherwise aft_expf, so NaN stays NaN, +inf - +inf is
+ * NaN (a -nan would otherwise be taken for a value below -87 and become
+ * 0) and an entry above r (masked, or above the backward's stand-in 0 for
+ * an infinite r) gets its true exponential. The check is one compare a
+ * value, the shorter exponential about half the instructions. */
 static void exp_row_shifted(float *restrict a, size_t n, float r)
 {
     int clean = r < INFINITY;
-    for (size_t k = 0; k < n; k++) clean &= a[k] == a[k];
+    for (size_t k = 0; k < n; k++) clean &= a[k] <= r;
     if (clean)
         for (size_t k = 0; k < n; k++) a[k] = aft_expf_nonpos(a[k] - r);
     else
         for (size_t k = 0; k < n; k++) a[k] = aft_expf(a[k] - r);
+}
+
+void aft_full_exp_row(float *wr, size_t nv, size_t tv, float r, const uint8_t *mrow)
+{
+    exp_row_shifted(wr, nv, r);
+    if (mrow)
+        for (size_t j = 0; j < nv; j++) wr[j] = mrow[j] ? wr[j] : 0.0f;
+    for (size_t j = nv; j < tv; j++) wr[j] = 0.0f;
 }
 
 /* one thread's buffers for a block of rows */
@@ -190,13 +197,8 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
         if (!jb->factored) aft_w_row(ws, h, t, 0, tv, wr);
         /* columns past the diagonal are invisible under causality */
         size_t nv = causal ? t + 1 : tv;
-        float r = visible_max(wr, nv, mask ? mask + (t - ws->q_row0) * mask_ld(ws) : NULL);
-        exp_row_shifted(wr, nv, r);
-        if (mask) {
-            const uint8_t *mr = mask + (t - ws->q_row0) * mask_ld(ws);
-            for (size_t j = 0; j < nv; j++) wr[j] = mr[j] ? wr[j] : 0.0f;
-        }
-        for (size_t j = nv; j < tv; j++) wr[j] = 0.0f;
+        const uint8_t *mr = mask ? mask + (t - ws->q_row0) * mask_ld(ws) : NULL;
+        aft_full_exp_row(wr, nv, tv, visible_max(wr, nv, mr), mr);
     }
 
     /* the block's common key maximum over the chunks its rows see */
@@ -388,7 +390,7 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
                     float *a = ap + i * FKC;
                     size_t n = nv[i];
                     const uint8_t *mr = mask && n ? mask + (t - ws->q_row0) * mask_ld(ws) + j0 : NULL;
-                    float m = n ? visible_max_raw(a, n, mr) : -INFINITY;
+                    float m = n ? aft_full_visible_max(a, n, mr) : -INFINITY;
                     if (m > rmax[row]) {
                         /* a larger maximum: the row's sums so far come down to it */
                         if (rmax[row] != -INFINITY) {

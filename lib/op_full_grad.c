@@ -98,16 +98,15 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
 
     /* E = exp(w - r) with invisible entries 0 */
     for (size_t i = 0; i < bi; i++) {
-        size_t t = i0 + i;
+        size_t t = i0 + i, nv = causal ? t + 1 : tv;
         float *er = E + i * tv;
+        const uint8_t *mrow = jb->mask ? jb->mask + t * T : NULL;
         aft_w_row(ws, h, t, 0, tv, er);
-        float r = -INFINITY;
-        for (size_t j = 0; j < tv; j++)
-            if (visible(jb->mask, causal, T, t, j) && er[j] > r) r = er[j];
+        float r = aft_full_visible_max(er, nv, mrow);
         sc->vis[i] = r > -INFINITY;
         r = isfinite(r) ? r : 0.0f;
         sc->r[i] = r;
-        for (size_t j = 0; j < tv; j++) er[j] = visible(jb->mask, causal, T, t, j) ? aft_expf(er[j] - r) : 0.0f;
+        aft_full_exp_row(er, nv, tv, r, mrow);
     }
     /* M: the block's largest key maximum over the chunks it sees */
     for (size_t c = 0; c < ch; c++) {

@@ -9,7 +9,8 @@
  *   otherwise a finite normal float within 1.5e-7 relative of exp(x).
  * Both the scalar code and the loop the compiler vectorises are checked:
  * the kernels only ever call aft_expf inside such loops. aft_expf_nonpos,
- * for x <= 0 and never NaN, must give aft_expf's bits on all such x.
+ * for x <= 0 and never NaN, must give aft_expf's bits on all such x. And
+ * aft_max_f32, the vector maximum, skips NaNs as a plain loop does.
  */
 #include <float.h>
 #include <math.h>
@@ -174,6 +175,32 @@ static void test_expf_nonpos_same_bits(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* aft_max_f32 skips NaNs wherever they are: a NaN must not hide the
+ * values after it in its vector lane (or anywhere), for every length and
+ * NaN position around a vector's width; the answer is the plain loop's */
+static void test_max_skips_nan(void **state)
+{
+    (void)state;
+    float x[80];
+    int bad = 0;
+    for (size_t n = 1; n <= 80; n++)
+        for (size_t at = 0; at < n; at++)
+            for (int pattern = 0; pattern < 2; pattern++) {
+                for (size_t i = 0; i < n; i++) x[i] = (float)((i * 37) % 23) - 11.0f;
+                x[at] = NAN;
+                if (pattern) /* a NaN at the start of every lane */
+                    for (size_t i = 0; i < n && i < 16; i++) x[i] = NAN;
+                float want = -INFINITY;
+                for (size_t i = 0; i < n; i++) want = x[i] > want ? x[i] : want;
+                float got = aft_max_f32(x, n);
+                if (!(got == want) && bad++ < 5) fprintf(stderr, "n = %zu, NaN at %zu: got %g, want %g\n", n, at, got, want);
+            }
+    float inf[20];
+    for (size_t i = 0; i < 20; i++) inf[i] = i == 17 ? INFINITY : -1.0f;
+    assert_true(aft_max_f32(inf, 20) == INFINITY);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +208,7 @@ int main(void)
         cmocka_unit_test(test_expf_edges),
         cmocka_unit_test(test_expf_monotone),
         cmocka_unit_test(test_expf_nonpos_same_bits),
+        cmocka_unit_test(test_max_skips_nan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
