@@ -69,18 +69,21 @@ static float visible_max(const float *w, size_t nv, const uint8_t *mrow)
 }
 
 /* a[k] = exp(a[k] - r) for k < n, r the largest of a's visible entries
- * or a stand-in for it (others are zeroed by the caller afterwards). When
- * every a[k] is at most r (none NaN) and r is below +inf, the arguments are
- * <= 0 and the shorter exponential for non-positive arguments gives
- * aft_expf's values; otherwise aft_expf, so NaN stays NaN, +inf - +inf is
- * NaN (a -nan would otherwise be taken for a value below -87 and become
- * 0) and an entry above r (masked, or above the backward's stand-in 0 for
- * an infinite r) gets its true exponential. The check is one compare a
- * value, the shorter exponential about half the instructions. */
-static void exp_row_shifted(float *restrict a, size_t n, float r)
+ * (mrow, NULL: all) or a stand-in for it; the hidden ones get some value
+ * the caller zeroes. When every visible a[k] is at most r (none NaN) and r
+ * is below +inf, the arguments are <= 0 and the shorter exponential for
+ * non-positive arguments gives aft_expf's values; otherwise aft_expf, so
+ * NaN stays NaN, +inf - +inf is NaN (a -nan would otherwise be taken for a
+ * value below -87 and become 0) and an entry above the backward's stand-in
+ * 0 for an infinite r gets its true exponential. The check is one compare
+ * a value, the shorter exponential about half the instructions. */
+static void exp_row_shifted(float *restrict a, size_t n, float r, const uint8_t *restrict mrow)
 {
     int clean = r < INFINITY;
-    for (size_t k = 0; k < n; k++) clean &= a[k] <= r;
+    if (mrow)
+        for (size_t k = 0; k < n; k++) clean &= !mrow[k] | (a[k] <= r);
+    else
+        for (size_t k = 0; k < n; k++) clean &= a[k] <= r;
     if (clean)
         for (size_t k = 0; k < n; k++) a[k] = aft_expf_nonpos(a[k] - r);
     else
@@ -89,7 +92,7 @@ static void exp_row_shifted(float *restrict a, size_t n, float r)
 
 void aft_full_exp_row(float *wr, size_t nv, size_t tv, float r, const uint8_t *mrow)
 {
-    exp_row_shifted(wr, nv, r);
+    exp_row_shifted(wr, nv, r, mrow);
     if (mrow)
         for (size_t j = 0; j < nv; j++) wr[j] = mrow[j] ? wr[j] : 0.0f;
     for (size_t j = nv; j < tv; j++) wr[j] = 0.0f;
@@ -401,10 +404,7 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
                     }
                     float r = rmax[row];
                     if (r == -INFINITY) n = 0;   /* nothing visible yet */
-                    exp_row_shifted(a, n, r);
-                    if (mr)
-                        for (size_t k = 0; k < n; k++) a[k] = mr[k] ? a[k] : 0.0f;
-                    for (size_t k = n; k < kc; k++) a[k] = 0.0f;
+                    aft_full_exp_row(a, n, kc, r, mr);
                 }
                 if (!FROWS) {
                     float *dst = aw + (mp - sp0) * FMR * FKC;
