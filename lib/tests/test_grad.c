@@ -1156,9 +1156,9 @@ static int bits_differ(const grads *a, const grads *b, const gdata *d, const cha
 
 /* local and conv with three threads (more than this machine's cores, so
  * they finish in any order): every run gives the same bits, the threads'
- * bias gradients being added in thread order. (full's threads take its
- * blocks as they come free, so its sums over them are not: see
- * op_full_grad.c.) */
+ * bias gradients being added in thread order. (The dense kernel's threads,
+ * for full, masks and grids, take its blocks as they come free, so its
+ * sums over them are not: see op_full_grad.c.) */
 static void test_grad_same_bits_every_run(void **state)
 {
     (void)state;
