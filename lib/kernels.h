@@ -33,8 +33,8 @@ size_t aft_full_rows(size_t T, size_t threads);
  * w[0..nv) where the mask row (NULL: every column) lets it through, -inf
  * when nothing does; then, on w's row wr[0..tv), exp(w - r) on the nv
  * columns the row may see (up to the diagonal under causality) and 0 on
- * those the mask hides and past nv. Vector loops: the backward's per-entry
- * visibility test had kept its loops scalar, a sixth of its time. */
+ * those the mask hides and past nv. Vector loops (a visibility test per
+ * entry had kept the backward's scalar: 8% of its samples). */
 float aft_full_visible_max(const float *w, size_t nv, const uint8_t *mrow);
 void aft_full_exp_row(float *wr, size_t nv, size_t tv, float r, const uint8_t *mrow);
 
