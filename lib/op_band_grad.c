@@ -282,8 +282,7 @@ static void exact_forward(const gjob *jb, const gscratch *sc, size_t i, size_t t
         double z = (double)jb->k[j * ws->ldk + cc] + (double)wr[j - lo];
         M = z > M ? z : M;
     }
-    size_t ci = c0 + c;
-    float pm = sc->pm[ci], p0 = sc->p0[ci], p1 = sc->p1[ci];
+    float pm = sc->pm[cc], p0 = sc->p0[cc], p1 = sc->p1[cc];
     float rm = jb->causal ? -INFINITY : sc->rm[i * GB_CH + c], r0 = jb->causal ? 0.0f : sc->r0[i * GB_CH + c],
           r1 = jb->causal ? 0.0f : sc->r1[i * GB_CH + c];
     M = pm > M ? pm : M;
