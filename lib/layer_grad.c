@@ -16,52 +16,107 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* C (M x N, rows ldc apart) = op(A) op(B): trans_a, A (K x M) (else (M x
- * K)), rows lda apart; trans_b, B (N x K) (else (K x N)). The output's rows
- * are split over the threads, one single-threaded sgemm each. */
-static void gemm(int threads, int trans_a, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
-                 const float *B, size_t ldb, float *C, size_t ldc)
+/* ---- the fast path's products, in pieces
+ *
+ * Each product is cut into pieces of output rows, and one parallel loop
+ * deals a phase's pieces to the threads as they come free: a core that runs
+ * slower than the other (on a shared machine they drift apart) takes fewer,
+ * and no thread waits at the end of every product for the slower half. A
+ * piece is one single-threaded product, so its rows come out as the whole
+ * product's would (gemm.c): the same bits whichever thread runs it. */
+
+/* pieces of rows are multiples of this: the sgemm kernel's register block
+ * and whole tiles of aft's own (12 rows). More pieces a thread even out its
+ * end better, but each piece packs the product's B again. */
+enum { PIECE_ALIGN = 48, PIECES_PER_THREAD = 4 };
+
+typedef enum { PIECE_GEMM, PIECE_LINEAR, PIECE_SUMS } piece_kind;
+
+/* rows [m0, m1) of C (M x N, rows ldc apart) = op(A) op(B): trans_a, A
+ * (K x M) (else (M x K)), rows lda apart; B (K x N), rows ldb apart.
+ * PIECE_LINEAR: C = A lin^T + bias through lin (B unused). With sums (not
+ * trans_a), also the piece's rows of A summed over their first K columns,
+ * in double, into sums; PIECE_SUMS: only that. */
+typedef struct {
+    piece_kind kind;
+    int trans_a;
+    size_t m0, m1, N, K, lda, ldb, ldc;
+    const float *A, *B;
+    float *C;
+    const aft_linear *lin;
+    double *sums;
+} piece;
+
+typedef struct {
+    piece *p;
+    size_t n, cap;
+} plan;
+
+/* appends rows [0, M) of pr cut into at most `parts` pieces; with part
+ * (K doubles a piece), piece i's row sums go to part + i K. *count = the
+ * pieces; 0 when the plan is full. */
+static int plan_add(plan *pl, const piece *pr, size_t M, size_t parts, double *part, size_t *count)
 {
-    aft_blas_one_thread();
-    size_t nt = (size_t)(threads > 0 ? threads : 1);
-    size_t step = (M + nt - 1) / nt;
-    step = (step + 15) / 16 * 16;   /* whole register blocks of rows */
-    #pragma omp parallel for schedule(static, 1) num_threads((int)nt)
-    for (size_t p = 0; p < nt; p++) {
-        /* OpenBLAS's OpenMP build runs a product on omp_get_max_threads()
-         * threads unless inside an active parallel region, and a region of
-         * one thread is not active: this task's own count is 1 */
-        omp_set_num_threads(1);
-        size_t m0 = p * step < M ? p * step : M, m1 = m0 + step < M ? m0 + step : M;
-        if (m1 > m0)
-            cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                        (int)(m1 - m0), (int)N, (int)K, 1.0f, trans_a ? A + m0 : A + m0 * lda, (int)lda, B, (int)ldb,
-                        0.0f, C + m0 * ldc, (int)ldc);
+    size_t step = (M + parts - 1) / (parts ? parts : 1), i = 0;
+    step = (step + PIECE_ALIGN - 1) / PIECE_ALIGN * PIECE_ALIGN;
+    for (size_t m0 = 0; m0 < M; m0 += step, i++) {
+        if (pl->n == pl->cap) return 0;
+        piece x = *pr;
+        x.m0 = m0;
+        x.m1 = m0 + step < M ? m0 + step : M;
+        x.sums = part ? part + i * pr->K : NULL;
+        pl->p[pl->n++] = x;
+    }
+    if (count) *count = i;
+    return 1;
+}
+
+/* out[c] = the pieces' row sums added in piece order: the same bits every
+ * run */
+static void sums_gather(float *out, const double *part, size_t pieces, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        double s = 0.0;
+        for (size_t i = 0; i < pieces; i++) s += part[i * n + c];
+        out[c] = (float)s;
     }
 }
 
-/* out[c] = sum over the N rows of a[., c] (rows lda apart), in double. Each
- * thread takes a part of the columns and goes down the rows through it, so
- * every column is summed in row order (the same bits for any number of
- * threads) and no serial pass over dQKV keeps the other threads waiting. */
-static aft_status column_sums(int threads, float *out, const float *a, size_t lda, size_t N, size_t n,
-                              aft_error *err)
+static void piece_sums(const piece *x)
 {
-    double *s = aft_calloc_array(n, sizeof(double));
-    if (!s) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu column sums", n);
-    size_t nt = threads > 0 ? (size_t)threads : 1, part = ((n + nt - 1) / nt + 7) / 8 * 8;
-    #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1)
-    for (size_t p = 0; p < nt; p++) {
-        size_t c0 = p * part < n ? p * part : n, c1 = c0 + part < n ? c0 + part : n;
-        double *restrict sp = s + c0;
-        for (size_t i = 0; i < N; i++) {
-            const float *restrict row = a + i * lda + c0;
-            for (size_t c = 0; c < c1 - c0; c++) sp[c] += row[c];
-        }
-        for (size_t c = c0; c < c1; c++) out[c] = (float)s[c];
+    double *restrict s = x->sums;
+    for (size_t c = 0; c < x->K; c++) s[c] = 0.0;
+    for (size_t i = x->m0; i < x->m1; i++) {
+        const float *restrict row = x->A + i * x->lda;
+        for (size_t c = 0; c < x->K; c++) s[c] += row[c];
     }
-    free(s);
-    return AFT_OK;
+}
+
+static void piece_run(const piece *x)
+{
+    size_t m = x->m1 - x->m0;
+    /* the sums first: they bring the rows into the cache for the product */
+    if (x->sums) piece_sums(x);
+    if (x->kind == PIECE_LINEAR)
+        aft_linear_apply(x->lin, m, x->A + x->m0 * x->lda, x->lda, x->C + x->m0 * x->ldc, x->ldc);
+    else if (x->kind == PIECE_GEMM)
+        cblas_sgemm(CblasRowMajor, x->trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)m, (int)x->N,
+                    (int)x->K, 1.0f, x->trans_a ? x->A + x->m0 : x->A + x->m0 * x->lda, (int)x->lda, x->B,
+                    (int)x->ldb, 0.0f, x->C + x->m0 * x->ldc, (int)x->ldc);
+}
+
+static void plan_run(const plan *pl, int threads)
+{
+    aft_blas_one_thread();
+    int nt = threads > 0 ? threads : 1;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1 && pl->n > 1)
+    for (size_t i = 0; i < pl->n; i++) {
+        /* OpenBLAS's OpenMP build runs a product on omp_get_max_threads()
+         * threads unless inside an active parallel region, and a region of
+         * one thread is not active: this piece's own count is 1 */
+        omp_set_num_threads(1);
+        piece_run(&pl->p[i]);
+    }
 }
 
 /* ---- the float64 reference (cfg.impl AFT_IMPL_REFERENCE) */
@@ -152,31 +207,78 @@ static aft_status layer_reference_grad(const aft_layer_grads *g, float *y, const
 
 /* ---- the fast path */
 
-/* dWcat = dQKV^T X and dbcat = dQKV's column sums, each projection's rows
- * of them: one product and one pass over dQKV when every part is wanted
- * (a product of 3C rows runs nearer the machine's rate than three of C) */
-static aft_status stacked_grads(const aft_layer_grads *g, const float *dqkv, const float *x,
-                                const aft_layer_prep *lp, int nt, size_t N, aft_error *err)
+/* What the fast path holds besides its inputs */
+typedef struct {
+    float *qkv, *dqkv, *dh, *h;   /* (N, W), (N, W), (N, C), (N, C) */
+    float *dw;                    /* dWcat (W, D), when every part is wanted */
+    float *db;                    /* dbcat (W) */
+    double *part;                 /* the pieces' row sums: fine (W + D) */
+    plan pl;
+} grad_mem;
+
+/* The backward's products after the operator, one phase: dWcat = dQKV^T X
+ * and dWo = dy^T H (a piece a thread: every piece packs all of X or H),
+ * y = H Wo^T + bo when wanted, and dX = dQKV Wcat, whose small pieces come
+ * last and even out the threads' ends; its pieces sum dQKV's rows for
+ * dbcat (without dX, pieces that only sum). dWcat is one product of 3C
+ * rows when every part is wanted (it runs nearer the machine's rate than
+ * three of C). *np = the row-sum pieces. */
+static int plan_after(grad_mem *m, const aft_layer_grads *g, float *y, const float *dy, const float *x,
+                      const aft_layer_prep *lp, size_t nt, size_t N, size_t *np)
 {
-    const size_t D = lp->D, C = lp->C, KC = lp->KC, W = lp->W;
+    const size_t D = lp->D, C = lp->C, KC = lp->KC, W = lp->W, fine = nt * PIECES_PER_THREAD;
+    float *const dws[3] = {g->wq, g->wk, g->wv};
+    const size_t off[3] = {0, C, C + KC}, rows[3] = {C, KC, C};
+    int all_w = dws[0] && dws[1] && dws[2], any_b = g->bq || g->bk || g->bv, ok = 1;
+    plan *pl = &m->pl;
+    piece tr = {.kind = PIECE_GEMM, .trans_a = 1, .N = D, .K = N, .lda = W, .B = x, .ldb = D, .ldc = D};
+    for (int i = 0; i < 3; i++)
+        if (dws[i] && (!all_w || i == 0)) {
+            piece a = tr;
+            a.A = m->dqkv + (all_w ? 0 : off[i]);
+            a.C = all_w ? m->dw : dws[i];
+            ok &= plan_add(pl, &a, all_w ? W : rows[i], nt, NULL, NULL);
+        }
+    if (g->wo) {   /* dWo = dy^T H */
+        piece a = {.kind = PIECE_GEMM, .trans_a = 1, .N = C, .K = N, .A = dy, .lda = D, .B = m->h, .ldb = C,
+                   .C = g->wo, .ldc = C};
+        ok &= plan_add(pl, &a, D, nt, NULL, NULL);
+    }
+    if (y) {
+        piece a = {.kind = PIECE_LINEAR, .A = m->h, .lda = C, .C = y, .ldc = D, .lin = &lp->o};
+        ok &= plan_add(pl, &a, N, fine, NULL, NULL);
+    }
+    *np = 0;
+    if (g->dx || any_b) {   /* dX = dQKV Wcat */
+        piece a = {.kind = g->dx ? PIECE_GEMM : PIECE_SUMS, .N = D, .K = W, .A = m->dqkv, .lda = W, .B = lp->wcat,
+                   .ldb = D, .C = g->dx, .ldc = D};
+        ok &= plan_add(pl, &a, N, fine, any_b ? m->part : NULL, np);
+    }
+    return ok;
+}
+
+/* the stacked gradients' parts: dWcat's rows, dbcat's entries */
+static void stacked_copy(const aft_layer_grads *g, const grad_mem *m, const aft_layer_prep *lp)
+{
+    const size_t D = lp->D, C = lp->C, KC = lp->KC;
     float *const dws[3] = {g->wq, g->wk, g->wv}, *const dbs[3] = {g->bq, g->bk, g->bv};
     const size_t off[3] = {0, C, C + KC}, rows[3] = {C, KC, C};
-    int all_w = dws[0] && dws[1] && dws[2], all_b = dbs[0] && dbs[1] && dbs[2];
-    float *tmp = all_w || all_b ? aft_alloc_array(W, D * sizeof(float)) : NULL;
-    if ((all_w || all_b) && !tmp) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for dW (%zu x %zu)", W, D);
-    aft_status st = AFT_OK;
-    if (all_w) {
-        gemm(nt, 1, 0, W, D, N, dqkv, W, x, D, tmp, D);
-        for (int i = 0; i < 3; i++) memcpy(dws[i], tmp + off[i] * D, rows[i] * D * sizeof(float));
+    int all_w = dws[0] && dws[1] && dws[2];
+    for (int i = 0; i < 3; i++) {
+        if (all_w) memcpy(dws[i], m->dw + off[i] * D, rows[i] * D * sizeof(float));
+        if (dbs[i]) memcpy(dbs[i], m->db + off[i], rows[i] * sizeof(float));
     }
-    if (all_b && !(st = column_sums(nt, tmp, dqkv, W, N, W, err)))
-        for (int i = 0; i < 3; i++) memcpy(dbs[i], tmp + off[i], rows[i] * sizeof(float));
-    for (int i = 0; i < 3 && !st; i++) {
-        if (dws[i] && !all_w) gemm(nt, 1, 0, rows[i], D, N, dqkv + off[i], W, x, D, dws[i], D);
-        if (dbs[i] && !all_b) st = column_sums(nt, dbs[i], dqkv + off[i], W, N, rows[i], err);
-    }
-    free(tmp);
-    return st;
+}
+
+static void grad_mem_free(grad_mem *m)
+{
+    free(m->qkv);
+    free(m->dqkv);
+    free(m->dh);
+    free(m->h);
+    free(m->dw);
+    free(m->part);
+    free(m->pl.p);
 }
 
 static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const float *dy, const float *x,
@@ -184,33 +286,47 @@ static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const floa
 {
     const aft_params *p = lp->p;
     const size_t D = lp->D, C = lp->C, KC = lp->KC, W = lp->W, N = B * T;
-    const int nt = sp.threads;
-    int want_h = y || g->wo;
-    float *qkv = aft_alloc_array(N, W * sizeof(float));
-    float *dqkv = aft_alloc_array(N, W * sizeof(float));
-    float *dh = aft_alloc_array(N, C * sizeof(float));
-    float *h = want_h ? aft_alloc_array(N, C * sizeof(float)) : NULL;
+    const size_t nt = (size_t)(sp.threads > 0 ? sp.threads : 1), fine = nt * PIECES_PER_THREAD;
+    /* the plan: at most fine pieces for each of the first phase's two
+     * products, and nt or fine for each of the second phase's six */
+    grad_mem m = {.qkv = aft_alloc_array(N, W * sizeof(float)),
+                  .dqkv = aft_alloc_array(N, W * sizeof(float)),
+                  .dh = aft_alloc_array(N, C * sizeof(float)),
+                  .h = y || g->wo ? aft_alloc_array(N, C * sizeof(float)) : NULL,
+                  .dw = aft_alloc_array(W, (D + 1) * sizeof(float)),
+                  .part = aft_alloc_array(fine, (W + D) * sizeof(double)),
+                  .pl = {.p = aft_alloc_array(8, fine * sizeof(piece)), .cap = 8 * fine}};
     aft_status st = AFT_OK;
-    if (!qkv || !dqkv || !dh || (want_h && !h)) {
+    if (!m.qkv || !m.dqkv || !m.dh || ((y || g->wo) && !m.h) || !m.dw || !m.part || !m.pl.p) {
         st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V and their gradients (%zu x %zu)", N, W);
         goto done;
     }
-    aft_linear_apply(&lp->qkv, N, x, D, qkv, W);
-    gemm(nt, 0, 0, N, C, D, dy, D, p->wo, C, dh, C);   /* dH = dy Wo */
+    m.db = m.dw + W * D;
+    /* Q, K, V again, and dH = dy Wo, whose pieces sum dy's rows for dbo */
+    size_t np = 0;
+    piece a = {.kind = PIECE_LINEAR, .A = x, .lda = D, .C = m.qkv, .ldc = W, .lin = &lp->qkv};
+    piece b = {.kind = PIECE_GEMM, .N = C, .K = D, .A = dy, .lda = D, .B = p->wo, .ldb = C, .C = m.dh, .ldc = C};
+    double *bo_part = m.part + fine * W;
+    if (!plan_add(&m.pl, &a, N, fine, NULL, NULL) || !plan_add(&m.pl, &b, N, fine, g->bo ? bo_part : NULL, &np)) {
+        st = aft_fail(err, AFT_ERR_ARG, "too many pieces of work (%zu threads)", nt);
+        goto done;
+    }
+    plan_run(&m.pl, (int)nt);
+    if (g->bo) sums_gather(g->bo, bo_part, np, D);
     sp.ldq = sp.ldk = sp.ldv = W;
-    aft_grad_io io = {.dq = dqkv, .dk = dqkv + C, .dv = dqkv + C + KC, .lddq = W, .lddk = W, .lddv = W,
-                      .dout = dh, .out = h, .db = g->bias};
-    if ((st = aft_op_grad_run(&io, qkv, qkv + C, qkv + C + KC, &sp, B, KC, 0, err))) goto done;
-    if (y) aft_linear_apply(&lp->o, N, h, C, y, D);
-    if (g->wo) gemm(nt, 1, 0, D, C, N, dy, D, h, C, g->wo, C);   /* dWo = dy^T H */
-    if (g->bo && (st = column_sums(nt, g->bo, dy, D, N, D, err))) goto done;
-    if (g->dx) gemm(nt, 0, 0, N, D, W, dqkv, W, lp->wcat, D, g->dx, D);   /* dX = dQKV Wcat */
-    st = stacked_grads(g, dqkv, x, lp, nt, N, err);
+    aft_grad_io io = {.dq = m.dqkv, .dk = m.dqkv + C, .dv = m.dqkv + C + KC, .lddq = W, .lddk = W, .lddv = W,
+                      .dout = m.dh, .out = m.h, .db = g->bias};
+    if ((st = aft_op_grad_run(&io, m.qkv, m.qkv + C, m.qkv + C + KC, &sp, B, KC, 0, err))) goto done;
+    m.pl.n = 0;
+    if (!plan_after(&m, g, y, dy, x, lp, nt, N, &np)) {
+        st = aft_fail(err, AFT_ERR_ARG, "too many pieces of work (%zu threads)", nt);
+        goto done;
+    }
+    plan_run(&m.pl, (int)nt);
+    sums_gather(m.db, m.part, np, W);
+    stacked_copy(g, &m, lp);
 done:
-    free(qkv);
-    free(dqkv);
-    free(dh);
-    free(h);
+    grad_mem_free(&m);
     return st;
 }
 

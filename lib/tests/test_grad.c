@@ -36,6 +36,7 @@
 #include "ref_aft.h"
 
 #define TOL_REL 1e-4        /* fast against float64, relative to max(1, max |g64|) */
+#define TOL_SAME 1e-6       /* one fast path against itself, other products or cuts */
 #define FD_TOL 2e-6         /* the reference against finite differences (q, k, v) */
 #define FD_TOL_BIAS 2e-5    /* (bias entries and weights: a float step, h^2 larger) */
 #define THREAD_TOL 1e-5     /* one thread against several */
@@ -879,14 +880,15 @@ typedef struct {
     float *blk;
 } lgrads;
 
-static aft_status lbackward(lgrads *g, const ldata *L, aft_impl impl, int threads, aft_error *err)
+/* g's arrays in one block of NaNs: what a call does not write shows */
+static void lalloc(lgrads *g, const ldata *L)
 {
     size_t wn[4], bn[4], n = L->B * L->T * L->D;
     lsizes(L, wn, bn);
     size_t total = 2 * n + L->nbias + 2 * L->nfac + L->nconv;
     for (int i = 0; i < 4; i++) total += wn[i] + bn[i];
     g->blk = xmalloc(total * sizeof(float));
-    for (size_t i = 0; i < total; i++) g->blk[i] = NAN;   /* unwritten shows */
+    for (size_t i = 0; i < total; i++) g->blk[i] = NAN;
     float *p = g->blk;
     g->dx = p; p += n;
     g->y = p; p += n;
@@ -895,6 +897,11 @@ static aft_status lbackward(lgrads *g, const ldata *L, aft_impl impl, int thread
     g->fu = L->nfac ? p : NULL; p += L->nfac;
     g->fv = L->nfac ? p : NULL; p += L->nfac;
     g->conv = L->nconv ? p : NULL;
+}
+
+static aft_status lbackward(lgrads *g, const ldata *L, aft_impl impl, int threads, aft_error *err)
+{
+    lalloc(g, L);
     aft_layer_grads lg = {g->dx, g->w[0], g->b[0], g->w[1], g->b[1], g->w[2], g->b[2], g->w[3], g->b[3],
                           {g->dense, g->fu, g->fv, g->conv}};
     aft_config cfg = L->cfg;
@@ -1094,6 +1101,92 @@ static void test_layer_grad_extreme(void **state)
         for (int causal = 0; causal <= 1; causal++) {
             fails += layer_case(&layer_variants[i], 2, 41, 16, 12, 1, causal, MASK_NONE, 1, 4000 + (uint64_t)cases,
                                 grid_threads(cases), &reports);
+            cases++;
+        }
+    finish(fails, cases);
+}
+
+/* one fast backward call asking only for the gradients in `want` (bit i:
+ * dx, y, then dW and db of q, k, v, o; the position bias's always) */
+enum { WANT_DX = 1, WANT_Y = 2 };
+#define WANT_W(i) (4u << (2 * (i)))
+#define WANT_B(i) (8u << (2 * (i)))
+static aft_status lbackward_some(lgrads *g, const ldata *L, unsigned want, int threads, aft_error *err)
+{
+    lalloc(g, L);
+    float *ws[4], *bs[4];
+    for (int i = 0; i < 4; i++) {
+        ws[i] = want & WANT_W(i) ? g->w[i] : NULL;
+        bs[i] = want & WANT_B(i) ? g->b[i] : NULL;
+    }
+    aft_layer_grads lg = {want & WANT_DX ? g->dx : NULL, ws[0], bs[0], ws[1], bs[1], ws[2], bs[2], ws[3], bs[3],
+                          {g->dense, g->fu, g->fv, g->conv}};
+    aft_config cfg = L->cfg;
+    cfg.impl = AFT_IMPL_FAST;
+    cfg.threads = threads;
+    return aft_layer_backward(&lg, want & WANT_Y ? g->y : NULL, L->dy, L->x, &L->p, &cfg, L->B, L->T, err);
+}
+
+/* Asked for some of the gradients, the fast path gives those as when
+ * asked for all, up to rounding (its products are planned around what is
+ * asked: Q, K, V's weights in one product only when all three are wanted,
+ * the biases' sums without dX), and writes nothing else. */
+static void test_layer_grad_some(void **state)
+{
+    (void)state;
+    const unsigned wants[] = {
+        ~(unsigned)WANT_DX & 0x3ffu,                     /* all but dx */
+        WANT_W(0) | WANT_B(1) | WANT_B(3),               /* some of the stacked ones */
+        WANT_B(0) | WANT_B(1) | WANT_B(2),               /* the biases alone: no product */
+        WANT_DX,                                         /* dx alone */
+        WANT_Y | WANT_W(3) | WANT_W(1) | WANT_W(2),      /* dWo, y, two stacked */
+    };
+    const lvariant vs[] = {{AFT_LOCAL, AFT_BIAS_DENSE, 0, 3, 0}, {AFT_CONV, AFT_BIAS_CONV, 2, 3, 1},
+                           {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0}};
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t v = 0; v < N_OF(vs); v++)
+        for (size_t w = 0; w < N_OF(wants); w++) {
+            ldata L;
+            int threads = 1 + 2 * (int)(w & 1);
+            lbuild(&L, &vs[v], 2, 150, 20, 12, 1, (int)(w & 1), MASK_NONE, 0, 900 + (uint64_t)cases);
+            char what[160];
+            snprintf(what, sizeof what, "layer %s want=%#x threads=%d", aft_variant_name(vs[v].variant), wants[w],
+                     threads);
+            lgrads all, some;
+            aft_error err = {{0}};
+            aft_status st = lbackward(&all, &L, AFT_IMPL_FAST, threads, &err);
+            aft_status st2 = lbackward_some(&some, &L, wants[w], threads, &err);
+            if (st || st2) {
+                print_message("FAIL status %d / %d (%s): %s\n", (int)st, (int)st2, err.msg, what);
+                fails++;
+            } else {
+                size_t wn[4], bn[4], n = L.B * L.T * L.D;
+                lsizes(&L, wn, bn);
+                const float *got[10] = {some.dx, some.y}, *ref[10] = {all.dx, all.y};
+                size_t len[10] = {n, n};
+                for (int i = 0; i < 4; i++) {
+                    got[2 + 2 * i] = some.w[i], ref[2 + 2 * i] = all.w[i], len[2 + 2 * i] = wn[i];
+                    got[3 + 2 * i] = some.b[i], ref[3 + 2 * i] = all.b[i], len[3 + 2 * i] = bn[i];
+                }
+                static const char *const names[10] = {"dx", "y", "dWq", "dbq", "dWk", "dbk", "dWv", "dbv", "dWo",
+                                                      "dbo"};
+                for (int t = 0; t < 10; t++) {
+                    if ((wants[w] >> t) & 1) {
+                        fails += compare_f(names[t], got[t], ref[t], len[t], TOL_SAME, what, &reports);
+                        continue;
+                    }
+                    size_t bad = 0;
+                    for (size_t e = 0; e < len[t]; e++) bad += !isnan(got[t][e]);
+                    if (bad) {
+                        print_message("FAIL %s: %s written (%zu of %zu entries), not asked for\n", what, names[t],
+                                      bad, len[t]);
+                        fails++;
+                    }
+                }
+            }
+            free(all.blk);
+            free(some.blk);
+            lfree(&L);
             cases++;
         }
     finish(fails, cases);
@@ -1567,6 +1660,7 @@ int main(void)
         cmocka_unit_test(test_layer_ref_grad_fd),
         cmocka_unit_test(test_layer_grad),
         cmocka_unit_test(test_layer_grad_extreme),
+        cmocka_unit_test(test_layer_grad_some),
         cmocka_unit_test(test_grad_threads),
         cmocka_unit_test(test_grad_same_bits_every_run),
         cmocka_unit_test(test_grad_torch_fixtures),
