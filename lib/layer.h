@@ -12,6 +12,10 @@
 #define AFT_LAYER_PIPE_ROWS 96
 #endif
 #define AFT_LAYER_CHUNK_AUTO SIZE_MAX
+/* pieces of rows a thread, for each of the layer backward's row products
+ * (layer_grad.c): more even out the threads' ends, but each packs the
+ * product's right-hand side again */
+enum { AFT_GRAD_PIECES_PER_THREAD = 4 };
 /* aft_layer_forward_timed with chunks of `chunk` rows for the chunked
  * paths (0: never chunked; AFT_LAYER_CHUNK_AUTO: the sizes above);
  * *streamed_out (when not NULL) = 1 when such a path produced y. Tests

@@ -26,9 +26,8 @@
  * product's would (gemm.c): the same bits whichever thread runs it. */
 
 /* pieces of rows are multiples of this: the sgemm kernel's register block
- * and whole tiles of aft's own (12 rows). More pieces a thread even out its
- * end better, but each piece packs the product's B again. */
-enum { PIECE_ALIGN = 48, PIECES_PER_THREAD = 4 };
+ * and whole tiles of aft's own (12 rows) */
+enum { PIECE_ALIGN = 48, PIECES_PER_THREAD = AFT_GRAD_PIECES_PER_THREAD };
 
 typedef enum { PIECE_GEMM, PIECE_LINEAR, PIECE_SUMS } piece_kind;
 

@@ -1,6 +1,7 @@
 /* memory.c - what a run will allocate, what the machine has, and checks of
  * values that would poison a run. */
 #include "kernels.h"
+#include "layer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,8 +55,12 @@ size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias,
     /* the forward pass's own scratch, which the backward pass repeats */
     size_t bytes = aft_workspace_bytes(cfg, B, T, D, C, kc);
     if (kc == 0) {
-        /* Q, K, V and their gradients (N, 3C) each, H and dH (N, C) each */
+        /* Q, K, V and their gradients (N, 3C) each, H and dH (N, C) each;
+         * dWcat and dbcat (3C, D + 1); the row sums of the products'
+         * pieces (3C + D doubles each) */
         bytes = sat_add(bytes, sat_mul(sat_mul(N, 8 * C), f));
+        bytes = sat_add(bytes, sat_mul(sat_mul(3 * C, sat_add(D, 1)), f));
+        bytes = sat_add(bytes, sat_mul(sat_mul(sat_mul(AFT_GRAD_PIECES_PER_THREAD, threads), sat_add(3 * C, D)), d));
     } else if (kc != C) {
         bytes = sat_add(bytes, sat_mul(sat_mul(N, 2 * C), f));   /* keys and their gradient widened */
     }
