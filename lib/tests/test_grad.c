@@ -899,15 +899,31 @@ static void lalloc(lgrads *g, const ldata *L)
     g->conv = L->nconv ? p : NULL;
 }
 
-static aft_status lbackward(lgrads *g, const ldata *L, aft_impl impl, int threads, aft_error *err)
+/* one backward call asking only for the gradients in `want` (bit i: dx,
+ * y, then dW and db of q, k, v, o; the position bias's always) */
+enum { WANT_DX = 1, WANT_Y = 2, WANT_ALL = 0x3ff };
+#define WANT_W(i) (4u << (2 * (i)))
+#define WANT_B(i) (8u << (2 * (i)))
+static aft_status lbackward_want(lgrads *g, const ldata *L, aft_impl impl, unsigned want, int threads,
+                                 aft_error *err)
 {
     lalloc(g, L);
-    aft_layer_grads lg = {g->dx, g->w[0], g->b[0], g->w[1], g->b[1], g->w[2], g->b[2], g->w[3], g->b[3],
+    float *ws[4], *bs[4];
+    for (int i = 0; i < 4; i++) {
+        ws[i] = want & WANT_W(i) ? g->w[i] : NULL;
+        bs[i] = want & WANT_B(i) ? g->b[i] : NULL;
+    }
+    aft_layer_grads lg = {want & WANT_DX ? g->dx : NULL, ws[0], bs[0], ws[1], bs[1], ws[2], bs[2], ws[3], bs[3],
                           {g->dense, g->fu, g->fv, g->conv}};
     aft_config cfg = L->cfg;
     cfg.impl = impl;
     cfg.threads = threads;
-    return aft_layer_backward(&lg, g->y, L->dy, L->x, &L->p, &cfg, L->B, L->T, err);
+    return aft_layer_backward(&lg, want & WANT_Y ? g->y : NULL, L->dy, L->x, &L->p, &cfg, L->B, L->T, err);
+}
+
+static aft_status lbackward(lgrads *g, const ldata *L, aft_impl impl, int threads, aft_error *err)
+{
+    return lbackward_want(g, L, impl, WANT_ALL, threads, err);
 }
 
 static double lloss(const ldata *L, double *y)
@@ -1106,27 +1122,6 @@ static void test_layer_grad_extreme(void **state)
     finish(fails, cases);
 }
 
-/* one fast backward call asking only for the gradients in `want` (bit i:
- * dx, y, then dW and db of q, k, v, o; the position bias's always) */
-enum { WANT_DX = 1, WANT_Y = 2 };
-#define WANT_W(i) (4u << (2 * (i)))
-#define WANT_B(i) (8u << (2 * (i)))
-static aft_status lbackward_some(lgrads *g, const ldata *L, unsigned want, int threads, aft_error *err)
-{
-    lalloc(g, L);
-    float *ws[4], *bs[4];
-    for (int i = 0; i < 4; i++) {
-        ws[i] = want & WANT_W(i) ? g->w[i] : NULL;
-        bs[i] = want & WANT_B(i) ? g->b[i] : NULL;
-    }
-    aft_layer_grads lg = {want & WANT_DX ? g->dx : NULL, ws[0], bs[0], ws[1], bs[1], ws[2], bs[2], ws[3], bs[3],
-                          {g->dense, g->fu, g->fv, g->conv}};
-    aft_config cfg = L->cfg;
-    cfg.impl = AFT_IMPL_FAST;
-    cfg.threads = threads;
-    return aft_layer_backward(&lg, want & WANT_Y ? g->y : NULL, L->dy, L->x, &L->p, &cfg, L->B, L->T, err);
-}
-
 /* Asked for some of the gradients, the fast path gives those as when
  * asked for all, up to rounding (its products are planned around what is
  * asked: Q, K, V's weights in one product only when all three are wanted,
@@ -1135,7 +1130,7 @@ static void test_layer_grad_some(void **state)
 {
     (void)state;
     const unsigned wants[] = {
-        ~(unsigned)WANT_DX & 0x3ffu,                     /* all but dx */
+        WANT_ALL & ~(unsigned)WANT_DX,                   /* all but dx */
         WANT_W(0) | WANT_B(1) | WANT_B(3),               /* some of the stacked ones */
         WANT_B(0) | WANT_B(1) | WANT_B(2),               /* the biases alone: no product */
         WANT_DX,                                         /* dx alone */
@@ -1155,7 +1150,7 @@ static void test_layer_grad_some(void **state)
             lgrads all, some;
             aft_error err = {{0}};
             aft_status st = lbackward(&all, &L, AFT_IMPL_FAST, threads, &err);
-            aft_status st2 = lbackward_some(&some, &L, wants[w], threads, &err);
+            aft_status st2 = lbackward_want(&some, &L, AFT_IMPL_FAST, wants[w], threads, &err);
             if (st || st2) {
                 print_message("FAIL status %d / %d (%s): %s\n", (int)st, (int)st2, err.msg, what);
                 fails++;
