@@ -157,13 +157,14 @@ void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db)
     if (b->kind == AFT_BIAS_DENSE && db->dense) {
         /* [Tmax, Tmax] of which the run writes a band or a block: at T =
          * 4096, 64 MiB to clear, a tenth of a local layer's backward pass
-         * on one thread; the threads split its rows */
+         * on one thread; the threads split its rows, and their stores
+         * skip the cache (the band's rows come later, a line each) */
         const size_t tm = b->tmax, nt = (size_t)(sp->threads > 0 ? sp->threads : 1);
         const size_t per = (tm + nt - 1) / nt;
         #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1 && tm >= 1024)
         for (size_t p = 0; p < nt; p++) {
             size_t r0 = p * per < tm ? p * per : tm, r1 = r0 + per < tm ? r0 + per : tm;
-            memset(db->dense + r0 * tm, 0, (r1 - r0) * tm * sizeof(float));
+            aft_zero_stream(db->dense + r0 * tm, (r1 - r0) * tm);
         }
     }
     if (b->kind == AFT_BIAS_FACTORED && db->u) memset(db->u, 0, b->tmax * b->rank * sizeof(float));

