@@ -246,14 +246,18 @@ static void dw_row(float *restrict d, const float *restrict ekv, const float *re
 {
     size_t j = 0, cv = cw / AFT_VL * AFT_VL;
     for (; j + 4 <= nw; j += 4) {
-        aft_vf acc[4] = {{0}};
+        /* the two products in sums of their own: one sum for both made each
+         * step two dependent multiply-adds, and the loop waited on them */
+        aft_vf a1[4] = {{0}}, a2[4] = {{0}};
         for (size_t c = 0; c < cv; c += AFT_VL) {
             aft_vf x1 = aft_vld(g1 + c), x2 = aft_vld(g2 + c);
-            for (int u = 0; u < 4; u++)
-                acc[u] += aft_vld(ekv + (j + u) * ld + c) * x1 - aft_vld(ek + (j + u) * ld + c) * x2;
+            for (int u = 0; u < 4; u++) {
+                a1[u] += aft_vld(ekv + (j + u) * ld + c) * x1;
+                a2[u] += aft_vld(ek + (j + u) * ld + c) * x2;
+            }
         }
         for (int u = 0; u < 4; u++) {
-            float r = hsum(acc[u]);
+            float r = hsum(a1[u] - a2[u]);
             for (size_t c = cv; c < cw; c++) r += ekv[(j + u) * ld + c] * g1[c] - ek[(j + u) * ld + c] * g2[c];
             d[j + u] = r;
         }
