@@ -127,6 +127,13 @@ static void private_sizes(const aft_opspec *sp, const aft_bias_grad *db, size_t 
     if (sp->bias->kind == AFT_BIAS_CONV) *nconv = sp->conv_rows * sp->conv_len * (sp->bias->conv_2d ? sp->conv_len : 1);
 }
 
+size_t aft_bias_grad_private_floats(const aft_opspec *sp, const aft_bias_grad *db)
+{
+    size_t nv, nconv;
+    private_sizes(sp, db, &nv, &nconv);
+    return nv + nconv;
+}
+
 int aft_bias_grad_private(const aft_opspec *sp, const aft_bias_grad *db, aft_bias_grad *mine, float **blk)
 {
     size_t nv, nconv;

@@ -83,6 +83,8 @@ int aft_bias_grad_wanted(const aft_opspec *sp, const aft_bias_grad *db);
  * needed); aft_bias_grad_merge adds them to db. Returns 0 when out of
  * memory. */
 int aft_bias_grad_private(const aft_opspec *sp, const aft_bias_grad *db, aft_bias_grad *mine, float **blk);
+/* the floats of one such private copy (0: none) */
+size_t aft_bias_grad_private_floats(const aft_opspec *sp, const aft_bias_grad *db);
 void aft_bias_grad_merge(const aft_opspec *sp, const aft_bias_grad *db, const aft_bias_grad *mine);
 
 /* op_ref_grad.c: float64, O(T^2 C); all batches, the mask from sp->bias */
@@ -98,5 +100,8 @@ aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float
 /* op_band_grad.c: local, conv and causal simple, all batches */
 aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
                             const aft_opspec *sp, aft_error *err);
+/* the slices of rows it deals to nt threads, window s, with priv floats of
+ * private bias gradient a slice (memory.c counts their copies) */
+size_t aft_band_grad_slices(size_t T, size_t s, size_t nt, size_t priv, size_t C);
 
 #endif /* AFT_KERNELS_H */

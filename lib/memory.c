@@ -73,15 +73,19 @@ size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias,
         bytes = sat_add(bytes, sat_mul(sat_mul(T, 3 * C), f));
         bytes = sat_add(bytes, sat_mul(threads, sat_mul(sat_mul(T, 2 * C), f)));
     }
+    /* the band kernel deals its rows in slices, several a thread: each
+     * slice has a halo, 2 (s - 1) rows of 2C floats, and its own copy of
+     * the private part of the bias gradient (factored v, conv) */
+    size_t priv = 0;
     if (bias) {
-        /* each thread's private part of the bias gradient */
         size_t conv = sat_mul(bias->conv_rows, bias->conv_len);
         if (bias->conv_2d) conv = sat_mul(conv, bias->conv_len);
-        size_t priv = bias->kind == AFT_BIAS_FACTORED ? sat_mul(bias->tmax, bias->rank)
-                      : bias->kind == AFT_BIAS_CONV   ? conv
-                                                      : 0;
-        bytes = sat_add(bytes, sat_mul(sat_mul(threads, priv), f));
+        priv = bias->kind == AFT_BIAS_FACTORED ? sat_mul(bias->tmax, bias->rank)
+               : bias->kind == AFT_BIAS_CONV   ? conv
+                                               : 0;
     }
+    size_t s = aft_window_in(cfg->window, T), slices = aft_band_grad_slices(T, s, threads, priv, C);
+    bytes = sat_add(bytes, sat_mul(sat_mul(slices, sat_add(priv, sat_mul(sat_mul(4, s), C))), f));
     return bytes;
 }
 

@@ -32,9 +32,13 @@
  * known. With w = 0 everywhere (causal simple) there is no band at all: the
  * running sums take the diagonal too (s = 0).
  *
- * Threads split the rows; a thread starts its running sums from the sums
- * of the pieces before (and after) it, and what its band adds to keys of
- * its neighbours' rows goes to a halo, added after a barrier. */
+ * The rows are cut into slices, several a thread, which the threads take
+ * as they come free (a machine's cores may run a third apart in speed: a
+ * fixed half each left the faster one waiting). A slice starts its running
+ * sums from the sums of the slices before (and after) it, and what its band
+ * adds to keys of its neighbours' rows goes to a halo, added after a
+ * barrier. Every sum over slices is taken in slice order, so the bits do
+ * not depend on which thread took which slice. */
 #include "kernels.h"
 
 #include <omp.h>
@@ -116,22 +120,24 @@ typedef struct {
     const aft_grad_io *io;
     const float *q, *k, *v, *dout;   /* this batch's rows */
     size_t b;                         /* the batch */
-    size_t T, C, H, ch, s, nt;
+    size_t T, C, H, ch, s;
+    size_t ns;                        /* slices of the rows */
     int causal, want_dw;
     /* per entry (T, C) each: L = Z + log den, kept as the stabiliser Z
      * (any float: the factors against it are taken with exponents in
      * double; a float L of 700 would be 3e-5 off, and so every P),
      * u1 = a / den (a = dout sigmoid(q)) and u2 = u1 Y' */
     float *Z, *U1, *U2;
-    float *kp;        /* the forward's key pieces: (2 nt, 4C): thread i's left piece at 2i, right at 2i + 1 */
-    float *rp;        /* the backward's row pieces: (2 nt, 3C) m, s1, s2, likewise */
-    float *halo;      /* (nt, 2 hrows, 2C): dv | dk for rows of other threads */
+    float *kp;        /* the forward's key pieces: (2 ns, 4C): slice i's left piece at 2i, right at 2i + 1 */
+    float *rp;        /* the backward's row pieces: (2 ns, 3C) m, s1, s2, likewise */
+    float *halo;      /* (ns, 2 hrows, 2C): dv | dk for rows of other slices */
     size_t hrows;     /* s - 1: halo rows each side */
 } gjob;
 
-static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->nt; }
+/* slice i's first row */
+static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->ns; }
 
-/* one thread's scratch for its block pass */
+/* one thread's scratch for the block passes of its slices */
 typedef struct {
     float *ek, *ekv;             /* (GB_ROWS + 2s, cw) */
     float *ce;                   /* (2s): a key row's band weights in the block */
@@ -196,11 +202,11 @@ static void gscratch_free(gscratch *sc)
 }
 
 /* where key row j's dv and dk (all C channels; dk = dv + (dk's offset))
- * go for thread tid: its own rows straight to the output, others to its
+ * go for slice sl: its own rows straight to the output, others to its
  * halo. Sets *dk. */
-static float *grad_rows(const gjob *jb, size_t tid, size_t j, float **dk)
+static float *grad_rows(const gjob *jb, size_t sl, size_t j, float **dk)
 {
-    size_t t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    size_t t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
     if (j >= t0 && j < t1) {
         size_t r = jb->b * jb->T + j;
         *dk = jb->io->dk + r * jb->io->lddk;
@@ -208,7 +214,7 @@ static float *grad_rows(const gjob *jb, size_t tid, size_t j, float **dk)
     }
     /* left halo rows t0 - hrows .. t0 - 1 at 0 .. hrows - 1, right t1 .. at hrows .. */
     size_t i = j < t0 ? jb->hrows - (t0 - j) : jb->hrows + (j - t1);
-    float *h = jb->halo + (tid * 2 * jb->hrows + i) * 2 * jb->C;
+    float *h = jb->halo + (sl * 2 * jb->hrows + i) * 2 * jb->C;
     *dk = h + jb->C;
     return h;
 }
@@ -446,9 +452,9 @@ grad_row(float *restrict out, float *restrict dq, float *restrict A, float *rest
     }
 }
 
-/* One block of rows [i0, i1) of head h on thread tid: the forward's L and
+/* One block of rows [i0, i1) of head h of slice sl: the forward's L and
  * Y' (and out), dq, and the band's part of dw, dv and dk. */
-static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
+static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t sl, size_t h, size_t i0,
                        size_t i1, size_t bi)
 {
     const aft_opspec *ws = jb->ws;
@@ -472,10 +478,10 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     }
     if (jb->want_dw) memset(sc->dw, 0, nr * 2 * s * sizeof(float));
     /* the rows of dv, dk this block reaches first (every row of the
-     * thread's is in its own band), zeroed while they come into the cache,
+     * slice's is in its own band), zeroed while they come into the cache,
      * every head's channels (the block's first head comes first) */
     if (h == 0) {
-        size_t t0 = row0(jb, tid), t1 = row0(jb, tid + 1), z0 = lob > sc->zhi ? lob : sc->zhi;
+        size_t t0 = row0(jb, sl), t1 = row0(jb, sl + 1), z0 = lob > sc->zhi ? lob : sc->zhi;
         z0 = z0 > t0 ? z0 : t0;
         size_t z1 = hib < t1 ? hib : t1;
         for (size_t j = z0; j < z1; j++) {
@@ -587,7 +593,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
                 sc->ce[n++] = sc->ew[(t - i0) * 2 * s + (j - lo)];
             }
             if (!n) continue;
-            float *dk, *dv = grad_rows(jb, tid, j, &dk);
+            float *dk, *dv = grad_rows(jb, sl, j, &dk);
             col_sums(dv + c0, dk + c0, sc->ek + (j - lob) * cw, jb->v + j * ldv + c0, sc->g1, sc->g2, sc->ce, sc->ci,
                      n, cw);
         }
@@ -605,7 +611,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
                 for (size_t j = lo; j < hi; j++) {
                     double vj = jb->v[j * ldv + cc];
                     double g = exp((double)jb->k[j * ldk + cc] + (double)wr[j - lo] - L) * a;
-                    float *dk, *dv = grad_rows(jb, tid, j, &dk);
+                    float *dk, *dv = grad_rows(jb, sl, j, &dk);
                     dv[cc] += (float)g;
                     dk[cc] += (float)(g * (vj - y));
                     if (jb->want_dw) dw[j - lo] += (float)(g * (vj - y));
@@ -620,25 +626,25 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         }
 }
 
-/* Thread tid's rows, every head: the block pass. Its left and right key
+/* Slice sl's rows, every head: the block pass. Its left and right key
  * sums start from the pieces (P1). A block's heads go one after another,
  * while its rows are in the cache (head after head over all the rows read
  * every row from memory once a head). */
-static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t tid)
+static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t sl)
 {
-    const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
-    const size_t nt = jb->nt, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
+    const size_t ns = jb->ns, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
     if (t1 <= t0) return;
     const size_t nb = (t1 - t0 + GB_ROWS - 1) / GB_ROWS;
     sc->zhi = 0;
-    /* left: keys [0, t0 - s), the left pieces of the threads before */
+    /* left: keys [0, t0 - s), the left pieces of the slices before */
     for (size_t c = 0; c < C; c++)
-        aft_sums_merge_channel(jb->kp, 8 * C, tid, C, c, &sc->pm[c], &sc->p0[c], &sc->p1[c]);
+        aft_sums_merge_channel(jb->kp, 8 * C, sl, C, c, &sc->pm[c], &sc->p0[c], &sc->p1[c]);
     if (!jb->causal) {
-        /* right: keys [t1 + s, T), the right pieces of the threads after;
+        /* right: keys [t1 + s, T), the right pieces of the slices after;
          * then back over the rows, a snapshot at each block's end */
         for (size_t c = 0; c < C; c++)
-            aft_sums_merge_channel(jb->kp + (2 * tid + 3) * 4 * C, 8 * C, nt - tid - 1, C, c, &sc->qm[c],
+            aft_sums_merge_channel(jb->kp + (2 * sl + 3) * 4 * C, 8 * C, ns - sl - 1, C, c, &sc->qm[c],
                                    &sc->q0[c], &sc->q1[c]);
         for (size_t bi = nb; bi-- > 0;) {
             size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
@@ -652,19 +658,19 @@ static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     }
     for (size_t bi = 0; bi < nb; bi++) {
         size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
-        for (size_t h = 0; h < jb->H; h++) band_block(jb, sc, db, tid, h, i0, i1, bi);
+        for (size_t h = 0; h < jb->H; h++) band_block(jb, sc, db, sl, h, i0, i1, bi);
     }
 }
 
-/* thread tid's sums of the rows of its pieces for the backward's outside
+/* slice sl's sums of the rows of its pieces for the backward's outside
  * parts: left piece rows [t0 - s, t1 - s), right [t0 + s, t1 + s) */
-static void row_pieces(const gjob *jb, size_t tid)
+static void row_pieces(const gjob *jb, size_t sl)
 {
-    const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
     for (int side = 0; side < 2; side++) {
-        /* (as the key pieces: only those another thread merges) */
-        if ((side == 0 && (jb->causal || tid + 1 == jb->nt)) || (side == 1 && tid == 0)) continue;
-        float *p = jb->rp + (2 * tid + side) * 3 * C;
+        /* (as the key pieces: only those another slice merges) */
+        if ((side == 0 && (jb->causal || sl + 1 == jb->ns)) || (side == 1 && sl == 0)) continue;
+        float *p = jb->rp + (2 * sl + side) * 3 * C;
         rsum r = {p, p + C, p + 2 * C};
         rsum_empty(&r, C);
         size_t a = side == 0 ? (t0 > s ? t0 - s : 0) : (t0 + s < T ? t0 + s : T);
@@ -688,11 +694,36 @@ static void outside_add(float *restrict dv, float *restrict dk, const float *res
     }
 }
 
-/* Thread tid's keys j in [t0, t1): the rows outside their band (w = 0)
- * through running sums, and the halos other threads left for them. */
-static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
+/* The outside pass's rows: a key's k, v, dv and dk lie in rows of Q, K, V
+ * and of their gradients, 3C floats apart, and it walks them downwards
+ * (causal), so the machine's prefetcher, which keeps within a page, misses
+ * each new row; the rows' Z, U1 and U2 come from the block pass, long
+ * since out of the nearer caches. Asked for this many keys ahead, the pass
+ * took 6 million cycles a thread where it took 10 (T = 4096, C = 256). */
+enum { OUT_AHEAD = 2, LINE_FLOATS = 16 /* a 64-byte cache line */ };
+
+static void outside_prefetch(const gjob *jb, size_t j, int side)
 {
-    const size_t T = jb->T, C = jb->C, s = jb->s, nt = jb->nt, t0 = row0(jb, tid), t1 = row0(jb, tid + 1);
+    const size_t C = jb->C, t = side ? j + jb->s : j - jb->s, row = jb->b * jb->T + j;
+    const int has_t = side ? t < jb->T : j >= jb->s;
+    for (size_t c = 0; c < C; c += LINE_FLOATS) {
+        __builtin_prefetch(jb->k + j * jb->ws->ldk + c, 0, 3);
+        __builtin_prefetch(jb->v + j * jb->ws->ldv + c, 0, 3);
+        __builtin_prefetch(jb->io->dv + row * jb->io->lddv + c, 1, 3);
+        __builtin_prefetch(jb->io->dk + row * jb->io->lddk + c, 1, 3);
+        if (has_t) {
+            __builtin_prefetch(jb->Z + t * C + c, 0, 3);
+            __builtin_prefetch(jb->U1 + t * C + c, 0, 3);
+            __builtin_prefetch(jb->U2 + t * C + c, 0, 3);
+        }
+    }
+}
+
+/* Slice sl's keys j in [t0, t1): the rows outside their band (w = 0)
+ * through running sums, and the halos other slices left for them. */
+static void outside_pass(const gjob *jb, rsum *cur, size_t sl)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, ns = jb->ns, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
     const size_t ldk = jb->ws->ldk, ldv = jb->ws->ldv;
     if (t1 <= t0) return;
     for (int side = 0; side < 2; side++) {
@@ -700,7 +731,7 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
         /* side 1: rows [j + s, T), from the pieces after, j descending;
          * side 0: rows [0, j - s + 1), from the pieces before, j ascending */
         rsum_empty(cur, C);
-        size_t k0 = side ? tid + 1 : 0, k1 = side ? nt : tid;
+        size_t k0 = side ? sl + 1 : 0, k1 = side ? ns : sl;
         for (size_t kk = k0; kk < k1; kk++) {
             float *pp = jb->rp + (2 * kk + side) * 3 * C;
             rsum p = {pp, pp + C, pp + 2 * C};
@@ -709,6 +740,7 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
         for (size_t n = 0; n < t1 - t0; n++) {
             size_t j = side ? t1 - 1 - n : t0 + n;
             size_t t = side ? j + s : j - s;   /* the row joining */
+            if (n + OUT_AHEAD < t1 - t0) outside_prefetch(jb, side ? j - OUT_AHEAD : j + OUT_AHEAD, side);
             if ((side && j + s < T) || (!side && j >= s))
                 row_add(cur->m, cur->s1, cur->s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C);
             const size_t row = jb->b * T + j;
@@ -716,13 +748,13 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
                         jb->v + j * ldv, cur->m, cur->s1, cur->s2, C);
         }
     }
-    /* the halos of the other threads that fall on these rows */
-    for (size_t o = 0; o < nt; o++) {
-        if (o == tid) continue;
+    /* the halos of the other slices that fall on these rows */
+    for (size_t o = 0; o < ns; o++) {
+        if (o == sl) continue;
         size_t o0 = row0(jb, o), o1 = row0(jb, o + 1);
         if (o1 <= o0) continue;
         for (size_t i = 0; i < 2 * jb->hrows; i++) {
-            /* halo row i of thread o */
+            /* halo row i of slice o */
             size_t j;
             if (i < jb->hrows) {
                 if (o0 < jb->hrows - i) continue;
@@ -742,6 +774,40 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t tid)
     }
 }
 
+/* Slices a thread: more of them even out the threads' ends, but each adds
+ * its halo, 2 (s - 1) rows of 2C floats, and its own copy of the private
+ * bias gradient. */
+enum { SLICES_PER_THREAD = 8 };
+
+size_t aft_band_grad_slices(size_t T, size_t s, size_t nt, size_t priv, size_t C)
+{
+    /* each slice at least a block and 4 s rows: the halos stay under T C
+     * floats; the private copies beyond the threads' under T C too */
+    size_t tc, rows = s > SIZE_MAX / 4 ? SIZE_MAX : 4 * s, ns = nt * SLICES_PER_THREAD;
+    rows = rows > GB_ROWS ? rows : GB_ROWS;
+    if (!aft_mul_ok(T, C, &tc)) tc = SIZE_MAX;
+    while (ns > nt && (T / ns < rows || (priv && (ns - nt) > tc / priv))) ns--;
+    return ns > 0 ? ns : 1;
+}
+
+/* slice sl's halo zeroed (its rows of dv, dk are zeroed as the block pass
+ * reaches them), and the key sums of its left and right pieces: a left
+ * piece serves the slices after, a right one those before (the forward has
+ * a right part only without causality) */
+static void key_pieces(const gjob *jb, size_t sl)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
+    memset(jb->halo + sl * 2 * jb->hrows * 2 * C, 0, 2 * jb->hrows * 2 * C * sizeof(float));
+    float *lp = jb->kp + 2 * sl * 4 * C, *rp = lp + 4 * C;
+    size_t la = t0 > s ? t0 - s : 0, le = t1 > s ? t1 - s : 0;
+    if (sl + 1 < jb->ns)
+        (void)aft_sums_of_rows(jb->k, ws->ldk, jb->v, ws->ldv, la, le, C, lp, lp + C, lp + 2 * C, lp + 3 * C);
+    size_t ra = t0 + s < T ? t0 + s : T, re = t1 + s < T ? t1 + s : T;
+    if (sl > 0 && !jb->causal)
+        (void)aft_sums_of_rows(jb->k, ws->ldk, jb->v, ws->ldv, ra, re, C, rp, rp + C, rp + 2 * C, rp + 3 * C);
+}
+
 aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
                             const aft_opspec *ws, aft_error *err)
 {
@@ -751,26 +817,28 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
      * with causality) has no band: the running sums take the diagonal too,
      * s = 0 */
     gjob jb = {.ws = ws, .io = io, .T = T, .C = C, .H = H, .ch = C / H,
-               .s = ws->zero_bias ? 0 : aft_op_band_width(ws, T), .nt = nt,
+               .s = ws->zero_bias ? 0 : aft_op_band_width(ws, T),
                .causal = ws->causal, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
     jb.hrows = jb.s ? jb.s - 1 : 0;
+    jb.ns = aft_band_grad_slices(T, jb.s, nt, aft_bias_grad_private_floats(ws, &io->db), C);
+    const size_t ns = jb.ns;
     jb.Z = aft_alloc_array(T, 3 * C * sizeof(float));
     jb.U1 = jb.Z ? jb.Z + T * C : NULL;
     jb.U2 = jb.Z ? jb.U1 + T * C : NULL;
-    jb.kp = aft_alloc_array(2 * nt, 4 * C * sizeof(float));
-    jb.rp = aft_alloc_array(2 * nt, 3 * C * sizeof(float));
-    jb.halo = aft_alloc_array(nt * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
-    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo;
+    jb.kp = aft_alloc_array(2 * ns, 4 * C * sizeof(float));
+    jb.rp = aft_alloc_array(2 * ns, 3 * C * sizeof(float));
+    jb.halo = aft_alloc_array(ns * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
+    /* each slice's private part of the bias gradient */
+    aft_bias_grad *mine = calloc(ns, sizeof *mine);
+    float **priv = calloc(ns, sizeof *priv);
+    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo || !mine || !priv;
+    for (size_t i = 0; i < ns && !failed; i++) failed = !aft_bias_grad_private(ws, &io->db, &mine[i], &priv[i]);
     if (!failed) {
         #pragma omp parallel num_threads((int)nt)
         {
-            size_t tid = (size_t)omp_get_thread_num();
-            size_t t0 = row0(&jb, tid), t1 = row0(&jb, tid + 1);
             gscratch sc;
-            aft_bias_grad mine;
-            float *priv = NULL;
-            int ok = gscratch_alloc(&sc, &jb, t1 - t0) && aft_bias_grad_private(ws, &io->db, &mine, &priv);
-            /* the running sum of the outside pass: C doubles and 2C floats */
+            int ok = gscratch_alloc(&sc, &jb, (T + ns - 1) / ns);
+            /* the running sum of the outside pass: 3C floats */
             float *rs = aft_alloc_array(3 * C, sizeof(float));
             if (!ok || !rs) {
                 #pragma omp atomic write
@@ -784,46 +852,30 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                 jbb.k = k + b * T * ws->ldk;
                 jbb.v = v + b * T * ws->ldv;
                 jbb.dout = io->dout + b * T * C;
-                /* P1: this thread's halo zeroed (its rows of dv, dk are
-                 * zeroed as the block pass reaches them); the key sums of
-                 * its left and right pieces */
-                memset(jb.halo + tid * 2 * jb.hrows * 2 * C, 0, 2 * jb.hrows * 2 * C * sizeof(float));
-                const size_t s = jb.s;
-                float *lp = jb.kp + 2 * tid * 4 * C, *rp = lp + 4 * C;
-                size_t la = t0 > s ? t0 - s : 0, le = t1 > s ? t1 - s : 0;
-                /* (a left piece serves the threads after, a right one those
-                 * before; the forward has a right part only without causality) */
-                if (tid + 1 < nt)
-                    (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, la, le, C, lp, lp + C, lp + 2 * C,
-                                           lp + 3 * C);
-                size_t ra = t0 + s < T ? t0 + s : T, re = t1 + s < T ? t1 + s : T;
-                if (tid > 0 && !jb.causal)
-                    (void)aft_sums_of_rows(jbb.k, ws->ldk, jbb.v, ws->ldv, ra, re, C, rp, rp + C, rp + 2 * C,
-                                           rp + 3 * C);
-                #pragma omp barrier
-                /* P2: the block pass */
-                block_pass(&jbb, &sc, &mine, tid);
-                #pragma omp barrier
-                /* P3: the backward's row pieces */
-                row_pieces(&jbb, tid);
-                #pragma omp barrier
-                /* P4: the rows outside each key's band, and the halos */
                 rsum cur = {rs, rs + C, rs + 2 * C};
-                outside_pass(&jbb, &cur, tid);
-                #pragma omp barrier
+                /* P1: the halos and key pieces; P2: the block pass; P3:
+                 * the backward's row pieces; P4: the rows outside each
+                 * key's band, and the halos (each loop ends at a barrier) */
+                #pragma omp for schedule(dynamic, 1)
+                for (size_t i = 0; i < ns; i++) key_pieces(&jbb, i);
+                #pragma omp for schedule(dynamic, 1)
+                for (size_t i = 0; i < ns; i++) block_pass(&jbb, &sc, &mine[i], i);
+                #pragma omp for schedule(dynamic, 1)
+                for (size_t i = 0; i < ns; i++) row_pieces(&jbb, i);
+                #pragma omp for schedule(dynamic, 1)
+                for (size_t i = 0; i < ns; i++) outside_pass(&jbb, &cur, i);
             }
-            /* the threads' bias gradients added in thread order: the same
-             * bits from run to run (in the order they finish, they were not,
-             * with three threads or more) */
-            for (size_t i = 0; i < nt; i++) {
-                if (i == tid && !failed && priv) aft_bias_grad_merge(ws, &io->db, &mine);
-                #pragma omp barrier
-            }
-            free(priv);
             free(rs);
             gscratch_free(&sc);
         }
     }
+    /* the slices' bias gradients added in slice order: the same bits from
+     * run to run, whichever thread took which slice */
+    for (size_t i = 0; i < ns && mine && priv; i++) {
+        if (!failed && priv[i]) aft_bias_grad_merge(ws, &io->db, &mine[i]);
+        free(priv[i]);
+    }
+    free(mine); free(priv);
     free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo);
     if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
     return AFT_OK;

@@ -33,6 +33,7 @@
 #include <cmocka.h>
 
 #include "aft.h"
+#include "kernels.h"
 #include "ref_aft.h"
 
 #define TOL_REL 1e-4        /* fast against float64, relative to max(1, max |g64|) */
@@ -1226,6 +1227,35 @@ static void test_grad_threads(void **state)
     finish(fails, (int)N_OF(cs));
 }
 
+/* the band backward's slices of the rows: at least one a thread, at most 8;
+ * more than one a thread only while each is at least 64 and 4 s rows (the
+ * halos within T C floats) and the private bias copies beyond the threads'
+ * within T C floats */
+static void test_band_grad_slices(void **state)
+{
+    (void)state;
+    const size_t Ts[] = {1, 5, 63, 700, 4096, 65536}, ss[] = {0, 1, 20, 32, 600};
+    const size_t nts[] = {1, 2, 3, 16}, privs[] = {0, 41, 4096 * 8, (size_t)1 << 40};
+    const size_t C = 48;
+    int bad = 0;
+    for (size_t a = 0; a < N_OF(Ts); a++)
+        for (size_t b = 0; b < N_OF(ss); b++)
+            for (size_t c = 0; c < N_OF(nts); c++)
+                for (size_t e = 0; e < N_OF(privs); e++) {
+                    size_t T = Ts[a], s = ss[b], nt = nts[c], priv = privs[e];
+                    size_t ns = aft_band_grad_slices(T, s, nt, priv, C), rows = 4 * s > 64 ? 4 * s : 64;
+                    int ok = ns >= nt && ns <= 8 * nt;
+                    if (ns > nt) ok = ok && T / ns >= rows && (double)(ns - nt) * (double)priv <= (double)T * C;
+                    /* one slice fewer would not have been needed */
+                    if (ns < 8 * nt) ok = ok && (T / (ns + 1) < rows || (double)(ns + 1 - nt) * (double)priv > (double)T * C);
+                    if (!ok && bad++ < 5)
+                        printf("  T %zu, s %zu, %zu threads, priv %zu: %zu slices\n", T, s, nt, priv, ns);
+                }
+    assert_int_equal(bad, 0);
+    /* the case the speed is measured on: 16 slices for 2 threads */
+    assert_int_equal(aft_band_grad_slices(4096, 32, 2, 0, 256), 16);
+}
+
 /* the tensors of a and b that differ in any bit (names printed) */
 static int bits_differ(const grads *a, const grads *b, const gdata *d, const char *what)
 {
@@ -1656,6 +1686,7 @@ int main(void)
         cmocka_unit_test(test_layer_grad),
         cmocka_unit_test(test_layer_grad_extreme),
         cmocka_unit_test(test_layer_grad_some),
+        cmocka_unit_test(test_band_grad_slices),
         cmocka_unit_test(test_grad_threads),
         cmocka_unit_test(test_grad_same_bits_every_run),
         cmocka_unit_test(test_grad_torch_fixtures),
