@@ -231,33 +231,22 @@ static double median(double *t, size_t n)
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
-/* --timing: the forward pass alone, --repeat times, its median beside the
- * backward pass's */
-static int time_forward(const struct run_opts *o, struct run *r, double *times)
+/* --timing: one forward pass alone into y, its time in ms (< 0: it failed) */
+static double forward_ms(struct run *r, float *y)
 {
-    size_t outw = r->bare ? r->C : r->D;
-    float *y = malloc(r->B * r->T * outw * sizeof(float) + 1);
     aft_error err;
-    int rc = y ? 0 : EXIT_DATA;
-    for (size_t i = 0; i < o->repeat && !rc; i++) {
-        double t0 = aft_now_ms();
-        aft_status st = r->bare ? aft_op_forward(y, r->q, r->k, r->v, &r->p->bias, &r->cfg, r->B, r->T, r->C, r->KC,
-                                                 &err)
-                                : aft_layer_forward(y, r->x, r->p, &r->cfg, r->B, r->T, &err);
-        times[i] = aft_now_ms() - t0;
-        if (st != AFT_OK) rc = EXIT_DATA;
-    }
-    free(y);
-    if (rc) {
-        cli_error(o->cmd, "the forward pass for --timing failed");
-        return rc;
-    }
-    r->tm.grad = 1;
-    r->tm.forward = median(times, o->repeat);
-    return 0;
+    double t0 = aft_now_ms();
+    aft_status st = r->bare ? aft_op_forward(y, r->q, r->k, r->v, &r->p->bias, &r->cfg, r->B, r->T, r->C, r->KC, &err)
+                            : aft_layer_forward(y, r->x, r->p, &r->cfg, r->B, r->T, &err);
+    return st == AFT_OK ? aft_now_ms() - t0 : -1.0;
 }
 
-/* the backward pass --repeat times; the times' median and minimum */
+/* the backward pass --repeat times; the times' median and minimum. With
+ * --timing each call is followed by a forward pass alone, and the ratio is
+ * the median of the pairs' ratios: a machine whose speed drifts during the
+ * run (a shared one moves by a third within minutes) moves both halves of a
+ * pair alike, where all the gradient calls first and all the forward passes
+ * after could land in different moments. */
 static int compute(const struct run_opts *o, struct run *r, struct grads *g, const float *dy)
 {
     aft_layer_grads lg;
@@ -266,12 +255,17 @@ static int compute(const struct run_opts *o, struct run *r, struct grads *g, con
     memset(&lg, 0, sizeof lg);
     memset(&db, 0, sizeof db);
     int rc = r->bare ? plan_op(g, o, r, &dq, &dk, &dv, &db) : plan_layer(g, o, r, &lg);
-    double *times = malloc(o->repeat * sizeof(double));
-    if (rc || !times) {
+    const int timed = o->timing_path != NULL;
+    /* the gradient calls' times, the forward passes', the pairs' ratios */
+    double *times = malloc(3 * o->repeat * sizeof(double));
+    float *y = timed ? malloc(r->B * r->T * (r->bare ? r->C : r->D) * sizeof(float) + 1) : NULL;
+    if (rc || !times || (timed && !y)) {
         free(times);
+        free(y);
         cli_error(o->cmd, "out of memory for the gradients");
         return EXIT_DATA;
     }
+    double *fwd = times + o->repeat, *ratio = fwd + o->repeat;
     r->t_loaded = aft_now_ms();
     aft_error err;
     const char *name = aft_variant_name(o->cfg.variant);
@@ -287,6 +281,11 @@ static int compute(const struct run_opts *o, struct run *r, struct grads *g, con
         if (st != AFT_OK) {
             cli_error(o->cmd, "%s", err.msg);
             rc = EXIT_DATA;
+        } else if (timed && (fwd[i] = forward_ms(r, y)) < 0.0) {
+            cli_error(o->cmd, "the forward pass for --timing failed");
+            rc = EXIT_DATA;
+        } else if (timed) {
+            ratio[i] = fwd[i] > 0.0 ? times[i] / fwd[i] : 0.0;
         }
     }
     cli_progress_stop();
@@ -294,8 +293,13 @@ static int compute(const struct run_opts *o, struct run *r, struct grads *g, con
         r->tm.compute_med = median(times, o->repeat);
         r->tm.compute_min = times[0];
     }
-    if (!rc && o->timing_path) rc = time_forward(o, r, times);
+    if (!rc && timed) {
+        r->tm.grad = 1;
+        r->tm.forward = median(fwd, o->repeat);
+        r->tm.ratio = median(ratio, o->repeat);
+    }
     free(times);
+    free(y);
     return rc;
 }
 

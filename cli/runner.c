@@ -557,7 +557,7 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
         /* the backward call recomputes the forward pass inside */
         cJSON_AddNumberToObject(t, "forward", tm->forward);
         cJSON_AddNumberToObject(t, "backward", tm->compute_med);
-        cJSON_AddNumberToObject(t, "backward_over_forward", tm->forward > 0 ? tm->compute_med / tm->forward : 0.0);
+        cJSON_AddNumberToObject(t, "backward_over_forward", tm->ratio);
     }
     if (tm->layer) {
         cJSON *ph = cJSON_AddObjectToObject(t, "phases_of_fastest");

@@ -88,7 +88,8 @@ struct timing {
     int layer;              /* phases apply: a layer run, not the bare operator */
     aft_layer_times phases; /* of the fastest run */
     int grad;               /* aft grad: compute is forward and backward, */
-    double forward;         /* beside the forward pass alone (medians) */
+    double forward;         /* beside the forward pass alone (medians), */
+    double ratio;           /* and the median of the pairs' ratios */
 };
 
 /* what a run holds from one step to the next */
