@@ -95,7 +95,8 @@ torch's of --repeat calls after --warmup, aft's timing_ms.backward (the
 gradient call, its forward included); each side keeps its round with the
 lowest median.  Beside them the forward alone (torch under no_grad, aft's
 timing_ms.forward) and each side's ratio forward+backward / forward (aft's
-backward_over_forward).  First, at --check-len, every gradient aft writes
+backward_over_forward: the median of the ratios of each gradient call to the
+forward pass aft runs right after it).  First, at --check-len, every gradient aft writes
 (input, each parameter under its state_dict name) is checked against
 torch.autograd in float64 within --check-tol x max(1, max|g64|); a case
 that disagrees is not timed.  Last, one `aft grad` of causal local with
@@ -1688,7 +1689,8 @@ def grad_mode(args, out, tmp):
               f"torch.no_grad(); bwd(): the y.backward(dy) call alone\n"
               f"  aft:   timing_ms.backward (median of --repeat {args.repeat} gradient calls, each "
               f"running its own forward) and timing_ms.forward (median of {args.repeat} forward "
-              f"passes alone) from --timing of")
+              f"passes alone, one after each gradient call; the ratio is the median of the "
+              f"pairs') from --timing of")
         for case in args.cases:
             print(f"    {case:<12} aft grad " + " ".join(grad_aft_argv(args, case, args.repeat)))
         print("  on the same files: weights.safetensors (the module's state dict), x.npy "
