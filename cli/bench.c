@@ -349,7 +349,7 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
     if (o->grad) {
         cJSON_AddNumberToObject(j, "ms_grad", m->grad.med);
         cJSON_AddNumberToObject(j, "ms_grad_min", m->grad.min);
-        cJSON_AddNumberToObject(j, "grad_over_forward", m->grad.med / m->med);
+        cJSON_AddNumberToObject(j, "grad_over_forward", m->grad.ratio);
     }
     if (m->maxdiff >= 0) {
         cJSON_AddNumberToObject(j, "max_diff_vs_reference", m->maxdiff);

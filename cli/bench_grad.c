@@ -7,6 +7,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the median of n values, sorted in place (a handful: insertion sort) */
+static double median_of(double *v, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 int cli_bench_grad(const aft_params *p, const aft_config *cfg, size_t B, size_t T, const float *x, size_t repeat,
                    cli_grad_times *out)
 {
@@ -39,30 +51,41 @@ int cli_bench_grad(const aft_params *p, const aft_config *cfg, size_t B, size_t 
         g.bias.conv = dconv;
     }
     aft_error err;
-    double best = 1e300, *times = malloc((repeat + 1) * sizeof(double));
-    int rc = times ? 0 : EXIT_DATA;
+    /* the gradient calls' times, and their ratios to a forward pass (into
+     * y) run right after each: a machine whose speed drifts moves both
+     * halves of a pair alike */
+    double best = 1e300, *times = malloc(2 * (repeat + 1) * sizeof(double)), *ratio = times ? times + repeat + 1 : NULL;
+    float *y = malloc(N * D * sizeof(float) + 1);
+    int rc = times && y ? 0 : EXIT_DATA;
+    if (rc) cli_error("bench", "out of memory for the timings");
     /* one untimed first: thread pools and page faults belong to start-up */
     for (size_t r = 0; r <= repeat && !rc; r++) {
         double t0 = aft_now_ms();
         if (aft_layer_backward(&g, NULL, dy, x, p, cfg, B, T, &err) != AFT_OK) {
             cli_error("bench", "%s", err.msg);
             rc = EXIT_DATA;
+            break;
         }
-        double dt = aft_now_ms() - t0;
-        if (r) times[r - 1] = dt;
+        double dt = aft_now_ms() - t0, f0 = aft_now_ms();
+        if (aft_layer_forward(y, x, p, cfg, B, T, &err) != AFT_OK) {
+            cli_error("bench", "%s", err.msg);
+            rc = EXIT_DATA;
+            break;
+        }
+        double df = aft_now_ms() - f0;
+        if (r) {
+            times[r - 1] = dt;
+            ratio[r - 1] = df > 0.0 ? dt / df : 0.0;
+        }
         best = r && dt < best ? dt : best;
     }
     if (!rc) {
-        for (size_t i = 1; i < repeat; i++)   /* insertion sort: a handful of values */
-            for (size_t j = i; j > 0 && times[j - 1] > times[j]; j--) {
-                double t = times[j];
-                times[j] = times[j - 1];
-                times[j - 1] = t;
-            }
-        out->med = repeat % 2 ? times[repeat / 2] : 0.5 * (times[repeat / 2 - 1] + times[repeat / 2]);
+        out->med = median_of(times, repeat);
+        out->ratio = median_of(ratio, repeat);
         out->min = best;
     }
     free(times);
+    free(y);
     free(dconv);
     free(blk);
     return rc;

@@ -185,9 +185,10 @@ int cli_bench_stream(const aft_params *p, const aft_config *cfg, size_t B, size_
                      size_t chunk, size_t repeat, cli_stream_times *out);
 
 /* aft bench --grad (bench_grad.c): the backward pass's median and fastest
- * time in ms, the forward pass inside it included */
+ * time in ms, the forward pass inside it included, and the median of its
+ * calls' ratios to a forward pass alone run right after each */
 typedef struct {
-    double med, min;
+    double med, min, ratio;
 } cli_grad_times;
 
 /* the layer p's gradients under cfg on x (B, T, D) and a seeded dY, timed

@@ -239,8 +239,10 @@ static void test_grad(void **state)
             cJSON *j = cJSON_Parse(line);
             assert_non_null(j);
             assert_true(num(j, "ms_grad") > 0 && num(j, "ms_grad_min") <= num(j, "ms_grad"));
-            assert_true(fabs(num(j, "grad_over_forward") - num(j, "ms_grad") / num(j, "ms")) <
-                        1e-9 * num(j, "grad_over_forward") + 1e-12);
+            /* the median of the calls' ratios to the forward pass run after
+             * each: a positive finite number (the forward's own median is
+             * measured apart, at other moments) */
+            assert_true(num(j, "grad_over_forward") > 0 && isfinite(num(j, "grad_over_forward")));
             cJSON_Delete(j);
         }
         harness_result_free(&r);
