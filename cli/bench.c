@@ -177,7 +177,7 @@ static const cli_option options[] = {
     {"--chunk", NULL, "N", "--stream: rows a chunk (default 4096)", set_positive, FIELD(chunk), NEEDS_VALUE, 0},
     {"--grad", NULL, NULL,
      "also time the backward pass (every gradient, the forward pass inside it, as aft grad runs it); columns grad "
-     "ms (its median) and its ratio to the forward pass's",
+     "ms (its median) and x fwd, the median of each call's ratio to a forward pass run after it",
      cli_set_flag, FIELD(grad), NULL, 0},
     {"--generate", NULL, NULL,
      "time labml's model generating --seq-len tokens greedily after a prompt of 8, as aft generate does, on "
@@ -273,14 +273,7 @@ static int measure(const bench_opts *o, float *y, const float *x, const aft_para
             m->phases = ph;
         }
     }
-    for (size_t i = 1; i < o->repeat; i++)   /* insertion sort: a handful of values */
-        for (size_t j = i; j > 0 && times[j - 1] > times[j]; j--) {
-            double tmp = times[j];
-            times[j] = times[j - 1];
-            times[j - 1] = tmp;
-        }
-    size_t n = o->repeat;
-    m->med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    m->med = cli_median(times, o->repeat);
     m->min = times[0];
     free(times);
     return 0;

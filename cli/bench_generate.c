@@ -23,18 +23,6 @@ static int on_token(void *ctx, int32_t token, const float *logits)
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int cli_bench_generate(const aft_model *m, size_t n, size_t repeat, cli_generate_times *out)
 {
     const size_t V = aft_model_get_info(m)->n_vocab;
@@ -59,8 +47,8 @@ int cli_bench_generate(const aft_model *m, size_t n, size_t repeat, cli_generate
         first[r - 1] = c.first;
     }
     out->prompt = CLI_BENCH_PROMPT;
-    out->ttft_ms = median(first, repeat);
-    out->ms = median(ms, repeat);
+    out->ttft_ms = cli_median(first, repeat);
+    out->ms = cli_median(ms, repeat);
     out->ms_min = ms[0];
     free(ms);
     return 0;

@@ -7,18 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the median of n values, sorted in place (a handful: insertion sort) */
-static double median_of(double *v, size_t n)
-{
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int cli_bench_grad(const aft_params *p, const aft_config *cfg, size_t B, size_t T, const float *x, size_t repeat,
                    cli_grad_times *out)
 {
@@ -80,8 +68,8 @@ int cli_bench_grad(const aft_params *p, const aft_config *cfg, size_t B, size_t 
         best = r && dt < best ? dt : best;
     }
     if (!rc) {
-        out->med = median_of(times, repeat);
-        out->ratio = median_of(ratio, repeat);
+        out->med = cli_median(times, repeat);
+        out->ratio = cli_median(ratio, repeat);
         out->min = best;
     }
     free(times);

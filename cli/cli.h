@@ -110,6 +110,9 @@ int cli_path_exists(const char *path);
 /* the kernel choices the environment asks for (AFT_LINEAR_BLAS=1,
  * AFT_DENSE_BLAS=1: OpenBLAS) into cfg */
 void cli_kernels_from_env(aft_config *cfg);
+/* the median of n >= 1 timings, which it sorts in place (v[0] is then the
+ * fastest) */
+double cli_median(double *v, size_t n);
 /* OpenBLAS's kernels for this CPU where it fell back to SSE3's for a CPU it
  * does not know, unless OPENBLAS_CORETYPE chose them (cli/blas_core.c) */
 void cli_blas_core(void);

@@ -206,3 +206,15 @@ void cli_shape_text(const aft_tensor *t, char *buf, size_t cap)
     for (size_t i = 0; i < t->ndim && u < cap - 24; i++)
         u += (size_t)snprintf(buf + u, cap - u, "%s%zu", i ? ", " : "", t->shape[i]);
 }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double cli_median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}

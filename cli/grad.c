@@ -219,18 +219,6 @@ static void grads_free(struct grads *g)
 
 /* ---------------------------------------------------------------- compute */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, size_t n)
-{
-    qsort(t, n, sizeof(double), cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
 /* --timing: one forward pass alone into y, its time in ms (< 0: it failed) */
 static double forward_ms(struct run *r, float *y)
 {
@@ -290,13 +278,13 @@ static int compute(const struct run_opts *o, struct run *r, struct grads *g, con
     }
     cli_progress_stop();
     if (!rc) {
-        r->tm.compute_med = median(times, o->repeat);
+        r->tm.compute_med = cli_median(times, o->repeat);
         r->tm.compute_min = times[0];
     }
     if (!rc && timed) {
         r->tm.grad = 1;
-        r->tm.forward = median(fwd, o->repeat);
-        r->tm.ratio = median(ratio, o->repeat);
+        r->tm.forward = cli_median(fwd, o->repeat);
+        r->tm.ratio = cli_median(ratio, o->repeat);
     }
     free(times);
     free(y);

@@ -53,12 +53,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 
 /* ---------------------------------------------------------------- compute */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* the layer (or the operator) --repeat times into r->y; the times' median
  * and minimum, and the phases of the fastest run */
 /* The rows of INPUT as the next chunk of a stream: a state for this layer
@@ -136,12 +130,10 @@ static int compute(const struct run_opts *o, struct run *r)
         }
     }
     cli_progress_stop();
-    qsort(times, o->repeat, sizeof(double), cmp_double);
-    size_t n = o->repeat;
     r->tm.layer = !r->bare;
     r->tm.phases = best_ph;
+    r->tm.compute_med = cli_median(times, o->repeat);
     r->tm.compute_min = times[0];
-    r->tm.compute_med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
     free(times);
     return 0;
 }
