@@ -157,6 +157,50 @@ void aft_bias_grad_merge(const aft_opspec *sp, const aft_bias_grad *db, const af
     for (size_t i = 0; i < nconv; i++) db->conv[i] += mine->conv[i];
 }
 
+/* the parts of a whole copy (aft_bias_grad_copy_floats): rows below T of
+ * dense (tmax wide), u and v, and conv whole */
+static void copy_sizes(const aft_opspec *sp, const aft_bias_grad *db, size_t n[4])
+{
+    const aft_bias *b = sp->bias;
+    n[0] = n[1] = n[2] = n[3] = 0;
+    if (!aft_bias_grad_wanted(sp, db)) return;
+    if (b->kind == AFT_BIAS_DENSE && !aft_mul_ok(sp->T, b->tmax, &n[0])) n[0] = SIZE_MAX;
+    if (b->kind == AFT_BIAS_FACTORED && db->u && !aft_mul_ok(sp->T, b->rank, &n[1])) n[1] = SIZE_MAX;
+    if (b->kind == AFT_BIAS_FACTORED && db->v && !aft_mul_ok(sp->T, b->rank, &n[2])) n[2] = SIZE_MAX;
+    if (b->kind == AFT_BIAS_CONV) n[3] = sp->conv_rows * sp->conv_len * (b->conv_2d ? sp->conv_len : 1);
+}
+
+size_t aft_bias_grad_copy_floats(const aft_opspec *sp, const aft_bias_grad *db)
+{
+    size_t n[4], sum = 0;
+    copy_sizes(sp, db, n);
+    for (int i = 0; i < 4; i++)
+        if (!aft_add_ok(sum, n[i], &sum)) return SIZE_MAX;
+    return sum;
+}
+
+void aft_bias_grad_copy_init(const aft_opspec *sp, const aft_bias_grad *db, aft_bias_grad *mine, float *blk)
+{
+    size_t n[4];
+    copy_sizes(sp, db, n);
+    memset(mine, 0, sizeof *mine);
+    if (n[0]) mine->dense = blk;
+    if (n[1]) mine->u = blk + n[0];
+    if (n[2]) mine->v = blk + n[0] + n[1];
+    if (n[3]) mine->conv = blk + n[0] + n[1] + n[2];
+    memset(blk, 0, (n[0] + n[1] + n[2] + n[3]) * sizeof(float));
+}
+
+void aft_bias_grad_copy_add(const aft_opspec *sp, const aft_bias_grad *db, const aft_bias_grad *mine)
+{
+    size_t n[4];
+    copy_sizes(sp, db, n);
+    float *const to[4] = {db->dense, db->u, db->v, db->conv};
+    const float *const from[4] = {mine->dense, mine->u, mine->v, mine->conv};
+    for (int p = 0; p < 4; p++)
+        for (size_t i = 0; i < n[p]; i++) to[p][i] += from[p][i];
+}
+
 void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db)
 {
     const aft_bias *b = sp->bias;

@@ -86,6 +86,14 @@ int aft_bias_grad_private(const aft_opspec *sp, const aft_bias_grad *db, aft_bia
 /* the floats of one such private copy (0: none) */
 size_t aft_bias_grad_private_floats(const aft_opspec *sp, const aft_bias_grad *db);
 void aft_bias_grad_merge(const aft_opspec *sp, const aft_bias_grad *db, const aft_bias_grad *mine);
+/* A whole copy of what a run of T rows writes into db, for runs over other
+ * sequences at the same time (aft_op_grad_run's batch groups): rows below
+ * T of dense (tmax wide), u and v, and conv whole. _floats: its size
+ * (SIZE_MAX past size_t); _init points *mine into blk (that many floats)
+ * and zeroes it; _add adds it to db. */
+size_t aft_bias_grad_copy_floats(const aft_opspec *sp, const aft_bias_grad *db);
+void aft_bias_grad_copy_init(const aft_opspec *sp, const aft_bias_grad *db, aft_bias_grad *mine, float *blk);
+void aft_bias_grad_copy_add(const aft_opspec *sp, const aft_bias_grad *db, const aft_bias_grad *mine);
 
 /* op_ref_grad.c: float64, O(T^2 C); all batches, the mask from sp->bias */
 aft_status aft_op_reference_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,

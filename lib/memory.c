@@ -86,6 +86,13 @@ size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias,
     }
     size_t s = aft_window_in(cfg->window, T), slices = aft_band_grad_slices(T, s, threads, priv, C);
     bytes = sat_add(bytes, sat_mul(sat_mul(slices, sat_add(priv, sat_mul(sat_mul(4, s), C))), f));
+    /* short sequences in groups (op.c): each group's running sums, and the
+     * groups' copies of the bias gradient, which are kept to B T C floats */
+    size_t ng = aft_batch_groups((int)threads, B, T);
+    if (ng > 1 && cfg->impl != AFT_IMPL_REFERENCE) {
+        bytes = sat_add(bytes, sat_mul(sat_mul(ng - 1, sat_mul(T, 3 * C)), f));
+        bytes = sat_add(bytes, sat_mul(sat_mul(N, C), f));
+    }
     return bytes;
 }
 

@@ -220,6 +220,67 @@ static int mask_needed(aft_opspec *sp, size_t B)
     return !all_causal && !all_all;
 }
 
+/* batches [b0, b0 + B) through the fast kernel for sp */
+static aft_status fast_kernel(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp,
+                              size_t b0, size_t B, int dense_mask, aft_error *err)
+{
+    const size_t T = sp->T, C = sp->C;
+    out += b0 * T * C;
+    q += b0 * T * sp->ldq;
+    k += b0 * T * sp->ldk;
+    v += b0 * T * sp->ldv;
+    if (dense_mask || sp->variant == AFT_FULL) {
+        const aft_bias *bias = sp->bias;
+        const uint8_t *m = dense_mask ? bias->mask : NULL;
+        /* a batched mask from batch b0 on, as per_batch steps through it
+         * (a slice's rows are never split into groups) */
+        if (m && bias->mask_batched) m += b0 * T * (sp->mask_ld ? sp->mask_ld : T);
+        return per_batch(out, q, k, v, sp, B, m, bias->mask_batched, 0, err);
+    }
+    if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);
+    if (aft_op_on_grid(sp)) return aft_op_grid(out, q, k, v, B, sp->C, sp, err);
+    return aft_op_band(out, q, k, v, B, sp, err);
+}
+
+size_t aft_batch_groups(int threads, size_t B, size_t T)
+{
+    size_t nt = threads > 1 ? (size_t)threads : 1;
+    return T >= AFT_GROUP_BELOW_T || B < 2 ? 1 : B < nt ? B : nt;
+}
+
+/* the groups of whole sequences for sp (1: none); never a slice's rows or
+ * a grid's images, whose kernels split them their own way */
+static size_t op_groups(const aft_opspec *sp, size_t B)
+{
+    return sp->q_row1 || aft_op_on_grid(sp) ? 1 : aft_batch_groups(sp->threads, B, sp->T);
+}
+
+/* the first error of the groups' (inside a parallel region) */
+static void group_error(aft_status *st, aft_error *err, aft_status s, const aft_error *e)
+{
+    if (s == AFT_OK) return;
+    #pragma omp critical(aft_op_group_error)
+    if (*st == AFT_OK) {
+        *st = s;
+        if (err) *err = *e;
+    }
+}
+
+static aft_status grouped(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp,
+                          size_t B, size_t ng, int dense_mask, aft_error *err)
+{
+    aft_opspec one = *sp;
+    one.threads = 1;
+    aft_status st = AFT_OK;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)ng)
+    for (size_t g = 0; g < ng; g++) {
+        aft_error e;
+        size_t b0 = B * g / ng, b1 = B * (g + 1) / ng;
+        group_error(&st, err, fast_kernel(out, q, k, v, &one, b0, b1 - b0, dense_mask, &e), &e);
+    }
+    return st;
+}
+
 static aft_status run_kernel(float *out, const float *q, const float *k, const float *v, aft_opspec *sp,
                              size_t B, int reference, aft_error *err)
 {
@@ -228,11 +289,9 @@ static aft_status run_kernel(float *out, const float *q, const float *k, const f
 
     /* a mask's rows only (a slice's) are taken as they are */
     int dense_mask = bias->mask && sp->q_row1 ? 1 : mask_needed(sp, B);
-    if (dense_mask || sp->variant == AFT_FULL)
-        return per_batch(out, q, k, v, sp, B, dense_mask ? bias->mask : NULL, bias->mask_batched, 0, err);
-    if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);
-    if (aft_op_on_grid(sp)) return aft_op_grid(out, q, k, v, B, sp->C, sp, err);
-    return aft_op_band(out, q, k, v, B, sp, err);
+    size_t ng = op_groups(sp, B);
+    if (ng > 1) return grouped(out, q, k, v, sp, B, ng, dense_mask, err);
+    return fast_kernel(out, q, k, v, sp, 0, B, dense_mask, err);
 }
 
 /* keys widened to one per channel when they have one per head (the
@@ -284,30 +343,86 @@ aft_status aft_op_forward(float *out, const float *q, const float *k, const floa
 
 /* ---- the backward pass: the kernels as run_kernel picks them */
 
+/* batches [b0, b0 + B) through the fast backward kernel for sp */
+static aft_status fast_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,
+                            const aft_opspec *sp, size_t b0, size_t B, int dense_mask, aft_error *err)
+{
+    const size_t T = sp->T, C = sp->C;
+    aft_grad_io iob = *io;
+    iob.dq += b0 * T * io->lddq;
+    iob.dk += b0 * T * io->lddk;
+    iob.dv += b0 * T * io->lddv;
+    iob.dout += b0 * T * C;
+    if (iob.out) iob.out += b0 * T * C;
+    q += b0 * T * sp->ldq;
+    k += b0 * T * sp->ldk;
+    v += b0 * T * sp->ldv;
+    /* local and conv on a grid: the dense kernel with the grid's w rows,
+     * O(T^2 C) (no banded backward on grids yet) */
+    if (dense_mask || sp->variant == AFT_FULL || aft_op_on_grid(sp)) {
+        aft_status st = AFT_OK;
+        for (size_t b = 0; b < B && !st; b++) {
+            aft_grad_io one = iob;
+            one.dq += b * T * io->lddq;
+            one.dk += b * T * io->lddk;
+            one.dv += b * T * io->lddv;
+            one.dout += b * T * C;
+            if (one.out) one.out += b * T * C;
+            const uint8_t *m = dense_mask ? sp->bias->mask + (sp->bias->mask_batched ? (b0 + b) * T * T : 0) : NULL;
+            st = aft_op_full_grad(&one, q + b * T * sp->ldq, k + b * T * sp->ldk, v + b * T * sp->ldv, m, sp, err);
+        }
+        return st;
+    }
+    if (sp->zero_bias && !sp->causal) return aft_op_simple_grad(&iob, q, k, v, B, sp, err);
+    return aft_op_band_grad(&iob, q, k, v, B, sp, err);
+}
+
+/* Groups of whole sequences, one a thread, as the forward's: every group
+ * but the first adds its bias gradient to a copy of its own, and the
+ * copies are added in group order (the same bits every run) */
+static aft_status grouped_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,
+                               const aft_opspec *sp, size_t B, size_t ng, int dense_mask, aft_error *err)
+{
+    const size_t per = aft_bias_grad_copy_floats(sp, &io->db);
+    float *blk = per ? aft_alloc_array(ng - 1, per * sizeof(float)) : NULL;
+    aft_bias_grad *mine = calloc(ng, sizeof *mine);
+    if ((per && !blk) || !mine) {
+        free(blk);
+        free(mine);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu copies of the bias gradient", ng - 1);
+    }
+    aft_opspec one = *sp;
+    one.threads = 1;
+    aft_status st = AFT_OK;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)ng)
+    for (size_t g = 0; g < ng; g++) {
+        aft_error e;
+        aft_grad_io iog = *io;
+        if (g > 0 && per) {
+            aft_bias_grad_copy_init(sp, &io->db, &mine[g], blk + (g - 1) * per);
+            iog.db = mine[g];
+        }
+        size_t b0 = B * g / ng, b1 = B * (g + 1) / ng;
+        group_error(&st, err, fast_grad(&iog, q, k, v, &one, b0, b1 - b0, dense_mask, &e), &e);
+    }
+    for (size_t g = 1; g < ng && per && st == AFT_OK; g++) aft_bias_grad_copy_add(sp, &io->db, &mine[g]);
+    free(blk);
+    free(mine);
+    return st;
+}
+
 static aft_status grad_kernel(const aft_grad_io *io, const float *q, const float *k, const float *v, aft_opspec *sp,
                               size_t B, int reference, aft_error *err)
 {
     if (reference) return aft_op_reference_grad(io, q, k, v, B, sp, err);
     int dense_mask = mask_needed(sp, B);
-    /* local and conv on a grid: the dense kernel with the grid's w rows,
-     * O(T^2 C) (no banded backward on grids yet) */
-    if (dense_mask || sp->variant == AFT_FULL || aft_op_on_grid(sp)) {
-        const size_t T = sp->T, C = sp->C;
-        aft_status st = AFT_OK;
-        for (size_t b = 0; b < B && !st; b++) {
-            aft_grad_io iob = *io;
-            iob.dq += b * T * io->lddq;
-            iob.dk += b * T * io->lddk;
-            iob.dv += b * T * io->lddv;
-            iob.dout += b * T * C;
-            if (iob.out) iob.out += b * T * C;
-            const uint8_t *m = dense_mask ? sp->bias->mask + (sp->bias->mask_batched ? b * T * T : 0) : NULL;
-            st = aft_op_full_grad(&iob, q + b * T * sp->ldq, k + b * T * sp->ldk, v + b * T * sp->ldv, m, sp, err);
-        }
-        return st;
-    }
-    if (sp->zero_bias && !sp->causal) return aft_op_simple_grad(io, q, k, v, B, sp, err);
-    return aft_op_band_grad(io, q, k, v, B, sp, err);
+    /* grouped only when the copies of the bias gradient take at most B T C
+     * floats, within the O(T C) the backward pass may take beyond its
+     * arguments */
+    size_t ng = op_groups(sp, B), per = aft_bias_grad_copy_floats(sp, &io->db), room;
+    int fits = aft_mul_ok(B * sp->T, sp->C, &room) && (per == 0 || (ng - 1) <= room / per);
+    if (ng > 1 && fits) return grouped_grad(io, q, k, v, sp, B, ng, dense_mask, err);
+    return fast_grad(io, q, k, v, sp, 0, B, dense_mask, err);
 }
 
 aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float *k, const float *v,

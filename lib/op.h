@@ -76,6 +76,13 @@ static inline int aft_op_on_grid(const aft_opspec *sp)
     return sp->grid_w > 0 && !sp->zero_bias && (sp->variant == AFT_LOCAL || sp->variant == AFT_CONV);
 }
 
+/* Sequences shorter than AFT_GROUP_BELOW_T rows run whole, a group of them
+ * a thread, where each split over the threads costs a parallel region and
+ * its waits for a few rows' work: the groups for B sequences of T rows on
+ * `threads` threads (1: none, each sequence split over the threads). */
+enum { AFT_GROUP_BELOW_T = 256 };
+size_t aft_batch_groups(int threads, size_t B, size_t T);
+
 /* rows before a chunk's first whose keys its band needs */
 size_t aft_op_halo(const aft_opspec *sp);
 

@@ -600,7 +600,7 @@ static void scratch_free(band_scratch *sc, float *blk)
  * Returns 1 when done, 0 when some key is +inf or NaN (the caller runs the
  * channel-split kernel, whose handling of those this does not repeat), -1
  * when out of memory. */
-enum { ROW_SPLIT_CH = 512 };
+enum { ROW_SPLIT_CH = 512, ROW_SPLIT_MIN_ROWS = BAND_ROWS };
 static int band_rows_split(float *out, const float *q, const float *k, const float *v,
                            const aft_opspec *ws, size_t s, int zero_bias, size_t nt)
 {
@@ -681,7 +681,9 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
     if (T == 0 || C == 0 || B == 0) return AFT_OK;
     const int zero_bias = ws->zero_bias;
     const size_t s = aft_op_band_width(ws, T), nt = (size_t)ws->threads;
-    if (ws->causal && H == 1) {
+    /* many short sequences: whole sequences to each thread (below), where
+     * splitting each one's few rows cost a parallel region a sequence */
+    if (ws->causal && H == 1 && (B < nt || T >= nt * ROW_SPLIT_MIN_ROWS)) {
         int r = 1;
         for (size_t b = 0; b < B && r > 0; b++)
             r = band_rows_split(out + b * T * C, q + b * T * ws->ldq, k + b * T * ws->ldk, v + b * T * ws->ldv,

@@ -1274,7 +1274,8 @@ static int bits_differ(const grads *a, const grads *b, const gdata *d, const cha
 
 /* local and conv with three threads (more than this machine's cores, so
  * they finish in any order): every run gives the same bits, the threads'
- * bias gradients being added in thread order. (The dense kernel's threads,
+ * bias gradients being added in thread order, as are the groups' copies
+ * when short sequences run a group a thread. (The dense kernel's threads,
  * for full, masks and grids, take its blocks as they come free, so its
  * sums over them are not: see op_full_grad.c.) */
 static void test_grad_same_bits_every_run(void **state)
@@ -1285,6 +1286,12 @@ static void test_grad_same_bits_every_run(void **state)
         {AFT_LOCAL, AFT_BIAS_FACTORED, 1, 700, 48, 0, 20, 0, 0, MASK_NONE, VALS_NORMAL, 76, 3, 0},
         {AFT_CONV, AFT_BIAS_CONV, 1, 700, 48, 4, 32, 0, 1, MASK_NONE, VALS_NORMAL, 74, 3, 0},
         {AFT_CONV, AFT_BIAS_CONV, 1, 700, 48, 4, 32, 0, 0, MASK_NONE, VALS_NORMAL, 75, 3, 0},
+        /* short sequences in groups, one a thread, with copies of the bias
+         * gradient added in group order (full too: one thread a group) */
+        {AFT_LOCAL, AFT_BIAS_DENSE, 5, 40, 24, 0, 9, 0, 1, MASK_NONE, VALS_NORMAL, 77, 3, 0},
+        {AFT_LOCAL, AFT_BIAS_FACTORED, 5, 40, 24, 0, 9, 0, 0, MASK_NONE, VALS_NORMAL, 78, 3, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 5, 40, 24, 4, 9, 0, 1, MASK_NONE, VALS_NORMAL, 79, 3, 0},
+        {AFT_FULL, AFT_BIAS_DENSE, 5, 40, 24, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 80, 3, 0},
     };
     int fails = 0;
     for (size_t i = 0; i < N_OF(cs); i++) {
