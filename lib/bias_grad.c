@@ -123,7 +123,8 @@ static void private_sizes(const aft_opspec *sp, const aft_bias_grad *db, size_t 
 {
     *nv = *nconv = 0;
     if (!aft_bias_grad_wanted(sp, db)) return;
-    if (sp->bias->kind == AFT_BIAS_FACTORED && db->v) *nv = sp->bias->tmax * sp->bias->rank;
+    /* v's rows the keys reach (a group's copy has no more) */
+    if (sp->bias->kind == AFT_BIAS_FACTORED && db->v) *nv = (sp->t_off + sp->T) * sp->bias->rank;
     if (sp->bias->kind == AFT_BIAS_CONV) *nconv = sp->conv_rows * sp->conv_len * (sp->bias->conv_2d ? sp->conv_len : 1);
 }
 
@@ -162,11 +163,12 @@ void aft_bias_grad_merge(const aft_opspec *sp, const aft_bias_grad *db, const af
 static void copy_sizes(const aft_opspec *sp, const aft_bias_grad *db, size_t n[4])
 {
     const aft_bias *b = sp->bias;
+    const size_t rows = sp->t_off + sp->T;   /* the rows of w the run reads */
     n[0] = n[1] = n[2] = n[3] = 0;
     if (!aft_bias_grad_wanted(sp, db)) return;
-    if (b->kind == AFT_BIAS_DENSE && !aft_mul_ok(sp->T, b->tmax, &n[0])) n[0] = SIZE_MAX;
-    if (b->kind == AFT_BIAS_FACTORED && db->u && !aft_mul_ok(sp->T, b->rank, &n[1])) n[1] = SIZE_MAX;
-    if (b->kind == AFT_BIAS_FACTORED && db->v && !aft_mul_ok(sp->T, b->rank, &n[2])) n[2] = SIZE_MAX;
+    if (b->kind == AFT_BIAS_DENSE && !aft_mul_ok(rows, b->tmax, &n[0])) n[0] = SIZE_MAX;
+    if (b->kind == AFT_BIAS_FACTORED && db->u && !aft_mul_ok(rows, b->rank, &n[1])) n[1] = SIZE_MAX;
+    if (b->kind == AFT_BIAS_FACTORED && db->v && !aft_mul_ok(rows, b->rank, &n[2])) n[2] = SIZE_MAX;
     if (b->kind == AFT_BIAS_CONV) n[3] = sp->conv_rows * sp->conv_len * (b->conv_2d ? sp->conv_len : 1);
 }
 

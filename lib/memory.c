@@ -80,7 +80,7 @@ size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias,
     if (bias) {
         size_t conv = sat_mul(bias->conv_rows, bias->conv_len);
         if (bias->conv_2d) conv = sat_mul(conv, bias->conv_len);
-        priv = bias->kind == AFT_BIAS_FACTORED ? sat_mul(bias->tmax, bias->rank)
+        priv = bias->kind == AFT_BIAS_FACTORED ? sat_mul(T, bias->rank)
                : bias->kind == AFT_BIAS_CONV   ? conv
                                                : 0;
     }
