@@ -161,6 +161,9 @@ static int add_bias_grads(struct grads *g, const struct run_opts *o, const struc
 {
     const aft_bias *b = &r->p->bias;
     if (b->kind == AFT_BIAS_NONE || b->kind == AFT_BIAS_SEEDED) return 0;
+    /* add() callocs, and every --repeat call writes the same entries: the
+     * library clears only those (labml's [T, T] bias: a band, not 64 MiB) */
+    db->zero_outside = 1;
     const char *name = o->weights_path ? r->wts.names[4] : "pos_bias";
     float **dst = b->kind == AFT_BIAS_DENSE ? &db->dense : b->kind == AFT_BIAS_FACTORED ? &db->u : &db->conv;
     const aft_tensor *ft = o->weights_path ? aft_st_find(r->w_st, name) : NULL;

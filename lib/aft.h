@@ -436,6 +436,12 @@ typedef struct {
     float *dense;
     float *u, *v;
     float *conv;
+    /* nonzero: dense is already 0 wherever this run does not write (a
+     * zeroed buffer, or one a run of the same T, variant and window wrote
+     * before), so only the entries the run uses are cleared: a band of a
+     * [tmax, tmax] gradient rather than all of it, and a fresh buffer's
+     * other pages are never touched */
+    int zero_outside;
 } aft_bias_grad;
 
 /* The bare operator's backward pass.

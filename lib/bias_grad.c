@@ -203,11 +203,29 @@ void aft_bias_grad_copy_add(const aft_opspec *sp, const aft_bias_grad *db, const
         for (size_t i = 0; i < n[p]; i++) to[p][i] += from[p][i];
 }
 
+/* The entries of a dense gradient a run writes, when the rest is 0
+ * already (zero_outside): local's band on a sequence, else the rows and
+ * columns below T (a grid's windows, full, masks). Clearing more than is
+ * written is harmless; the caller's promise covers the rest. */
+static void dense_zero_used(const aft_opspec *sp, const aft_bias_grad *db)
+{
+    if (!aft_bias_grad_wanted(sp, db)) return;
+    const size_t tm = sp->bias->tmax, T = sp->t_off + sp->T;
+    const int band = sp->variant == AFT_LOCAL && !sp->grid_w;
+    const size_t s = sp->window;
+    for (size_t t = 0; t < T; t++) {
+        size_t lo = band && t + 1 > s ? t + 1 - s : 0, hi = band && t + s < T ? t + s : T;
+        memset(db->dense + t * tm + lo, 0, (hi - lo) * sizeof(float));
+    }
+}
+
 void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db)
 {
     const aft_bias *b = sp->bias;
     if (!db) return;
-    if (b->kind == AFT_BIAS_DENSE && db->dense) {
+    if (b->kind == AFT_BIAS_DENSE && db->dense && db->zero_outside) {
+        dense_zero_used(sp, db);
+    } else if (b->kind == AFT_BIAS_DENSE && db->dense) {
         /* [Tmax, Tmax] of which the run writes a band or a block: at T =
          * 4096, 64 MiB to clear, a tenth of a local layer's backward pass
          * on one thread; the threads split its rows, and their stores

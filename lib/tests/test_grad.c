@@ -300,7 +300,7 @@ static aft_status run_backward(grads *g, const gdata *d, aft_impl impl, int thre
     aft_config cfg = d->cfg;
     cfg.impl = impl;
     cfg.threads = threads;
-    aft_bias_grad db = {g->ddense, g->du, g->dv_f, g->dconv};
+    aft_bias_grad db = {.dense = g->ddense, .u = g->du, .v = g->dv_f, .conv = g->dconv};
     return aft_op_backward(g->dq, g->dk, g->dv, &db, g->out, d->dout, d->q, d->k, d->v, &d->bias, &cfg, d->c.B,
                            d->c.T, d->c.C, d->kc, err);
 }
@@ -915,7 +915,7 @@ static aft_status lbackward_want(lgrads *g, const ldata *L, aft_impl impl, unsig
         bs[i] = want & WANT_B(i) ? g->b[i] : NULL;
     }
     aft_layer_grads lg = {want & WANT_DX ? g->dx : NULL, ws[0], bs[0], ws[1], bs[1], ws[2], bs[2], ws[3], bs[3],
-                          {g->dense, g->fu, g->fv, g->conv}};
+                          {.dense = g->dense, .u = g->fu, .v = g->fv, .conv = g->conv}};
     aft_config cfg = L->cfg;
     cfg.impl = impl;
     cfg.threads = threads;
@@ -1314,6 +1314,63 @@ static void test_grad_same_bits_every_run(void **state)
     assert_int_equal(fails, 0);
 }
 
+/* zero_outside: a dense gradient already 0 outside what the run writes,
+ * with garbage (NaN) in the entries it writes, comes out with the same
+ * bits as a run that clears all of it; the entries outside are never
+ * touched (marked with a value the run cannot write). Local's band on and
+ * off the diagonal's edges, with and without causality, and full's block;
+ * tmax > T, so rows are tmax apart. */
+static void test_grad_zero_outside(void **state)
+{
+    (void)state;
+    const gcase cs[] = {
+        {AFT_LOCAL, AFT_BIAS_DENSE, 2, 37, 16, 0, 5, 0, 1, MASK_NONE, VALS_NORMAL, 91, 2, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 2, 37, 16, 0, 5, 0, 0, MASK_NONE, VALS_NORMAL, 92, 1, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 1, 300, 16, 0, 40, 0, 1, MASK_NONE, VALS_NORMAL, 93, 2, 0},
+        {AFT_FULL, AFT_BIAS_DENSE, 2, 37, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 94, 2, 0},
+    };
+    const float mark = 12345.0f;
+    int fails = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) {
+        gdata d;
+        build(&d, &cs[i]);
+        char what[512];
+        describe(what, sizeof what, &cs[i]);
+        aft_error err = {{0}};
+        grads all;   /* every entry cleared by the library */
+        assert_int_equal(run_backward(&all, &d, AFT_IMPL_FAST, cs[i].threads, &err), AFT_OK);
+        grads g;
+        grads_alloc(&g, &d);
+        /* garbage where the run writes (the entries it made nonzero, and
+         * for local the whole band), the mark elsewhere */
+        const size_t tm = d.bias.tmax, T = d.c.T, s = d.c.window;
+        for (size_t t = 0; t < tm; t++)
+            for (size_t j = 0; j < tm; j++) {
+                int used = t < T && j < T && (d.c.variant == AFT_FULL || (t < j + s && j < t + s));
+                g.ddense[t * tm + j] = used ? NAN : all.ddense[t * tm + j] == 0.0f ? mark : -1.0f;
+            }
+        aft_config cfg = d.cfg;
+        cfg.threads = cs[i].threads;
+        aft_bias_grad db = {.dense = g.ddense, .zero_outside = 1};
+        assert_int_equal(aft_op_backward(g.dq, g.dk, g.dv, &db, g.out, d.dout, d.q, d.k, d.v, &d.bias, &cfg, d.c.B,
+                                         T, d.c.C, d.kc, &err),
+                         AFT_OK);
+        size_t bad = 0;
+        for (size_t n = 0; n < d.ndense; n++) {
+            float want = all.ddense[n] == 0.0f && g.ddense[n] == mark ? mark : all.ddense[n];
+            bad += memcmp(&g.ddense[n], &want, sizeof want) != 0;
+        }
+        if (bad) {
+            printf("  %zu entries differ from a run that clears everything (%s)\n", bad, what);
+            fails++;
+        }
+        grads_free(&g);
+        grads_free(&all);
+        free_data(&d);
+    }
+    assert_int_equal(fails, 0);
+}
+
 /* ---------------------------------------------------------------- 5. the PyTorch fixtures */
 
 static const char *testdata(void)
@@ -1416,7 +1473,7 @@ static int torch_case_run(const torch_case *tc, int *reports)
         gw[i] = xmalloc(wn[i] * sizeof(float));
         gb[i] = xmalloc(bn[i] * sizeof(float));
     }
-    aft_layer_grads g = {dx, gw[0], gb[0], gw[1], gb[1], gw[2], gb[2], gw[3], gb[3], {gdense, NULL, NULL, NULL}};
+    aft_layer_grads g = {dx, gw[0], gb[0], gw[1], gb[1], gw[2], gb[2], gw[3], gb[3], {.dense = gdense}};
     aft_config cfg = {0};
     cfg.variant = tc->variant;
     cfg.window = tc->window;
@@ -1563,7 +1620,7 @@ static void test_grad_errors(void **state)
     for (size_t i = 0; i < 8; i++)
         for (size_t j = 0; j < 16; j++) gw[i][j] = NAN;
     for (size_t i = 0; i < 36; i++) ddense[i] = NAN;
-    aft_layer_grads g = {NULL, gw[0], gw[1], gw[2], gw[3], gw[4], gw[5], gw[6], gw[7], {ddense, NULL, NULL, NULL}};
+    aft_layer_grads g = {NULL, gw[0], gw[1], gw[2], gw[3], gw[4], gw[5], gw[6], gw[7], {.dense = ddense}};
     for (size_t ii = 0; ii < N_OF(impls); ii++) {
         cfg.impl = impls[ii];
         assert_int_equal(aft_layer_backward(&g, NULL, NULL, NULL, &p, &cfg, 0, 5, &err), AFT_OK);
@@ -1696,6 +1753,7 @@ int main(void)
         cmocka_unit_test(test_band_grad_slices),
         cmocka_unit_test(test_grad_threads),
         cmocka_unit_test(test_grad_same_bits_every_run),
+        cmocka_unit_test(test_grad_zero_outside),
         cmocka_unit_test(test_grad_torch_fixtures),
         cmocka_unit_test(test_grad_errors),
         cmocka_unit_test(test_grad_nonfinite_keys),
