@@ -40,6 +40,13 @@ typedef struct {
 aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, int threads,
                                aft_error *err);
 void aft_layer_prep_free(aft_layer_prep *lp);
+/* the rows of the chunked paths' chunks, before the halo rounds them up: a
+ * few tiles of the products with aft's kernel, or OpenBLAS's larger blocks
+ * (it packs W again on every call) */
+static inline size_t aft_layer_step(const aft_layer_prep *lp)
+{
+    return lp->qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
+}
 
 /* What a causal run leaves for the next, per sequence: the sums (sums.h) of
  * the keys before row pos - kept, and K | V of the `kept` rows before pos,

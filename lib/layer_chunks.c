@@ -452,9 +452,7 @@ int aft_layer_chunked(float *y, const float *x, const aft_layer_prep *lw, const 
     if (kind == AFT_ROWS_NONE || (lc && kind != AFT_ROWS_CAUSAL)) return 0;
     size_t halo = aft_op_halo(sp);
     if (chunk == AFT_LAYER_CHUNK_AUTO) {
-        /* chunks of a few tiles of the products, or of OpenBLAS's larger
-         * blocks (it packs W again on every call), and at least the halo */
-        size_t step = lw->qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
+        size_t step = aft_layer_step(lw);
         chunk = halo <= step ? step : (halo + step - 1) / step * step;
     }
     if (T <= chunk || halo > chunk) return 0;

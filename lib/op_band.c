@@ -681,8 +681,9 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
     if (T == 0 || C == 0 || B == 0) return AFT_OK;
     const int zero_bias = ws->zero_bias;
     const size_t s = aft_op_band_width(ws, T), nt = (size_t)ws->threads;
-    /* many short sequences: whole sequences to each thread (below), where
-     * splitting each one's few rows cost a parallel region a sequence */
+    /* many short sequences: the tasks below, a sequence's block of channels
+     * each, where splitting each one's few rows over the threads cost a
+     * parallel region a sequence */
     if (ws->causal && H == 1 && (B < nt || T >= nt * ROW_SPLIT_MIN_ROWS)) {
         int r = 1;
         for (size_t b = 0; b < B && r > 0; b++)

@@ -1836,6 +1836,29 @@ static void test_layer(void **state)
     finish(fails, cases);
 }
 
+/* Short sequences, two or more, longer than a chunk (layer.c,
+ * layer_sequences): each thread runs whole sequences, each sequence's own
+ * mask; 2 and 3 threads, the sequences not a multiple of them. */
+static void test_layer_sequences(void **state)
+{
+    (void)state;
+    const layer_variant lvs[] = {
+        {AFT_FULL, AFT_BIAS_DENSE, 0, 0, 0}, {AFT_LOCAL, AFT_BIAS_DENSE, 0, 9, 0},
+        {AFT_LOCAL, AFT_BIAS_SEEDED, 0, 3, 0}, {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 4, 5, 0},
+    };
+    int fails = 0, cases = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(lvs); i++)
+        for (int causal = 0; causal <= 1; causal++)
+            for (int th = 2; th <= 3; th++) {
+                mask_mode mask = (mask_mode)(cases % 3);
+                fails += run_layer_case(&lvs[i], 5, 130, 12, 8, causal, causal, mask, 2700 + (uint64_t)cases, th,
+                                        &reports);
+                cases++;
+            }
+    finish(fails, cases);
+}
+
 /* The layer's products are split over the threads by rows (many rows), by
  * columns (few rows, wide products) or not at all (both small); each shape
  * here takes one of those ways for Q/K/V or the output with 2 or 3 threads,
@@ -2459,6 +2482,7 @@ int main(void)
         cmocka_unit_test(test_op_full_bad_bias),
         cmocka_unit_test(test_op_threads),
         cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_layer_sequences),
         cmocka_unit_test(test_layer_products_split),
         cmocka_unit_test(test_layer),
         cmocka_unit_test(test_layer_streamed),
