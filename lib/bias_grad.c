@@ -203,18 +203,36 @@ void aft_bias_grad_copy_add(const aft_opspec *sp, const aft_bias_grad *db, const
         for (size_t i = 0; i < n[p]; i++) to[p][i] += from[p][i];
 }
 
+/* rows [0, rows) of a dense gradient (tmax wide) cleared: at T = 4096 all
+ * of it is 64 MiB, a tenth of a local layer's backward pass on one thread;
+ * the threads split the rows, and their stores skip the cache (the rows
+ * the run writes come later, a line at a time) */
+static void dense_zero_rows(const aft_opspec *sp, float *dense, size_t rows)
+{
+    const size_t tm = sp->bias->tmax, nt = (size_t)(sp->threads > 0 ? sp->threads : 1);
+    const size_t per = (rows + nt - 1) / nt;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1 && rows >= 1024)
+    for (size_t p = 0; p < nt; p++) {
+        size_t r0 = p * per < rows ? p * per : rows, r1 = r0 + per < rows ? r0 + per : rows;
+        aft_zero_stream(dense + r0 * tm, (r1 - r0) * tm);
+    }
+}
+
 /* The entries of a dense gradient a run writes, when the rest is 0
- * already (zero_outside): local's band on a sequence, else the rows and
- * columns below T (a grid's windows, full, masks). Clearing more than is
- * written is harmless; the caller's promise covers the rest. */
+ * already (zero_outside): local's band on a sequence, a line or two a row;
+ * else the rows below T whole (a grid's windows, full and masks write most
+ * of a row below T). Clearing more than is written is harmless: the
+ * caller's promise covers the rest. */
 static void dense_zero_used(const aft_opspec *sp, const aft_bias_grad *db)
 {
     if (!aft_bias_grad_wanted(sp, db)) return;
-    const size_t tm = sp->bias->tmax, T = sp->t_off + sp->T;
-    const int band = sp->variant == AFT_LOCAL && !sp->grid_w;
-    const size_t s = sp->window;
+    const size_t tm = sp->bias->tmax, T = sp->t_off + sp->T, s = sp->window;
+    if (sp->variant != AFT_LOCAL || sp->grid_w) {
+        dense_zero_rows(sp, db->dense, T);
+        return;
+    }
     for (size_t t = 0; t < T; t++) {
-        size_t lo = band && t + 1 > s ? t + 1 - s : 0, hi = band && t + s < T ? t + s : T;
+        size_t lo = t + 1 > s ? t + 1 - s : 0, hi = t + s < T ? t + s : T;
         memset(db->dense + t * tm + lo, 0, (hi - lo) * sizeof(float));
     }
 }
@@ -226,17 +244,7 @@ void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db)
     if (b->kind == AFT_BIAS_DENSE && db->dense && db->zero_outside) {
         dense_zero_used(sp, db);
     } else if (b->kind == AFT_BIAS_DENSE && db->dense) {
-        /* [Tmax, Tmax] of which the run writes a band or a block: at T =
-         * 4096, 64 MiB to clear, a tenth of a local layer's backward pass
-         * on one thread; the threads split its rows, and their stores
-         * skip the cache (the band's rows come later, a line each) */
-        const size_t tm = b->tmax, nt = (size_t)(sp->threads > 0 ? sp->threads : 1);
-        const size_t per = (tm + nt - 1) / nt;
-        #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1 && tm >= 1024)
-        for (size_t p = 0; p < nt; p++) {
-            size_t r0 = p * per < tm ? p * per : tm, r1 = r0 + per < tm ? r0 + per : tm;
-            aft_zero_stream(db->dense + r0 * tm, (r1 - r0) * tm);
-        }
+        dense_zero_rows(sp, db->dense, b->tmax);
     }
     if (b->kind == AFT_BIAS_FACTORED && db->u) memset(db->u, 0, b->tmax * b->rank * sizeof(float));
     if (b->kind == AFT_BIAS_FACTORED && db->v) memset(db->v, 0, b->tmax * b->rank * sizeof(float));

@@ -1314,11 +1314,12 @@ static void test_grad_same_bits_every_run(void **state)
     assert_int_equal(fails, 0);
 }
 
-/* zero_outside: a dense gradient already 0 outside what the run writes,
- * with garbage (NaN) in the entries it writes, comes out with the same
- * bits as a run that clears all of it; the entries outside are never
- * touched (marked with a value the run cannot write). Local's band on and
- * off the diagonal's edges, with and without causality, and full's block;
+/* zero_outside: a dense gradient with garbage (NaN) in every entry the run
+ * may write comes out with the same bits as a run that clears all of it.
+ * The entries outside hold a mark the run cannot write, standing for the
+ * caller's zeros: each must keep it or be cleared to 0 (clearing more than
+ * is written is allowed), and take no other value. Local's band on and off
+ * the diagonal's edges, with and without causality, and full's block;
  * tmax > T, so rows are tmax apart. */
 static void test_grad_zero_outside(void **state)
 {
