@@ -140,9 +140,8 @@ static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->ns; }
 /* one thread's scratch for the block passes of its slices */
 typedef struct {
     float *ek, *ekv;             /* (GB_ROWS + 2s, cw) */
-    float *ce;                   /* (2s): a key row's band weights in the block */
-    float *ci_f;                 /* (2s shorts): and their rows, as ci */
-    unsigned short *ci;
+    float *ce, *ce2;             /* (2s) each: two rows' (or key rows') band weights */
+    float *h;                    /* (4 GB_CH): two key rows' sums over the block's rows */
     float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH); g1 holds exp(zb - Z) / den first */
     float *dn, *ys, *as;         /* den, Y' and a, (GB_ROWS, GB_CH) each */
     double *lx;                  /* (GB_ROWS, GB_CH): L of the exact entries */
@@ -167,9 +166,9 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
     const size_t nb = (rows + R - 1) / R, nw = R + 2 * s;
     const size_t G = R * GB_CH;   /* per-row arrays: rows GB_CH apart */
     /* lx (doubles) first: the block is aligned for them */
-    const size_t sizes[] = {2 * G, nw * cw, nw * cw, 2 * s, s, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
+    const size_t sizes[] = {2 * G, nw * cw, nw * cw, 2 * s, 2 * s, 4 * GB_CH, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
                             R * 2 * s, R, cw, C, C, C, C, C, C, nb * 3 * C, G, G, G};
-    float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->ce, &sc->ci_f, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
+    float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->ce, &sc->ce2, &sc->h, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
                         &sc->r1, &sc->ew, &sc->wr, &sc->dw, &sc->r, &sc->mk, &sc->pm, &sc->p0, &sc->p1, &sc->qm,
                         &sc->q0, &sc->q1, &sc->snap, &sc->dn, &sc->ys, &sc->as};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
@@ -190,7 +189,6 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
         *arrays[i] = p;
         p += sizes[i];
     }
-    sc->ci = (unsigned short *)sc->ci_f;
     sc->lx = (double *)sc->lx_f;
     return 1;
 }
@@ -278,6 +276,42 @@ static void dw_row(float *restrict d, const float *restrict ekv, const float *re
     }
 }
 
+// dw_row for two neighbouring rows a and b over n key rows in both bands:
+//   da[j] = sum_c (ekv[j][c] ga1[c] - ek[j][c] ga2[c]), db[j] likewise with
+// gb1, gb2; each key row's loads serve both rows
+static void dw_row2(float *restrict da, float *restrict db, const float *restrict ekv, const float *restrict ek,
+                    size_t ld, const float *restrict ga1, const float *restrict ga2, const float *restrict gb1,
+                    const float *restrict gb2, size_t n, size_t cw)
+{
+    size_t j = 0, cv = cw / AFT_VL * AFT_VL;
+    for (; j + 4 <= n; j += 4) {
+        aft_vf a1[4] = {{0}}, a2[4] = {{0}}, b1[4] = {{0}}, b2[4] = {{0}};
+        for (size_t c = 0; c < cv; c += AFT_VL) {
+            aft_vf xa1 = aft_vld(ga1 + c), xa2 = aft_vld(ga2 + c), xb1 = aft_vld(gb1 + c), xb2 = aft_vld(gb2 + c);
+            for (int u = 0; u < 4; u++) {
+                aft_vf y1 = aft_vld(ekv + (j + u) * ld + c), y2 = aft_vld(ek + (j + u) * ld + c);
+                a1[u] += y1 * xa1;
+                a2[u] += y2 * xa2;
+                b1[u] += y1 * xb1;
+                b2[u] += y2 * xb2;
+            }
+        }
+        for (int u = 0; u < 4; u++) {
+            float ra = hsum(a1[u] - a2[u]), rb = hsum(b1[u] - b2[u]);
+            for (size_t c = cv; c < cw; c++) {
+                ra += ekv[(j + u) * ld + c] * ga1[c] - ek[(j + u) * ld + c] * ga2[c];
+                rb += ekv[(j + u) * ld + c] * gb1[c] - ek[(j + u) * ld + c] * gb2[c];
+            }
+            da[j + u] = ra;
+            db[j + u] = rb;
+        }
+    }
+    if (j < n) {
+        dw_row(da + j, ekv + j * ld, ek + j * ld, ld, ga1, ga2, n - j, cw);
+        dw_row(db + j, ekv + j * ld, ek + j * ld, ld, gb1, gb2, n - j, cw);
+    }
+}
+
 /* Row t of the block, channels [c0, c0 + cw) of head h: the forward's L
  * and Y' exactly in double (its den underflowed): the band's terms one by
  * one and the running sums (exact: held at their maxima) */
@@ -357,40 +391,65 @@ static void row_sums(float *restrict b0, float *restrict b1, const float *restri
     }
 }
 
-// Key row j's band part: with h1 = sum_i e[i] g1[i], h2 = sum_i e[i] g2[i]
-// over the n block rows i = ri[0 .. n) (rows of g1, g2 GB_CH apart),
-//   dv += ek h1,   dk += ek (v h1 - h2)
-static void col_sums(float *restrict dv, float *restrict dk, const float *restrict ek, const float *restrict v,
-                     const float *restrict g1, const float *restrict g2, const float *restrict e,
-                     const unsigned short *restrict ri, size_t n, size_t cw)
+/* row_sums for two neighbouring rows a and b, whose bands run over key rows
+ * [0, na) and [nf, nf + nb) of x0, x1 (nf <= na <= nf + nb: a's band
+ * starts no later and ends no later, and they meet): each key row is
+ * loaded once for both, which halves the loads an add (the kernel waits on
+ * loads, not on its multiply-adds). Each row's sums run over its keys in
+ * order, as row_sums's do: the same bits. */
+static void row_sums2(float *restrict a0, float *restrict a1, float *restrict c0, float *restrict c1,
+                      const float *restrict ea, const float *restrict eb, const float *restrict x0,
+                      const float *restrict x1, size_t na, size_t nf, size_t nb, size_t ld, size_t cw)
 {
+    const size_t ne = nf + nb;
     size_t c = 0;
     for (; c + VSTEP <= cw; c += VSTEP) {
-        aft_vf a1[NV], a2[NV];
-        for (int u = 0; u < NV; u++) a1[u] = a2[u] = (aft_vf){0};
-        for (size_t m = 0; m < n; m++) {
-            const float em = e[m], *p1 = g1 + (size_t)ri[m] * GB_CH + c, *p2 = g2 + (size_t)ri[m] * GB_CH + c;
+        aft_vf sa0[NV], sa1[NV], sb0[NV], sb1[NV];
+        for (int u = 0; u < NV; u++) sa0[u] = sa1[u] = sb0[u] = sb1[u] = (aft_vf){0};
+        size_t j = 0;
+        for (; j < nf; j++)
             for (int u = 0; u < NV; u++) {
-                a1[u] += em * aft_vld(p1 + u * AFT_VL);
-                a2[u] += em * aft_vld(p2 + u * AFT_VL);
+                sa0[u] += ea[j] * aft_vld(x0 + j * ld + c + u * AFT_VL);
+                sa1[u] += ea[j] * aft_vld(x1 + j * ld + c + u * AFT_VL);
+            }
+        for (; j < na; j++) {
+            const float e1 = ea[j], e2 = eb[j - nf];
+            for (int u = 0; u < NV; u++) {
+                aft_vf y0 = aft_vld(x0 + j * ld + c + u * AFT_VL), y1 = aft_vld(x1 + j * ld + c + u * AFT_VL);
+                sa0[u] += e1 * y0;
+                sa1[u] += e1 * y1;
+                sb0[u] += e2 * y0;
+                sb1[u] += e2 * y1;
             }
         }
+        for (; j < ne; j++)
+            for (int u = 0; u < NV; u++) {
+                sb0[u] += eb[j - nf] * aft_vld(x0 + j * ld + c + u * AFT_VL);
+                sb1[u] += eb[j - nf] * aft_vld(x1 + j * ld + c + u * AFT_VL);
+            }
         for (int u = 0; u < NV; u++) {
-            size_t o = c + u * AFT_VL;
-            aft_vf x = aft_vld(ek + o) * a1[u];
-            aft_vst(dv + o, aft_vld(dv + o) + x);
-            aft_vst(dk + o, aft_vld(dk + o) + x * aft_vld(v + o) - aft_vld(ek + o) * a2[u]);
+            aft_vst(a0 + c + u * AFT_VL, sa0[u]);
+            aft_vst(a1 + c + u * AFT_VL, sa1[u]);
+            aft_vst(c0 + c + u * AFT_VL, sb0[u]);
+            aft_vst(c1 + c + u * AFT_VL, sb1[u]);
         }
     }
-    for (; c < cw; c++) {
-        float a1 = 0.0f, a2 = 0.0f;
-        for (size_t m = 0; m < n; m++) {
-            a1 += e[m] * g1[(size_t)ri[m] * GB_CH + c];
-            a2 += e[m] * g2[(size_t)ri[m] * GB_CH + c];
-        }
-        float x = ek[c] * a1;
+    if (c < cw) {
+        row_sums(a0 + c, a1 + c, ea, x0 + c, x1 + c, na, ld, cw - c);
+        row_sums(c0 + c, c1 + c, eb, x0 + nf * ld + c, x1 + nf * ld + c, nb, ld, cw - c);
+    }
+}
+
+// Key row j's band part, from h1 = sum_t exp(w - r) G[t] and h2 likewise
+// with G Y' (row_sums over the block's rows whose band holds j):
+//   dv += ek h1,   dk += ek (v h1 - h2)
+static void col_apply(float *restrict dv, float *restrict dk, const float *restrict ek, const float *restrict v,
+                      const float *restrict h1, const float *restrict h2, size_t cw)
+{
+    for (size_t c = 0; c < cw; c++) {
+        float x = ek[c] * h1[c];
         dv[c] += x;
-        dk[c] += x * v[c] - ek[c] * a2;
+        dk[c] += x * v[c] - ek[c] * h2[c];
     }
 }
 
@@ -452,6 +511,126 @@ grad_row(float *restrict out, float *restrict dq, float *restrict A, float *rest
     }
 }
 
+/* row t's band of keys [lo, hi) */
+static inline void band_of(const gjob *jb, size_t t, size_t *lo, size_t *hi)
+{
+    *lo = t + 1 >= jb->s ? t + 1 - jb->s : 0;
+    *hi = jb->causal ? t + 1 : (t + jb->s < jb->T ? t + jb->s : jb->T);
+}
+
+/* the block's rows whose band holds key row j: [ta, tb) */
+static inline void rows_of(const gjob *jb, size_t i0, size_t i1, size_t j, size_t *ta, size_t *tb)
+{
+    size_t a = jb->causal ? j : (j + 1 >= jb->s ? j + 1 - jb->s : 0), b = j + jb->s < i1 ? j + jb->s : i1;
+    *ta = a > i0 ? a : i0;
+    *tb = b > *ta ? b : *ta;
+}
+
+/* Every row's band sums of the block (nr rows from i0; keys from lob):
+ * b0 = sum_j exp(w - r) exp(k - mk), b1 likewise times v. Two rows at a
+ * time: neighbours' bands share all their keys but one. */
+static void block_row_sums(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t lob, size_t cw)
+{
+    const size_t s = jb->s;
+    size_t i = 0;
+    for (; i < nr && s == 0; i++)
+        for (size_t c = 0; c < cw; c++) sc->b0[i * GB_CH + c] = sc->b1[i * GB_CH + c] = 0.0f;
+    for (; i + 2 <= nr; i += 2) {
+        size_t la, ha, lb, hb;
+        band_of(jb, i0 + i, &la, &ha);
+        band_of(jb, i0 + i + 1, &lb, &hb);
+        row_sums2(sc->b0 + i * GB_CH, sc->b1 + i * GB_CH, sc->b0 + (i + 1) * GB_CH, sc->b1 + (i + 1) * GB_CH,
+                  sc->ew + i * 2 * s, sc->ew + (i + 1) * 2 * s, sc->ek + (la - lob) * cw, sc->ekv + (la - lob) * cw,
+                  ha - la, lb - la, hb - lb, cw, cw);
+    }
+    if (i < nr) {
+        size_t lo, hi;
+        band_of(jb, i0 + i, &lo, &hi);
+        row_sums(sc->b0 + i * GB_CH, sc->b1 + i * GB_CH, sc->ew + i * 2 * s, sc->ek + (lo - lob) * cw,
+                 sc->ekv + (lo - lob) * cw, hi - lo, cw, cw);
+    }
+}
+
+/* Every row's dw over its band, two rows at a time (their shared keys
+ * through dw_row2, a's first key and b's last through dw_row):
+ *   dw[t, j] += exp(w - r) sum_c (ekv[j] g1[t] - ek[j] g2[t]) */
+static void block_dw(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t lob, size_t cw)
+{
+    const size_t s = jb->s;
+    for (size_t i = 0; i < nr; i += 2) {
+        size_t la, ha, lb = 0, hb = 0;
+        band_of(jb, i0 + i, &la, &ha);
+        const float *ekv = sc->ekv + (la - lob) * cw, *ek = sc->ek + (la - lob) * cw;
+        const float *ga1 = sc->g1 + i * GB_CH, *ga2 = sc->g2 + i * GB_CH;
+        if (i + 1 < nr) {
+            band_of(jb, i0 + i + 1, &lb, &hb);
+            /* a: keys [la, ha), b: [lb, hb), shared [lb, ha) */
+            size_t nf = lb - la, nsh = ha - lb;
+            dw_row(sc->ce, ekv, ek, cw, ga1, ga2, nf, cw);
+            dw_row2(sc->ce + nf, sc->ce2, ekv + nf * cw, ek + nf * cw, cw, ga1, ga2, ga1 + GB_CH, ga2 + GB_CH, nsh,
+                    cw);
+            dw_row(sc->ce2 + nsh, ekv + (ha - la) * cw, ek + (ha - la) * cw, cw, ga1 + GB_CH, ga2 + GB_CH,
+                   hb - ha, cw);
+        } else {
+            dw_row(sc->ce, ekv, ek, cw, ga1, ga2, ha - la, cw);
+        }
+        for (int m = 0; m < 2 && i + (size_t)m < nr; m++) {
+            size_t n = m ? hb - lb : ha - la;
+            const float *e = sc->ew + (i + m) * 2 * s, *d = m ? sc->ce2 : sc->ce;
+            float *dw = sc->dw + (i + m) * 2 * s;
+            for (size_t j = 0; j < n; j++) dw[j] += e[j] * d[j];
+        }
+    }
+}
+
+/* key row j's weights exp(w[t, j] - r[t]) over the block's rows [ta, tb) */
+static void key_weights(const gjob *jb, const gscratch *sc, size_t i0, size_t j, size_t ta, size_t tb, float *e)
+{
+    for (size_t t = ta; t < tb; t++) {
+        size_t lo, hi;
+        band_of(jb, t, &lo, &hi);
+        e[t - ta] = sc->ew[(t - i0) * 2 * jb->s + (j - lo)];
+    }
+}
+
+/* The band's part of dv and dk for the block's keys [lob, hib), channels
+ * [c0, c0 + cw): key row j's sums over the rows whose band holds it,
+ *   h1 = sum_t exp(w - r) G[t],  h2 likewise with G Y',
+ * two key rows at a time (their rows are the same but one), then
+ * dv += exp(k - mk) h1, dk += exp(k - mk) (v h1 - h2). */
+static void block_key_sums(const gjob *jb, gscratch *sc, size_t sl, size_t i0, size_t i1, size_t lob, size_t hib,
+                           size_t c0, size_t cw)
+{
+    const size_t ldv = jb->ws->ldv;
+    float *h = sc->h;
+    for (size_t j = lob; j < hib;) {
+        size_t ta, tb, tc = 0, td = 0;
+        rows_of(jb, i0, i1, j, &ta, &tb);
+        int two = j + 1 < hib;
+        if (two) rows_of(jb, i0, i1, j + 1, &tc, &td);
+        /* row_sums2's shape: b's rows start no earlier and end no earlier,
+         * and meet a's */
+        two = two && tc >= ta && tc <= tb && td >= tb;
+        key_weights(jb, sc, i0, j, ta, tb, sc->ce);
+        const float *g1 = sc->g1 + (ta - i0) * GB_CH, *g2 = sc->g2 + (ta - i0) * GB_CH;
+        if (two) {
+            key_weights(jb, sc, i0, j + 1, tc, td, sc->ce2);
+            row_sums2(h, h + GB_CH, h + 2 * GB_CH, h + 3 * GB_CH, sc->ce, sc->ce2, g1, g2, tb - ta, tc - ta,
+                      td - tc, GB_CH, cw);
+        } else {
+            row_sums(h, h + GB_CH, sc->ce, g1, g2, tb - ta, GB_CH, cw);
+        }
+        for (int m = 0; m <= two; m++) {
+            size_t jj = j + (size_t)m;
+            if (m ? td == tc : tb == ta) continue;
+            float *dk, *dv = grad_rows(jb, sl, jj, &dk);
+            col_apply(dv + c0, dk + c0, sc->ek + (jj - lob) * cw, jb->v + jj * ldv + c0, h + 2 * m * GB_CH,
+                      h + (2 * m + 1) * GB_CH, cw);
+        }
+        j += two ? 2 : 1;
+    }
+}
+
 /* One block of rows [i0, i1) of head h of slice sl: the forward's L and
  * Y' (and out), dq, and the band's part of dw, dv and dk. */
 static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t sl, size_t h, size_t i0,
@@ -468,7 +647,8 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     /* the rows' w over their bands: exp(w - r), r the row's maximum */
     for (size_t i = 0; i < nr && s == 0; i++) sc->r[i] = 0.0f;
     for (size_t i = 0; i < nr && s > 0; i++) {
-        size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+        size_t t = i0 + i, lo, hi;
+        band_of(jb, t, &lo, &hi);
         float *w = sc->wr + i * 2 * s, *e = sc->ew + i * 2 * s;
         aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
         float r = ws->zero_bias ? 0.0f : aft_max_f32(w, hi - lo);
@@ -527,16 +707,13 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             }
         }
 
-        /* the forward, row by row */
+        /* the forward: the rows' band sums, then row by row */
+        block_row_sums(jb, sc, i0, nr, lob, cw);
         for (size_t i = 0; i < nr; i++) {
-            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            size_t t = i0 + i, lo, hi;
+            band_of(jb, t, &lo, &hi);
             if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw);
             float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
-            if (s > 0)
-                row_sums(b0, b1, sc->ew + i * 2 * s, sc->ek + (lo - lob) * cw, sc->ekv + (lo - lob) * cw, hi - lo,
-                         cw, cw);
-            else
-                for (size_t c = 0; c < cw; c++) b0[c] = b1[c] = 0.0f;
             const double r = sc->r[i];
             float *Z = jb->Z + t * C + c0, *U1 = jb->U1 + t * C + c0, *U2 = jb->U2 + t * C + c0;
             float *D = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
@@ -570,37 +747,16 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         }
 
         /* dw[t, j] += exp(w - r) sum_c (exp(k - mk) v G - exp(k - mk) Y' G) */
-        if (jb->want_dw)
-            for (size_t i = 0; i < nr; i++) {
-                size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
-                const float *e = sc->ew + i * 2 * s;
-                float *dw = sc->dw + i * 2 * s, *d = sc->ce;
-                dw_row(d, sc->ekv + (lo - lob) * cw, sc->ek + (lo - lob) * cw, cw, sc->g1 + i * GB_CH,
-                       sc->g2 + i * GB_CH, hi - lo, cw);
-                for (size_t j = 0; j < hi - lo; j++) dw[j] += e[j] * d[j];
-            }
+        if (jb->want_dw) block_dw(jb, sc, i0, nr, lob, cw);
 
         /* key row j: dv += exp(k - mk) sum_t exp(w - r) G[t], dk likewise
          * with v G - Y' G, over the block's rows t whose band holds j */
-        for (size_t j = lob; j < hib && s > 0; j++) {
-            /* t in [j - s + 1, j + s - 1], or [j, j + s - 1] under causality */
-            size_t ta = causal ? j : (j + 1 >= s ? j + 1 - s : 0), tb = j + s < i1 ? j + s : i1;
-            ta = ta > i0 ? ta : i0;
-            size_t n = 0;
-            for (size_t t = ta; t < tb; t++) {
-                size_t lo = t + 1 >= s ? t + 1 - s : 0;
-                sc->ci[n] = (unsigned short)(t - i0);
-                sc->ce[n++] = sc->ew[(t - i0) * 2 * s + (j - lo)];
-            }
-            if (!n) continue;
-            float *dk, *dv = grad_rows(jb, sl, j, &dk);
-            col_sums(dv + c0, dk + c0, sc->ek + (j - lob) * cw, jb->v + j * ldv + c0, sc->g1, sc->g2, sc->ce, sc->ci,
-                     n, cw);
-        }
+        if (s > 0) block_key_sums(jb, sc, sl, i0, i1, lob, hib, c0, cw);
 
         /* the entries whose band maxima lie far apart, exactly */
         for (size_t i = 0; i < nr; i++) {
-            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            size_t t = i0 + i, lo, hi;
+            band_of(jb, t, &lo, &hi);
             const unsigned char *redo = sc->redo + i * GB_CH;
             const float *wr = sc->wr + i * 2 * s;
             float *dw = sc->dw + i * 2 * s;
@@ -621,7 +777,8 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     }
     if (jb->want_dw)
         for (size_t i = 0; i < nr; i++) {
-            size_t t = i0 + i, lo = t + 1 >= s ? t + 1 - s : 0, hi = causal ? t + 1 : (t + s < T ? t + s : T);
+            size_t t = i0 + i, lo, hi;
+            band_of(jb, t, &lo, &hi);
             aft_w_row_grad(ws, db, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, sc->dw + i * 2 * s);
         }
 }
