@@ -140,7 +140,8 @@ static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->ns; }
 /* one thread's scratch for the block passes of its slices */
 typedef struct {
     float *ek, *ekv;             /* (GB_ROWS + 2s, cw) */
-    float *ce, *ce2;             /* (2s) each: two rows' (or key rows') band weights */
+    float *dd;                   /* (4 x (2s + 4)): four rows' dw sums, or two key rows' band weights */
+    float *ce, *ce2;             /* dd's first two rows */
     float *h;                    /* (4 GB_CH): two key rows' sums over the block's rows */
     float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH); g1 holds exp(zb - Z) / den first */
     float *dn, *ys, *as;         /* den, Y' and a, (GB_ROWS, GB_CH) each */
@@ -166,9 +167,9 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
     const size_t nb = (rows + R - 1) / R, nw = R + 2 * s;
     const size_t G = R * GB_CH;   /* per-row arrays: rows GB_CH apart */
     /* lx (doubles) first: the block is aligned for them */
-    const size_t sizes[] = {2 * G, nw * cw, nw * cw, 2 * s, 2 * s, 4 * GB_CH, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
+    const size_t sizes[] = {2 * G, nw * cw, nw * cw, 4 * (2 * s + 4), 4 * GB_CH, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
                             R * 2 * s, R, cw, C, C, C, C, C, C, nb * 3 * C, G, G, G};
-    float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->ce, &sc->ce2, &sc->h, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
+    float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->dd, &sc->h, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
                         &sc->r1, &sc->ew, &sc->wr, &sc->dw, &sc->r, &sc->mk, &sc->pm, &sc->p0, &sc->p1, &sc->qm,
                         &sc->q0, &sc->q1, &sc->snap, &sc->dn, &sc->ys, &sc->as};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
@@ -190,6 +191,8 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
         p += sizes[i];
     }
     sc->lx = (double *)sc->lx_f;
+    sc->ce = sc->dd;
+    sc->ce2 = sc->dd + 2 * s;
     return 1;
 }
 
@@ -276,39 +279,65 @@ static void dw_row(float *restrict d, const float *restrict ekv, const float *re
     }
 }
 
-// dw_row for two neighbouring rows a and b over n key rows in both bands:
-//   da[j] = sum_c (ekv[j][c] ga1[c] - ek[j][c] ga2[c]), db[j] likewise with
-// gb1, gb2; each key row's loads serve both rows
-static void dw_row2(float *restrict da, float *restrict db, const float *restrict ekv, const float *restrict ek,
-                    size_t ld, const float *restrict ga1, const float *restrict ga2, const float *restrict gb1,
-                    const float *restrict gb2, size_t n, size_t cw)
+// Four neighbouring rows' band sums before the factor exp(w - r), over n
+// key rows (the union of their bands):
+//   d[r][j] = sum_c (ekv[j][c] g1[r][c] - ek[j][c] g2[r][c]),
+// rows of d ld_d apart. A tile of 4 rows x 4 key rows is held in
+// registers over the channels, so each load serves four multiply-adds
+// (one row a time, they served one, and the loop waited on its loads).
+static void dw_tile4(float *restrict d, size_t ld_d, const float *restrict ekv, const float *restrict ek,
+                     size_t ld, const float *const g1[4], const float *const g2[4], size_t n, size_t cw)
 {
-    size_t j = 0, cv = cw / AFT_VL * AFT_VL;
+    const size_t cv = cw / AFT_VL * AFT_VL;
+    size_t j = 0;
     for (; j + 4 <= n; j += 4) {
-        aft_vf a1[4] = {{0}}, a2[4] = {{0}}, b1[4] = {{0}}, b2[4] = {{0}};
+        /* an array of sums a row: the compiler keeps small arrays of
+         * vectors in registers, not one of all sixteen */
+        aft_vf s0[4] = {{0}}, s1[4] = {{0}}, s2[4] = {{0}}, s3[4] = {{0}};
         for (size_t c = 0; c < cv; c += AFT_VL) {
-            aft_vf xa1 = aft_vld(ga1 + c), xa2 = aft_vld(ga2 + c), xb1 = aft_vld(gb1 + c), xb2 = aft_vld(gb2 + c);
+            aft_vf x1[4], x2[4];
+            for (int r = 0; r < 4; r++) {
+                x1[r] = aft_vld(g1[r] + c);
+                x2[r] = aft_vld(g2[r] + c);
+            }
             for (int u = 0; u < 4; u++) {
                 aft_vf y1 = aft_vld(ekv + (j + u) * ld + c), y2 = aft_vld(ek + (j + u) * ld + c);
-                a1[u] += y1 * xa1;
-                a2[u] += y2 * xa2;
-                b1[u] += y1 * xb1;
-                b2[u] += y2 * xb2;
+                /* two multiply-adds each (as one expression, a multiply,
+                 * a multiply-add and an add) */
+                s0[u] += y1 * x1[0];
+                s0[u] -= y2 * x2[0];
+                s1[u] += y1 * x1[1];
+                s1[u] -= y2 * x2[1];
+                s2[u] += y1 * x1[2];
+                s2[u] -= y2 * x2[2];
+                s3[u] += y1 * x1[3];
+                s3[u] -= y2 * x2[3];
             }
         }
-        for (int u = 0; u < 4; u++) {
-            float ra = hsum(a1[u] - a2[u]), rb = hsum(b1[u] - b2[u]);
-            for (size_t c = cv; c < cw; c++) {
-                ra += ekv[(j + u) * ld + c] * ga1[c] - ek[(j + u) * ld + c] * ga2[c];
-                rb += ekv[(j + u) * ld + c] * gb1[c] - ek[(j + u) * ld + c] * gb2[c];
+        const aft_vf *sr[4] = {s0, s1, s2, s3};
+        for (int r = 0; r < 4; r++)
+            for (int u = 0; u < 4; u++) {
+                float x = hsum(sr[r][u]);
+                for (size_t c = cv; c < cw; c++)
+                    x += ekv[(j + u) * ld + c] * g1[r][c] - ek[(j + u) * ld + c] * g2[r][c];
+                d[r * ld_d + j + u] = x;
             }
-            da[j + u] = ra;
-            db[j + u] = rb;
-        }
     }
-    if (j < n) {
-        dw_row(da + j, ekv + j * ld, ek + j * ld, ld, ga1, ga2, n - j, cw);
-        dw_row(db + j, ekv + j * ld, ek + j * ld, ld, gb1, gb2, n - j, cw);
+    /* the last key rows, one at a time for the four rows */
+    for (; j < n; j++) {
+        aft_vf sj[4] = {{0}};
+        for (size_t c = 0; c < cv; c += AFT_VL) {
+            aft_vf y1 = aft_vld(ekv + j * ld + c), y2 = aft_vld(ek + j * ld + c);
+            for (int r = 0; r < 4; r++) {
+                sj[r] += y1 * aft_vld(g1[r] + c);
+                sj[r] -= y2 * aft_vld(g2[r] + c);
+            }
+        }
+        for (int r = 0; r < 4; r++) {
+            float x = hsum(sj[r]);
+            for (size_t c = cv; c < cw; c++) x += ekv[j * ld + c] * g1[r][c] - ek[j * ld + c] * g2[r][c];
+            d[r * ld_d + j] = x;
+        }
     }
 }
 
@@ -551,35 +580,36 @@ static void block_row_sums(const gjob *jb, gscratch *sc, size_t i0, size_t nr, s
     }
 }
 
-/* Every row's dw over its band, two rows at a time (their shared keys
- * through dw_row2, a's first key and b's last through dw_row):
- *   dw[t, j] += exp(w - r) sum_c (ekv[j] g1[t] - ek[j] g2[t]) */
+/* Every row's dw over its band,
+ *   dw[t, j] += exp(w - r) sum_c (ekv[j] g1[t] - ek[j] g2[t]),
+ * four rows at a time over the union of their bands (the sums outside a
+ * row's band are left unused: fewer than one in six at s = 32), a row left
+ * over alone */
 static void block_dw(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t lob, size_t cw)
 {
-    const size_t s = jb->s;
-    for (size_t i = 0; i < nr; i += 2) {
-        size_t la, ha, lb = 0, hb = 0;
-        band_of(jb, i0 + i, &la, &ha);
-        const float *ekv = sc->ekv + (la - lob) * cw, *ek = sc->ek + (la - lob) * cw;
-        const float *ga1 = sc->g1 + i * GB_CH, *ga2 = sc->g2 + i * GB_CH;
-        if (i + 1 < nr) {
-            band_of(jb, i0 + i + 1, &lb, &hb);
-            /* a: keys [la, ha), b: [lb, hb), shared [lb, ha) */
-            size_t nf = lb - la, nsh = ha - lb;
-            dw_row(sc->ce, ekv, ek, cw, ga1, ga2, nf, cw);
-            dw_row2(sc->ce + nf, sc->ce2, ekv + nf * cw, ek + nf * cw, cw, ga1, ga2, ga1 + GB_CH, ga2 + GB_CH, nsh,
-                    cw);
-            dw_row(sc->ce2 + nsh, ekv + (ha - la) * cw, ek + (ha - la) * cw, cw, ga1 + GB_CH, ga2 + GB_CH,
-                   hb - ha, cw);
+    const size_t s = jb->s, ld_d = 2 * s + 4;
+    for (size_t i = 0; i < nr;) {
+        size_t m = nr - i >= 4 ? 4 : 1, lo[4], hi[4];
+        for (size_t r = 0; r < m; r++) band_of(jb, i0 + i + r, &lo[r], &hi[r]);
+        /* the union [lo[0], hi[3]) fits in d's rows (2s + 4 keys) */
+        if (m == 4 && hi[3] - lo[0] > ld_d) m = 1;
+        const float *ekv = sc->ekv + (lo[0] - lob) * cw, *ek = sc->ek + (lo[0] - lob) * cw;
+        if (m == 4) {
+            const float *g1[4], *g2[4];
+            for (size_t r = 0; r < 4; r++) {
+                g1[r] = sc->g1 + (i + r) * GB_CH;
+                g2[r] = sc->g2 + (i + r) * GB_CH;
+            }
+            dw_tile4(sc->dd, ld_d, ekv, ek, cw, g1, g2, hi[3] - lo[0], cw);
         } else {
-            dw_row(sc->ce, ekv, ek, cw, ga1, ga2, ha - la, cw);
+            dw_row(sc->dd, ekv, ek, cw, sc->g1 + i * GB_CH, sc->g2 + i * GB_CH, hi[0] - lo[0], cw);
         }
-        for (int m = 0; m < 2 && i + (size_t)m < nr; m++) {
-            size_t n = m ? hb - lb : ha - la;
-            const float *e = sc->ew + (i + m) * 2 * s, *d = m ? sc->ce2 : sc->ce;
-            float *dw = sc->dw + (i + m) * 2 * s;
-            for (size_t j = 0; j < n; j++) dw[j] += e[j] * d[j];
+        for (size_t r = 0; r < m; r++) {
+            const float *w = sc->ew + (i + r) * 2 * s, *d = sc->dd + r * ld_d + (lo[r] - lo[0]);
+            float *dw = sc->dw + (i + r) * 2 * s;
+            for (size_t j = 0; j < hi[r] - lo[r]; j++) dw[j] += w[j] * d[j];
         }
+        i += m;
     }
 }
 
