@@ -168,10 +168,7 @@ static aft_status layer_sequences(float *y, const float *x, const aft_layer_prep
         float *qkv = buf + (size_t)omp_get_thread_num() * T * (W + C), *h = qkv + T * W;
         #pragma omp for schedule(dynamic, 1)
         for (size_t b = 0; b < B; b++) {
-            aft_status seen;
-            #pragma omp atomic read
-            seen = st;
-            if (seen != AFT_OK) continue;
+            if (aft_first_error_seen(&st)) continue;
             /* this sequence's mask, when each has its own */
             aft_bias bb = *sp.bias;
             if (bb.mask && bb.mask_batched) bb.mask += b * T * T;
@@ -184,19 +181,7 @@ static aft_status layer_sequences(float *y, const float *x, const aft_layer_prep
             aft_status s = aft_op_run(h, qkv, qkv + C, qkv + C + KC, &one, 1, KC, &e);
             double t2 = aft_now_ms();
             if (s == AFT_OK) aft_linear_apply_x(&lp->o, T, h, C, y + b * T * D, D, 1);
-            if (s != AFT_OK) {
-                #pragma omp critical(aft_layer_sequences)
-                {
-                    aft_status first;
-                    #pragma omp atomic read
-                    first = st;
-                    if (first == AFT_OK) {
-                        if (err) *err = e;
-                        #pragma omp atomic write
-                        st = s;
-                    }
-                }
-            }
+            aft_first_error(&st, err, s, &e);
             tp += t1 - t0;
             to += t2 - t1;
             tw += aft_now_ms() - t2;

@@ -255,17 +255,6 @@ static size_t op_groups(const aft_opspec *sp, size_t B)
     return sp->q_row1 || aft_op_on_grid(sp) ? 1 : aft_batch_groups(sp->threads, B, sp->T);
 }
 
-/* the first error of the groups' (inside a parallel region) */
-static void group_error(aft_status *st, aft_error *err, aft_status s, const aft_error *e)
-{
-    if (s == AFT_OK) return;
-    #pragma omp critical(aft_op_group_error)
-    if (*st == AFT_OK) {
-        *st = s;
-        if (err) *err = *e;
-    }
-}
-
 static aft_status grouped(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp,
                           size_t B, size_t ng, int dense_mask, aft_error *err)
 {
@@ -276,7 +265,7 @@ static aft_status grouped(float *out, const float *q, const float *k, const floa
     for (size_t g = 0; g < ng; g++) {
         aft_error e;
         size_t b0 = B * g / ng, b1 = B * (g + 1) / ng;
-        group_error(&st, err, fast_kernel(out, q, k, v, &one, b0, b1 - b0, dense_mask, &e), &e);
+        aft_first_error(&st, err, fast_kernel(out, q, k, v, &one, b0, b1 - b0, dense_mask, &e), &e);
     }
     return st;
 }
@@ -403,7 +392,7 @@ static aft_status grouped_grad(const aft_grad_io *io, const float *q, const floa
             iog.db = mine[g];
         }
         size_t b0 = B * g / ng, b1 = B * (g + 1) / ng;
-        group_error(&st, err, fast_grad(&iog, q, k, v, &one, b0, b1 - b0, dense_mask, &e), &e);
+        aft_first_error(&st, err, fast_grad(&iog, q, k, v, &one, b0, b1 - b0, dense_mask, &e), &e);
     }
     for (size_t g = 1; g < ng && per && st == AFT_OK; g++) aft_bias_grad_copy_add(sp, &io->db, &mine[g]);
     free(blk);

@@ -83,6 +83,33 @@ static inline int aft_op_on_grid(const aft_opspec *sp)
 enum { AFT_GROUP_BELOW_T = 256 };
 size_t aft_batch_groups(int threads, size_t B, size_t T);
 
+/* For the groups' parallel regions: s (with e) becomes the region's error
+ * if it is the first one (*st still AFT_OK); aft_first_error_seen tells the
+ * threads to skip what is left. */
+static inline void aft_first_error(aft_status *st, aft_error *err, aft_status s, const aft_error *e)
+{
+    if (s == AFT_OK) return;
+    #pragma omp critical(aft_first_error)
+    {
+        aft_status first;
+        #pragma omp atomic read
+        first = *st;
+        if (first == AFT_OK) {
+            if (err) *err = *e;
+            #pragma omp atomic write
+            *st = s;
+        }
+    }
+}
+
+static inline int aft_first_error_seen(const aft_status *st)
+{
+    aft_status seen;
+    #pragma omp atomic read
+    seen = *st;
+    return seen != AFT_OK;
+}
+
 /* rows before a chunk's first whose keys its band needs */
 size_t aft_op_halo(const aft_opspec *sp);
 
