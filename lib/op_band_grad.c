@@ -56,15 +56,47 @@ static inline float expd(double x)
     return aft_expf((float)x);
 }
 
+/* Tame inputs: every key, and every bias entry a block reads, at most
+ * TAME_BOUND in size (so not NaN or infinite). Sums of a few such stay far
+ * from overflow, so every stabiliser (Z, mk + r, the running maxima) is
+ * finite or -inf, and each exponent below is <= 0 (but for rounding) or
+ * -inf, never NaN or +inf: the domain of aft_expf_nonpos, 17 instructions
+ * a vector where aft_expf takes 28. Other inputs (a NaN or an infinity)
+ * take the full exponential, and come out as they did before it. */
+#define TAME_BOUND 1e30f
+
+static inline __attribute__((always_inline)) float gexp(float x, int tame)
+{
+    return tame ? aft_expf_nonpos(x) : aft_expf(x);
+}
+
+/* 1 if rows [r0, r1) of k (n channels, rows ld apart) are tame */
+static int keys_tame(const float *k, size_t ld, size_t r0, size_t r1, size_t n)
+{
+    int ok = 1;
+    for (size_t t = r0; t < r1; t++)
+        for (size_t c = 0; c < n; c++) ok &= fabsf(k[t * ld + c]) <= TAME_BOUND;
+    return ok;
+}
+
+/* 1 if every flag of n is set */
+static int all_set(const unsigned char *f, size_t n)
+{
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= f[i];
+    return ok;
+}
+
 /* Adds key row k (values v) to a running sum (m, s0, s1) held at its exact
  * maximum m: one exponential, exp(-|k - m|), which scales either the sum
  * (a new maximum) or the new term. */
-static inline void key_add(float *restrict m, float *restrict s0, float *restrict s1, const float *restrict k,
-                           const float *restrict v, size_t n)
+static inline __attribute__((always_inline)) void key_add(float *restrict m, float *restrict s0, float *restrict s1,
+                                                          const float *restrict k, const float *restrict v, size_t n,
+                                                          int tame)
 {
     for (size_t c = 0; c < n; c++) {
         float d = k[c] - m[c];
-        float e = aft_expf(-fabsf(d));
+        float e = gexp(-fabsf(d), tame);
         int up = d > 0.0f;
         s0[c] = up ? s0[c] * e + 1.0f : s0[c] + e;
         s1[c] = up ? s1[c] * e + v[c] : s1[c] + e * v[c];
@@ -75,12 +107,13 @@ static inline void key_add(float *restrict m, float *restrict s0, float *restric
 /* The same for the backward's rows: key -L = -(Z + log den), kept as key
  * -Z with values u1 = a / den and u2 = u1 Y', so no logarithm is taken
  * (den >= 1e-20 on the fast path: u1 is finite) */
-static inline void row_add(float *restrict m, float *restrict s1, float *restrict s2, const float *restrict Z,
-                           const float *restrict u1, const float *restrict u2, size_t n)
+static inline __attribute__((always_inline)) void row_add(float *restrict m, float *restrict s1, float *restrict s2,
+                                                          const float *restrict Z, const float *restrict u1,
+                                                          const float *restrict u2, size_t n, int tame)
 {
     for (size_t c = 0; c < n; c++) {
         float d = -Z[c] - m[c];
-        float e = aft_expf(-fabsf(d));
+        float e = gexp(-fabsf(d), tame);
         int up = d > 0.0f;
         s1[c] = up ? s1[c] * e + u1[c] : s1[c] + e * u1[c];
         s2[c] = up ? s2[c] * e + u2[c] : s2[c] + e * u2[c];
@@ -123,6 +156,11 @@ typedef struct {
     size_t T, C, H, ch, s;
     size_t ns;                        /* slices of the rows */
     int causal, want_dw;
+    /* per slice: its rows of k are tame (P1), every bias entry its blocks
+     * read is (P2); and, in each thread's copy, every slice's keys are
+     * tame (set after P1), and so is every bias entry (after P2) */
+    unsigned char *ktame, *wtame;
+    int keys_tame, tame;
     /* per entry (T, C) each: L = Z + log den, kept as the stabiliser Z
      * (any float: the factors against it are taken with exponents in
      * double; a float L of 700 would be 3e-5 off, and so every P),
@@ -485,14 +523,15 @@ static void col_apply(float *restrict dv, float *restrict dk, const float *restr
  * three parts' stabilisers (band zb = mk + r, left pm, right rm; every
  * factor <= 1): den, Y' = num / den, and exp(zb - Z) / den (for G);
  * bad[c] where den fell below AFT_DEN_EXACT_BELOW or num overflowed (done
- * exactly after). Without `right` (causal) no right part; callers pass a
- * constant. (Its own function, restrict pointers and no calls: one
- * vector loop.) */
+ * exactly after). Without `right` (causal) no right part; callers pass
+ * constants for it and `tame`. (Its own function, restrict pointers and no
+ * calls: one vector loop.) */
 static inline __attribute__((always_inline)) int
 combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *restrict ratio,
             unsigned char *restrict bad, const float *restrict mk, double r, const float *restrict b0,
             const float *restrict b1, const float *restrict pm, const float *restrict p0, const float *restrict p1,
-            const float *restrict rm, const float *restrict r0, const float *restrict r1, size_t cw, int right)
+            const float *restrict rm, const float *restrict r0, const float *restrict r1, size_t cw, int right,
+            int tame)
 {
     int any = 0;
     for (size_t c = 0; c < cw; c++) {
@@ -502,10 +541,10 @@ combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *r
         float zf = (float)zb, Z = zf > pm[c] ? zf : pm[c];
         if (right) Z = rm[c] > Z ? rm[c] : Z;
         /* pm, rm of -inf (nothing held) give exp(-inf) = 0 */
-        float fb = aft_expf((float)(zb - (double)Z)), fp = aft_expf(pm[c] - Z);
+        float fb = gexp((float)(zb - (double)Z), tame), fp = gexp(pm[c] - Z, tame);
         float den = b0[c] * fb + p0[c] * fp, num = b1[c] * fb + p1[c] * fp;
         if (right) {
-            float fr = aft_expf(rm[c] - Z);
+            float fr = gexp(rm[c] - Z, tame);
             den += r0[c] * fr;
             num += r1[c] * fr;
         }
@@ -520,14 +559,17 @@ combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *r
 }
 
 /* then per entry: the outputs, dq, a = dout sigmoid(q), G = a exp(zb - Z)
- * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y' */
+ * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y'.
+ * exp(-|q|) is in aft_expf_nonpos's domain but for a NaN q, which it
+ * would turn into 0: a NaN is put back. */
 static inline __attribute__((always_inline)) void
 grad_row(float *restrict out, float *restrict dq, float *restrict A, float *restrict g1, float *restrict g2,
          float *restrict u1, float *restrict u2, const float *restrict D, const float *restrict Y,
          const float *restrict q, const float *restrict dout, size_t cw)
 {
     for (size_t c = 0; c < cw; c++) {
-        float e = aft_expf(-fabsf(q[c]));
+        float e = aft_expf_nonpos(-fabsf(q[c]));
+        e = q[c] == q[c] ? e : q[c];
         float sq = q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
         if (out) out[c] = sq * Y[c];
         dq[c] = dout[c] * Y[c] * (e / ((1.0f + e) * (1.0f + e)));
@@ -660,13 +702,96 @@ static void block_key_sums(const gjob *jb, gscratch *sc, size_t sl, size_t i0, s
     }
 }
 
+/* key_add with a tame flag that is not a constant */
+static void key_add_any(float *restrict m, float *restrict s0, float *restrict s1, const float *restrict k,
+                        const float *restrict v, size_t n, int tame)
+{
+    if (tame) key_add(m, s0, s1, k, v, n, 1);
+    else key_add(m, s0, s1, k, v, n, 0);
+}
+
+/* the band's factors exp(k - mk) and exp(k - mk) v for the block's keys
+ * [lob, hib), channels [c0, c0 + cw) (mk >= every key it holds) */
+static void block_factors(const gjob *jb, gscratch *sc, size_t lob, size_t hib, size_t c0, size_t cw, int tame)
+{
+    const size_t ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    const float *mk = sc->mk;
+    for (size_t j = lob; j < hib; j++) {
+        const float *kr = jb->k + j * ldk + c0, *vr = jb->v + j * ldv + c0;
+        float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
+        if (tame)
+            for (size_t c = 0; c < cw; c++) e[c] = aft_expf_nonpos(kr[c] - mk[c]);
+        else
+            for (size_t c = 0; c < cw; c++) e[c] = aft_expf(kr[c] - mk[c]);
+        for (size_t c = 0; c < cw; c++) ev[c] = e[c] * vr[c];
+    }
+}
+
+/* The block's rows [i0, i0 + nr) one by one, channels [c0, c0 + cw): the
+ * left sum takes key t - s, then the forward's L (as Z and den) and Y',
+ * exactly where den underflowed, and grad_row's per-entry factors.
+ * causal and tame are constants (block_rows below). */
+static inline __attribute__((always_inline)) void
+block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, size_t cw, int causal, int tame)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, C = jb->C, s = jb->s, ldk = ws->ldk, ldv = ws->ldv, ldq = ws->ldq;
+    float *pm = sc->pm + c0, *p0 = sc->p0 + c0, *p1 = sc->p1 + c0, *mk = sc->mk;
+    for (size_t i = 0; i < nr; i++) {
+        size_t t = i0 + i, lo, hi;
+        band_of(jb, t, &lo, &hi);
+        if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw, tame);
+        float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
+        const double r = sc->r[i];
+        float *Z = jb->Z + t * C + c0, *U1 = jb->U1 + t * C + c0, *U2 = jb->U2 + t * C + c0;
+        float *D = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
+        const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
+        const size_t row = jb->b * T + t;
+        float *dq = jb->io->dq + row * jb->io->lddq + c0;
+        float *out = jb->io->out ? jb->io->out + row * C + c0 : NULL;
+        float *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
+        unsigned char *redo = sc->redo + i * GB_CH, *bad = sc->bad + i * GB_CH;
+        const float *rm = sc->rm + i * GB_CH, *r0 = sc->r0 + i * GB_CH, *r1 = sc->r1 + i * GB_CH;
+        int any = combine_row(Z, D, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, !causal, tame);
+        sc->rowredo[i] = 0;
+        for (size_t c = 0; c < cw && any; c++) {
+            redo[c] = 0;
+            if (!bad[c]) continue;
+            /* exactly: L kept as Z = L rounded and den = exp(L - Z);
+             * G's factor exp(zb - L) unless it would pass e^46 (then
+             * the gradient too is done exactly, below) */
+            double L;
+            exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, Y + c);
+            Z[c] = (float)L;
+            D[c] = (float)exp(L - (double)Z[c]);
+            sc->lx[i * GB_CH + c] = L;
+            double x = (double)mk[c] + r - L;
+            redo[c] = !(x <= GB_EXACT);
+            sc->rowredo[i] |= redo[c];
+            g1[c] = redo[c] ? 0.0f : expd(x);
+        }
+        grad_row(out, dq, A, g1, g2, U1, U2, D, Y, qr, dr, cw);
+    }
+}
+
+static void block_rows(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, size_t cw, int tame)
+{
+    if (jb->causal) {
+        if (tame) block_rows_body(jb, sc, i0, nr, c0, cw, 1, 1);
+        else block_rows_body(jb, sc, i0, nr, c0, cw, 1, 0);
+    } else {
+        if (tame) block_rows_body(jb, sc, i0, nr, c0, cw, 0, 1);
+        else block_rows_body(jb, sc, i0, nr, c0, cw, 0, 0);
+    }
+}
+
 /* One block of rows [i0, i1) of head h of slice sl: the forward's L and
  * Y' (and out), dq, and the band's part of dw, dv and dk. */
 static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t sl, size_t h, size_t i0,
                        size_t i1, size_t bi)
 {
     const aft_opspec *ws = jb->ws;
-    const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, ldk = ws->ldk, ldv = ws->ldv, ldq = ws->ldq;
+    const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, ldk = ws->ldk, ldv = ws->ldv;
     const int causal = jb->causal;
     /* the band's keys (s = 0, no band: the block's own rows, for dv, dk) */
     const size_t lob = s == 0 ? i0 : (i0 + 1 >= s ? i0 + 1 - s : 0);
@@ -674,6 +799,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     const size_t nr = i1 - i0, cwm = ch < GB_CH ? ch : GB_CH;
 
     /* the rows' w over their bands: exp(w - r), r the row's maximum */
+    int w_ok = 1;
     for (size_t i = 0; i < nr && s == 0; i++) sc->r[i] = 0.0f;
     for (size_t i = 0; i < nr && s > 0; i++) {
         size_t t = i0 + i, lo, hi;
@@ -683,8 +809,13 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         float r = ws->zero_bias ? 0.0f : aft_max_f32(w, hi - lo);
         r = isfinite(r) ? r : 0.0f;
         sc->r[i] = r;
-        for (size_t j = 0; j < hi - lo; j++) e[j] = aft_expf(w[j] - r);
+        for (size_t j = 0; j < hi - lo; j++) {
+            e[j] = aft_expf(w[j] - r);
+            w_ok &= fabsf(w[j]) <= TAME_BOUND;
+        }
     }
+    if (!w_ok) jb->wtame[sl] = 0;
+    const int tame = jb->keys_tame && w_ok;
     if (jb->want_dw) memset(sc->dw, 0, nr * 2 * s * sizeof(float));
     /* the rows of dv, dk this block reaches first (every row of the
      * slice's is in its own band), zeroed while they come into the cache,
@@ -703,7 +834,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
 
     for (size_t c0 = h * ch; c0 < (h + 1) * ch; c0 += cwm) {
         const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm;
-        float *pm = sc->pm + c0, *p0 = sc->p0 + c0, *p1 = sc->p1 + c0, *mk = sc->mk;
+        float *mk = sc->mk;
 
         /* band factors exp(k - mk), mk the block's key maximum per channel
          * (no band: mk = -inf, so the band's part is exp(-inf) = 0) */
@@ -713,14 +844,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
         }
         for (size_t c = 0; c < cw && s > 0; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
-        for (size_t j = lob; j < hib && s > 0; j++) {
-            const float *kr = jb->k + j * ldk + c0, *vr = jb->v + j * ldv + c0;
-            float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
-            for (size_t c = 0; c < cw; c++) {
-                e[c] = aft_expf(kr[c] - mk[c]);
-                ev[c] = e[c] * vr[c];
-            }
-        }
+        if (s > 0) block_factors(jb, sc, lob, hib, c0, cw, tame);
         /* the rows' right sums (keys t' >= t + s), from the block's snapshot */
         if (!causal) {
             float *qm = sc->qm + c0, *q0 = sc->q0 + c0, *q1 = sc->q1 + c0;
@@ -729,7 +853,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             memcpy(q0, sn + C + c0, cw * sizeof(float));
             memcpy(q1, sn + 2 * C + c0, cw * sizeof(float));
             for (size_t t = i1; t-- > i0;) {
-                if (t + s < T) key_add(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw);
+                if (t + s < T) key_add_any(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw, tame);
                 memcpy(sc->rm + (t - i0) * GB_CH, qm, cw * sizeof(float));
                 memcpy(sc->r0 + (t - i0) * GB_CH, q0, cw * sizeof(float));
                 memcpy(sc->r1 + (t - i0) * GB_CH, q1, cw * sizeof(float));
@@ -738,42 +862,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
 
         /* the forward: the rows' band sums, then row by row */
         block_row_sums(jb, sc, i0, nr, lob, cw);
-        for (size_t i = 0; i < nr; i++) {
-            size_t t = i0 + i, lo, hi;
-            band_of(jb, t, &lo, &hi);
-            if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw);
-            float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
-            const double r = sc->r[i];
-            float *Z = jb->Z + t * C + c0, *U1 = jb->U1 + t * C + c0, *U2 = jb->U2 + t * C + c0;
-            float *D = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
-            const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
-            const size_t row = jb->b * T + t;
-            float *dq = jb->io->dq + row * jb->io->lddq + c0;
-            float *out = jb->io->out ? jb->io->out + row * C + c0 : NULL;
-            float *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
-            unsigned char *redo = sc->redo + i * GB_CH, *bad = sc->bad + i * GB_CH;
-            const float *rm = sc->rm + i * GB_CH, *r0 = sc->r0 + i * GB_CH, *r1 = sc->r1 + i * GB_CH;
-            int any = causal ? combine_row(Z, D, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, 0)
-                             : combine_row(Z, D, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, 1);
-            sc->rowredo[i] = 0;
-            for (size_t c = 0; c < cw && any; c++) {
-                redo[c] = 0;
-                if (!bad[c]) continue;
-                /* exactly: L kept as Z = L rounded and den = exp(L - Z);
-                 * G's factor exp(zb - L) unless it would pass e^46 (then
-                 * the gradient too is done exactly, below) */
-                double L;
-                exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, Y + c);
-                Z[c] = (float)L;
-                D[c] = (float)exp(L - (double)Z[c]);
-                sc->lx[i * GB_CH + c] = L;
-                double x = (double)mk[c] + r - L;
-                redo[c] = !(x <= GB_EXACT);
-                sc->rowredo[i] |= redo[c];
-                g1[c] = redo[c] ? 0.0f : expd(x);
-            }
-            grad_row(out, dq, A, g1, g2, U1, U2, D, Y, qr, dr, cw);
-        }
+        block_rows(jb, sc, i0, nr, c0, cw, tame);
 
         /* dw[t, j] += exp(w - r) sum_c (exp(k - mk) v G - exp(k - mk) Y' G) */
         if (jb->want_dw) block_dw(jb, sc, i0, nr, lob, cw);
@@ -839,7 +928,8 @@ static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             memcpy(sn + C, sc->q0, C * sizeof(float));
             memcpy(sn + 2 * C, sc->q1, C * sizeof(float));
             for (size_t t = i1; t-- > i0;)
-                if (t + s < T) key_add(sc->qm, sc->q0, sc->q1, jb->k + (t + s) * ldk, jb->v + (t + s) * ldv, C);
+                if (t + s < T)
+                    key_add_any(sc->qm, sc->q0, sc->q1, jb->k + (t + s) * ldk, jb->v + (t + s) * ldv, C, jb->keys_tame);
         }
     }
     for (size_t bi = 0; bi < nb; bi++) {
@@ -861,7 +951,10 @@ static void row_pieces(const gjob *jb, size_t sl)
         rsum_empty(&r, C);
         size_t a = side == 0 ? (t0 > s ? t0 - s : 0) : (t0 + s < T ? t0 + s : T);
         size_t e = side == 0 ? (t1 > s ? t1 - s : 0) : (t1 + s < T ? t1 + s : T);
-        for (size_t t = a; t < e; t++) row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C);
+        for (size_t t = a; t < e && jb->tame; t++)
+            row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, 1);
+        for (size_t t = a; t < e && !jb->tame; t++)
+            row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, 0);
     }
 }
 
@@ -869,11 +962,12 @@ static void row_pieces(const gjob *jb, size_t sl)
  * dv += exp(k + m) s1, dk += exp(k + m) (v s1 - s2). k + m <= 0: each row
  * held sees key j with w = 0 inside one of its running sums, whose
  * stabiliser (<= the row's Z) is at least k. */
-static void outside_add(float *restrict dv, float *restrict dk, const float *restrict k, const float *restrict v,
-                        const float *restrict m, const float *restrict s1, const float *restrict s2, size_t n)
+static inline __attribute__((always_inline)) void
+outside_add(float *restrict dv, float *restrict dk, const float *restrict k, const float *restrict v,
+            const float *restrict m, const float *restrict s1, const float *restrict s2, size_t n, int tame)
 {
     for (size_t c = 0; c < n; c++) {
-        float f = aft_expf(k[c] + m[c]);   /* m = -inf (nothing held): 0 */
+        float f = gexp(k[c] + m[c], tame);   /* m = -inf (nothing held): 0 */
         float x = f * s1[c];
         dv[c] += x;
         dk[c] += x * v[c] - f * s2[c];
@@ -905,12 +999,30 @@ static void outside_prefetch(const gjob *jb, size_t j, int side)
     }
 }
 
+/* keys j in [t0, t1) on one side (outside_pass below): each row
+ * outside j's band joins the running sum cur, which j then takes; tame a
+ * constant */
+static inline __attribute__((always_inline)) void outside_keys(const gjob *jb, rsum *cur, size_t t0, size_t t1,
+                                                               int side, int tame)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    for (size_t n = 0; n < t1 - t0; n++) {
+        size_t j = side ? t1 - 1 - n : t0 + n;
+        size_t t = side ? j + s : j - s;   /* the row joining */
+        if (n + OUT_AHEAD < t1 - t0) outside_prefetch(jb, side ? j - OUT_AHEAD : j + OUT_AHEAD, side);
+        if ((side && j + s < T) || (!side && j >= s))
+            row_add(cur->m, cur->s1, cur->s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, tame);
+        const size_t row = jb->b * T + j;
+        outside_add(jb->io->dv + row * jb->io->lddv, jb->io->dk + row * jb->io->lddk, jb->k + j * ldk,
+                    jb->v + j * ldv, cur->m, cur->s1, cur->s2, C, tame);
+    }
+}
+
 /* Slice sl's keys j in [t0, t1): the rows outside their band (w = 0)
  * through running sums, and the halos other slices left for them. */
 static void outside_pass(const gjob *jb, rsum *cur, size_t sl)
 {
-    const size_t T = jb->T, C = jb->C, s = jb->s, ns = jb->ns, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
-    const size_t ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    const size_t T = jb->T, C = jb->C, ns = jb->ns, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
     if (t1 <= t0) return;
     for (int side = 0; side < 2; side++) {
         if (side == 0 && jb->causal) continue;
@@ -923,16 +1035,8 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t sl)
             rsum p = {pp, pp + C, pp + 2 * C};
             rsum_merge(cur, &p, C);
         }
-        for (size_t n = 0; n < t1 - t0; n++) {
-            size_t j = side ? t1 - 1 - n : t0 + n;
-            size_t t = side ? j + s : j - s;   /* the row joining */
-            if (n + OUT_AHEAD < t1 - t0) outside_prefetch(jb, side ? j - OUT_AHEAD : j + OUT_AHEAD, side);
-            if ((side && j + s < T) || (!side && j >= s))
-                row_add(cur->m, cur->s1, cur->s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C);
-            const size_t row = jb->b * T + j;
-            outside_add(jb->io->dv + row * jb->io->lddv, jb->io->dk + row * jb->io->lddk, jb->k + j * ldk,
-                        jb->v + j * ldv, cur->m, cur->s1, cur->s2, C);
-        }
+        if (jb->tame) outside_keys(jb, cur, t0, t1, side, 1);
+        else outside_keys(jb, cur, t0, t1, side, 0);
     }
     /* the halos of the other slices that fall on these rows */
     for (size_t o = 0; o < ns; o++) {
@@ -977,7 +1081,7 @@ size_t aft_band_grad_slices(size_t T, size_t s, size_t nt, size_t priv, size_t C
 }
 
 /* slice sl's halo zeroed (its rows of dv, dk are zeroed as the block pass
- * reaches them), and the key sums of its left and right pieces: a left
+ * reaches them), whether its keys are tame, and the key sums of its left and right pieces: a left
  * piece serves the slices after, a right one those before (the forward has
  * a right part only without causality) */
 static void key_pieces(const gjob *jb, size_t sl)
@@ -985,6 +1089,8 @@ static void key_pieces(const gjob *jb, size_t sl)
     const aft_opspec *ws = jb->ws;
     const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
     memset(jb->halo + sl * 2 * jb->hrows * 2 * C, 0, 2 * jb->hrows * 2 * C * sizeof(float));
+    jb->ktame[sl] = (unsigned char)keys_tame(jb->k, ws->ldk, t0, t1, C);
+    jb->wtame[sl] = 1;
     float *lp = jb->kp + 2 * sl * 4 * C, *rp = lp + 4 * C;
     size_t la = t0 > s ? t0 - s : 0, le = t1 > s ? t1 - s : 0;
     if (sl + 1 < jb->ns)
@@ -1014,10 +1120,12 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     jb.kp = aft_alloc_array(2 * ns, 4 * C * sizeof(float));
     jb.rp = aft_alloc_array(2 * ns, 3 * C * sizeof(float));
     jb.halo = aft_alloc_array(ns * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
+    jb.ktame = malloc(2 * ns);
+    jb.wtame = jb.ktame ? jb.ktame + ns : NULL;
     /* each slice's private part of the bias gradient */
     aft_bias_grad *mine = calloc(ns, sizeof *mine);
     float **priv = calloc(ns, sizeof *priv);
-    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo || !mine || !priv;
+    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo || !jb.ktame || !mine || !priv;
     for (size_t i = 0; i < ns && !failed; i++) failed = !aft_bias_grad_private(ws, &io->db, &mine[i], &priv[i]);
     if (!failed) {
         #pragma omp parallel num_threads((int)nt)
@@ -1044,8 +1152,10 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                  * key's band, and the halos (each loop ends at a barrier) */
                 #pragma omp for schedule(dynamic, 1)
                 for (size_t i = 0; i < ns; i++) key_pieces(&jbb, i);
+                jbb.keys_tame = all_set(jb.ktame, ns);
                 #pragma omp for schedule(dynamic, 1)
                 for (size_t i = 0; i < ns; i++) block_pass(&jbb, &sc, &mine[i], i);
+                jbb.tame = jbb.keys_tame && all_set(jb.wtame, ns);
                 #pragma omp for schedule(dynamic, 1)
                 for (size_t i = 0; i < ns; i++) row_pieces(&jbb, i);
                 #pragma omp for schedule(dynamic, 1)
@@ -1062,7 +1172,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
         free(priv[i]);
     }
     free(mine); free(priv);
-    free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo);
+    free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo); free(jb.ktame);
     if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
     return AFT_OK;
 }

@@ -97,8 +97,12 @@ static void *xcalloc(size_t n, size_t size)
 
 typedef enum { MASK_NONE, MASK_SHARED, MASK_BATCHED } mask_mode;
 static const char *const mask_names[] = {"none", "TxT", "BxTxT"};
-typedef enum { VALS_NORMAL, VALS_WIDE, VALS_ONE_HUGE, VALS_ADVERSE } vals_mode;
-static const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial"};
+/* VALS_BEYOND_KEY, _BIAS: normal values but one key entry, or one dense
+ * bias entry, of 3e38: beyond the sizes for which the band backward takes
+ * its cheaper exponential (op_band_grad.c's tame inputs) */
+typedef enum { VALS_NORMAL, VALS_WIDE, VALS_ONE_HUGE, VALS_ADVERSE, VALS_BEYOND_KEY, VALS_BEYOND_BIAS } vals_mode;
+static const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial", "one-key-beyond-tame",
+                                         "one-bias-beyond-tame"};
 static const char *const kind_names[] = {"none", "dense", "factored", "seeded", "conv"};
 
 typedef struct {
@@ -159,7 +163,7 @@ static void build(gdata *d, const gcase *c)
     d->H = c->variant == AFT_CONV ? c->heads : 1;
     d->kc = c->variant == AFT_CONV && c->shared_keys ? c->heads : C;
     rng r = {c->seed * 0x2545F4914F6CDD1Dull + T * 131 + C * 7 + B};
-    int extreme = c->vals != VALS_NORMAL;
+    int extreme = c->vals == VALS_WIDE || c->vals == VALS_ONE_HUGE || c->vals == VALS_ADVERSE;
     double span = extreme ? 250.0 : 1.0;
 
     d->cfg.variant = c->variant;
@@ -240,6 +244,8 @@ static void build(gdata *d, const gcase *c)
                 float *kk = &d->k[(b * T + t2) * d->kc + j];
                 switch (c->vals) {
                 case VALS_NORMAL:
+                case VALS_BEYOND_KEY:
+                case VALS_BEYOND_BIAS:
                     *kk = (float)rng_normal(&r);
                     break;
                 case VALS_WIDE:
@@ -262,6 +268,10 @@ static void build(gdata *d, const gcase *c)
                 }
                 }
             }
+    /* one entry of 3e38: the last channel of the middle key (batch 0), or
+     * row T / 3's own bias (inside every window) */
+    if (c->vals == VALS_BEYOND_KEY) d->k[(T / 2) * d->kc + d->kc - 1] = 3e38f;
+    if (c->vals == VALS_BEYOND_BIAS && d->dense) d->dense[(T / 3) * d->bias.tmax + T / 3] = 3e38f;
 }
 
 static void free_data(gdata *d)
@@ -1568,6 +1578,26 @@ static void test_grad_nonfinite_keys(void **state)
         }
 }
 
+/* Finite inputs beyond the band backward's tame sizes take its full
+ * exponential, and still agree with the float64 reference: a key entry of
+ * 3e38 (every exponential of the call), or a bias entry (its block's, and
+ * the pass over the rows outside the band) */
+static void test_grad_beyond_tame(void **state)
+{
+    (void)state;
+    const gcase cs[] = {
+        {AFT_LOCAL, AFT_BIAS_DENSE, 2, 130, 6, 0, 9, 0, 1, MASK_NONE, VALS_BEYOND_KEY, 81, 2, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 1, 130, 6, 0, 9, 0, 0, MASK_NONE, VALS_BEYOND_KEY, 82, 2, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 2, 130, 6, 0, 9, 0, 1, MASK_NONE, VALS_BEYOND_BIAS, 83, 2, 0},
+        {AFT_LOCAL, AFT_BIAS_DENSE, 1, 130, 6, 0, 9, 0, 0, MASK_NONE, VALS_BEYOND_BIAS, 84, 2, 0},
+        {AFT_SIMPLE, AFT_BIAS_NONE, 1, 130, 6, 0, 0, 0, 1, MASK_NONE, VALS_BEYOND_KEY, 85, 2, 0},
+        {AFT_CONV, AFT_BIAS_CONV, 1, 130, 6, 2, 5, 0, 1, MASK_NONE, VALS_BEYOND_KEY, 86, 2, 0},
+    };
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(cs); i++) fails += run_case(&cs[i], &reports);
+    finish(fails, (int)N_OF(cs));
+}
+
 /* ---------------------------------------------------------------- arguments */
 
 /* refusals name what is wrong; empty sizes write the (zero) gradients whole */
@@ -1758,6 +1788,7 @@ int main(void)
         cmocka_unit_test(test_grad_torch_fixtures),
         cmocka_unit_test(test_grad_errors),
         cmocka_unit_test(test_grad_nonfinite_keys),
+        cmocka_unit_test(test_grad_beyond_tame),
         cmocka_unit_test(test_grad_full),
         cmocka_unit_test(test_grad_simple),
         cmocka_unit_test(test_grad_local),
