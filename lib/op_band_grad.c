@@ -62,7 +62,8 @@ static inline float expd(double x)
  * finite or -inf, and each exponent below is <= 0 (but for rounding) or
  * -inf, never NaN or +inf: the domain of aft_expf_nonpos, 17 instructions
  * a vector where aft_expf takes 28. Other inputs (a NaN or an infinity)
- * take the full exponential, and come out as they did before it. */
+ * take the full exponential, whose edges keep NaN and overflow as they
+ * are. */
 #define TAME_BOUND 1e30f
 
 static inline __attribute__((always_inline)) float gexp(float x, int tame)
