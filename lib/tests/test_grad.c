@@ -592,6 +592,14 @@ static int run_case(const gcase *c, int *reports)
     return fails;
 }
 
+/* every case of a table, fast against the reference */
+static void run_table(const gcase *cs, size_t n)
+{
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < n; i++) fails += run_case(&cs[i], &reports);
+    finish(fails, (int)n);
+}
+
 static const size_t small_T[] = {1, 7, 33, 130};
 static const size_t grid_BC[4][2] = {{1, 5}, {3, 12}, {1, 12}, {3, 5}};
 
@@ -696,9 +704,7 @@ static void test_grad_large(void **state)
         {AFT_SIMPLE, AFT_BIAS_NONE, 1, 1777, 16, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 909, 0, 0},
         {AFT_SIMPLE, AFT_BIAS_NONE, 2, 1501, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 910, 3, 0},
     };
-    int fails = 0, reports = 0;
-    for (size_t i = 0; i < N_OF(cs); i++) fails += run_case(&cs[i], &reports);
-    finish(fails, (int)N_OF(cs));
+    run_table(cs, N_OF(cs));
 }
 
 /* every variant with keys of +-500 and biases of +-250 */
@@ -1593,9 +1599,7 @@ static void test_grad_beyond_tame(void **state)
         {AFT_SIMPLE, AFT_BIAS_NONE, 1, 130, 6, 0, 0, 0, 1, MASK_NONE, VALS_BEYOND_KEY, 85, 2, 0},
         {AFT_CONV, AFT_BIAS_CONV, 1, 130, 6, 2, 5, 0, 1, MASK_NONE, VALS_BEYOND_KEY, 86, 2, 0},
     };
-    int fails = 0, reports = 0;
-    for (size_t i = 0; i < N_OF(cs); i++) fails += run_case(&cs[i], &reports);
-    finish(fails, (int)N_OF(cs));
+    run_table(cs, N_OF(cs));
 }
 
 /* ---------------------------------------------------------------- arguments */
