@@ -854,7 +854,8 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
             memcpy(q0, sn + C + c0, cw * sizeof(float));
             memcpy(q1, sn + 2 * C + c0, cw * sizeof(float));
             for (size_t t = i1; t-- > i0;) {
-                if (t + s < T) key_add_any(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw, tame);
+                if (t + s < T)
+                    key_add_any(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw, jb->keys_tame);
                 memcpy(sc->rm + (t - i0) * GB_CH, qm, cw * sizeof(float));
                 memcpy(sc->r0 + (t - i0) * GB_CH, q0, cw * sizeof(float));
                 memcpy(sc->r1 + (t - i0) * GB_CH, q1, cw * sizeof(float));
@@ -952,10 +953,10 @@ static void row_pieces(const gjob *jb, size_t sl)
         rsum_empty(&r, C);
         size_t a = side == 0 ? (t0 > s ? t0 - s : 0) : (t0 + s < T ? t0 + s : T);
         size_t e = side == 0 ? (t1 > s ? t1 - s : 0) : (t1 + s < T ? t1 + s : T);
-        for (size_t t = a; t < e && jb->tame; t++)
-            row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, 1);
-        for (size_t t = a; t < e && !jb->tame; t++)
-            row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, 0);
+        for (size_t t = a; t < e; t++) {
+            if (jb->tame) row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, 1);
+            else row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, 0);
+        }
     }
 }
 
