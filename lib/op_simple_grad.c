@@ -12,31 +12,68 @@
  * sum exp(k - m) >= 1, all in float; k - m <= 0, so nothing overflows. */
 #include "kernels.h"
 
+#include <float.h>
 #include <omp.h>
 #include <stdlib.h>
 
-/* at[c] += a = dout sigmoid(q) over a row (restrict: one vector loop) */
-static void add_a(double *restrict at, const float *restrict dout, const float *restrict q, size_t n)
+/* e = exp(-|q|) through the cheaper exponential (-|q| <= 0), a NaN q put
+ * back (the cheaper one would make it 0); r = 1 / (1 + e): sigmoid(q) is r
+ * or e r by q's sign, sigmoid'(q) = e r^2, without cancellation for either
+ * sign */
+static inline __attribute__((always_inline)) float sig_parts(float q, float *r)
 {
-    for (size_t c = 0; c < n; c++) at[c] += dout[c] * aft_sigmoidf(q[c]);
+    float e = aft_expf_nonpos(-fabsf(q));
+    e = q == q ? e : q;
+    *r = 1.0f / (1.0f + e);
+    return e;
+}
+
+/* at[c] += a = dout sigmoid(q) over a row; 1 if every key of the row is
+ * finite (restrict: one vector loop each) */
+static int add_a(double *restrict at, const float *restrict dout, const float *restrict q,
+                 const float *restrict k, size_t n)
+{
+    for (size_t c = 0; c < n; c++) {
+        float r, e = sig_parts(q[c], &r);
+        at[c] += dout[c] * (q[c] >= 0.0f ? r : e * r);
+    }
+    int fin = 1;
+    for (size_t c = 0; c < n; c++) fin &= fabsf(k[c]) <= FLT_MAX;
+    return fin;
 }
 
 /* A row's gradients: P A = exp(k - m) u with u = A / s0 (m the keys'
  * maximum, s0 = sum exp(k - m) >= 1), so no L is formed; dq = dout Y'
- * sigmoid'(q) with sigmoid' = e / (1 + e)^2, e = exp(-|q|) (no
- * cancellation for either sign of q) */
-static void grad_row(float *restrict dq, float *restrict dk, float *restrict dv, float *restrict out,
-                     const float *restrict q, const float *restrict k, const float *restrict v,
-                     const float *restrict dout, const float *restrict m, const float *restrict u,
-                     const float *restrict y, size_t n)
+ * sigmoid'(q). With every key finite (fin, a constant: grad_rows below), k
+ * - m <= 0 and the cheaper exponential takes it; else the full one keeps
+ * NaN and infinity as they are. */
+static inline __attribute__((always_inline)) void
+grad_row(float *restrict dq, float *restrict dk, float *restrict dv, float *restrict out, const float *restrict q,
+         const float *restrict k, const float *restrict v, const float *restrict dout, const float *restrict m,
+         const float *restrict u, const float *restrict y, size_t n, int fin)
 {
     for (size_t c = 0; c < n; c++) {
-        float e = aft_expf(-fabsf(q[c]));
-        dq[c] = dout[c] * y[c] * (e / ((1.0f + e) * (1.0f + e)));
-        float g = aft_expf(k[c] - m[c]) * u[c];
+        float r, e = sig_parts(q[c], &r);
+        dq[c] = dout[c] * y[c] * (e * r * r);
+        float g = (fin ? aft_expf_nonpos(k[c] - m[c]) : aft_expf(k[c] - m[c])) * u[c];
         dv[c] = g;
         dk[c] = g * (v[c] - y[c]);
-        if (out) out[c] = (q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e)) * y[c];
+        if (out) out[c] = (q[c] >= 0.0f ? r : e * r) * y[c];
+    }
+}
+
+/* rows [t0, t1) of sequence b (r: its first row in the outputs) */
+static void grad_rows(const aft_grad_io *io, const float *q, const float *k, const float *v, const float *dout,
+                      const aft_opspec *sp, size_t r, size_t t0, size_t t1, const float *m, const float *u,
+                      const float *y, int fin)
+{
+    const size_t C = sp->C;
+    for (size_t t = t0; t < t1; t++) {
+        float *dq = io->dq + (r + t) * io->lddq, *dk = io->dk + (r + t) * io->lddk, *dv = io->dv + (r + t) * io->lddv;
+        float *out = io->out ? io->out + (r + t) * C : NULL;
+        const float *qr = q + t * sp->ldq, *kr = k + t * sp->ldk, *vr = v + t * sp->ldv, *dr = dout + t * C;
+        if (fin) grad_row(dq, dk, dv, out, qr, kr, vr, dr, m, u, y, C, 1);
+        else grad_row(dq, dk, dv, out, qr, kr, vr, dr, m, u, y, C, 0);
     }
 }
 
@@ -49,9 +86,11 @@ aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float
      * the merged m, u = A / s0 and Y' (C floats each) */
     float *st = aft_alloc_array(nt * 4 + 3, C * sizeof(float));
     double *ad = aft_alloc_array(nt, C * sizeof(double));
-    if (!st || !ad) {
+    unsigned char *fins = malloc(nt);   /* per thread: its keys are finite */
+    if (!st || !ad || !fins) {
         free(st);
         free(ad);
+        free(fins);
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for softmax sums (C = %zu)", C);
     }
     float *mm = st + nt * 4 * C, *u = mm + C, *yp = u + C;
@@ -65,7 +104,9 @@ aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float
             double *at = ad + tid * C;
             (void)aft_sums_of_rows(kb, ldk, vb, ldv, t0, t1, C, m, m + C, m + 2 * C, m + 3 * C);
             for (size_t c = 0; c < C; c++) at[c] = 0.0;
-            for (size_t t = t0; t < t1; t++) add_a(at, ob + t * C, qb + t * ldq, C);
+            int fin = 1;
+            for (size_t t = t0; t < t1; t++) fin &= add_a(at, ob + t * C, qb + t * ldq, kb + t * ldk, C);
+            fins[tid] = (unsigned char)fin;
             #pragma omp barrier
             /* merge: each thread a range of channels */
             size_t c0 = C * tid / n, c1 = C * (tid + 1) / n;
@@ -80,15 +121,12 @@ aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float
                 yp[c] = s0 > 0.0f ? s1 / s0 : 0.0f;
             }
             #pragma omp barrier
-            for (size_t t = t0; t < t1; t++) {
-                const size_t r = b * T + t;
-                grad_row(io->dq + r * io->lddq, io->dk + r * io->lddk, io->dv + r * io->lddv,
-                         io->out ? io->out + r * C : NULL, qb + t * ldq, kb + t * ldk, vb + t * ldv, ob + t * C,
-                         mm, u, yp, C);
-            }
+            for (size_t i = 0; i < n; i++) fin &= fins[i];
+            grad_rows(io, qb, kb, vb, ob, sp, b * T, t0, t1, mm, u, yp, fin);
         }
     }
     free(st);
     free(ad);
+    free(fins);
     return AFT_OK;
 }
