@@ -42,6 +42,8 @@
 #include "kernels.h"
 
 #include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 /* rows a block, channels a step of the block pass */
@@ -162,6 +164,8 @@ typedef struct {
      * tame (set after P1), and so is every bias entry (after P2) */
     unsigned char *ktame, *wtame;
     int keys_tame, tame;
+    /* per slice, causal: how far it has come (causal_slice below) */
+    atomic_int *stage;
     /* per entry (T, C) each: L = Z + log den, kept as the stabiliser Z
      * (any float: the factors against it are taken with exponents in
      * double; a float L of 700 would be 3e-5 off, and so every P),
@@ -1066,6 +1070,50 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t sl)
     }
 }
 
+/* ---- causal: a slice's three passes one after another
+ *
+ * With causality a key's rows outside its band all come after it, so
+ * slice i's outside pass needs the row pieces of the slices after it only,
+ * and its row piece the block pass of the next slice. The slices are taken
+ * last first, and each runs its block pass, its row piece and its outside
+ * pass in turn, waiting where a later slice has not got so far: while its
+ * rows (Z, U1, U2, k, v, dk, dv) are still in this core's caches, which a
+ * pass over every slice after a barrier found in memory. A later slice is
+ * done or running on another thread (the loop hands out slices in order),
+ * so the waits end. Every sum is taken as in the passes with barriers
+ * between them: the same bits. */
+enum { STAGE_NONE, STAGE_BLOCKS, STAGE_PIECE };
+
+static void stage_wait(const gjob *jb, size_t i, int stage)
+{
+    /* a pause a turn, and the core to another thread now and then (the
+     * one waited for may need it: one core, or valgrind, which runs one
+     * thread at a time) */
+    for (unsigned n = 1; atomic_load_explicit(&jb->stage[i], memory_order_acquire) < stage; n++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (n % 256 == 0) sched_yield();
+    }
+}
+
+static void causal_slice(const gjob *jb, gscratch *sc, const aft_bias_grad *db, rsum *cur, size_t i)
+{
+    const size_t ns = jb->ns;
+    block_pass(jb, sc, db, i);
+    atomic_store_explicit(&jb->stage[i], STAGE_BLOCKS, memory_order_release);
+    /* the row piece: rows [t0 + s, t1 + s), of this slice and the next */
+    gjob j2 = *jb;
+    if (i + 1 < ns) stage_wait(jb, i + 1, STAGE_BLOCKS);
+    j2.tame = jb->keys_tame && jb->wtame[i] && (i + 1 == ns || jb->wtame[i + 1]);
+    row_pieces(&j2, i);
+    atomic_store_explicit(&jb->stage[i], STAGE_PIECE, memory_order_release);
+    /* the outside pass: every later slice's piece, and its stabilisers */
+    for (size_t k = i + 1; k < ns; k++) stage_wait(jb, k, STAGE_PIECE);
+    j2.tame = jb->keys_tame && all_set(jb->wtame + i, ns - i);
+    outside_pass(&j2, cur, i);
+}
+
 /* Slices a thread: more of them even out the threads' ends, but each adds
  * its halo, 2 (s - 1) rows of 2C floats, and its own copy of the private
  * bias gradient. */
@@ -1093,6 +1141,7 @@ static void key_pieces(const gjob *jb, size_t sl)
     memset(jb->halo + sl * 2 * jb->hrows * 2 * C, 0, 2 * jb->hrows * 2 * C * sizeof(float));
     jb->ktame[sl] = (unsigned char)keys_tame(jb->k, ws->ldk, t0, t1, C);
     jb->wtame[sl] = 1;
+    atomic_store_explicit(&jb->stage[sl], STAGE_NONE, memory_order_relaxed);
     float *lp = jb->kp + 2 * sl * 4 * C, *rp = lp + 4 * C;
     size_t la = t0 > s ? t0 - s : 0, le = t1 > s ? t1 - s : 0;
     if (sl + 1 < jb->ns)
@@ -1124,10 +1173,12 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     jb.halo = aft_alloc_array(ns * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
     jb.ktame = malloc(2 * ns);
     jb.wtame = jb.ktame ? jb.ktame + ns : NULL;
+    jb.stage = malloc(ns * sizeof *jb.stage);
+    for (size_t i = 0; i < ns && jb.stage; i++) atomic_init(&jb.stage[i], STAGE_NONE);
     /* each slice's private part of the bias gradient */
     aft_bias_grad *mine = calloc(ns, sizeof *mine);
     float **priv = calloc(ns, sizeof *priv);
-    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo || !jb.ktame || !mine || !priv;
+    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo || !jb.ktame || !jb.stage || !mine || !priv;
     for (size_t i = 0; i < ns && !failed; i++) failed = !aft_bias_grad_private(ws, &io->db, &mine[i], &priv[i]);
     if (!failed) {
         #pragma omp parallel num_threads((int)nt)
@@ -1155,6 +1206,11 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                 #pragma omp for schedule(dynamic, 1)
                 for (size_t i = 0; i < ns; i++) key_pieces(&jbb, i);
                 jbb.keys_tame = all_set(jb.ktame, ns);
+                if (jb.causal) {
+                    #pragma omp for schedule(dynamic, 1)
+                    for (size_t n = 0; n < ns; n++) causal_slice(&jbb, &sc, &mine[ns - 1 - n], &cur, ns - 1 - n);
+                    continue;
+                }
                 #pragma omp for schedule(dynamic, 1)
                 for (size_t i = 0; i < ns; i++) block_pass(&jbb, &sc, &mine[i], i);
                 jbb.tame = jbb.keys_tame && all_set(jb.wtame, ns);
@@ -1174,7 +1230,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
         free(priv[i]);
     }
     free(mine); free(priv);
-    free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo); free(jb.ktame);
+    free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo); free(jb.ktame); free(jb.stage);
     if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
     return AFT_OK;
 }
