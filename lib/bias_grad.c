@@ -118,6 +118,35 @@ void aft_w_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, siz
     }
 }
 
+/* the lines of row t's entries [j0, j1) of a (tmax-wide) matrix */
+static void row_prefetch(const float *m, size_t tmax, size_t t, size_t j0, size_t j1, int write)
+{
+    enum { LINE = 16 };   /* floats a 64-byte line */
+    const float *row = m + t * tmax;
+    for (size_t j = j0; j < j1; j += LINE) {
+        if (write) __builtin_prefetch(row + j, 1, 3);
+        else __builtin_prefetch(row + j, 0, 3);
+    }
+    if (j1 > j0) {
+        if (write) __builtin_prefetch(row + j1 - 1, 1, 3);
+        else __builtin_prefetch(row + j1 - 1, 0, 3);
+    }
+}
+
+void aft_band_bias_prefetch(const aft_opspec *sp, const aft_bias_grad *db, size_t t0, size_t t1)
+{
+    const aft_bias *b = sp->bias;
+    if (sp->variant != AFT_LOCAL || sp->grid_w || b->kind != AFT_BIAS_DENSE || sp->window == 0) return;
+    const size_t s = sp->window, tm = b->tmax, end = sp->t_off + sp->T;
+    float *g = aft_bias_grad_wanted(sp, db) ? db->dense : NULL;
+    for (size_t t = sp->t_off + t0; t < sp->t_off + t1 && t < end; t++) {
+        size_t lo = t + 1 >= s ? t + 1 - s : 0, hi = sp->causal ? t + 1 : (t + s < end ? t + s : end);
+        lo = lo > sp->t_off ? lo : sp->t_off;
+        row_prefetch(b->dense, tm, t, lo, hi, 0);
+        if (g) row_prefetch(g, tm, t, lo, hi, 1);
+    }
+}
+
 /* floats of the parts threads cannot share: factored v, conv */
 static void private_sizes(const aft_opspec *sp, const aft_bias_grad *db, size_t *nv, size_t *nconv)
 {

@@ -73,6 +73,11 @@ size_t aft_grid_workspace(aft_variant variant, int causal, size_t B, size_t H, s
  * for head h) to the entries of db that w_eff[t, j] was read from */
 void aft_w_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, size_t t, size_t j0, size_t j1,
                     const float *dw);
+/* Asks the cache for what a band kernel reads of a dense bias for rows
+ * [t0, t1) of local's band, and the same entries of its gradient (db, when
+ * wanted): a row of each a page apart, which the machine's prefetcher does
+ * not reach. Nothing for other biases or variants. */
+void aft_band_bias_prefetch(const aft_opspec *sp, const aft_bias_grad *db, size_t t0, size_t t1);
 /* the field of db for the bias's kind, zeroed (every kernel adds to it) */
 void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db);
 /* whether a backward run of sp has a bias gradient to write into db */

@@ -820,6 +820,10 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         }
     }
     if (!w_ok) jb->wtame[sl] = 0;
+    /* the next block's rows of the bias and its gradient, in the cache by
+     * the time it starts (a row a page, which the prefetcher misses) */
+    const size_t te = row0(jb, sl + 1);
+    if (h == 0 && i1 < te) aft_band_bias_prefetch(ws, db, i1, i1 + GB_ROWS < te ? i1 + GB_ROWS : te);
     const int tame = jb->keys_tame && w_ok;
     if (jb->want_dw) memset(sc->dw, 0, nr * 2 * s * sizeof(float));
     /* the rows of dv, dk this block reaches first (every row of the
