@@ -118,7 +118,8 @@ void aft_w_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, siz
     }
 }
 
-/* the lines of row t's entries [j0, j1) of a (tmax-wide) matrix */
+/* the lines of row t's entries [j0, j1) of a (tmax-wide) matrix (the
+ * builtin takes read or write as a constant, hence two calls) */
 static void row_prefetch(const float *m, size_t tmax, size_t t, size_t j0, size_t j1, int write)
 {
     enum { LINE = 16 };   /* floats a 64-byte line */
