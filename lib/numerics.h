@@ -78,6 +78,16 @@ static inline float aft_expf_nonpos(float x)
     return y;
 }
 
+/* exp(-|x|) through aft_expf_nonpos (-|x| <= 0), a NaN x put back (the
+ * cheaper exponential would make it 0): the one exponential behind
+ * sigmoid(x) = 1 / (1 + e) or e / (1 + e) by x's sign, and sigmoid'(x) =
+ * e / (1 + e)^2, without cancellation for either sign */
+static inline float aft_exp_neg_abs(float x)
+{
+    float e = aft_expf_nonpos(-fabsf(x));
+    return x == x ? e : x;
+}
+
 /* The widest vector whose operations are single instructions here: 16
  * floats with AVX-512, 8 with AVX/AVX2, 4 otherwise (GCC/Clang vector
  * extensions). Kernels written with wider vectors than the machine has get

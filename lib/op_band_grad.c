@@ -564,17 +564,14 @@ combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *r
 }
 
 /* then per entry: the outputs, dq, a = dout sigmoid(q), G = a exp(zb - Z)
- * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y'.
- * exp(-|q|) is in aft_expf_nonpos's domain but for a NaN q, which it
- * would turn into 0: a NaN is put back. */
+ * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y' */
 static inline __attribute__((always_inline)) void
 grad_row(float *restrict out, float *restrict dq, float *restrict A, float *restrict g1, float *restrict g2,
          float *restrict u1, float *restrict u2, const float *restrict D, const float *restrict Y,
          const float *restrict q, const float *restrict dout, size_t cw)
 {
     for (size_t c = 0; c < cw; c++) {
-        float e = aft_expf_nonpos(-fabsf(q[c]));
-        e = q[c] == q[c] ? e : q[c];
+        float e = aft_exp_neg_abs(q[c]);
         float sq = q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
         if (out) out[c] = sq * Y[c];
         dq[c] = dout[c] * Y[c] * (e / ((1.0f + e) * (1.0f + e)));

@@ -16,14 +16,11 @@
 #include <omp.h>
 #include <stdlib.h>
 
-/* e = exp(-|q|) through the cheaper exponential (-|q| <= 0), a NaN q put
- * back (the cheaper one would make it 0); r = 1 / (1 + e): sigmoid(q) is r
- * or e r by q's sign, sigmoid'(q) = e r^2, without cancellation for either
- * sign */
+/* e = exp(-|q|) and r = 1 / (1 + e): sigmoid(q) is r or e r by q's sign,
+ * sigmoid'(q) = e r^2 */
 static inline __attribute__((always_inline)) float sig_parts(float q, float *r)
 {
-    float e = aft_expf_nonpos(-fabsf(q));
-    e = q == q ? e : q;
+    float e = aft_exp_neg_abs(q);
     *r = 1.0f / (1.0f + e);
     return e;
 }
