@@ -43,6 +43,7 @@ typedef struct {
     const float *A, *B;
     float *C;
     const aft_linear *lin;
+    int in_place;   /* PIECE_LINEAR: aft's kernel reads A's rows where they are */
     double *sums;
 } piece;
 
@@ -97,7 +98,7 @@ static void piece_run(const piece *x)
     /* the sums first: they bring the rows into the cache for the product */
     if (x->sums) piece_sums(x);
     if (x->kind == PIECE_LINEAR)
-        aft_linear_apply(x->lin, m, x->A + x->m0 * x->lda, x->lda, x->C + x->m0 * x->ldc, x->ldc);
+        aft_linear_apply_x(x->lin, m, x->A + x->m0 * x->lda, x->lda, x->C + x->m0 * x->ldc, x->ldc, x->in_place);
     else if (x->kind == PIECE_GEMM)
         cblas_sgemm(CblasRowMajor, x->trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)m, (int)x->N,
                     (int)x->K, 1.0f, x->trans_a ? x->A + x->m0 : x->A + x->m0 * x->lda, (int)x->lda, x->B,
@@ -213,10 +214,25 @@ typedef struct {
     float *db;                    /* dbcat (W) */
     double *part;                 /* the pieces' row sums: fine (W + D) */
     plan pl;
+    /* when aft's kernel runs the projections, it runs dH = dy Wo and dX =
+     * dQKV Wcat too, with Wo and Wcat packed as its weights (W^T); it
+     * reads the rows of dy and dQKV in place, where OpenBLAS packs them */
+    int own;
+    aft_linear dh_lin, dx_lin;
 } grad_mem;
 
+/* pieces for a product that packs all of its B operand (N rows) whatever
+ * its rows: as few as leave no thread more than its share of the phase's
+ * work (part of all); a piece of 256 rows ran a fifth faster than two of
+ * 128, and OpenBLAS packs B again for each */
+static size_t few_pieces(size_t part, size_t all, size_t nt)
+{
+    size_t n = all ? (part * nt + all - 1) / all : 1;
+    return n < 1 ? 1 : n;
+}
+
 /* The backward's products after the operator, one phase: dWcat = dQKV^T X
- * and dWo = dy^T H (a piece a thread: every piece packs all of X or H),
+ * and dWo = dy^T H (few pieces: every piece packs all of X or H),
  * y = H Wo^T + bo when wanted, and dX = dQKV Wcat, whose small pieces come
  * last and even out the threads' ends; its pieces sum dQKV's rows for
  * dbcat (without dX, pieces that only sum). dWcat is one product of 3C
@@ -230,18 +246,21 @@ static int plan_after(grad_mem *m, const aft_layer_grads *g, float *y, const flo
     const size_t off[3] = {0, C, C + KC}, rows[3] = {C, KC, C};
     int all_w = dws[0] && dws[1] && dws[2], any_b = g->bq || g->bk || g->bv, ok = 1;
     plan *pl = &m->pl;
+    /* the phase's work in rows of D x N products: dWcat's (at most W),
+     * dWo's C, y's C and dX's W */
+    const size_t work = (dws[0] || dws[1] || dws[2] ? W : 0) + (g->wo ? C : 0) + (y ? C : 0) + (g->dx ? W : 0);
     piece tr = {.kind = PIECE_GEMM, .trans_a = 1, .N = D, .K = N, .lda = W, .B = x, .ldb = D, .ldc = D};
     for (int i = 0; i < 3; i++)
         if (dws[i] && (!all_w || i == 0)) {
             piece a = tr;
             a.A = m->dqkv + (all_w ? 0 : off[i]);
             a.C = all_w ? m->dw : dws[i];
-            ok &= plan_add(pl, &a, all_w ? W : rows[i], nt, NULL, NULL);
+            ok &= plan_add(pl, &a, all_w ? W : rows[i], few_pieces(all_w ? W : rows[i], work, nt), NULL, NULL);
         }
     if (g->wo) {   /* dWo = dy^T H */
         piece a = {.kind = PIECE_GEMM, .trans_a = 1, .N = C, .K = N, .A = dy, .lda = D, .B = m->h, .ldb = C,
                    .C = g->wo, .ldc = C};
-        ok &= plan_add(pl, &a, D, nt, NULL, NULL);
+        ok &= plan_add(pl, &a, D, few_pieces(C, work, nt), NULL, NULL);
     }
     if (y) {
         piece a = {.kind = PIECE_LINEAR, .A = m->h, .lda = C, .C = y, .ldc = D, .lin = &lp->o};
@@ -251,6 +270,11 @@ static int plan_after(grad_mem *m, const aft_layer_grads *g, float *y, const flo
     if (g->dx || any_b) {   /* dX = dQKV Wcat */
         piece a = {.kind = g->dx ? PIECE_GEMM : PIECE_SUMS, .N = D, .K = W, .A = m->dqkv, .lda = W, .B = lp->wcat,
                    .ldb = D, .C = g->dx, .ldc = D};
+        if (g->dx && m->own) {
+            a.kind = PIECE_LINEAR;
+            a.lin = &m->dx_lin;
+            a.in_place = 1;
+        }
         ok &= plan_add(pl, &a, N, fine, any_b ? m->part : NULL, np);
     }
     return ok;
@@ -278,6 +302,24 @@ static void grad_mem_free(grad_mem *m)
     free(m->dw);
     free(m->part);
     free(m->pl.p);
+    if (m->own) {
+        aft_linear_free(&m->dh_lin);
+        aft_linear_free(&m->dx_lin);
+    }
+}
+
+/* dh_lin and dx_lin, when aft's kernel runs the projections (else, or
+ * short of memory for them, OpenBLAS runs these two products) */
+static void own_init(grad_mem *m, const aft_layer_prep *lp)
+{
+    const size_t D = lp->D, C = lp->C, W = lp->W;
+    if (!lp->qkv.pk) return;
+    if (aft_linear_init_t(&m->dh_lin, lp->p->wo, C, C, D, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) return;
+    if (aft_linear_init_t(&m->dx_lin, lp->wcat, D, D, W, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) {
+        aft_linear_free(&m->dh_lin);
+        return;
+    }
+    m->own = 1;
 }
 
 static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const float *dy, const float *x,
@@ -301,10 +343,16 @@ static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const floa
         goto done;
     }
     m.db = m.dw + W * D;
+    own_init(&m, lp);
     /* Q, K, V again, and dH = dy Wo, whose pieces sum dy's rows for dbo */
     size_t np = 0;
-    piece a = {.kind = PIECE_LINEAR, .A = x, .lda = D, .C = m.qkv, .ldc = W, .lin = &lp->qkv};
+    piece a = {.kind = PIECE_LINEAR, .A = x, .lda = D, .C = m.qkv, .ldc = W, .lin = &lp->qkv, .in_place = 1};
     piece b = {.kind = PIECE_GEMM, .N = C, .K = D, .A = dy, .lda = D, .B = p->wo, .ldb = C, .C = m.dh, .ldc = C};
+    if (m.own) {
+        b.kind = PIECE_LINEAR;
+        b.lin = &m.dh_lin;
+        b.in_place = 1;
+    }
     double *bo_part = m.part + fine * W;
     if (!plan_add(&m.pl, &a, N, fine, NULL, NULL) || !plan_add(&m.pl, &b, N, fine, g->bo ? bo_part : NULL, &np)) {
         st = aft_fail(err, AFT_ERR_ARG, "too many pieces of work (%zu threads)", nt);

@@ -54,8 +54,10 @@ const char *aft_linear_kernel(void)
     return AFT_VEC_BYTES == 64 ? "aft 12x32" : "aft 6x16";
 }
 
-aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k,
-                           aft_kernel kernel, int threads, aft_error *err)
+/* l's sizes and, when aft's kernel runs the product, its packing's block
+ * (pk, bpad, npad set, pk not yet filled); 0 when OpenBLAS runs it */
+static aft_status lin_setup(aft_linear *l, const float *w, const float *bias, size_t n, size_t k, aft_kernel kernel,
+                            int threads, int *own, aft_error *err)
 {
     memset(l, 0, sizeof *l);
     l->n = n;
@@ -63,8 +65,9 @@ aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, siz
     l->w = w;
     l->bias = bias;
     l->threads = threads > 0 ? threads : 1;
-    int own = kernel == AFT_KERNEL_OWN || (kernel == AFT_KERNEL_AUTO && aft_linear_kernel() != NULL);
-    if (!own || n == 0 || k == 0) return AFT_OK;
+    *own = kernel == AFT_KERNEL_OWN || (kernel == AFT_KERNEL_AUTO && aft_linear_kernel() != NULL);
+    *own = *own && n > 0 && k > 0;
+    if (!*own) return AFT_OK;
     /* pk and bpad start on cache lines (malloc gives 16 bytes): a 64-byte
      * load that straddles two lines costs two, and a token's matrix-vector
      * products, which only stream through pk, ran at half the rate. The
@@ -80,19 +83,55 @@ aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, siz
     l->pk = (float *)(((uintptr_t)l->mem + 63) & ~(uintptr_t)63);
     l->bpad = l->pk + pkf;
     l->npad = npad;
-    /* block p0 (kc inputs deep) starts at p0 * npad; panel j of it at
-     * j * kc * LIN_NR, laid out [kc][LIN_NR]; features past n are zero */
+    for (size_t j = 0; j < npad; j++) l->bpad[j] = bias && j < n ? bias[j] : 0.0f;
+    return AFT_OK;
+}
+
+/* block p0 (kc inputs deep) of the packing starts at p0 * npad; panel j of
+ * it at j * kc * LIN_NR, laid out [kc][LIN_NR]; features past n are zero */
+static float *lin_panel(const aft_linear *l, size_t p0, size_t kc, size_t j)
+{
+    return l->pk + p0 * l->npad + j * kc;
+}
+
+aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k,
+                           aft_kernel kernel, int threads, aft_error *err)
+{
+    int own;
+    aft_status st = lin_setup(l, w, bias, n, k, kernel, threads, &own, err);
+    if (st || !own) return st;
     for (size_t p0 = 0; p0 < k; p0 += LIN_KC) {
         size_t kc = k - p0 < LIN_KC ? k - p0 : LIN_KC;
-        for (size_t j = 0; j < npad; j += LIN_NR) {
-            float *dst = l->pk + p0 * npad + j * kc;
+        for (size_t j = 0; j < l->npad; j += LIN_NR) {
+            float *dst = lin_panel(l, p0, kc, j);
             for (size_t u = 0; u < LIN_NR; u++) {
                 const float *src = j + u < n ? w + (j + u) * k + p0 : NULL;
                 for (size_t i = 0; i < kc; i++) dst[i * LIN_NR + u] = src ? src[i] : 0.0f;
             }
         }
     }
-    for (size_t j = 0; j < npad; j++) l->bpad[j] = bias && j < n ? bias[j] : 0.0f;
+    return AFT_OK;
+}
+
+aft_status aft_linear_init_t(aft_linear *l, const float *wt, size_t ldwt, size_t n, size_t k, aft_kernel kernel,
+                             int threads, aft_error *err)
+{
+    int own;
+    aft_status st = lin_setup(l, wt, NULL, n, k, kernel, threads, &own, err);
+    l->ldwt = ldwt;
+    if (st || !own) return st;
+    /* a panel's row i is LIN_NR features of W^T's row p0 + i: a copy */
+    for (size_t p0 = 0; p0 < k; p0 += LIN_KC) {
+        size_t kc = k - p0 < LIN_KC ? k - p0 : LIN_KC;
+        for (size_t j = 0; j < l->npad; j += LIN_NR) {
+            float *dst = lin_panel(l, p0, kc, j);
+            size_t nr = n - j < LIN_NR ? n - j : LIN_NR;
+            for (size_t i = 0; i < kc; i++) {
+                memcpy(dst + i * LIN_NR, wt + (p0 + i) * ldwt + j, nr * sizeof(float));
+                memset(dst + i * LIN_NR + nr, 0, (LIN_NR - nr) * sizeof(float));
+            }
+        }
+    }
     return AFT_OK;
 }
 
@@ -105,6 +144,7 @@ void aft_linear_free(aft_linear *l)
 
 aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, size_t n, aft_error *err)
 {
+    if (parent->ldwt) return aft_fail(err, AFT_ERR_ARG, "a view of a product given W^T");
     if (f0 > parent->n || n > parent->n - f0)
         return aft_fail(err, AFT_ERR_ARG, "features [%zu, %zu + %zu) of a product with %zu", f0, f0, n, parent->n);
     const float *w = parent->w + f0 * parent->k, *bias = parent->bias ? parent->bias + f0 : NULL;
@@ -304,7 +344,8 @@ void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ld
     if (nt > tiles) nt = tiles;
     float *ap = l->pk ? aft_alloc_array(nt * LIN_MC, LIN_KC * sizeof(float)) : NULL;
     if (!ap) {   /* not packed, or no scratch: OpenBLAS needs none of ours */
-        aft_gemm(l->threads, 1, M, l->n, l->k, x, ldx, l->w, l->k, l->bias, y, ldy);
+        if (l->ldwt) aft_gemm(l->threads, 0, M, l->n, l->k, x, ldx, l->w, l->ldwt, NULL, y, ldy);
+        else aft_gemm(l->threads, 1, M, l->n, l->k, x, ldx, l->w, l->k, l->bias, y, ldy);
         return;
     }
     /* whole tiles to each thread, as even as they come */

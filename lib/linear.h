@@ -25,6 +25,7 @@ void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const floa
 typedef struct {
     size_t n, k, npad;
     const float *w, *bias;
+    size_t ldwt;        /* aft_linear_init_t: w is W^T, rows ldwt apart; else 0 */
     float *pk, *bpad;   /* packed W and the bias padded to npad features (the
                          * packing's, a view's too); NULL: OpenBLAS */
     void *mem;          /* the block holding both, pk on a cache line in it */
@@ -34,6 +35,10 @@ typedef struct {
 } aft_linear;
 aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k,
                            aft_kernel kernel, int threads, aft_error *err);
+/* the same product from W^T: wt (k x n, rows ldwt apart), no bias (the
+ * backward pass's dy Wo and dQKV Wcat). No views of it. */
+aft_status aft_linear_init_t(aft_linear *l, const float *wt, size_t ldwt, size_t n, size_t k, aft_kernel kernel,
+                             int threads, aft_error *err);
 void aft_linear_apply(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy);
 /* the same, the same bits; with x_cached (x's rows were just written and
  * are in this core's caches) aft's kernel reads them in place instead of

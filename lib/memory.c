@@ -61,6 +61,9 @@ size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias,
         bytes = sat_add(bytes, sat_mul(sat_mul(N, 8 * C), f));
         bytes = sat_add(bytes, sat_mul(sat_mul(3 * C, sat_add(D, 1)), f));
         bytes = sat_add(bytes, sat_mul(sat_mul(sat_mul(AFT_GRAD_PIECES_PER_THREAD, threads), sat_add(3 * C, D)), d));
+        /* Wo and Wcat packed for aft's kernel (dy Wo, dQKV Wcat): C and D
+         * features, each padded to a panel (32) */
+        bytes = sat_add(bytes, sat_mul(sat_mul(sat_add(sat_mul(4, C), 64), D), f));
     } else if (kc != C) {
         bytes = sat_add(bytes, sat_mul(sat_mul(N, 2 * C), f));   /* keys and their gradient widened */
     }

@@ -1570,6 +1570,34 @@ static void test_linear(void **state)
                             if (reports++ < MAX_REPORTS)
                                 print_message("FAIL x in place: not the bits of x packed: %s\n", what);
                         }
+                        /* from W^T, as the backward's dy Wo and dQKV Wcat
+                         * are run (no bias): aft's kernel packs it as it packs
+                         * W, so the same bits; OpenBLAS within the tolerance */
+                        if (!with_bias && !bad) {
+                            size_t ldwt = N + 3;
+                            float *wt = xmalloc(K * ldwt * sizeof *wt);
+                            for (size_t i = 0; i < K; i++)
+                                for (size_t n = 0; n < N; n++) wt[i * ldwt + n] = w[n * K + i];
+                            aft_linear lt;
+                            assert_int_equal(aft_linear_init_t(&lt, wt, ldwt, N, K, modes[mo], th, &err), AFT_OK);
+                            if (!lt.pk != !l.pk) fail_msg("W^T packed unlike W: %s", what);
+                            for (size_t i = 0; i < ny; i++) y2[i] = sentinel;
+                            aft_linear_apply_x(&lt, M, x, ldx, y2, ldy, th == 2);
+                            aft_linear_free(&lt);
+                            free(wt);
+                            for (size_t i = 0; i < ny && !bad; i++) {
+                                size_t m = i / ldy, n = i % ldy;
+                                int in = m < M && n < N;
+                                double tol = in ? (double)(K + 2) * 0x1p-24 * mag[m * N + n] + 1e-30 : 0.0;
+                                if (l.pk ? y2[i] != y[i] : in ? !(fabs((double)y2[i] - ref[m * N + n]) <= tol)
+                                                              : y2[i] != sentinel) {
+                                    bad = 1;
+                                    if (reports++ < MAX_REPORTS)
+                                        print_message("FAIL from W^T at m=%zu n=%zu (%.9g, from W %.9g): %s\n", m,
+                                                      n, (double)y2[i], (double)y[i], what);
+                                }
+                            }
+                        }
                         /* views of features [f0, N) (in the packing, or
                          * packed anew off a panel's edge): the bits of W's
                          * rows from f0 set up on their own, in y's columns */
@@ -1656,6 +1684,10 @@ static void test_linear(void **state)
         assert_int_equal(aft_linear_init(&l, w, NULL, 32, 2, AFT_KERNEL_OWN, 1, &err), AFT_OK);
         assert_int_equal(aft_linear_view(&v, &l, 16, 17, &err), AFT_ERR_ARG);
         assert_int_equal(aft_linear_view(&v, &l, 33, 0, &err), AFT_ERR_ARG);
+        aft_linear_free(&l);
+        /* and any view of a product given W^T */
+        assert_int_equal(aft_linear_init_t(&l, w, 32, 32, 2, AFT_KERNEL_OWN, 1, &err), AFT_OK);
+        assert_int_equal(aft_linear_view(&v, &l, 0, 16, &err), AFT_ERR_ARG);
         aft_linear_free(&l);
     }
     finish(fails, cases);
