@@ -40,9 +40,10 @@ aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, siz
 aft_status aft_linear_init_t(aft_linear *l, const float *wt, size_t ldwt, size_t n, size_t k, aft_kernel kernel,
                              int threads, aft_error *err);
 void aft_linear_apply(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy);
-/* the same, the same bits; with x_cached (x's rows were just written and
- * are in this core's caches) aft's kernel reads them in place instead of
- * packing them first */
+/* the same, the same bits; with x_cached aft's kernel reads x's rows in
+ * place instead of packing them first: for rows just written, in this
+ * core's caches, and for the backward pass's products, whose rows it
+ * streamed faster in place than packed */
 void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy,
                         int x_cached);
 void aft_linear_free(aft_linear *l);
