@@ -61,9 +61,11 @@ size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias,
         bytes = sat_add(bytes, sat_mul(sat_mul(N, 8 * C), f));
         bytes = sat_add(bytes, sat_mul(sat_mul(3 * C, sat_add(D, 1)), f));
         bytes = sat_add(bytes, sat_mul(sat_mul(sat_mul(AFT_GRAD_PIECES_PER_THREAD, threads), sat_add(3 * C, D)), d));
-        /* Wo and Wcat packed for aft's kernel (dy Wo, dQKV Wcat): C and D
-         * features, each padded to a panel (32) */
-        bytes = sat_add(bytes, sat_mul(sat_mul(sat_add(sat_mul(4, C), 64), D), f));
+        /* Wo^T (C features of D inputs) and Wcat^T (D features of 3C)
+         * packed for aft's kernel (dy Wo, dQKV Wcat), the features padded
+         * to a panel (32) */
+        size_t packed = sat_add(sat_mul(sat_add(C, 31), D), sat_mul(sat_add(D, 31), sat_mul(3, C)));
+        bytes = sat_add(bytes, sat_mul(packed, f));
     } else if (kc != C) {
         bytes = sat_add(bytes, sat_mul(sat_mul(N, 2 * C), f));   /* keys and their gradient widened */
     }
