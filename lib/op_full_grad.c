@@ -26,11 +26,21 @@
 
 enum { CAUSAL_CHUNK = 256, DW_COLS = 512 };
 #define GF_EXACT 46.0
+/* e^-GF_EXACT: a den at least this keeps exp(r + M - L) = 1 / den within
+ * e^GF_EXACT */
+#define GF_DEN_MIN 1.0530617e-20f
 
-static inline float dsigmoid(float q)
+/* a row's outputs and factors from Y': out = sigmoid(q) Y', dq = dout Y'
+ * sigmoid'(q), a = dout sigmoid(q) (e = exp(-|q|): sigmoid(q) is 1 / (1 +
+ * e) or e / (1 + e) by q's sign, sigmoid'(q) = e / (1 + e)^2) */
+static inline __attribute__((always_inline)) void entry_out(float *out, float *dq, float *a, float y, float q,
+                                                            float dout)
 {
-    float e = aft_expf(-fabsf(q));
-    return e / ((1.0f + e) * (1.0f + e));
+    float e = aft_exp_neg_abs(q);
+    float sq = q >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    if (out) *out = sq * y;
+    *dq = dout * y * (e / ((1.0f + e) * (1.0f + e)));
+    *a = dout * sq;
 }
 
 static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, size_t j)
@@ -85,6 +95,61 @@ static void exact_forward(const fjob *jb, size_t t, size_t tv, size_t cc, const 
     *Y = den > 0.0 ? (float)(num / den) : 0.0f;
 }
 
+/* Row of a block, ch channels, where den is a fair float: Y' = num / den,
+ * the outputs, dq, a and G = a / den. bad[c] (1) where den fell below
+ * GF_DEN_MIN or num or den is not finite: entry_exact redoes those. (Its
+ * own function, restrict pointers and no calls: one vector loop.) */
+static inline __attribute__((always_inline)) int
+row_entries(float *restrict Y, float *restrict A, float *restrict G, unsigned char *restrict bad, float *restrict out,
+            float *restrict dq, const float *restrict num, const float *restrict den, const float *restrict q,
+            const float *restrict dout, size_t n)
+{
+    int any = 0;
+    for (size_t c = 0; c < n; c++) {
+        float d = den[c], y = num[c] / d, e = aft_exp_neg_abs(q[c]);
+        float sq = q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        if (out) out[c] = sq * y;
+        dq[c] = dout[c] * y * (e / ((1.0f + e) * (1.0f + e)));
+        A[c] = dout[c] * sq;
+        G[c] = A[c] / d;
+        Y[c] = y;
+        bad[c] = !(d >= GF_DEN_MIN) | !(d <= 3.4e38f) | !(fabsf(num[c]) <= 3.4e38f);
+        any |= bad[c];
+    }
+    return any;
+}
+
+/* Entry (i, c) of the block (row t = i0 + i, channel c of head h) that
+ * row_entries could not take: a row that sees no key (Y' = 0, G = 0); L in
+ * double from den where den is a float still (r + M + log den), else from
+ * the exact sums (den underflowed, or num or den overflowed); G = a exp(r +
+ * M - L) unless that passes e^GF_EXACT, when redo[c] = 1 and the
+ * gradient's terms too are taken exactly (below). */
+static void entry_exact(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t i, size_t c, size_t tv)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t t = i0 + i, C = jb->C, ch = jb->ch, cc = h * ch + c, k = i * ch + c;
+    const float num = sc->acc[i * 2 * ch + c], den = sc->acc[i * 2 * ch + ch + c];
+    double L = -INFINITY;
+    float Y = 0.0f;
+    if (!sc->vis[i]) {
+        /* nothing visible: Y' = 0 */
+    } else if (den >= AFT_DEN_EXACT_BELOW && isfinite(num) && isfinite(den)) {
+        L = (double)sc->r[i] + (double)sc->M[c] + log((double)den);
+        Y = num / den;
+    } else {
+        aft_w_row(ws, h, t, 0, tv, sc->wrow);
+        exact_forward(jb, t, tv, cc, sc->wrow, &L, &Y);
+    }
+    sc->L[k] = L;
+    sc->y[k] = Y;
+    float *out = jb->io->out ? jb->io->out + t * C + cc : NULL;
+    entry_out(out, jb->io->dq + t * jb->io->lddq + cc, &sc->a[k], Y, jb->q[t * ws->ldq + cc], jb->io->dout[t * C + cc]);
+    double x = (double)sc->r[i] + (double)sc->M[c] - L;
+    sc->redo[k] = sc->vis[i] && !(x <= GF_EXACT);
+    sc->g[k] = sc->vis[i] && !sc->redo[k] ? sc->a[k] * aft_expf((float)x) : 0.0f;
+}
+
 /* Rows [i0, i1) of head h on the calling thread. Returns 0 when out of
  * memory for the exact terms. */
 static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
@@ -131,44 +196,19 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
             }
         }
     }
-    /* L, Y', the outputs and dq; G = a exp(r + M - L) */
+    /* Y', the outputs, dq, a and G = a exp(r + M - L) = a / den: a vector
+     * loop a row; the entries it marks bad one at a time (entry_exact) */
     for (size_t i = 0; i < bi; i++) {
-        size_t t = i0 + i;
+        size_t t = i0 + i, o = t * C + h * ch;
         const float *acc = sc->acc + i * ch2;
-        double *L = sc->L + i * ch;
-        float *Y = sc->y + i * ch, *A = sc->a + i * ch;
+        float *out = jb->io->out ? jb->io->out + o : NULL, *dq = jb->io->dq + t * jb->io->lddq + h * ch;
         unsigned char *redo = sc->redo + i * ch;
-        int have_w = 0;
-        for (size_t c = 0; c < ch; c++) {
-            size_t cc = h * ch + c;
-            float num = acc[c], den = acc[ch + c];
-            if (!sc->vis[i]) {
-                L[c] = -INFINITY;
-                Y[c] = 0.0f;
-            } else if (den >= AFT_DEN_EXACT_BELOW && isfinite(num) && isfinite(den)) {
-                L[c] = (double)sc->r[i] + (double)sc->M[c] + log((double)den);
-                Y[c] = num / den;
-            } else {
-                if (!have_w) aft_w_row(ws, h, t, 0, tv, sc->wrow);
-                have_w = 1;
-                exact_forward(jb, t, tv, cc, sc->wrow, L + c, Y + c);
-            }
-            float qv = jb->q[t * ws->ldq + cc], dout = jb->io->dout[t * C + cc], sq = aft_sigmoidf(qv);
-            if (jb->io->out) jb->io->out[t * C + cc] = sq * Y[c];
-            jb->io->dq[t * jb->io->lddq + cc] = dout * Y[c] * dsigmoid(qv);
-            A[c] = dout * sq;
-            double x = (double)sc->r[i] + (double)sc->M[c] - L[c];
-            redo[c] = sc->vis[i] && !(x <= GF_EXACT);
-        }
+        int any = !sc->vis[i] ||
+                  row_entries(sc->y + i * ch, sc->a + i * ch, sc->g + i * ch, redo, out, dq, acc, acc + ch,
+                              jb->q + t * ws->ldq + h * ch, jb->io->dout + o, ch);
+        for (size_t c = 0; c < ch && any; c++)
+            if (!sc->vis[i] || redo[c]) entry_exact(jb, sc, h, i0, i, c, tv);
     }
-    /* G = a exp(r + M - L) once (into a; 0 where done exactly), then per
-     * chunk Gp = f [G | -Y' G], H += E^T Gp, dw = E .* (Gp R^T) */
-    for (size_t i = 0; i < bi; i++)
-        for (size_t c = 0; c < ch; c++) {
-            size_t k = i * ch + c;
-            double x = (double)sc->r[i] + (double)sc->M[c] - sc->L[k];
-            sc->g[k] = sc->vis[i] && !sc->redo[k] ? sc->a[k] * aft_expf((float)x) : 0.0f;
-        }
     float *H = jb->hs[tid];
     for (size_t jc = 0; jc < nc; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
