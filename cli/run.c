@@ -222,6 +222,7 @@ int cmd_run(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     cli_msg_stream = NULL;
     if (quiet) fclose(quiet);
+    if (rc > 0 && cli_shard_launcher()) return cli_shard_refused(rc);
     if (rc) return rc < 0 ? cli_finish_stdout("run") : rc;
     /* started by mpirun or srun: the sequence in slices, one a process */
     if (cli_shard_launcher()) return cli_shard_run(&o);

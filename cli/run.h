@@ -16,5 +16,9 @@ int cli_shard_rank0(void);
 /* aft run over the ranks, each on its slice of the sequence; every rank
  * returns the same exit status */
 int cli_shard_run(const struct run_opts *o);
+/* options refused under a launcher (rank 0 has said why): every rank
+ * returns rc once all have got this far, so none exits first and has
+ * mpirun end rank 0 before its message is out */
+int cli_shard_refused(int rc);
 
 #endif

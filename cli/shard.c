@@ -64,6 +64,11 @@ int cli_shard_run(const struct run_opts *o)
     return EXIT_USAGE;
 }
 
+int cli_shard_refused(int rc)
+{
+    return rc;
+}
+
 #else
 
 #include <mpi.h>
@@ -852,6 +857,15 @@ out:
     aft_state_free(state);
     runner_free(&r);
     free(pl.x); free(pl.y); free(pl.kv); free(pl.mask);
+    return rc;
+}
+
+int cli_shard_refused(int rc)
+{
+    int provided;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) return rc;
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
     return rc;
 }
 
