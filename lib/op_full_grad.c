@@ -320,25 +320,31 @@ aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *
     }
     jb.rhs = rhs;
     jb.mk = mk;
-    /* mk per chunk, and R = [exp(k - mk) v | exp(k - mk)] per head */
+    /* mk per chunk, the threads taking ranges of channels (without
+     * causality there is one chunk, which by chunks ran on one thread);
+     * then R = [exp(k - mk) v | exp(k - mk)] per head, by rows */
     #pragma omp parallel for schedule(static) num_threads((int)nt)
-    for (size_t jc = 0; jc < nchunk; jc++) {
+    for (size_t x = 0; x < nchunk * nt; x++) {
+        size_t jc = x / nt, p = x % nt, c0 = C * p / nt, c1 = C * (p + 1) / nt;
         size_t j0 = jc * chunk, j1 = j0 + chunk < T ? j0 + chunk : T;
         float *m = mk + jc * C;
-        for (size_t c = 0; c < C; c++) m[c] = -INFINITY;
+        for (size_t c = c0; c < c1; c++) m[c] = -INFINITY;
         for (size_t j = j0; j < j1; j++)
-            for (size_t c = 0; c < C; c++) m[c] = k[j * ws->ldk + c] > m[c] ? k[j * ws->ldk + c] : m[c];
-        for (size_t c = 0; c < C; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
-        for (size_t j = j0; j < j1; j++)
-            for (size_t h = 0; h < H; h++) {
-                float *dst = rhs + j * C2 + h * 2 * ch;
-                for (size_t c = 0; c < ch; c++) {
-                    size_t cc = h * ch + c;
-                    float e = aft_expf(k[j * ws->ldk + cc] - m[cc]);
-                    dst[c] = e * v[j * ws->ldv + cc];
-                    dst[ch + c] = e;
-                }
+            for (size_t c = c0; c < c1; c++) m[c] = k[j * ws->ldk + c] > m[c] ? k[j * ws->ldk + c] : m[c];
+        for (size_t c = c0; c < c1; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
+    }
+    #pragma omp parallel for schedule(static) num_threads((int)nt)
+    for (size_t j = 0; j < T; j++) {
+        const float *m = mk + j / chunk * C;
+        for (size_t h = 0; h < H; h++) {
+            float *dst = rhs + j * C2 + h * 2 * ch;
+            for (size_t c = 0; c < ch; c++) {
+                size_t cc = h * ch + c;
+                float e = aft_expf(k[j * ws->ldk + cc] - m[cc]);
+                dst[c] = e * v[j * ws->ldv + cc];
+                dst[ch + c] = e;
             }
+        }
     }
     const size_t nblk = (T + jb.rows - 1) / jb.rows, ntask = H * nblk;
     int failed = 0;
