@@ -261,9 +261,23 @@ static void dense_zero_used(const aft_opspec *sp, const aft_bias_grad *db)
         dense_zero_rows(sp, db->dense, T);
         return;
     }
-    for (size_t t = 0; t < T; t++) {
-        size_t lo = t + 1 > s ? t + 1 - s : 0, hi = t + s < T ? t + s : T;
-        memset(db->dense + t * tm + lo, 0, (hi - lo) * sizeof(float));
+    /* a row's band is a line or two, a page from the last row's: the
+     * threads split the rows, and each asks for the rows a few ahead while
+     * it clears these, so the misses overlap (one row at a time, 4096 rows
+     * took 0.7 to 1.3 ms) */
+    enum { AHEAD = 16 };
+    const size_t nt = (size_t)(sp->threads > 0 ? sp->threads : 1), per = (T + nt - 1) / nt;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1 && T >= 1024)
+    for (size_t p = 0; p < nt; p++) {
+        size_t r0 = p * per < T ? p * per : T, r1 = r0 + per < T ? r0 + per : T;
+        for (size_t t = r0; t < r1; t++) {
+            size_t lo = t + 1 > s ? t + 1 - s : 0, hi = t + s < T ? t + s : T;
+            if (t + AHEAD < r1) {
+                size_t u = t + AHEAD, ulo = u + 1 > s ? u + 1 - s : 0, uhi = u + s < T ? u + s : T;
+                row_prefetch(db->dense, tm, u, ulo, uhi, 1);
+            }
+            memset(db->dense + t * tm + lo, 0, (hi - lo) * sizeof(float));
+        }
     }
 }
 
