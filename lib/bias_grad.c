@@ -281,6 +281,18 @@ static void dense_zero_used(const aft_opspec *sp, const aft_bias_grad *db)
     }
 }
 
+int aft_bias_grad_full_sets(const aft_opspec *sp, const aft_bias_grad *db)
+{
+    return aft_bias_grad_wanted(sp, db) && db->zero_outside && sp->bias->kind == AFT_BIAS_DENSE &&
+           sp->variant == AFT_FULL && !sp->causal && !sp->bias->mask && !sp->grid_w && sp->t_off == 0;
+}
+
+void aft_w_row_grad_set(const aft_opspec *sp, const aft_bias_grad *db, size_t t, size_t j0, size_t j1,
+                        const float *dw)
+{
+    aft_copy_stream(db->dense + t * sp->bias->tmax + j0, dw, j1 - j0);
+}
+
 void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db)
 {
     const aft_bias *b = sp->bias;

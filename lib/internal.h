@@ -34,6 +34,8 @@ void *aft_calloc_array(size_t n, size_t size);
  * write only a little of, such as a [Tmax, Tmax] bias gradient of which a
  * local run writes a band. 64 MiB took 2.1 ms where memset took 5.6. */
 void aft_zero_stream(float *p, size_t n);
+/* dst[0 .. n) = src[0 .. n) the same way (dst not read into the cache) */
+void aft_copy_stream(float *dst, const float *src, size_t n);
 
 /* the length of the well-formed UTF-8 character at s (n bytes left), 0
  * when there is none there */

@@ -352,6 +352,7 @@ static aft_status fast_grad(const aft_grad_io *io, const float *q, const float *
         aft_status st = AFT_OK;
         for (size_t b = 0; b < B && !st; b++) {
             aft_grad_io one = iob;
+            one.db_set = io->db_set && b0 + b == 0;   /* later sequences add */
             one.dq += b * T * io->lddq;
             one.dk += b * T * io->lddk;
             one.dv += b * T * io->lddv;
@@ -390,6 +391,7 @@ static aft_status grouped_grad(const aft_grad_io *io, const float *q, const floa
         if (g > 0 && per) {
             aft_bias_grad_copy_init(sp, &io->db, &mine[g], blk + (g - 1) * per);
             iog.db = mine[g];
+            iog.db_set = 0;   /* a zeroed copy, added to */
         }
         size_t b0 = B * g / ng, b1 = B * (g + 1) / ng;
         aft_first_error(&st, err, fast_grad(&iog, q, k, v, &one, b0, b1 - b0, dense_mask, &e), &e);
@@ -418,7 +420,9 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
                            const aft_opspec *sp_in, size_t B, size_t kc, int reference, aft_error *err)
 {
     const size_t T = sp_in->T, C = sp_in->C;
-    aft_bias_grad_zero(sp_in, &io_in->db);
+    /* the full kernel's first sequence may set the entries instead */
+    const int set = !reference && B > 0 && T > 0 && C > 0 && aft_bias_grad_full_sets(sp_in, &io_in->db);
+    if (!set) aft_bias_grad_zero(sp_in, &io_in->db);
     if (B == 0 || T == 0 || C == 0) return AFT_OK;
     if (!io_in->dq || !io_in->dk || !io_in->dv || !io_in->dout || !q || !k || !v)
         return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s",
@@ -428,6 +432,7 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
         return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     aft_opspec sp = *sp_in;
     aft_grad_io io = *io_in;
+    io.db_set = set;
     /* keys of one channel per head: widened as for the forward, and each
      * head's dk the sum over its channels */
     float *kwide = NULL, *dkwide = NULL;

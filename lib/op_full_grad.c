@@ -233,7 +233,8 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
                 float *d = sc->dws + i * DW_COLS;
                 const float *er = E + i * tv + c0;
                 for (size_t j = 0; j < n; j++) d[j] *= er[j];
-                aft_w_row_grad(ws, db, h, i0 + i, c0, c1, d);
+                if (jb->io->db_set) aft_w_row_grad_set(ws, db, i0 + i, c0, c1, d);
+                else aft_w_row_grad(ws, db, h, i0 + i, c0, c1, d);
             }
         }
     }

@@ -39,12 +39,15 @@ void *aft_calloc_array(size_t n, size_t size)
 #if defined(__AVX512F__)
 enum { ZS_FLOATS = 16 };
 #define ZS_STORE(p) _mm512_stream_ps(p, _mm512_setzero_ps())
+#define ZS_COPY(p, q) _mm512_stream_ps(p, _mm512_loadu_ps(q))
 #elif defined(__AVX__)
 enum { ZS_FLOATS = 8 };
 #define ZS_STORE(p) _mm256_stream_ps(p, _mm256_setzero_ps())
+#define ZS_COPY(p, q) _mm256_stream_ps(p, _mm256_loadu_ps(q))
 #elif defined(__SSE__)
 enum { ZS_FLOATS = 4 };
 #define ZS_STORE(p) _mm_stream_ps(p, _mm_setzero_ps())
+#define ZS_COPY(p, q) _mm_stream_ps(p, _mm_loadu_ps(q))
 #endif
 
 void aft_zero_stream(float *p, size_t n)
@@ -58,6 +61,19 @@ void aft_zero_stream(float *p, size_t n)
     _mm_sfence();
 #else
     memset(p, 0, n * sizeof(float));
+#endif
+}
+
+void aft_copy_stream(float *dst, const float *src, size_t n)
+{
+#ifdef ZS_COPY
+    size_t i = 0;
+    for (; i < n && (uintptr_t)(dst + i) % (ZS_FLOATS * sizeof(float)); i++) dst[i] = src[i];
+    for (; i + ZS_FLOATS <= n; i += ZS_FLOATS) ZS_COPY(dst + i, src + i);
+    for (; i < n; i++) dst[i] = src[i];
+    _mm_sfence();
+#else
+    memcpy(dst, src, n * sizeof(float));
 #endif
 }
 

@@ -1335,8 +1335,10 @@ static void test_grad_same_bits_every_run(void **state)
  * The entries outside hold a mark the run cannot write, standing for the
  * caller's zeros: each must keep it or be cleared to 0 (clearing more than
  * is written is allowed), and take no other value. Local's band on and off
- * the diagonal's edges, with and without causality, and full's block;
- * tmax > T, so rows are tmax apart. */
+ * the diagonal's edges, with and without causality, and full's block:
+ * without causality its first sequence sets the entries (one sequence or
+ * more, one group or two, one block of rows or two), with causality they
+ * are cleared and added to; tmax > T, so rows are tmax apart. */
 static void test_grad_zero_outside(void **state)
 {
     (void)state;
@@ -1345,6 +1347,9 @@ static void test_grad_zero_outside(void **state)
         {AFT_LOCAL, AFT_BIAS_DENSE, 2, 37, 16, 0, 5, 0, 0, MASK_NONE, VALS_NORMAL, 92, 1, 0},
         {AFT_LOCAL, AFT_BIAS_DENSE, 1, 300, 16, 0, 40, 0, 1, MASK_NONE, VALS_NORMAL, 93, 2, 0},
         {AFT_FULL, AFT_BIAS_DENSE, 2, 37, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 94, 2, 0},
+        {AFT_FULL, AFT_BIAS_DENSE, 3, 37, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 95, 1, 0},
+        {AFT_FULL, AFT_BIAS_DENSE, 1, 300, 16, 0, 0, 0, 0, MASK_NONE, VALS_NORMAL, 96, 2, 0},
+        {AFT_FULL, AFT_BIAS_DENSE, 2, 37, 16, 0, 0, 0, 1, MASK_NONE, VALS_NORMAL, 97, 2, 0},
     };
     const float mark = 12345.0f;
     int fails = 0;
