@@ -166,11 +166,14 @@ typedef struct {
     int keys_tame, tame;
     /* per slice, causal: how far it has come (causal_slice below) */
     atomic_int *stage;
-    /* per entry (T, C) each: L = Z + log den, kept as the stabiliser Z
-     * (any float: the factors against it are taken with exponents in
-     * double; a float L of 700 would be 3e-5 off, and so every P),
-     * u1 = a / den (a = dout sigmoid(q)) and u2 = u1 Y' */
-    float *Z, *U1, *U2;
+    /* per entry: L = Z + log den, kept as the stabiliser Z (any float: the
+     * factors against it are taken with exponents in double; a float L of
+     * 700 would be 3e-5 off, and so every P), u1 = a / den (a = dout
+     * sigmoid(q)) and u2 = u1 Y'; a row's [Z | U1 | U2] 3C floats (zrow
+     * below). (T, 3C), or with zsplit each slice's first s rows (ns, s, 3C),
+     * its others in the scratch of the thread that runs it. */
+    float *Z;
+    int zsplit;
     float *kp;        /* the forward's key pieces: (2 ns, 4C): slice i's left piece at 2i, right at 2i + 1 */
     float *rp;        /* the backward's row pieces: (2 ns, 3C) m, s1, s2, likewise */
     float *halo;      /* (ns, 2 hrows, 2C): dv | dk for rows of other slices */
@@ -202,6 +205,7 @@ typedef struct {
     unsigned char rowredo[GB_ROWS];   /* the row has an entry in redo */
     size_t zhi;                  /* rows of dv, dk (every channel) zeroed up to here */
     size_t te;                   /* the slice's rows end here (what may be asked for ahead) */
+    float *zs;                   /* zsplit: Z, U1, U2 of the slice's rows from its s-th on (rows, 3C) */
     float *blk;
 } gscratch;
 
@@ -221,11 +225,14 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
     sc->blk = aft_alloc_array(total, sizeof(float));
     sc->redo = malloc(2 * R * GB_CH);
-    if (!sc->blk || !sc->redo) {
+    sc->zs = jb->zsplit ? aft_alloc_array(rows, 3 * C * sizeof(float)) : NULL;
+    if (!sc->blk || !sc->redo || (jb->zsplit && !sc->zs)) {
         free(sc->blk);
         free(sc->redo);
+        free(sc->zs);
         sc->blk = NULL;
         sc->redo = NULL;
+        sc->zs = NULL;
         return 0;
     }
     sc->bad = sc->redo + R * GB_CH;
@@ -244,6 +251,21 @@ static void gscratch_free(gscratch *sc)
 {
     free(sc->blk);
     free(sc->redo);
+    free(sc->zs);
+}
+
+/* Row t's [Z | U1 | U2] (3C floats). With zsplit (causal: each slice's
+ * rows are read after its block pass by its own outside pass and, the
+ * first s of them, by the slice before's): the first s rows of a slice in
+ * Z, the rest in the scratch of the thread running the slice, reused for
+ * its next slice. The 12 MiB of a whole array (T = 4096, C = 256) were
+ * written to memory and read back; a thread's rows stay in its caches. */
+static inline float *zrow(const gjob *jb, const gscratch *sc, size_t t)
+{
+    const size_t C3 = 3 * jb->C;
+    if (!jb->zsplit) return jb->Z + t * C3;
+    size_t sl = ((t + 1) * jb->ns - 1) / jb->T, r = t - row0(jb, sl);
+    return r < jb->s ? jb->Z + (sl * jb->s + r) * C3 : sc->zs + (r - jb->s) * C3;
 }
 
 /* where key row j's dv and dk (all C channels; dk = dv + (dk's offset))
@@ -755,12 +777,11 @@ static inline __attribute__((always_inline)) void rows_prefetch(const gjob *jb, 
     const size_t C = jb->C, T = jb->T;
     if (t + ROWS_AHEAD < sc->te) {
         size_t u = t + ROWS_AHEAD, row = jb->b * T + u;
+        const float *z = zrow(jb, sc, u);
         lines_prefetch(jb->q + u * jb->ws->ldq + c0, cw, 0);
         lines_prefetch(jb->dout + u * C + c0, cw, 0);
         lines_prefetch(jb->io->dq + row * jb->io->lddq + c0, cw, 1);
-        lines_prefetch(jb->Z + u * C + c0, cw, 1);
-        lines_prefetch(jb->U1 + u * C + c0, cw, 1);
-        lines_prefetch(jb->U2 + u * C + c0, cw, 1);
+        for (int a = 0; a < 3; a++) lines_prefetch(z + a * C + c0, cw, 1);
     }
     if (t + GB_ROWS < sc->te) {
         size_t row = jb->b * T + t + GB_ROWS;
@@ -786,7 +807,7 @@ block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, s
         if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw, tame);
         float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
         const double r = sc->r[i];
-        float *Z = jb->Z + t * C + c0, *U1 = jb->U1 + t * C + c0, *U2 = jb->U2 + t * C + c0;
+        float *Z = zrow(jb, sc, t) + c0, *U1 = Z + C, *U2 = Z + 2 * C;
         float *D = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
         const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
         const size_t row = jb->b * T + t;
@@ -989,7 +1010,7 @@ static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
 
 /* slice sl's sums of the rows of its pieces for the backward's outside
  * parts: left piece rows [t0 - s, t1 - s), right [t0 + s, t1 + s) */
-static void row_pieces(const gjob *jb, size_t sl)
+static void row_pieces(const gjob *jb, const gscratch *sc, size_t sl)
 {
     const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
     for (int side = 0; side < 2; side++) {
@@ -1001,8 +1022,9 @@ static void row_pieces(const gjob *jb, size_t sl)
         size_t a = side == 0 ? (t0 > s ? t0 - s : 0) : (t0 + s < T ? t0 + s : T);
         size_t e = side == 0 ? (t1 > s ? t1 - s : 0) : (t1 + s < T ? t1 + s : T);
         for (size_t t = a; t < e; t++) {
-            if (jb->tame) row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, 1);
-            else row_add(r.m, r.s1, r.s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, 0);
+            const float *z = zrow(jb, sc, t);
+            if (jb->tame) row_add(r.m, r.s1, r.s2, z, z + C, z + 2 * C, C, 1);
+            else row_add(r.m, r.s1, r.s2, z, z + C, z + 2 * C, C, 0);
         }
     }
 }
@@ -1031,19 +1053,20 @@ outside_add(float *restrict dv, float *restrict dk, const float *restrict k, con
  * took 6 million cycles a thread where it took 10 (T = 4096, C = 256). */
 enum { OUT_AHEAD = 2, LINE_FLOATS = 16 /* a 64-byte cache line */ };
 
-static void outside_prefetch(const gjob *jb, size_t j, int side)
+static void outside_prefetch(const gjob *jb, const gscratch *sc, size_t j, int side)
 {
     const size_t C = jb->C, t = side ? j + jb->s : j - jb->s, row = jb->b * jb->T + j;
     const int has_t = side ? t < jb->T : j >= jb->s;
+    const float *z = has_t ? zrow(jb, sc, t) : NULL;
     for (size_t c = 0; c < C; c += LINE_FLOATS) {
         __builtin_prefetch(jb->k + j * jb->ws->ldk + c, 0, 3);
         __builtin_prefetch(jb->v + j * jb->ws->ldv + c, 0, 3);
         __builtin_prefetch(jb->io->dv + row * jb->io->lddv + c, 1, 3);
         __builtin_prefetch(jb->io->dk + row * jb->io->lddk + c, 1, 3);
         if (has_t) {
-            __builtin_prefetch(jb->Z + t * C + c, 0, 3);
-            __builtin_prefetch(jb->U1 + t * C + c, 0, 3);
-            __builtin_prefetch(jb->U2 + t * C + c, 0, 3);
+            __builtin_prefetch(z + c, 0, 3);
+            __builtin_prefetch(z + C + c, 0, 3);
+            __builtin_prefetch(z + 2 * C + c, 0, 3);
         }
     }
 }
@@ -1051,16 +1074,19 @@ static void outside_prefetch(const gjob *jb, size_t j, int side)
 /* keys j in [t0, t1) on one side (outside_pass below): each row
  * outside j's band joins the running sum cur, which j then takes; tame a
  * constant */
-static inline __attribute__((always_inline)) void outside_keys(const gjob *jb, rsum *cur, size_t t0, size_t t1,
+static inline __attribute__((always_inline)) void outside_keys(const gjob *jb, const gscratch *sc, rsum *cur,
+                                                               size_t t0, size_t t1,
                                                                int side, int tame)
 {
     const size_t T = jb->T, C = jb->C, s = jb->s, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
     for (size_t n = 0; n < t1 - t0; n++) {
         size_t j = side ? t1 - 1 - n : t0 + n;
         size_t t = side ? j + s : j - s;   /* the row joining */
-        if (n + OUT_AHEAD < t1 - t0) outside_prefetch(jb, side ? j - OUT_AHEAD : j + OUT_AHEAD, side);
-        if ((side && j + s < T) || (!side && j >= s))
-            row_add(cur->m, cur->s1, cur->s2, jb->Z + t * C, jb->U1 + t * C, jb->U2 + t * C, C, tame);
+        if (n + OUT_AHEAD < t1 - t0) outside_prefetch(jb, sc, side ? j - OUT_AHEAD : j + OUT_AHEAD, side);
+        if ((side && j + s < T) || (!side && j >= s)) {
+            const float *z = zrow(jb, sc, t);
+            row_add(cur->m, cur->s1, cur->s2, z, z + C, z + 2 * C, C, tame);
+        }
         const size_t row = jb->b * T + j;
         outside_add(jb->io->dv + row * jb->io->lddv, jb->io->dk + row * jb->io->lddk, jb->k + j * ldk,
                     jb->v + j * ldv, cur->m, cur->s1, cur->s2, C, tame);
@@ -1069,7 +1095,7 @@ static inline __attribute__((always_inline)) void outside_keys(const gjob *jb, r
 
 /* Slice sl's keys j in [t0, t1): the rows outside their band (w = 0)
  * through running sums, and the halos other slices left for them. */
-static void outside_pass(const gjob *jb, rsum *cur, size_t sl)
+static void outside_pass(const gjob *jb, const gscratch *sc, rsum *cur, size_t sl)
 {
     const size_t T = jb->T, C = jb->C, ns = jb->ns, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
     if (t1 <= t0) return;
@@ -1084,15 +1110,15 @@ static void outside_pass(const gjob *jb, rsum *cur, size_t sl)
             rsum p = {pp, pp + C, pp + 2 * C};
             rsum_merge(cur, &p, C);
         }
-        if (jb->tame) outside_keys(jb, cur, t0, t1, side, 1);
-        else outside_keys(jb, cur, t0, t1, side, 0);
+        if (jb->tame) outside_keys(jb, sc, cur, t0, t1, side, 1);
+        else outside_keys(jb, sc, cur, t0, t1, side, 0);
     }
     /* the halos of the other slices that fall on these rows */
     for (size_t o = 0; o < ns; o++) {
         if (o == sl) continue;
         size_t o0 = row0(jb, o), o1 = row0(jb, o + 1);
         if (o1 <= o0) continue;
-        for (size_t i = 0; i < 2 * jb->hrows; i++) {
+        for (size_t i = 0; i < (jb->causal ? 1 : 2) * jb->hrows; i++) {
             /* halo row i of slice o */
             size_t j;
             if (i < jb->hrows) {
@@ -1149,12 +1175,12 @@ static void causal_slice(const gjob *jb, gscratch *sc, const aft_bias_grad *db, 
     gjob j2 = *jb;
     if (i + 1 < ns) stage_wait(jb, i + 1, STAGE_BLOCKS);
     j2.tame = jb->keys_tame && jb->wtame[i] && (i + 1 == ns || jb->wtame[i + 1]);
-    row_pieces(&j2, i);
+    row_pieces(&j2, sc, i);
     atomic_store_explicit(&jb->stage[i], STAGE_PIECE, memory_order_release);
     /* the outside pass: every later slice's piece, and its stabilisers */
     for (size_t k = i + 1; k < ns; k++) stage_wait(jb, k, STAGE_PIECE);
     j2.tame = jb->keys_tame && all_set(jb->wtame + i, ns - i);
-    outside_pass(&j2, cur, i);
+    outside_pass(&j2, sc, cur, i);
 }
 
 /* Slices a thread: more of them even out the threads' ends, but each adds
@@ -1181,7 +1207,9 @@ static void key_pieces(const gjob *jb, size_t sl)
 {
     const aft_opspec *ws = jb->ws;
     const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
-    memset(jb->halo + sl * 2 * jb->hrows * 2 * C, 0, 2 * jb->hrows * 2 * C * sizeof(float));
+    /* with causality a row's band reaches only the keys before it: the
+     * left halo alone */
+    memset(jb->halo + sl * 2 * jb->hrows * 2 * C, 0, (jb->causal ? 1 : 2) * jb->hrows * 2 * C * sizeof(float));
     jb->ktame[sl] = (unsigned char)keys_tame(jb->k, ws->ldk, t0, t1, C);
     jb->wtame[sl] = 1;
     atomic_store_explicit(&jb->stage[sl], STAGE_NONE, memory_order_relaxed);
@@ -1208,9 +1236,12 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     jb.hrows = jb.s ? jb.s - 1 : 0;
     jb.ns = aft_band_grad_slices(T, jb.s, nt, aft_bias_grad_private_floats(ws, &io->db), C);
     const size_t ns = jb.ns;
-    jb.Z = aft_alloc_array(T, 3 * C * sizeof(float));
-    jb.U1 = jb.Z ? jb.Z + T * C : NULL;
-    jb.U2 = jb.Z ? jb.U1 + T * C : NULL;
+    /* causal: Z, U1, U2 split (zrow) where the slices' first rows are at
+     * most a quarter of T and the threads' scratch at most half of it, so
+     * the two take less than the whole array */
+    jb.zsplit = jb.causal && ns >= 2 * nt && T / ns >= 4 * jb.s;
+    jb.Z = jb.zsplit ? aft_alloc_array(ns * (jb.s ? jb.s : 1), 3 * C * sizeof(float))
+                     : aft_alloc_array(T, 3 * C * sizeof(float));
     jb.kp = aft_alloc_array(2 * ns, 4 * C * sizeof(float));
     jb.rp = aft_alloc_array(2 * ns, 3 * C * sizeof(float));
     jb.halo = aft_alloc_array(ns * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
@@ -1258,9 +1289,9 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                 for (size_t i = 0; i < ns; i++) block_pass(&jbb, &sc, &mine[i], i);
                 jbb.tame = jbb.keys_tame && all_set(jb.wtame, ns);
                 #pragma omp for schedule(dynamic, 1)
-                for (size_t i = 0; i < ns; i++) row_pieces(&jbb, i);
+                for (size_t i = 0; i < ns; i++) row_pieces(&jbb, &sc, i);
                 #pragma omp for schedule(dynamic, 1)
-                for (size_t i = 0; i < ns; i++) outside_pass(&jbb, &cur, i);
+                for (size_t i = 0; i < ns; i++) outside_pass(&jbb, &sc, &cur, i);
             }
             free(rs);
             gscratch_free(&sc);
