@@ -118,20 +118,13 @@ void aft_w_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, siz
     }
 }
 
-/* the lines of row t's entries [j0, j1) of a (tmax-wide) matrix (the
- * builtin takes read or write as a constant, hence two calls) */
+/* the lines of row t's entries [j0, j1) of a (tmax-wide) matrix */
 static void row_prefetch(const float *m, size_t tmax, size_t t, size_t j0, size_t j1, int write)
 {
-    enum { LINE = 16 };   /* floats a 64-byte line */
-    const float *row = m + t * tmax;
-    for (size_t j = j0; j < j1; j += LINE) {
-        if (write) __builtin_prefetch(row + j, 1, 3);
-        else __builtin_prefetch(row + j, 0, 3);
-    }
-    if (j1 > j0) {
-        if (write) __builtin_prefetch(row + j1 - 1, 1, 3);
-        else __builtin_prefetch(row + j1 - 1, 0, 3);
-    }
+    const float *row = m + t * tmax + j0;
+    if (j1 <= j0) return;
+    if (write) aft_lines_prefetch(row, j1 - j0, 1);
+    else aft_lines_prefetch(row, j1 - j0, 0);
 }
 
 void aft_band_bias_prefetch(const aft_opspec *sp, const aft_bias_grad *db, size_t t0, size_t t1)

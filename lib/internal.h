@@ -37,6 +37,21 @@ void aft_zero_stream(float *p, size_t n);
 /* dst[0 .. n) = src[0 .. n) the same way (dst not read into the cache) */
 void aft_copy_stream(float *dst, const float *src, size_t n);
 
+/* Asks the cache for the lines of p[0 .. n), to read or (write, a
+ * constant) to write: for rows a page or more apart, which the machine's
+ * prefetcher does not follow from one to the next */
+static inline __attribute__((always_inline)) void aft_lines_prefetch(const float *p, size_t n, int write)
+{
+    enum { LINE_FLOATS = 16 };   /* a 64-byte line */
+    if (n == 0) return;
+    for (size_t i = 0; i < n; i += LINE_FLOATS) {
+        if (write) __builtin_prefetch(p + i, 1, 3);
+        else __builtin_prefetch(p + i, 0, 3);
+    }
+    if (write) __builtin_prefetch(p + n - 1, 1, 3);   /* a last line the steps passed over */
+    else __builtin_prefetch(p + n - 1, 0, 3);
+}
+
 /* the length of the well-formed UTF-8 character at s (n bytes left), 0
  * when there is none there */
 size_t aft_utf8_len(const unsigned char *s, size_t n);

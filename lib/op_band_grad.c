@@ -752,16 +752,6 @@ static void block_factors(const gjob *jb, gscratch *sc, size_t lob, size_t hib, 
     }
 }
 
-/* The lines of n floats from p, for reading or (w, a constant) writing */
-static inline __attribute__((always_inline)) void lines_prefetch(const float *p, size_t n, int w)
-{
-    enum { LINE_F = 16 };   /* floats a 64-byte line */
-    for (size_t c = 0; c < n; c += LINE_F) {
-        if (w) __builtin_prefetch(p + c, 1, 3);
-        else __builtin_prefetch(p + c, 0, 3);
-    }
-}
-
 /* Rows a block's row loop asks for ahead: the rows it reads and writes
  * (q, dout, dq, Z, U1, U2) are 1 to 3 KiB apart, in arrays written long
  * before or not yet this call, and came each as a miss; dv and dk of the
@@ -778,15 +768,15 @@ static inline __attribute__((always_inline)) void rows_prefetch(const gjob *jb, 
     if (t + ROWS_AHEAD < sc->te) {
         size_t u = t + ROWS_AHEAD, row = jb->b * T + u;
         const float *z = zrow(jb, sc, u);
-        lines_prefetch(jb->q + u * jb->ws->ldq + c0, cw, 0);
-        lines_prefetch(jb->dout + u * C + c0, cw, 0);
-        lines_prefetch(jb->io->dq + row * jb->io->lddq + c0, cw, 1);
-        for (int a = 0; a < 3; a++) lines_prefetch(z + a * C + c0, cw, 1);
+        aft_lines_prefetch(jb->q + u * jb->ws->ldq + c0, cw, 0);
+        aft_lines_prefetch(jb->dout + u * C + c0, cw, 0);
+        aft_lines_prefetch(jb->io->dq + row * jb->io->lddq + c0, cw, 1);
+        for (int a = 0; a < 3; a++) aft_lines_prefetch(z + a * C + c0, cw, 1);
     }
     if (t + GB_ROWS < sc->te) {
         size_t row = jb->b * T + t + GB_ROWS;
-        lines_prefetch(jb->io->dv + row * jb->io->lddv + c0, cw, 1);
-        lines_prefetch(jb->io->dk + row * jb->io->lddk + c0, cw, 1);
+        aft_lines_prefetch(jb->io->dv + row * jb->io->lddv + c0, cw, 1);
+        aft_lines_prefetch(jb->io->dk + row * jb->io->lddk + c0, cw, 1);
     }
 }
 
@@ -1048,27 +1038,20 @@ outside_add(float *restrict dv, float *restrict dk, const float *restrict k, con
 /* The outside pass's rows: a key's k, v, dv and dk lie in rows of Q, K, V
  * and of their gradients, 3C floats apart, and it walks them downwards
  * (causal), so the machine's prefetcher, which keeps within a page, misses
- * each new row; the rows' Z, U1 and U2 come from the block pass, long
- * since out of the nearer caches. Asked for this many keys ahead, the pass
- * took 6 million cycles a thread where it took 10 (T = 4096, C = 256). */
-enum { OUT_AHEAD = 2, LINE_FLOATS = 16 /* a 64-byte cache line */ };
+ * each new row; the rows' Z, U1 and U2 come from the block pass (without
+ * causality long since out of the nearer caches). Asked for this many keys
+ * ahead, the pass took 6 million cycles a thread where it took 10 (T =
+ * 4096, C = 256). */
+enum { OUT_AHEAD = 2 };
 
 static void outside_prefetch(const gjob *jb, const gscratch *sc, size_t j, int side)
 {
     const size_t C = jb->C, t = side ? j + jb->s : j - jb->s, row = jb->b * jb->T + j;
-    const int has_t = side ? t < jb->T : j >= jb->s;
-    const float *z = has_t ? zrow(jb, sc, t) : NULL;
-    for (size_t c = 0; c < C; c += LINE_FLOATS) {
-        __builtin_prefetch(jb->k + j * jb->ws->ldk + c, 0, 3);
-        __builtin_prefetch(jb->v + j * jb->ws->ldv + c, 0, 3);
-        __builtin_prefetch(jb->io->dv + row * jb->io->lddv + c, 1, 3);
-        __builtin_prefetch(jb->io->dk + row * jb->io->lddk + c, 1, 3);
-        if (has_t) {
-            __builtin_prefetch(z + c, 0, 3);
-            __builtin_prefetch(z + C + c, 0, 3);
-            __builtin_prefetch(z + 2 * C + c, 0, 3);
-        }
-    }
+    aft_lines_prefetch(jb->k + j * jb->ws->ldk, C, 0);
+    aft_lines_prefetch(jb->v + j * jb->ws->ldv, C, 0);
+    aft_lines_prefetch(jb->io->dv + row * jb->io->lddv, C, 1);
+    aft_lines_prefetch(jb->io->dk + row * jb->io->lddk, C, 1);
+    if (side ? t < jb->T : j >= jb->s) aft_lines_prefetch(zrow(jb, sc, t), 3 * C, 0);
 }
 
 /* keys j in [t0, t1) on one side (outside_pass below): each row
