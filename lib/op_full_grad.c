@@ -30,17 +30,13 @@ enum { CAUSAL_CHUNK = 256, DW_COLS = 512 };
  * e^GF_EXACT */
 #define GF_DEN_MIN 1.0530617e-20f
 
-/* a row's outputs and factors from Y': out = sigmoid(q) Y', dq = dout Y'
- * sigmoid'(q), a = dout sigmoid(q) (e = exp(-|q|): sigmoid(q) is 1 / (1 +
- * e) or e / (1 + e) by q's sign, sigmoid'(q) = e / (1 + e)^2) */
-static inline __attribute__((always_inline)) void entry_out(float *out, float *dq, float *a, float y, float q,
-                                                            float dout)
+/* sigmoid(q) and sigmoid'(q) from one e = exp(-|q|): sigmoid(q) is 1 / (1 +
+ * e) or e / (1 + e) by q's sign, sigmoid'(q) = e / (1 + e)^2 */
+static inline __attribute__((always_inline)) void sig_parts(float q, float *sq, float *ds)
 {
     float e = aft_exp_neg_abs(q);
-    float sq = q >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-    if (out) *out = sq * y;
-    *dq = dout * y * (e / ((1.0f + e) * (1.0f + e)));
-    *a = dout * sq;
+    *sq = q >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    *ds = e / ((1.0f + e) * (1.0f + e));
 }
 
 static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, size_t j)
@@ -98,7 +94,8 @@ static void exact_forward(const fjob *jb, size_t t, size_t tv, size_t cc, const 
 /* Row of a block, ch channels, where den is a fair float: Y' = num / den,
  * the outputs, dq, a and G = a / den. bad[c] (1) where den fell below
  * GF_DEN_MIN or num or den is not finite: entry_exact redoes those. (Its
- * own function, restrict pointers and no calls: one vector loop.) */
+ * own function, restrict pointers and only inlined calls: one vector
+ * loop.) */
 static inline __attribute__((always_inline)) int
 row_entries(float *restrict Y, float *restrict A, float *restrict G, unsigned char *restrict bad, float *restrict out,
             float *restrict dq, const float *restrict num, const float *restrict den, const float *restrict q,
@@ -106,10 +103,10 @@ row_entries(float *restrict Y, float *restrict A, float *restrict G, unsigned ch
 {
     int any = 0;
     for (size_t c = 0; c < n; c++) {
-        float d = den[c], y = num[c] / d, e = aft_exp_neg_abs(q[c]);
-        float sq = q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        float d = den[c], y = num[c] / d, sq, ds;
+        sig_parts(q[c], &sq, &ds);
         if (out) out[c] = sq * y;
-        dq[c] = dout[c] * y * (e / ((1.0f + e) * (1.0f + e)));
+        dq[c] = dout[c] * y * ds;
         A[c] = dout[c] * sq;
         G[c] = A[c] / d;
         Y[c] = y;
@@ -143,8 +140,11 @@ static void entry_exact(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_
     }
     sc->L[k] = L;
     sc->y[k] = Y;
-    float *out = jb->io->out ? jb->io->out + t * C + cc : NULL;
-    entry_out(out, jb->io->dq + t * jb->io->lddq + cc, &sc->a[k], Y, jb->q[t * ws->ldq + cc], jb->io->dout[t * C + cc]);
+    float sq, ds, dout = jb->io->dout[t * C + cc];
+    sig_parts(jb->q[t * ws->ldq + cc], &sq, &ds);
+    if (jb->io->out) jb->io->out[t * C + cc] = sq * Y;
+    jb->io->dq[t * jb->io->lddq + cc] = dout * Y * ds;
+    sc->a[k] = dout * sq;
     double x = (double)sc->r[i] + (double)sc->M[c] - L;
     sc->redo[k] = sc->vis[i] && !(x <= GF_EXACT);
     sc->g[k] = sc->vis[i] && !sc->redo[k] ? sc->a[k] * aft_expf((float)x) : 0.0f;
