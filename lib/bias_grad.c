@@ -274,16 +274,26 @@ static void dense_zero_used(const aft_opspec *sp, const aft_bias_grad *db)
     }
 }
 
-int aft_bias_grad_full_sets(const aft_opspec *sp, const aft_bias_grad *db)
+int aft_bias_grad_sets(const aft_opspec *sp, const aft_bias_grad *db)
 {
-    return aft_bias_grad_wanted(sp, db) && db->zero_outside && sp->bias->kind == AFT_BIAS_DENSE &&
-           sp->variant == AFT_FULL && !sp->causal && !sp->bias->mask && !sp->grid_w && sp->t_off == 0;
+    if (!aft_bias_grad_wanted(sp, db) || !db->zero_outside || sp->bias->kind != AFT_BIAS_DENSE || sp->bias->mask ||
+        sp->grid_w || sp->t_off != 0)
+        return 0;
+    return (sp->variant == AFT_FULL && !sp->causal) || sp->variant == AFT_LOCAL;
 }
 
 void aft_w_row_grad_set(const aft_opspec *sp, const aft_bias_grad *db, size_t t, size_t j0, size_t j1,
                         const float *dw)
 {
-    aft_copy_stream(db->dense + t * sp->bias->tmax + j0, dw, j1 - j0);
+    float *row = db->dense + t * sp->bias->tmax;
+    if (sp->variant == AFT_FULL) {
+        aft_copy_stream(row + j0, dw, j1 - j0);
+        return;
+    }
+    /* local: a line or two, asked for ahead (aft_band_bias_prefetch) */
+    const size_t s = sp->window, end = t + s < sp->T ? t + s : sp->T;
+    memcpy(row + j0, dw, (j1 - j0) * sizeof(float));
+    if (end > j1) memset(row + j1, 0, (end - j1) * sizeof(float));
 }
 
 void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db)

@@ -68,7 +68,7 @@ size_t aft_grid_workspace(aft_variant variant, int causal, size_t B, size_t H, s
 /* ---- the backward pass, each kernel beside its forward (*_grad.c). Each
  * reads and writes io's arrays (op.h) with keys of one channel per value
  * channel; the bias gradient's arrays come zeroed and are added to (but
- * for io.db_set: aft_bias_grad_full_sets below). */
+ * for io.db_set: aft_bias_grad_sets below). */
 
 /* bias_grad.c: the adjoint of aft_w_row: adds dw[0 .. j1-j0) (dL/dw_eff[t, j]
  * for head h) to the entries of db that w_eff[t, j] was read from */
@@ -81,15 +81,19 @@ void aft_w_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t h, siz
 void aft_band_bias_prefetch(const aft_opspec *sp, const aft_bias_grad *db, size_t t0, size_t t1);
 /* the field of db for the bias's kind, zeroed (every kernel adds to it) */
 void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db);
-/* 1 when db needs no zeroing for a run of sp because the full kernel's
- * first sequence sets every entry it would add to (io.db_set): full
- * without causality, mask or grid on a dense bias, whose first sequence
- * writes all of rows [0, T) below column T once, and the caller's
- * zero_outside for the rest. 64 MiB cleared and then read back to be
- * added to cost the full backward pass a fortieth of its time at T = 4096. */
-int aft_bias_grad_full_sets(const aft_opspec *sp, const aft_bias_grad *db);
-/* aft_w_row_grad for full on a dense bias (aft_bias_grad_full_sets): sets
- * the entries instead, with stores that skip the cache */
+/* 1 when db needs no zeroing for a run of sp because the kernel's first
+ * sequence sets every entry it would add to (io.db_set), and the caller's
+ * zero_outside covers the rest; a dense bias, no mask or grid, and:
+ * - full without causality: the first sequence writes all of rows [0, T)
+ *   below column T once (64 MiB cleared and then read back to be added to
+ *   cost the full backward pass a fortieth of its time at T = 4096);
+ * - local: the first head of the first sequence writes each row's band
+ *   (aft_w_row_grad_set clears what causality leaves of it). */
+int aft_bias_grad_sets(const aft_opspec *sp, const aft_bias_grad *db);
+/* aft_w_row_grad where aft_bias_grad_sets holds: sets row t's entries
+ * [j0, j1) instead (full: with stores that skip the cache; local: j0, j1
+ * the row's band as the band kernel has it, and the rest of the window
+ * cleared) */
 void aft_w_row_grad_set(const aft_opspec *sp, const aft_bias_grad *db, size_t t, size_t j0, size_t j1,
                         const float *dw);
 /* whether a backward run of sp has a bias gradient to write into db */

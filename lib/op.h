@@ -146,7 +146,7 @@ typedef struct {
     const float *dout;
     float *out;
     aft_bias_grad db;
-    int db_set;   /* the kernel sets db's entries (aft_bias_grad_full_sets): its first sequence only */
+    int db_set;   /* the kernel sets db's entries (aft_bias_grad_sets): its first sequence only */
 } aft_grad_io;
 
 /* aft_op_backward for a settled operator, with sp's row strides for q, k, v

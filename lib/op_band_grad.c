@@ -159,6 +159,7 @@ typedef struct {
     size_t T, C, H, ch, s;
     size_t ns;                        /* slices of the rows */
     int causal, want_dw;
+    int set;                          /* this sequence sets the dense bias gradient (aft_bias_grad_sets) */
     /* per slice: its rows of k are tame (P1), every bias entry its blocks
      * read is (P2); and, in each thread's copy, every slice's keys are
      * tame (set after P1), and so is every bias entry (after P2) */
@@ -956,7 +957,8 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         for (size_t i = 0; i < nr; i++) {
             size_t t = i0 + i, lo, hi;
             band_of(jb, t, &lo, &hi);
-            aft_w_row_grad(ws, db, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, sc->dw + i * 2 * s);
+            if (jb->set && h == 0) aft_w_row_grad_set(ws, db, t, lo, hi, sc->dw + i * 2 * s);
+            else aft_w_row_grad(ws, db, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, sc->dw + i * 2 * s);
         }
 }
 
@@ -1252,6 +1254,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
             for (size_t b = 0; b < B && !failed; b++) {
                 gjob jbb = jb;
                 jbb.b = b;
+                jbb.set = io->db_set && b == 0;   /* later sequences add */
                 jbb.q = q + b * T * ws->ldq;
                 jbb.k = k + b * T * ws->ldk;
                 jbb.v = v + b * T * ws->ldv;
