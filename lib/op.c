@@ -420,7 +420,7 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
                            const aft_opspec *sp_in, size_t B, size_t kc, int reference, aft_error *err)
 {
     const size_t T = sp_in->T, C = sp_in->C;
-    /* the full kernel's first sequence may set the entries instead */
+    /* the kernel's first sequence may set the dense entries instead of clearing them here */
     const int set = !reference && B > 0 && T > 0 && C > 0 && aft_bias_grad_sets(sp_in, &io_in->db);
     if (!set) aft_bias_grad_zero(sp_in, &io_in->db);
     if (B == 0 || T == 0 || C == 0) return AFT_OK;
