@@ -389,21 +389,12 @@ out:
  * gradients' arrays and the backward workspace */
 static int check_memory(const struct run_opts *o, const struct run *r)
 {
-    size_t B = r->B, T = r->T, N = B * T, outw = r->bare ? r->C : r->D;
-    size_t need = aft_backward_workspace_bytes(&r->cfg, &r->p->bias, B, T, r->D, r->C, r->bare ? r->KC : 0);
+    size_t outw = r->bare ? r->C : r->D, floats = SIZE_MAX;
+    size_t work = aft_backward_workspace_bytes(&r->cfg, &r->p->bias, r->B, r->T, r->D, r->C, r->bare ? r->KC : 0);
     /* dY, and the gradients of the activations, twice over while swapped */
-    size_t act = r->bare ? 2 * r->C + r->KC : r->D, elems;
-    int ok = !__builtin_mul_overflow(N, outw + 2 * act, &elems) && !__builtin_mul_overflow(elems, sizeof(float), &elems);
-    size_t maskb = o->mask_path ? B * T * T * (sizeof(float) + 1) : 0;
-    if (!ok || need > SIZE_MAX - elems - maskb) need = SIZE_MAX;
-    else need += elems + maskb;
-    size_t limit = o->max_memory ? o->max_memory : aft_available_memory();
-    if (limit && need > limit) {
-        cli_error(o->cmd, "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
-                  o->max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
-        return EXIT_DATA;
-    }
-    return 0;
+    size_t act = r->bare ? 2 * r->C + r->KC : r->D;
+    if (__builtin_mul_overflow(r->B * r->T, outw + 2 * act, &floats)) floats = SIZE_MAX;
+    return runner_check_memory_for(o, r, work, floats);
 }
 
 static int parse_args(int argc, char **argv, struct run_opts *o)
@@ -426,15 +417,8 @@ int cmd_grad(int argc, char **argv)
     struct run r;
     struct grads g;
     float *dy = NULL;
-    memset(&r, 0, sizeof r);
     memset(&g, 0, sizeof g);
-    r.cmd = "grad";
-    r.t_start = aft_now_ms();
-    aft_format in_fmt;
-    if (cli_file_format(NULL, o.input, &in_fmt) != 0) return EXIT_DATA;
-    r.bare = in_fmt == AFT_FORMAT_SAFETENSORS || in_fmt == AFT_FORMAT_NPZ;
-    r.cfg = o.cfg;
-    cli_kernels_from_env(&r.cfg);
+    if ((rc = runner_begin(&o, &r))) return rc;
 
     rc = runner_load_input(&o, &r);
     if (!rc) rc = runner_place_grid(&o, &r);

@@ -228,14 +228,7 @@ int cmd_run(int argc, char **argv)
     if (cli_shard_launcher()) return cli_shard_run(&o);
 
     struct run r;
-    memset(&r, 0, sizeof r);
-    r.cmd = "run";
-    r.t_start = aft_now_ms();
-    aft_format in_fmt;
-    if (cli_file_format(NULL, o.input, &in_fmt) != 0) return EXIT_DATA;
-    r.bare = in_fmt == AFT_FORMAT_SAFETENSORS || in_fmt == AFT_FORMAT_NPZ;
-    r.cfg = o.cfg;
-    cli_kernels_from_env(&r.cfg);
+    if ((rc = runner_begin(&o, &r))) return rc;
 
     rc = runner_load_input(&o, &r);
     if (!rc) rc = runner_place_grid(&o, &r);

@@ -265,6 +265,19 @@ static int load_qkv(const struct run_opts *o, struct run *r)
     return 0;
 }
 
+int runner_begin(const struct run_opts *o, struct run *r)
+{
+    memset(r, 0, sizeof *r);
+    r->cmd = o->cmd;
+    r->t_start = aft_now_ms();
+    aft_format in_fmt;
+    if (cli_file_format(NULL, o->input, &in_fmt) != 0) return EXIT_DATA;
+    r->bare = in_fmt == AFT_FORMAT_SAFETENSORS || in_fmt == AFT_FORMAT_NPZ;
+    r->cfg = o->cfg;
+    cli_kernels_from_env(&r->cfg);
+    return 0;
+}
+
 /* the layer's input X from a .npy (or the bare operator's q, k, v from a
  * .safetensors), as float32 in btd order */
 int runner_load_input(const struct run_opts *o, struct run *r)
@@ -432,13 +445,15 @@ int runner_check_values(const struct run_opts *o, const struct run *r)
 }
 
 /* refuse, with both numbers, a run the machine cannot hold */
-int runner_check_memory(const struct run_opts *o, const struct run *r)
+int runner_check_memory_for(const struct run_opts *o, const struct run *r, size_t work, size_t floats)
 {
-    size_t B = r->B, T = r->T, outw = r->bare ? r->C : r->D;
-    size_t need = aft_workspace_bytes(&r->cfg, B, T, r->D, r->C, r->bare ? r->KC : 0);
-    size_t outb = B * T * outw * sizeof(float), maskb = 0;
-    if (o->mask_path) maskb = B * T * T * (sizeof(float) + 1);   /* the mask as read and as bytes */
-    need = need > SIZE_MAX - outb - maskb ? SIZE_MAX : need + outb + maskb;
+    size_t need, maskb = 0;
+    /* a --mask as read (float) and as bytes */
+    int over = o->mask_path && (__builtin_mul_overflow(r->B, r->T, &maskb) || __builtin_mul_overflow(maskb, r->T, &maskb) ||
+                                __builtin_mul_overflow(maskb, sizeof(float) + 1, &maskb));
+    over = over || __builtin_mul_overflow(floats, sizeof(float), &need) || __builtin_add_overflow(need, work, &need) ||
+           __builtin_add_overflow(need, maskb, &need);
+    if (over) need = SIZE_MAX;
     size_t limit = o->max_memory ? o->max_memory : aft_available_memory();
     if (limit && need > limit) {
         cli_error(r->cmd, "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
@@ -446,6 +461,14 @@ int runner_check_memory(const struct run_opts *o, const struct run *r)
         return EXIT_DATA;
     }
     return 0;
+}
+
+int runner_check_memory(const struct run_opts *o, const struct run *r)
+{
+    size_t outw = r->bare ? r->C : r->D, floats = SIZE_MAX;
+    size_t work = aft_workspace_bytes(&r->cfg, r->B, r->T, r->D, r->C, r->bare ? r->KC : 0);
+    if (__builtin_mul_overflow(r->B * r->T, outw, &floats)) floats = SIZE_MAX;   /* the output */
+    return runner_check_memory_for(o, r, work, floats);
 }
 
 /* ---------------------------------------------------------------- the mask */

@@ -113,12 +113,17 @@ struct run {
     struct timing tm;
 };
 
-/* the steps, in the order they run */
+/* the steps, in the order they run: r set up for o (the command, the clock
+ * started, whether INPUT is a bare operator's file, the configuration) */
+int runner_begin(const struct run_opts *o, struct run *r);
 int runner_load_input(const struct run_opts *o, struct run *r);
 int runner_place_grid(const struct run_opts *o, struct run *r);
 int runner_get_params(const struct run_opts *o, struct run *r);
 int runner_check_values(const struct run_opts *o, const struct run *r);
 int runner_check_memory(const struct run_opts *o, const struct run *r);
+/* the same for a run needing `work` bytes and `floats` floats beside its
+ * mask (aft grad's own sum): 0, or an exit status after saying why */
+int runner_check_memory_for(const struct run_opts *o, const struct run *r, size_t work, size_t floats);
 int runner_load_mask(const struct run_opts *o, struct run *r);
 void runner_free(struct run *r);
 
