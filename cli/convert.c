@@ -610,6 +610,25 @@ static void write_failed(const char *out_path, int e)
     cli_error(NULL, "%s: write failed: %s", cli_display_name(out_path), strerror(e));
 }
 
+/* the copy buffer and out_path opened to be written atomically: 0, or
+ * EXIT_DATA after saying why (nothing left to free) */
+static int open_output(const char *out_path, aft_out *o, unsigned char **buf)
+{
+    aft_error err = {{0}};
+    *buf = malloc(CHUNK_BYTES);
+    if (!*buf) {
+        cli_error(cmd, "out of memory");
+        return EXIT_DATA;
+    }
+    if (aft_out_open(o, out_path, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        free(*buf);
+        *buf = NULL;
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
 static int write_safetensors(job *j, const char *out_path)
 {
     struct { char *p; size_t len; } h = {NULL, 0};
@@ -618,18 +637,11 @@ static int write_safetensors(job *j, const char *out_path)
         free(h.p);
         return rc;
     }
-    unsigned char *buf = malloc(CHUNK_BYTES);
-    if (!buf) {
-        free(h.p);
-        cli_error(cmd, "out of memory");
-        return EXIT_DATA;
-    }
+    unsigned char *buf;
     aft_error err = {{0}};
     aft_out o;
-    if (aft_out_open(&o, out_path, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
+    if (open_output(out_path, &o, &buf)) {
         free(h.p);
-        free(buf);
         return EXIT_DATA;
     }
     unsigned char size_le[8];
@@ -692,18 +704,10 @@ static int write_npy(job *j, const char *out_path)
         cli_error(cmd, "%s", herr.msg);
         return EXIT_DATA;
     }
-    unsigned char *buf = malloc(CHUNK_BYTES);
-    if (!buf) {
-        cli_error(cmd, "out of memory");
-        return EXIT_DATA;
-    }
+    unsigned char *buf;
     aft_error err = {{0}};
     aft_out o;
-    if (aft_out_open(&o, out_path, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        free(buf);
-        return EXIT_DATA;
-    }
+    if (open_output(out_path, &o, &buf)) return EXIT_DATA;
     errno = 0;
     int rc = 0;
     sink k = {.fp = o.fp};
@@ -738,18 +742,10 @@ static int write_npz(job *j, const char *out_path)
             report_file(j->items[i].file, msg);
             return EXIT_DATA;
         }
-    unsigned char *buf = malloc(CHUNK_BYTES);
-    if (!buf) {
-        cli_error(cmd, "out of memory");
-        return EXIT_DATA;
-    }
+    unsigned char *buf;
     aft_error err = {{0}};
     aft_out o;
-    if (aft_out_open(&o, out_path, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        free(buf);
-        return EXIT_DATA;
-    }
+    if (open_output(out_path, &o, &buf)) return EXIT_DATA;
     aft_npz_writer *w = NULL;
     int rc = 0;
     if (aft_npz_writer_new(o.fp, &w, &err) != AFT_OK) {
