@@ -35,6 +35,7 @@
 #include "aft.h"
 #include "kernels.h"
 #include "ref_aft.h"
+#include "rng.h"
 
 #define TOL_REL 1e-4        /* fast against float64, relative to max(1, max |g64|) */
 #define TOL_SAME 1e-6       /* one fast path against itself, other products or cuts */
@@ -42,54 +43,6 @@
 #define FD_TOL_BIAS 2e-5    /* (bias entries and weights: a float step, h^2 larger) */
 #define THREAD_TOL 1e-5     /* one thread against several */
 #define MAX_REPORTS 12
-
-/* ---------------------------------------------------------------- PRNG */
-
-typedef struct { uint64_t s; } rng;
-
-static uint64_t rng_next(rng *r)
-{
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_unif(rng *r)
-{
-    return (double)(rng_next(r) >> 11) * 0x1.0p-53;
-}
-
-static double rng_sym(rng *r)
-{
-    return 2.0 * rng_unif(r) - 1.0;
-}
-
-static double rng_normal(rng *r)
-{
-    double u1 = rng_unif(r), u2 = rng_unif(r);
-    if (u1 < 1e-300) u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static float on_grid(double x, double step)
-{
-    return (float)(nearbyint(x / step) * step);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    assert_non_null(p);
-    return p;
-}
 
 #define N_OF(a) (sizeof (a) / sizeof *(a))
 
@@ -1675,7 +1628,6 @@ static void test_grad_errors(void **state)
         assert_non_null(strstr(err.msg, "x"));
     }
 }
-
 
 /* ---------------------------------------------------------------- grids */
 

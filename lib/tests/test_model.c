@@ -33,33 +33,11 @@
 
 #include "aft.h"
 #include "model.h"
+#include "rng.h"
 
 #define TOL_LOGIT 1e-4
 
 /* ---------------------------------------------------------------- helpers */
-
-typedef struct { uint64_t s; } rng;
-static uint64_t rng_next(rng *r)
-{
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_sym(rng *r) { return 2.0 * (double)(rng_next(r) >> 11) * 0x1.0p-53 - 1.0; }
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-static float *randf(rng *r, size_t n, double scale)
-{
-    float *x = xmalloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * rng_sym(r));
-    return x;
-}
 
 static const char *testdata(void)
 {

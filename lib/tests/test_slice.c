@@ -22,6 +22,7 @@
 
 #include "aft.h"
 #include "ref_aft.h"
+#include "rng.h"
 
 #define TOL_REL 1e-6
 /* slices of one or two rows: a causal step of so few rows takes the band
@@ -29,29 +30,6 @@
  * whole sequence the blocked one; with keys of +-500 the two differ by up
  * to 3.5e-6 x max(1, |Y|) (each is 3e-6 to 9e-6 from float64) */
 #define TOL_REL_TINY 5e-6
-
-typedef struct { uint64_t s; } rng;
-static uint64_t rng_next(rng *r)
-{
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_sym(rng *r) { return 2.0 * (double)(rng_next(r) >> 11) * 0x1.0p-53 - 1.0; }
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-static float *randf(rng *r, size_t n, double scale)
-{
-    float *x = xmalloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * rng_sym(r));
-    return x;
-}
 
 enum { D = 16, C = 24, TMAX = 260, H = 2 };
 
@@ -128,7 +106,6 @@ static void free_layer(layer *L)
     for (int i = 0; i < 4; i++) { free(L->w[i]); free(L->b[i]); }
     free(L->dense); free(L->u); free(L->v); free(L->conv);
 }
-
 
 /* rows [r0, r1) of every sequence of x (B, T, w) as (B, r1 - r0, w) */
 static float *rows_of(const float *x, size_t B, size_t T, size_t w, size_t r0, size_t r1)
@@ -263,7 +240,6 @@ static int close_enough(const char *what, const float *a, const float *ref, size
     }
     return 1;
 }
-
 
 /* every case: the whole sequence, then its N slices */
 static void check_all(size_t T, int with_mask, const size_t *Ns, size_t nN, double rel)
