@@ -449,8 +449,9 @@ int runner_check_memory_for(const struct run_opts *o, const struct run *r, size_
 {
     size_t need, maskb = 0;
     /* a --mask as read (float) and as bytes */
-    int over = o->mask_path && (__builtin_mul_overflow(r->B, r->T, &maskb) || __builtin_mul_overflow(maskb, r->T, &maskb) ||
-                                __builtin_mul_overflow(maskb, sizeof(float) + 1, &maskb));
+    int over = o->mask_path &&
+               (__builtin_mul_overflow(r->B, r->T, &maskb) || __builtin_mul_overflow(maskb, r->T, &maskb) ||
+                __builtin_mul_overflow(maskb, sizeof(float) + 1, &maskb));
     over = over || __builtin_mul_overflow(floats, sizeof(float), &need) || __builtin_add_overflow(need, work, &need) ||
            __builtin_add_overflow(need, maskb, &need);
     if (over) need = SIZE_MAX;

@@ -22,6 +22,7 @@
 
 #include "aft.h"
 #include "ref_aft.h"
+#include "layers.h"
 #include "rng.h"
 
 #define TOL_REL 1e-6
@@ -31,81 +32,7 @@
  * to 3.5e-6 x max(1, |Y|) (each is 3e-6 to 9e-6 from float64) */
 #define TOL_REL_TINY 5e-6
 
-enum { D = 16, C = 24, TMAX = 260, H = 2 };
-
-/* a layer of one variant: weights, and a bias of the given kind */
-typedef struct {
-    aft_variant variant;
-    aft_bias_kind kind;
-    size_t window;
-    int shared_keys;   /* conv: one key channel per head */
-    const char *name;
-} lcase;
-
-static const lcase cases[] = {
-    {AFT_LOCAL, AFT_BIAS_DENSE, 5, 0, "local dense"},
-    {AFT_LOCAL, AFT_BIAS_SEEDED, 7, 0, "local seeded"},
-    {AFT_LOCAL, AFT_BIAS_FACTORED, 4, 0, "local factored"},
-    {AFT_CONV, AFT_BIAS_CONV, 6, 0, "conv"},
-    {AFT_CONV, AFT_BIAS_CONV, 3, 1, "conv shared keys"},
-    {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, "simple"},
-    {AFT_FULL, AFT_BIAS_DENSE, 0, 0, "full dense"},
-    {AFT_FULL, AFT_BIAS_FACTORED, 0, 0, "full factored"},
-    {AFT_FULL, AFT_BIAS_SEEDED, 0, 0, "full seeded"},
-};
-
-typedef struct {
-    aft_params p;
-    aft_config cfg;
-    float *w[4], *b[4], *dense, *u, *v, *conv;
-} layer;
-
-/* extreme: key biases of +-500 and position biases of +-250 */
-static void make_layer(layer *L, const lcase *lc, int extreme, int causal, uint64_t seed)
-{
-    memset(L, 0, sizeof *L);
-    rng r = {seed};
-    size_t KC = lc->shared_keys ? H : C;
-    size_t rows[4] = {C, KC, C, D}, cols[4] = {D, D, D, C};
-    for (int i = 0; i < 4; i++) {
-        L->w[i] = randf(&r, rows[i] * cols[i], 0.5);
-        L->b[i] = randf(&r, rows[i], i == 1 && extreme ? 500.0 : 0.3);
-    }
-    double bs = extreme ? 250.0 : 1.0;
-    L->p = (aft_params){.d_model = D, .d_hidden = C, .k_out = KC, .wq = L->w[0], .wk = L->w[1], .wv = L->w[2],
-                        .wo = L->w[3], .bq = L->b[0], .bk = L->b[1], .bv = L->b[2], .bo = L->b[3]};
-    aft_bias *b = &L->p.bias;
-    b->kind = lc->kind;
-    switch (lc->kind) {
-    case AFT_BIAS_DENSE:
-        b->dense = L->dense = randf(&r, TMAX * TMAX, bs);
-        b->tmax = TMAX;
-        break;
-    case AFT_BIAS_FACTORED:
-        b->u = L->u = randf(&r, TMAX * 2, sqrt(bs));
-        b->v = L->v = randf(&r, TMAX * 2, sqrt(bs));
-        b->tmax = TMAX;
-        b->rank = 2;
-        break;
-    case AFT_BIAS_SEEDED:
-        b->seed = seed;
-        b->scale = (float)bs;
-        break;
-    case AFT_BIAS_CONV:
-        b->conv = L->conv = randf(&r, H * (2 * lc->window - 1), bs);
-        break;
-    default:
-        break;
-    }
-    L->cfg = (aft_config){.variant = lc->variant, .window = lc->window, .heads = lc->variant == AFT_CONV ? H : 1,
-                          .causal = causal};
-}
-
-static void free_layer(layer *L)
-{
-    for (int i = 0; i < 4; i++) { free(L->w[i]); free(L->b[i]); }
-    free(L->dense); free(L->u); free(L->v); free(L->conv);
-}
+enum { D = LAYER_D, C = LAYER_C, TMAX = LAYER_TMAX, H = LAYER_H };
 
 /* rows [r0, r1) of every sequence of x (B, T, w) as (B, r1 - r0, w) */
 static float *rows_of(const float *x, size_t B, size_t T, size_t w, size_t r0, size_t r1)
@@ -246,12 +173,12 @@ static void check_all(size_t T, int with_mask, const size_t *Ns, size_t nN, doub
 {
     rng r = {T * 7 + (size_t)with_mask};
     int failures = 0;
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (size_t ci = 0; ci < layer_ncases; ci++)
         for (int causal = 0; causal < 2; causal++)
             for (int extreme = 0; extreme < 2; extreme++)
                 for (size_t B = 1; B <= 3; B += 2) {
                     layer L;
-                    make_layer(&L, &cases[ci], extreme, causal, 11 + ci);
+                    make_layer(&L, &layer_cases[ci], extreme, causal, 11 + ci);
                     float *x = randf(&r, B * T * D, 1.0), *want = xmalloc(B * T * D * sizeof *want);
                     float *got = xmalloc(B * T * D * sizeof *got);
                     uint8_t *mask = NULL;
@@ -268,7 +195,7 @@ static void check_all(size_t T, int with_mask, const size_t *Ns, size_t nN, doub
                         memset(got, 0, B * T * D * sizeof *got);
                         for (size_t i = 0; i < N; i++) run_slice(&L, x, B, T, N, cut(i, N, T), cut(i + 1, N, T), got);
                         char what[160];
-                        snprintf(what, sizeof what, "%s%s%s%s, B = %zu, T = %zu, N = %zu", cases[ci].name,
+                        snprintf(what, sizeof what, "%s%s%s%s, B = %zu, T = %zu, N = %zu", layer_cases[ci].name,
                                  causal ? " causal" : "", extreme ? " extreme" : "", with_mask ? " masked" : "", B, T,
                                  N);
                         if (!close_enough(what, got, want, B * T * D, rel)) {
@@ -304,7 +231,7 @@ static void test_refusals(void **state)
 {
     (void)state;
     layer L;
-    make_layer(&L, &cases[0], 0, 0, 3);
+    make_layer(&L, &layer_cases[0], 0, 0, 3);
     aft_error err;
     float x[4 * D], y[4 * D], kv[8 * 2 * C];
     memset(x, 0, sizeof x);

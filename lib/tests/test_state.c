@@ -20,85 +20,12 @@
 
 #include "aft.h"
 #include "ref_aft.h"
+#include "layers.h"
 #include "rng.h"
 
 #define TOL_REL 2e-5
 
-enum { D = 16, C = 24, T = 260, H = 2 };
-
-/* a layer of one variant: weights, and a bias of the given kind */
-typedef struct {
-    aft_variant variant;
-    aft_bias_kind kind;
-    size_t window;
-    int shared_keys;   /* conv: one key channel per head */
-    const char *name;
-} lcase;
-
-static const lcase cases[] = {
-    {AFT_LOCAL, AFT_BIAS_DENSE, 5, 0, "local dense"},
-    {AFT_LOCAL, AFT_BIAS_SEEDED, 7, 0, "local seeded"},
-    {AFT_LOCAL, AFT_BIAS_FACTORED, 4, 0, "local factored"},
-    {AFT_CONV, AFT_BIAS_CONV, 6, 0, "conv"},
-    {AFT_CONV, AFT_BIAS_CONV, 3, 1, "conv shared keys"},
-    {AFT_SIMPLE, AFT_BIAS_NONE, 0, 0, "simple"},
-    {AFT_FULL, AFT_BIAS_DENSE, 0, 0, "full dense"},
-    {AFT_FULL, AFT_BIAS_FACTORED, 0, 0, "full factored"},
-    {AFT_FULL, AFT_BIAS_SEEDED, 0, 0, "full seeded"},
-};
-
-typedef struct {
-    aft_params p;
-    aft_config cfg;
-    float *w[4], *b[4], *dense, *u, *v, *conv;
-} layer;
-
-/* extreme: key biases of +-500 and position biases of +-250 */
-static void make_layer(layer *L, const lcase *lc, int extreme, uint64_t seed)
-{
-    memset(L, 0, sizeof *L);
-    rng r = {seed};
-    size_t KC = lc->shared_keys ? H : C;
-    size_t rows[4] = {C, KC, C, D}, cols[4] = {D, D, D, C};
-    for (int i = 0; i < 4; i++) {
-        L->w[i] = randf(&r, rows[i] * cols[i], 0.5);
-        L->b[i] = randf(&r, rows[i], i == 1 && extreme ? 500.0 : 0.3);
-    }
-    double bs = extreme ? 250.0 : 1.0;
-    L->p = (aft_params){.d_model = D, .d_hidden = C, .k_out = KC, .wq = L->w[0], .wk = L->w[1], .wv = L->w[2],
-                        .wo = L->w[3], .bq = L->b[0], .bk = L->b[1], .bv = L->b[2], .bo = L->b[3]};
-    aft_bias *b = &L->p.bias;
-    b->kind = lc->kind;
-    switch (lc->kind) {
-    case AFT_BIAS_DENSE:
-        b->dense = L->dense = randf(&r, T * T, bs);
-        b->tmax = T;
-        break;
-    case AFT_BIAS_FACTORED:
-        b->u = L->u = randf(&r, T * 2, sqrt(bs));
-        b->v = L->v = randf(&r, T * 2, sqrt(bs));
-        b->tmax = T;
-        b->rank = 2;
-        break;
-    case AFT_BIAS_SEEDED:
-        b->seed = seed;
-        b->scale = (float)bs;
-        break;
-    case AFT_BIAS_CONV:
-        b->conv = L->conv = randf(&r, H * (2 * lc->window - 1), bs);
-        break;
-    default:
-        break;
-    }
-    L->cfg = (aft_config){.variant = lc->variant, .window = lc->window, .heads = lc->variant == AFT_CONV ? H : 1,
-                          .causal = 1};
-}
-
-static void free_layer(layer *L)
-{
-    for (int i = 0; i < 4; i++) { free(L->w[i]); free(L->b[i]); }
-    free(L->dense); free(L->u); free(L->v); free(L->conv);
-}
+enum { D = LAYER_D, C = LAYER_C, T = LAYER_TMAX, H = LAYER_H };
 
 /* y (B, T, D) from x fed to a state in chunks of sizes[0], sizes[1], ...
  * (sum T); with save_at, the state is written to a file after that many
@@ -179,11 +106,11 @@ static void test_layer_chunkings(void **state)
 {
     (void)state;
     size_t *sizes = xmalloc(T * sizeof *sizes);
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (size_t ci = 0; ci < layer_ncases; ci++)
         for (int extreme = 0; extreme <= 1; extreme++)
             for (size_t B = 1; B <= 3; B += 2) {
                 layer L;
-                make_layer(&L, &cases[ci], extreme, 100 + ci * 7 + (uint64_t)extreme);
+                make_layer(&L, &layer_cases[ci], extreme, 1, 100 + ci * 7 + (uint64_t)extreme);
                 rng r = {ci * 31 + B};
                 float *x = randf(&r, B * T * D, 1.0), *y1 = xmalloc(B * T * D * sizeof *y1),
                       *y = xmalloc(B * T * D * sizeof *y);
@@ -192,12 +119,12 @@ static void test_layer_chunkings(void **state)
                 assert_int_equal(aft_layer_forward(y1, x, &L.p, &L.cfg, B, T, &err), AFT_OK);
                 assert_int_equal(ref_aft_layer(ref, x, &L.p, &L.cfg, B, T), 0);
                 char what[160];
-                snprintf(what, sizeof what, "%s%s B=%zu one-shot", cases[ci].name, extreme ? " extreme" : "", B);
+                snprintf(what, sizeof what, "%s%s B=%zu one-shot", layer_cases[ci].name, extreme ? " extreme" : "", B);
                 check_close(what, y1, ref, B * T * D);
                 for (int which = 0; which < 6; which++) {
                     size_t n = chunking(which, &r, sizes);
                     run_chunks(&L, y, x, B, sizes, n, 0);
-                    snprintf(what, sizeof what, "%s%s B=%zu chunking %d", cases[ci].name, extreme ? " extreme" : "",
+                    snprintf(what, sizeof what, "%s%s B=%zu chunking %d", layer_cases[ci].name, extreme ? " extreme" : "",
                              B, which);
                     check_close(what, y, ref, B * T * D);
                     /* and within the same bound of the one-shot float output */
@@ -220,7 +147,7 @@ static void test_save_load_same_bits(void **state)
     for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++)
         for (size_t at = 1; at <= 129; at += 128) {
             layer L;
-            make_layer(&L, &cases[idx[i]], 0, 900 + i);
+            make_layer(&L, &layer_cases[idx[i]], 0, 1, 900 + i);
             rng r = {77 + i};
             size_t B = 3;
             float *x = randf(&r, B * T * D, 1.0), *ya = xmalloc(B * T * D * sizeof *ya),
@@ -239,10 +166,10 @@ static void test_operator_chunkings(void **state)
     (void)state;
     const size_t B = 2, n = B * T * C;
     size_t *sizes = xmalloc(T * sizeof *sizes);
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    for (size_t ci = 0; ci < layer_ncases; ci++) {
         layer L;
-        make_layer(&L, &cases[ci], 1, 500 + ci);
-        size_t kc = cases[ci].shared_keys ? H : C;
+        make_layer(&L, &layer_cases[ci], 1, 1, 500 + ci);
+        size_t kc = layer_cases[ci].shared_keys ? H : C;
         rng r = {600 + ci};
         float *q = randf(&r, n, 3), *k = randf(&r, B * T * kc, 500), *v = randf(&r, n, 1);
         float *y1 = xmalloc(n * sizeof *y1), *y = xmalloc(n * sizeof *y);
@@ -263,14 +190,15 @@ static void test_operator_chunkings(void **state)
                     memcpy(kc_ + b * m * kc, k + (b * T + t0) * kc, m * kc * sizeof *kc_);
                     memcpy(vc + b * m * C, v + (b * T + t0) * C, m * C * sizeof *vc);
                 }
-                if (aft_state_step_op(s, oc, qc, kc_, vc, m, &err) != AFT_OK) fail_msg("%s: %s", cases[ci].name, err.msg);
+                if (aft_state_step_op(s, oc, qc, kc_, vc, m, &err) != AFT_OK)
+                    fail_msg("%s: %s", layer_cases[ci].name, err.msg);
                 for (size_t b = 0; b < B; b++) memcpy(y + (b * T + t0) * C, oc + b * m * C, m * C * sizeof *oc);
                 t0 += m;
             }
             aft_state_free(s);
             free(qc); free(kc_); free(vc); free(oc);
             char what[128];
-            snprintf(what, sizeof what, "operator %s chunking %d", cases[ci].name, which);
+            snprintf(what, sizeof what, "operator %s chunking %d", layer_cases[ci].name, which);
             check_close(what, y, ref, n);
         }
         free(q); free(k); free(v); free(y1); free(y); free(ref);
@@ -318,18 +246,18 @@ static void test_mismatches_refused(void **state)
     assert_true(fd >= 0);
     close(fd);
     layer L, other;
-    make_layer(&L, &cases[0], 0, 11);
+    make_layer(&L, &layer_cases[0], 0, 1, 11);
     save_state(&L, 1, 20, path);
     expect_refused(&L, 3, path, "batch");
-    make_layer(&other, &cases[0], 0, 12);   /* other weights */
+    make_layer(&other, &layer_cases[0], 0, 1, 12);   /* other weights */
     expect_refused(&other, 1, path, "weights");
     free_layer(&other);
-    lcase wider = cases[0];
+    lcase wider = layer_cases[0];
     wider.window = 9;
-    make_layer(&other, &wider, 0, 11);
+    make_layer(&other, &wider, 0, 1, 11);
     expect_refused(&other, 1, path, "window");
     free_layer(&other);
-    make_layer(&other, &cases[6], 0, 11);   /* full */
+    make_layer(&other, &layer_cases[6], 0, 1, 11);   /* full */
     expect_refused(&other, 1, path, "variant");
     free_layer(&other);
     /* a state of the operator for a layer */
@@ -354,7 +282,7 @@ static void test_hostile_states(void **state)
     close(fd);
     close(fd2);
     layer L;
-    make_layer(&L, &cases[0], 0, 21);
+    make_layer(&L, &layer_cases[0], 0, 1, 21);
     save_state(&L, 1, 20, path);
     aft_error err = {{0}};
     aft_st_file *f;
@@ -411,7 +339,7 @@ static void test_past_tmax_refused(void **state)
 {
     (void)state;
     layer L;
-    make_layer(&L, &cases[6], 0, 31);   /* full dense, Tmax = T */
+    make_layer(&L, &layer_cases[6], 0, 1, 31);   /* full dense, Tmax = T */
     aft_error err = {{0}};
     aft_state *s;
     assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 1, &err), AFT_OK);
@@ -434,7 +362,7 @@ static void test_state_needs_causal(void **state)
 {
     (void)state;
     layer L;
-    make_layer(&L, &cases[0], 0, 41);
+    make_layer(&L, &layer_cases[0], 0, 1, 41);
     aft_error err = {{0}};
     aft_state *s;
     L.cfg.causal = 0;
@@ -453,7 +381,7 @@ static void test_poisoned(void **state)
 {
     (void)state;
     layer L;
-    make_layer(&L, &cases[0], 0, 51);
+    make_layer(&L, &layer_cases[0], 0, 1, 51);
     aft_error err = {{0}};
     aft_state *s;
     assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 1, &err), AFT_OK);
