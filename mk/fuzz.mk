@@ -84,7 +84,7 @@ fuzz-regress: fuzz-build
 FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_RESULTS = $(FUZZ_TARGETS:%=$(FUZZ_DIR)/runs/%.result)
 
-$(FUZZ_DIR)/runs/%.result: $(FUZZ_DIR)/%
+$(FUZZ_DIR)/runs/%.result: $(FUZZ_DIR)/% fuzz/%.dict
 	@mkdir -p $(@D) $(FUZZ_DIR)/corpus/$* $(FUZZ_DIR)/artifacts/$*
 	@if ./$< $(FUZZ_OPTS) -max_total_time=$(FUZZ_SECONDS) -dict=fuzz/$*.dict \
 	    -artifact_prefix=$(FUZZ_DIR)/artifacts/$*/ \
