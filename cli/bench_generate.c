@@ -28,11 +28,12 @@ int cli_bench_generate(const aft_model *m, size_t n, size_t repeat, cli_generate
     const size_t V = aft_model_get_info(m)->n_vocab;
     int32_t prompt[CLI_BENCH_PROMPT];
     for (size_t i = 0; i < CLI_BENCH_PROMPT; i++) prompt[i] = (int32_t)(i % V);
-    double *ms = malloc(2 * repeat * sizeof(double)), *first = ms + repeat;
+    double *ms = malloc(2 * repeat * sizeof(double));
     if (!ms) {
         cli_error("bench", "out of memory");
         return EXIT_DATA;
     }
+    double *first = ms + repeat;
     aft_error err;
     /* one untimed run: the first touch of the scratch belongs to start-up */
     for (size_t r = 0; r <= repeat; r++) {
