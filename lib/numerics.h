@@ -88,6 +88,15 @@ static inline float aft_exp_neg_abs(float x)
     return x == x ? e : x;
 }
 
+/* sigmoid(q) and sigmoid'(q) from that one e = exp(-|q|), as the backward
+ * kernels take them (one vector loop where inlined) */
+static inline __attribute__((always_inline)) void aft_sig_parts(float q, float *sq, float *ds)
+{
+    float e = aft_exp_neg_abs(q);
+    *sq = q >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    *ds = e / ((1.0f + e) * (1.0f + e));
+}
+
 /* The widest vector whose operations are single instructions here: 16
  * floats with AVX-512, 8 with AVX/AVX2, 4 otherwise (GCC/Clang vector
  * extensions). Kernels written with wider vectors than the machine has get

@@ -184,6 +184,10 @@ typedef struct {
 /* slice i's first row */
 static size_t row0(const gjob *jb, size_t i) { return jb->T * i / jb->ns; }
 
+/* the halo rows a slice's band writes for its neighbours: with causality a
+ * row's band reaches only the keys before it, so the left halo alone */
+static size_t halo_used(const gjob *jb) { return (jb->causal ? 1 : 2) * jb->hrows; }
+
 /* one thread's scratch for the block passes of its slices */
 typedef struct {
     float *ek, *ekv;             /* (GB_ROWS + 2s, cw) */
@@ -595,10 +599,10 @@ grad_row(float *restrict out, float *restrict dq, float *restrict A, float *rest
          const float *restrict q, const float *restrict dout, size_t cw)
 {
     for (size_t c = 0; c < cw; c++) {
-        float e = aft_exp_neg_abs(q[c]);
-        float sq = q[c] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        float sq, ds;
+        aft_sig_parts(q[c], &sq, &ds);
         if (out) out[c] = sq * Y[c];
-        dq[c] = dout[c] * Y[c] * (e / ((1.0f + e) * (1.0f + e)));
+        dq[c] = dout[c] * Y[c] * ds;
         A[c] = dout[c] * sq;
         g1[c] *= A[c];
         g2[c] = g1[c] * Y[c];
@@ -1103,7 +1107,7 @@ static void outside_pass(const gjob *jb, const gscratch *sc, rsum *cur, size_t s
         if (o == sl) continue;
         size_t o0 = row0(jb, o), o1 = row0(jb, o + 1);
         if (o1 <= o0) continue;
-        for (size_t i = 0; i < (jb->causal ? 1 : 2) * jb->hrows; i++) {
+        for (size_t i = 0; i < halo_used(jb); i++) {
             /* halo row i of slice o */
             size_t j;
             if (i < jb->hrows) {
@@ -1192,9 +1196,7 @@ static void key_pieces(const gjob *jb, size_t sl)
 {
     const aft_opspec *ws = jb->ws;
     const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
-    /* with causality a row's band reaches only the keys before it: the
-     * left halo alone */
-    memset(jb->halo + sl * 2 * jb->hrows * 2 * C, 0, (jb->causal ? 1 : 2) * jb->hrows * 2 * C * sizeof(float));
+    memset(jb->halo + sl * 2 * jb->hrows * 2 * C, 0, halo_used(jb) * 2 * C * sizeof(float));
     jb->ktame[sl] = (unsigned char)keys_tame(jb->k, ws->ldk, t0, t1, C);
     jb->wtame[sl] = 1;
     atomic_store_explicit(&jb->stage[sl], STAGE_NONE, memory_order_relaxed);

@@ -30,15 +30,6 @@ enum { CAUSAL_CHUNK = 256, DW_COLS = 512 };
  * e^GF_EXACT */
 #define GF_DEN_MIN 1.0530617e-20f
 
-/* sigmoid(q) and sigmoid'(q) from one e = exp(-|q|): sigmoid(q) is 1 / (1 +
- * e) or e / (1 + e) by q's sign, sigmoid'(q) = e / (1 + e)^2 */
-static inline __attribute__((always_inline)) void sig_parts(float q, float *sq, float *ds)
-{
-    float e = aft_exp_neg_abs(q);
-    *sq = q >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-    *ds = e / ((1.0f + e) * (1.0f + e));
-}
-
 static inline int visible(const uint8_t *mask, int causal, size_t T, size_t t, size_t j)
 {
     return !(causal && j > t) && !(mask && !mask[t * T + j]);
@@ -104,7 +95,7 @@ row_entries(float *restrict Y, float *restrict A, float *restrict G, unsigned ch
     int any = 0;
     for (size_t c = 0; c < n; c++) {
         float d = den[c], y = num[c] / d, sq, ds;
-        sig_parts(q[c], &sq, &ds);
+        aft_sig_parts(q[c], &sq, &ds);
         if (out) out[c] = sq * y;
         dq[c] = dout[c] * y * ds;
         A[c] = dout[c] * sq;
@@ -141,7 +132,7 @@ static void entry_exact(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_
     sc->L[k] = L;
     sc->y[k] = Y;
     float sq, ds, dout = jb->io->dout[t * C + cc];
-    sig_parts(jb->q[t * ws->ldq + cc], &sq, &ds);
+    aft_sig_parts(jb->q[t * ws->ldq + cc], &sq, &ds);
     if (jb->io->out) jb->io->out[t * C + cc] = sq * Y;
     jb->io->dq[t * jb->io->lddq + cc] = dout * Y * ds;
     sc->a[k] = dout * sq;
