@@ -195,7 +195,7 @@ typedef struct {
     float *ce, *ce2;             /* dd's first two rows */
     float *h;                    /* (4 GB_CH): two key rows' sums over the block's rows */
     float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH); g1 holds exp(zb - Z) / den first */
-    float *dn, *ys, *as;         /* den, Y' and a, (GB_ROWS, GB_CH) each */
+    float *dn, *ys, *as;         /* 1 / den, Y' and a, (GB_ROWS, GB_CH) each */
     double *lx;                  /* (GB_ROWS, GB_CH): L of the exact entries */
     float *lx_f;                 /* (lx's block, as floats) */
     float *rm, *r0, *r1;         /* the rows' right sums, (GB_ROWS, GB_CH) each */
@@ -554,7 +554,7 @@ static void col_apply(float *restrict dv, float *restrict dk, const float *restr
 
 /* Row i's forward for cw channels, in units of exp(Z), Z the largest of the
  * three parts' stabilisers (band zb = mk + r, left pm, right rm; every
- * factor <= 1): den, Y' = num / den, and exp(zb - Z) / den (for G);
+ * factor <= 1): 1 / den, Y' = num / den, and exp(zb - Z) / den (for G);
  * bad[c] where den fell below AFT_DEN_EXACT_BELOW or num overflowed (done
  * exactly after). Without `right` (causal) no right part; callers pass
  * constants for it and `tame`. (Its own function, restrict pointers and no
@@ -574,17 +574,32 @@ combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *r
         float zf = (float)zb, Z = zf > pm[c] ? zf : pm[c];
         if (right) Z = rm[c] > Z ? rm[c] : Z;
         /* pm, rm of -inf (nothing held) give exp(-inf) = 0 */
-        float fb = gexp((float)(zb - (double)Z), tame), fp = gexp(pm[c] - Z, tame);
+        float fb, fp;
+        if (right) {
+            fb = gexp((float)(zb - (double)Z), tame);
+            fp = gexp(pm[c] - Z, tame);
+        } else {
+            /* two parts, one exponential: the larger's factor is 1 (the
+             * band's, exp of zb's rounding error d, is 1 + d to within
+             * d^2 / 2 < 1e-9), the other's exp(-|zf - pm|) */
+            float d = (float)(zb - (double)zf), x = pm[c] - zf, e = gexp(-fabsf(x), tame);
+            int up = x > 0.0f;
+            fb = (up ? e : 1.0f) * (1.0f + d);
+            fp = up ? 1.0f : e;
+        }
         float den = b0[c] * fb + p0[c] * fp, num = b1[c] * fb + p1[c] * fp;
         if (right) {
             float fr = gexp(rm[c] - Z, tame);
             den += r0[c] * fr;
             num += r1[c] * fr;
         }
+        /* one division: den >= AFT_DEN_EXACT_BELOW here, or the entry is
+         * done again exactly */
+        float rd = 1.0f / den;
         Zo[c] = Z;
-        Do[c] = den;
-        Yo[c] = num / den;
-        ratio[c] = fb / den;
+        Do[c] = rd;
+        Yo[c] = num * rd;
+        ratio[c] = fb * rd;
         bad[c] = !(den >= AFT_DEN_EXACT_BELOW) | !(fabsf(num) <= 3.4e38f);
         any |= bad[c];
     }
@@ -599,14 +614,16 @@ grad_row(float *restrict out, float *restrict dq, float *restrict A, float *rest
          const float *restrict q, const float *restrict dout, size_t cw)
 {
     for (size_t c = 0; c < cw; c++) {
-        float sq, ds;
-        aft_sig_parts(q[c], &sq, &ds);
+        /* sigmoid(q) and sigmoid'(q) from e = exp(-|q|) and one
+         * reciprocal (aft_sig_parts divides twice) */
+        float e = aft_exp_neg_abs(q[c]), r1e = 1.0f / (1.0f + e);
+        float sq = (q[c] >= 0.0f ? 1.0f : e) * r1e, ds = e * r1e * r1e;
         if (out) out[c] = sq * Y[c];
         dq[c] = dout[c] * Y[c] * ds;
         A[c] = dout[c] * sq;
         g1[c] *= A[c];
         g2[c] = g1[c] * Y[c];
-        u1[c] = A[c] / D[c];
+        u1[c] = A[c] * D[c];
         u2[c] = u1[c] * Y[c];
     }
 }
@@ -822,7 +839,7 @@ block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, s
             double L;
             exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, Y + c);
             Z[c] = (float)L;
-            D[c] = (float)exp(L - (double)Z[c]);
+            D[c] = (float)exp((double)Z[c] - L);
             sc->lx[i * GB_CH + c] = L;
             double x = (double)mk[c] + r - L;
             redo[c] = !(x <= GB_EXACT);
