@@ -614,10 +614,8 @@ grad_row(float *restrict out, float *restrict dq, float *restrict A, float *rest
          const float *restrict q, const float *restrict dout, size_t cw)
 {
     for (size_t c = 0; c < cw; c++) {
-        /* sigmoid(q) and sigmoid'(q) from e = exp(-|q|) and one
-         * reciprocal (aft_sig_parts divides twice) */
-        float e = aft_exp_neg_abs(q[c]), r1e = 1.0f / (1.0f + e);
-        float sq = (q[c] >= 0.0f ? 1.0f : e) * r1e, ds = e * r1e * r1e;
+        float sq, ds;
+        aft_sig_parts(q[c], &sq, &ds);
         if (out) out[c] = sq * Y[c];
         dq[c] = dout[c] * Y[c] * ds;
         A[c] = dout[c] * sq;

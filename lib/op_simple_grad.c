@@ -16,23 +16,15 @@
 #include <omp.h>
 #include <stdlib.h>
 
-/* e = exp(-|q|) and r = 1 / (1 + e): sigmoid(q) is r or e r by q's sign,
- * sigmoid'(q) = e r^2 */
-static inline __attribute__((always_inline)) float sig_parts(float q, float *r)
-{
-    float e = aft_exp_neg_abs(q);
-    *r = 1.0f / (1.0f + e);
-    return e;
-}
-
 /* at[c] += a = dout sigmoid(q) over a row; 1 if every key of the row is
  * finite (restrict: one vector loop each) */
 static int add_a(double *restrict at, const float *restrict dout, const float *restrict q,
                  const float *restrict k, size_t n)
 {
     for (size_t c = 0; c < n; c++) {
-        float r, e = sig_parts(q[c], &r);
-        at[c] += dout[c] * (q[c] >= 0.0f ? r : e * r);
+        float sq, ds;
+        aft_sig_parts(q[c], &sq, &ds);
+        at[c] += dout[c] * sq;
     }
     int fin = 1;
     for (size_t c = 0; c < n; c++) fin &= fabsf(k[c]) <= FLT_MAX;
@@ -50,12 +42,13 @@ grad_row(float *restrict dq, float *restrict dk, float *restrict dv, float *rest
          const float *restrict u, const float *restrict y, size_t n, int fin)
 {
     for (size_t c = 0; c < n; c++) {
-        float r, e = sig_parts(q[c], &r);
-        dq[c] = dout[c] * y[c] * (e * r * r);
+        float sq, ds;
+        aft_sig_parts(q[c], &sq, &ds);
+        dq[c] = dout[c] * y[c] * ds;
         float g = (fin ? aft_expf_nonpos(k[c] - m[c]) : aft_expf(k[c] - m[c])) * u[c];
         dv[c] = g;
         dk[c] = g * (v[c] - y[c]);
-        if (out) out[c] = (q[c] >= 0.0f ? r : e * r) * y[c];
+        if (out) out[c] = sq * y[c];
     }
 }
 
