@@ -560,7 +560,7 @@ static void col_apply(float *restrict dv, float *restrict dk, const float *restr
  * constants for it and `tame`. (Its own function, restrict pointers and no
  * calls: one vector loop.) */
 static inline __attribute__((always_inline)) int
-combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *restrict ratio,
+combine_row(float *restrict Zo, float *restrict RDo, float *restrict Yo, float *restrict ratio,
             unsigned char *restrict bad, const float *restrict mk, double r, const float *restrict b0,
             const float *restrict b1, const float *restrict pm, const float *restrict p0, const float *restrict p1,
             const float *restrict rm, const float *restrict r0, const float *restrict r1, size_t cw, int right,
@@ -597,7 +597,7 @@ combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *r
          * done again exactly */
         float rd = 1.0f / den;
         Zo[c] = Z;
-        Do[c] = rd;
+        RDo[c] = rd;
         Yo[c] = num * rd;
         ratio[c] = fb * rd;
         bad[c] = !(den >= AFT_DEN_EXACT_BELOW) | !(fabsf(num) <= 3.4e38f);
@@ -607,10 +607,11 @@ combine_row(float *restrict Zo, float *restrict Do, float *restrict Yo, float *r
 }
 
 /* then per entry: the outputs, dq, a = dout sigmoid(q), G = a exp(zb - Z)
- * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y' */
+ * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y'
+ * (RD holds 1 / den) */
 static inline __attribute__((always_inline)) void
 grad_row(float *restrict out, float *restrict dq, float *restrict A, float *restrict g1, float *restrict g2,
-         float *restrict u1, float *restrict u2, const float *restrict D, const float *restrict Y,
+         float *restrict u1, float *restrict u2, const float *restrict RD, const float *restrict Y,
          const float *restrict q, const float *restrict dout, size_t cw)
 {
     for (size_t c = 0; c < cw; c++) {
@@ -621,7 +622,7 @@ grad_row(float *restrict out, float *restrict dq, float *restrict A, float *rest
         A[c] = dout[c] * sq;
         g1[c] *= A[c];
         g2[c] = g1[c] * Y[c];
-        u1[c] = A[c] * D[c];
+        u1[c] = A[c] * RD[c];
         u2[c] = u1[c] * Y[c];
     }
 }
@@ -818,7 +819,7 @@ block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, s
         float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
         const double r = sc->r[i];
         float *Z = zrow(jb, sc, t) + c0, *U1 = Z + C, *U2 = Z + 2 * C;
-        float *D = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
+        float *RD = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
         const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
         const size_t row = jb->b * T + t;
         float *dq = jb->io->dq + row * jb->io->lddq + c0;
@@ -826,25 +827,25 @@ block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, s
         float *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
         unsigned char *redo = sc->redo + i * GB_CH, *bad = sc->bad + i * GB_CH;
         const float *rm = sc->rm + i * GB_CH, *r0 = sc->r0 + i * GB_CH, *r1 = sc->r1 + i * GB_CH;
-        int any = combine_row(Z, D, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, !causal, tame);
+        int any = combine_row(Z, RD, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, !causal, tame);
         sc->rowredo[i] = 0;
         for (size_t c = 0; c < cw && any; c++) {
             redo[c] = 0;
             if (!bad[c]) continue;
-            /* exactly: L kept as Z = L rounded and den = exp(L - Z);
+            /* exactly: L kept as Z = L rounded and 1 / den = exp(Z - L);
              * G's factor exp(zb - L) unless it would pass e^46 (then
              * the gradient too is done exactly, below) */
             double L;
             exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, Y + c);
             Z[c] = (float)L;
-            D[c] = (float)exp((double)Z[c] - L);
+            RD[c] = (float)exp((double)Z[c] - L);
             sc->lx[i * GB_CH + c] = L;
             double x = (double)mk[c] + r - L;
             redo[c] = !(x <= GB_EXACT);
             sc->rowredo[i] |= redo[c];
             g1[c] = redo[c] ? 0.0f : expd(x);
         }
-        grad_row(out, dq, A, g1, g2, U1, U2, D, Y, qr, dr, cw);
+        grad_row(out, dq, A, g1, g2, U1, U2, RD, Y, qr, dr, cw);
     }
 }
 
