@@ -195,7 +195,7 @@ typedef struct {
     float *ce, *ce2;             /* dd's first two rows */
     float *h;                    /* (4 GB_CH): two key rows' sums over the block's rows */
     float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH); g1 holds exp(zb - Z) / den first */
-    float *dn, *ys, *as;         /* 1 / den, Y' and a, (GB_ROWS, GB_CH) each */
+    float *rd, *ys, *as;         /* 1 / den, Y' and a, (GB_ROWS, GB_CH) each */
     double *lx;                  /* (GB_ROWS, GB_CH): L of the exact entries */
     float *lx_f;                 /* (lx's block, as floats) */
     float *rm, *r0, *r1;         /* the rows' right sums, (GB_ROWS, GB_CH) each */
@@ -224,7 +224,7 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
                             R * 2 * s, R, cw, C, C, C, C, C, C, nb * 3 * C, G, G, G};
     float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->dd, &sc->h, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
                         &sc->r1, &sc->ew, &sc->wr, &sc->dw, &sc->r, &sc->mk, &sc->pm, &sc->p0, &sc->p1, &sc->qm,
-                        &sc->q0, &sc->q1, &sc->snap, &sc->dn, &sc->ys, &sc->as};
+                        &sc->q0, &sc->q1, &sc->snap, &sc->rd, &sc->ys, &sc->as};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
@@ -819,7 +819,7 @@ block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, s
         float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
         const double r = sc->r[i];
         float *Z = zrow(jb, sc, t) + c0, *U1 = Z + C, *U2 = Z + 2 * C;
-        float *RD = sc->dn + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
+        float *RD = sc->rd + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
         const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
         const size_t row = jb->b * T + t;
         float *dq = jb->io->dq + row * jb->io->lddq + c0;
