@@ -36,7 +36,10 @@ MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null || mpicc --showme:co
 MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null || mpicc --showme:link 2>/dev/null)
 MPI_FOUND  = $(if $(strip $(MPI_LIBS)),yes)
 
-LIB_SRC := $(wildcard lib/*.c)
+# lib/ in rooms: io/ (file formats), ops/ (the operator), nn/ (products and
+# the layers around the operator); the layer, state and model at the top
+LIB_ROOMS := io ops nn
+LIB_SRC := $(wildcard lib/*.c $(LIB_ROOMS:%=lib/%/*.c))
 LIB_OBJ := $(LIB_SRC:lib/%.c=build/lib/%.o)
 CLI_SRC := $(wildcard cli/*.c)
 CLI_OBJ := $(CLI_SRC:cli/%.c=build/cli/%.o)
@@ -51,7 +54,7 @@ all: aft lib/libaft.a
 deps:
 	@sh third_party/install-deps.sh
 
-LIB_HDR := $(wildcard lib/*.h)
+LIB_HDR := $(wildcard lib/*.h $(LIB_ROOMS:%=lib/%/*.h))
 
 build/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $(@D)

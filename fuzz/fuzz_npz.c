@@ -3,7 +3,7 @@
  * by the .npz writer and read again.
  *
  * A refusal must come with a proper one-line message and no handle. An
- * accepted archive must keep the reader's promises (lib/aft.h, lib/npz.c):
+ * accepted archive must keep the reader's promises (lib/aft.h, lib/io/npz.c):
  * format "npz", no metadata; every tensor consistent with its shape and
  * fully readable; keys unique, found again by aft_st_find, never holding
  * '/', '\\' or ".."; a tensor that borrows (owned NULL) lies inside the

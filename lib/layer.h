@@ -3,8 +3,8 @@
 #ifndef AFT_LAYER_H
 #define AFT_LAYER_H
 
-#include "linear.h"
-#include "op.h"
+#include "nn/linear.h"
+#include "ops/op.h"
 
 /* rows per chunk of the layer's chunked paths with aft's own projection
  * kernel (4 times as many with OpenBLAS's) */

@@ -1,6 +1,6 @@
 /* memory.c - what a run will allocate, what the machine has, and checks of
  * values that would poison a run. */
-#include "kernels.h"
+#include "ops/kernels.h"
 #include "layer.h"
 
 #include <stdio.h>
@@ -34,7 +34,7 @@ size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, 
         op = sat_add(op, sat_mul(sat_mul(T, C), f));
     } else if (cfg->grid_w && cfg->grid_h && cfg->window > 0 &&
                (cfg->variant == AFT_LOCAL || cfg->variant == AFT_CONV)) {
-        /* the grid kernel's scratch (op_grid.c sizes it) */
+        /* the grid kernel's scratch (grid.c sizes it) */
         size_t side = cfg->grid_h > cfg->grid_w ? cfg->grid_h : cfg->grid_w;
         op = aft_grid_workspace(cfg->variant, cfg->causal, B, cfg->grid_h, cfg->grid_w,
                                 cfg->window < side ? cfg->window : side, C, threads);

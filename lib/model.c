@@ -7,7 +7,7 @@
  * state.c), LayerNorm (norm.c), the feed-forward network (ffn.c), the
  * embedding (embed.c), the vocabulary (vocab.c), sampling (sample.c). */
 #include "layer.h"
-#include "model.h"
+#include "nn/nn.h"
 
 #include <inttypes.h>
 #include <limits.h>

@@ -1,5 +1,5 @@
 /* system.c - clocks, peak memory, and which BLAS kernel runs. */
-#include "linear.h"
+#include "nn/linear.h"
 
 #include <cblas.h>
 #include <omp.h>

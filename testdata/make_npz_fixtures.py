@@ -110,7 +110,7 @@ def u64(v):
 
 def zip64_archive(members):
     """stored members, every size and offset in zip64 form, as aft's writer
-    forced to zip64 lays them out (see lib/npz.c, aft_npz_writer_*)"""
+    forced to zip64 lays them out (see lib/io/npz.c, aft_npz_writer_*)"""
     out = b""
     entries = []
     for name, data in members:

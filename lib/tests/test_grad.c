@@ -33,7 +33,7 @@
 #include <cmocka.h>
 
 #include "aft.h"
-#include "kernels.h"
+#include "ops/kernels.h"
 #include "ref_aft.h"
 #include "rng.h"
 
@@ -52,7 +52,7 @@ typedef enum { MASK_NONE, MASK_SHARED, MASK_BATCHED } mask_mode;
 static const char *const mask_names[] = {"none", "TxT", "BxTxT"};
 /* VALS_BEYOND_KEY, _BIAS: normal values but one key entry, or one dense
  * bias entry, of 3e38: beyond the sizes for which the band backward takes
- * its cheaper exponential (op_band_grad.c's tame inputs) */
+ * its cheaper exponential (local_conv_grad.c's tame inputs) */
 typedef enum { VALS_NORMAL, VALS_WIDE, VALS_ONE_HUGE, VALS_ADVERSE, VALS_BEYOND_KEY, VALS_BEYOND_BIAS } vals_mode;
 static const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial", "one-key-beyond-tame",
                                          "one-bias-beyond-tame"};
@@ -1246,7 +1246,7 @@ static int bits_differ(const grads *a, const grads *b, const gdata *d, const cha
  * bias gradients being added in thread order, as are the groups' copies
  * when short sequences run a group a thread. (The dense kernel's threads,
  * for full, masks and grids, take its blocks as they come free, so its
- * sums over them are not: see op_full_grad.c.) */
+ * sums over them are not: see full_grad.c.) */
 static void test_grad_same_bits_every_run(void **state)
 {
     (void)state;

@@ -32,7 +32,7 @@
 #include <cmocka.h>
 
 #include "aft.h"
-#include "model.h"
+#include "nn/nn.h"
 #include "rng.h"
 
 #define TOL_LOGIT 1e-4

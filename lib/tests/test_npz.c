@@ -3,7 +3,7 @@
  * testdata/make_npz_fixtures.py), every hostile archive of the malformed
  * corpus (testdata/malformed/npz_*.npz and expected.tsv), and the bytes
  * Python's zipfile writes for the same members; plus telling formats apart
- * (lib/detect.c). */
+ * (lib/io/detect.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,7 +19,7 @@
 #include <zlib.h>
 
 #include "aft.h"
-#include "formats.h"
+#include "io/formats.h"
 #include "formula.h"
 #include "internal.h"
 

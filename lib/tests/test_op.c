@@ -33,7 +33,7 @@
 
 #include "aft.h"
 #include "layer.h"    /* aft_layer_forward_chunked */
-#include "linear.h"   /* aft_linear */
+#include "nn/linear.h"   /* aft_linear */
 #include "ref_aft.h"
 #include "rng.h"
 

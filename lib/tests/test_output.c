@@ -1,4 +1,4 @@
-/* test_output.c - atomic outputs (lib/output.c): commit renames the
+/* test_output.c - atomic outputs (lib/io/output.c): commit renames the
  * temporary into place, abort removes it and leaves an existing target
  * alone, a stale file with the temporary's name is never taken over, and a
  * signal that arrives the moment the temporary exists finds it registered

@@ -1,9 +1,9 @@
-/* model.h - the pieces of the model around its AFT layers, inside lib/:
+/* nn.h - the pieces of the model around its AFT layers, inside lib/:
  * LayerNorm (norm.c), the feed-forward network (ffn.c), the token embedding
  * (embed.c), the vocabulary (vocab.c). Each fast kernel has a float64
  * reference beside it, which the tests hold it to. */
-#ifndef AFT_MODEL_H
-#define AFT_MODEL_H
+#ifndef AFT_NN_H
+#define AFT_NN_H
 
 #include "linear.h"
 
@@ -83,4 +83,4 @@ void aft_show_text(char *buf, size_t cap, const char *str);
 aft_status aft_vocab_encode(const aft_vocab *v, int32_t **ids, size_t *n, const char *text, size_t len,
                             aft_error *err);
 
-#endif /* AFT_MODEL_H */
+#endif /* AFT_NN_H */

@@ -1,5 +1,5 @@
-/* op_full_grad.c - the backward pass with an explicit T x T pattern (full,
- * and any variant under a mask), beside op_full.c: O(T^2 C) time through
+/* full_grad.c - the backward pass with an explicit T x T pattern (full,
+ * and any variant under a mask), beside full.c: O(T^2 C) time through
  * blocked products, O(T C) memory; exp(w) is held for one block of rows
  * per thread, as in the forward.
  *
@@ -18,7 +18,7 @@
  * underflowed outright) are done exactly in double, as the forward does,
  * so what underflow drops is below e^-41 a. */
 #include "kernels.h"
-#include "linear.h"
+#include "nn/linear.h"
 
 #include <cblas.h>
 #include <omp.h>

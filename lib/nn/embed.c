@@ -1,7 +1,7 @@
 /* embed.c - token embeddings: a row of the table per token, scaled, plus
  * the positional encoding of the token's position (labml's
  * EmbeddingsWithPositionalEncoding: linear(x) * sqrt(d_model) + pe[:T]). */
-#include "model.h"
+#include "nn.h"
 
 int aft_embed_bad_token(const aft_embed_params *e, const int32_t *tokens, size_t ldt, size_t B, size_t n,
                         size_t *b, size_t *t)

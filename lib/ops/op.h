@@ -69,7 +69,7 @@ typedef enum { AFT_ROWS_NONE, AFT_ROWS_CAUSAL, AFT_ROWS_GLOBAL, AFT_ROWS_BAND } 
 aft_rows_kind aft_op_rows_kind(const aft_opspec *sp, size_t kc);
 
 /* Does w depend on the grid (local or conv on a grid with a bias)? Such an
- * operator runs whole sequences only (op_grid.c, or op_full.c under a
+ * operator runs whole sequences only (grid.c, or full.c under a
  * mask). */
 static inline int aft_op_on_grid(const aft_opspec *sp)
 {

@@ -1,4 +1,4 @@
-/* op_grid.c - AFT-local and AFT-conv on a grid of H x W tokens in raster
+/* grid.c - AFT-local and AFT-conv on a grid of H x W tokens in raster
  * order, in O(H W s^2 C) time and O(H W C) memory, without a T x T array.
  *
  * For the query at grid row r, column c (window s: |r' - r| < s and
@@ -32,7 +32,7 @@
  * the scaled denominator still came out below AFT_DEN_EXACT_BELOW (keys and
  * biases pulling opposite ways by more than ~45 nats) the entry is
  * recomputed exactly in double from the band rows' keys and the top and
- * bottom sums, which are exact by the rule above. As in op_band.c.
+ * bottom sums, which are exact by the rule above. As in local_conv.c.
  *
  * Work: the threads take tasks of (batch, channels, range of output rows);
  * the channels are the vector lanes (AFT_VL of them a block). conv's tasks

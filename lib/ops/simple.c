@@ -1,7 +1,7 @@
-/* op_simple.c - AFT-simple without causality: w = 0, so each channel's
+/* simple.c - AFT-simple without causality: w = 0, so each channel's
  * output is sigmoid(q) times one softmax average of v over the sequence,
  * O(T C) time. (With causality simple is the band kernel with a band of one
- * row and w = 0: op_band.c.)
+ * row and w = 0: local_conv.c.)
  *
  * The average's sums are the stabilised sums of sums.h, so keys in the
  * hundreds neither overflow nor lose the terms that matter. */

@@ -1,5 +1,5 @@
-/* op_ref_grad.c - the plain float64 backward pass: the obvious loops,
- * O(T^2 C), beside op_ref.c. Every fast backward kernel is checked against
+/* ref_grad.c - the plain float64 backward pass: the obvious loops,
+ * O(T^2 C), beside ref.c. Every fast backward kernel is checked against
  * this one (and this one against finite differences, in the tests).
  *
  * For row t, channel c (head h), over the visible j:

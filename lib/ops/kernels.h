@@ -16,13 +16,13 @@ float aft_bias_at(const aft_bias *b, size_t t, size_t t2);
  * window: t, j in raster order) */
 void aft_w_row(const aft_opspec *sp, size_t h, size_t t, size_t j0, size_t j1, float *out);
 
-/* ---- op_ref.c: the float64 reference, O(T^2 C)
+/* ---- ref.c: the float64 reference, O(T^2 C)
  * out, q, k, v: (T, C) of one batch, rows sp->ldq/ldk/ldv apart (out: C);
  * mask (T, T), 1 = visible, or NULL */
 aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v, const uint8_t *mask,
                             const aft_opspec *sp, aft_error *err);
 
-/* ---- op_full.c: an explicit T x T pattern (full, and any variant under a
+/* ---- full.c: an explicit T x T pattern (full, and any variant under a
  * mask), blocked products; one batch as aft_op_reference */
 aft_status aft_op_full(float *out, const float *q, const float *k, const float *v, const uint8_t *mask,
                        const aft_opspec *sp, aft_error *err);
@@ -38,12 +38,12 @@ size_t aft_full_rows(size_t T, size_t threads);
 float aft_full_visible_max(const float *w, size_t nv, const uint8_t *mrow);
 void aft_full_exp_row(float *wr, size_t nv, size_t tv, float r, const uint8_t *mrow);
 
-/* ---- op_simple.c: simple without causality, a softmax average of v per
+/* ---- simple.c: simple without causality, a softmax average of v per
  * channel; all batches: (B, T, C) */
 aft_status aft_op_simple(float *out, const float *q, const float *k, const float *v, size_t B,
                          const aft_opspec *sp, aft_error *err);
 
-/* ---- op_band.c: local and conv, and simple with causality (a zero band
+/* ---- local_conv.c: local and conv, and simple with causality (a zero band
  * of one row), in O(T s C); all batches: (B, T, C) */
 aft_status aft_op_band(float *out, const float *q, const float *k, const float *v, size_t B,
                        const aft_opspec *sp, aft_error *err);
@@ -55,7 +55,7 @@ int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k,
                   const aft_opspec *sp, size_t r0, size_t r1, const float *carry_in, float *carry_out,
                   const float *right_in);
 
-/* ---- op_grid.c: local and conv on a grid (aft_op_on_grid), in
+/* ---- grid.c: local and conv on a grid (aft_op_on_grid), in
  * O(H W s^2 C) time and O(H W C) memory; all batches: (B, T, C), keys
  * (B, T, kc) with kc = C, or conv's heads (read where they are) */
 aft_status aft_op_grid(float *out, const float *q, const float *k, const float *v, size_t B, size_t kc,
@@ -116,17 +116,17 @@ size_t aft_bias_grad_copy_floats(const aft_opspec *sp, const aft_bias_grad *db);
 void aft_bias_grad_copy_init(const aft_opspec *sp, const aft_bias_grad *db, aft_bias_grad *mine, float *blk);
 void aft_bias_grad_copy_add(const aft_opspec *sp, const aft_bias_grad *db, const aft_bias_grad *mine);
 
-/* op_ref_grad.c: float64, O(T^2 C); all batches, the mask from sp->bias */
+/* ref_grad.c: float64, O(T^2 C); all batches, the mask from sp->bias */
 aft_status aft_op_reference_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
                                  const aft_opspec *sp, aft_error *err);
-/* op_full_grad.c: one batch as aft_op_full (io's arrays from that batch's
+/* full_grad.c: one batch as aft_op_full (io's arrays from that batch's
  * rows on) */
 aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,
                             const uint8_t *mask, const aft_opspec *sp, aft_error *err);
-/* op_simple_grad.c: simple without causality, all batches */
+/* simple_grad.c: simple without causality, all batches */
 aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
                               const aft_opspec *sp, aft_error *err);
-/* op_band_grad.c: local, conv and causal simple, all batches */
+/* local_conv_grad.c: local, conv and causal simple, all batches */
 aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
                             const aft_opspec *sp, aft_error *err);
 /* the slices of rows it deals to nt threads, window s, with priv floats of

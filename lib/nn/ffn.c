@@ -1,7 +1,7 @@
 /* ffn.c - the position-wise feed-forward network of a transformer layer,
  * y = relu(x W1^T + b1) W2^T + b2 (labml's FeedForward, not gated), with
  * both products packed once (linear.c), and its float64 reference. */
-#include "model.h"
+#include "nn.h"
 
 #include <math.h>
 #include <stdlib.h>

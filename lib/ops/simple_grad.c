@@ -1,5 +1,5 @@
-/* op_simple_grad.c - the backward pass of AFT-simple without causality,
- * beside op_simple.c: O(T C).
+/* simple_grad.c - the backward pass of AFT-simple without causality,
+ * beside simple.c: O(T C).
  *
  * w = 0, so every row has the same softmax per channel: P[j,c] =
  * exp(k[j,c] - L[c]), L the log of sum_j exp(k[j,c]), Y'[c] = sum_j P v.

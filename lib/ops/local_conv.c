@@ -1,4 +1,4 @@
-/* op_band.c - AFT-local, AFT-conv and AFT-simple in O(T s C) time and O(T C)
+/* local_conv.c - AFT-local, AFT-conv and AFT-simple in O(T s C) time and O(T C)
  * memory, without a T x T array.
  *
  * For query t the visible keys split into three parts:
@@ -27,7 +27,7 @@
  * and the two running sums, which are exact by the rule above.
  *
  * simple (or window 0) with causality is this kernel with a one-wide zero
- * band; without causality it is a global softmax per channel (op_simple.c).
+ * band; without causality it is a global softmax per channel (simple.c).
  */
 #include "kernels.h"
 

@@ -1,7 +1,7 @@
 /* vocab.c - a model's vocabulary, from a JSON array of strings (token id =
  * index), and text to token ids: at each point the longest entry that
  * matches (for labml's character tokenizer every entry is one character). */
-#include "model.h"
+#include "nn.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* op_ref.c - the plain float64 AFT operator: the obvious loops, O(T^2 C).
+/* ref.c - the plain float64 AFT operator: the obvious loops, O(T^2 C).
  * Every fast kernel is checked against this one (tests, aft bench --impl both). */
 #include "kernels.h"
 

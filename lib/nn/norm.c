@@ -7,7 +7,7 @@
  * spread (labml's embeddings are scaled by sqrt(d_model)). The sums run in
  * AFT_VL lanes side by side, so they vectorise without -ffast-math; a row of
  * a few hundred floats loses nothing that matters to float sums there. */
-#include "model.h"
+#include "nn.h"
 #include "numerics.h"
 
 #include <math.h>

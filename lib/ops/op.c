@@ -4,12 +4,12 @@
  * from its bias, window 0 meaning simple, heads and bias shapes); aft_op_settle
  * checks the arguments and turns a settled configuration into the aft_opspec
  * every kernel reads. aft_op_run then picks the kernel:
- *   reference impl            -> op_ref.c (float64, O(T^2 C))
- *   simple without causality  -> op_simple.c (O(T C))
- *   local, conv on a grid     -> op_grid.c (O(H W s^2 C)), unless such a mask
- *   local, conv, causal simple -> op_band.c (O(T s C)), unless a mask that is
+ *   reference impl            -> ref.c (float64, O(T^2 C))
+ *   simple without causality  -> simple.c (O(T C))
+ *   local, conv on a grid     -> grid.c (O(H W s^2 C)), unless such a mask
+ *   local, conv, causal simple -> local_conv.c (O(T s C)), unless a mask that is
  *                                neither all-visible nor exactly causal is given
- *   full, or any masked run   -> op_full.c (blocked products, O(T^2 C))
+ *   full, or any masked run   -> full.c (blocked products, O(T^2 C))
  * and aft_op_rows gives callers that hold part of a sequence the band kernel
  * a chunk of rows at a time. aft_op_backward picks the backward kernels the
  * same way, each in the *_grad.c beside its forward. */

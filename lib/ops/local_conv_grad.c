@@ -1,5 +1,5 @@
-/* op_band_grad.c - the backward pass of AFT-local, AFT-conv and causal
- * AFT-simple, beside op_band.c: O(T s C) time, O(T C) memory, no T x T
+/* local_conv_grad.c - the backward pass of AFT-local, AFT-conv and causal
+ * AFT-simple, beside local_conv.c: O(T s C) time, O(T C) memory, no T x T
  * array.
  *
  * Row t, channel c sees key j with weight exp(k[j,c] + w[t,j]); with L[t,c]
@@ -7,7 +7,7 @@
  * a = dout sigmoid(q) (dL/dY'):
  *   dw[t,j] = sum_c P a (v[j,c] - Y'[t,c])          (the band only: w = 0 outside)
  *   dv[j,c] = sum_t P a,   dk[j,c] = sum_t P a (v[j,c] - Y'[t,c])
- * The visible pairs split as in the forward (op_band.c): the band |t - j| <
+ * The visible pairs split as in the forward (local_conv.c): the band |t - j| <
  * s, and outside it w = 0: there dv[j] = exp(k[j]) sum_t exp(-L[t]) a[t],
  * a running sum over the rows t >= j + s (and t <= j - s without
  * causality), the forward's keys becoming the rows' -L and its values a and
