@@ -1,4 +1,4 @@
-/* system.c - clocks, peak memory, and which BLAS kernel runs. */
+/* system.c - clocks, peak memory, threads, and which BLAS kernel runs. */
 #include "nn/linear.h"
 
 #include <cblas.h>
@@ -13,6 +13,17 @@
 /* OpenBLAS's own entry points used here, all declared by Debian's cblas.h:
  * openblas_get_corename, openblas_get_config (and, in gemm.c,
  * openblas_set_num_threads). */
+
+int aft_cores(void)
+{
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
+}
+
+int aft_threads_or_all(int threads)
+{
+    return threads > 0 ? threads : aft_cores();
+}
 
 double aft_now_ms(void)
 {

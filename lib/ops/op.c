@@ -18,18 +18,6 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <unistd.h>
-
-int aft_cores(void)
-{
-    long c = sysconf(_SC_NPROCESSORS_ONLN);
-    return c > 0 ? (int)c : 1;
-}
-
-int aft_threads_or_all(int threads)
-{
-    return threads > 0 ? threads : aft_cores();
-}
 
 size_t aft_window_in(size_t window, size_t T)
 {
