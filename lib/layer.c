@@ -120,7 +120,7 @@ static aft_status layer_whole(float *y, const float *x, const aft_layer_prep *lp
                               aft_layer_times *tm, aft_error *err)
 {
     size_t C = lp->C, KC = lp->KC, W = lp->W, D = lp->D;
-    size_t nb = aft_op_on_grid(&sp) && !sp.bias->mask ? 1 : B, N = nb * T;
+    size_t nb = aft_spec_on_grid(&sp) && !sp.bias->mask ? 1 : B, N = nb * T;
     float *qkv = aft_alloc_array(N, W * sizeof(float));
     float *h = aft_alloc_array(N, C * sizeof(float));
     aft_status st = AFT_OK;
@@ -213,12 +213,12 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
         return st;
     }
     aft_opspec sp;
-    if ((st = aft_op_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) return st;
+    if ((st = aft_spec_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) return st;
     aft_layer_prep lp;
     if ((st = aft_layer_prep_init(&lp, p, cfg->projections, sp.threads, err))) return st;
     /* short sequences, two or more, that the chunked paths would cut */
     if (chunk == AFT_LAYER_CHUNK_AUTO && T > aft_layer_step(&lp) && aft_batch_groups(sp.threads, B, T) > 1 &&
-        !aft_op_on_grid(&sp)) {
+        !aft_spec_on_grid(&sp)) {
         st = layer_sequences(y, x, &lp, sp, B, T, &tm, err);
         if (times) *times = tm;
         aft_layer_prep_free(&lp);

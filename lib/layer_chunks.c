@@ -450,7 +450,7 @@ int aft_layer_chunked(float *y, const float *x, const aft_layer_prep *lw, const 
     if (chunk == 0) return 0;
     aft_rows_kind kind = aft_op_rows_kind(sp, lw->KC);
     if (kind == AFT_ROWS_NONE || (lc && kind != AFT_ROWS_CAUSAL)) return 0;
-    size_t halo = aft_op_halo(sp);
+    size_t halo = aft_spec_halo(sp);
     if (chunk == AFT_LAYER_CHUNK_AUTO) {
         size_t step = aft_layer_step(lw);
         chunk = halo <= step ? step : (halo + step - 1) / step * step;

@@ -390,7 +390,7 @@ aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *d
     size_t C = lp.C, KC = lp.KC, N;
     if (!aft_mul_ok(B, T, &N) || N > INT_MAX) {
         st = aft_fail(err, AFT_ERR_ARG, "B * T = %zu * %zu exceeds the supported range", B, T);
-    } else if ((st = aft_op_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) {
+    } else if ((st = aft_spec_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) {
         /* st says why */
     } else if (N == 0) {
         /* sums over no rows: every weight's gradient is 0 */

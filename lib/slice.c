@@ -64,7 +64,7 @@ static aft_status slice_prep_init(slice_prep *s, const aft_params *p, const aft_
     s->D = p->d_model;
     s->C = p->d_hidden;
     s->KC = p->k_out ? p->k_out : s->C;
-    aft_status st = aft_op_settle(&s->sp, &p->bias, cfg, B, T ? T : 1, s->C, s->KC, err);
+    aft_status st = aft_spec_settle(&s->sp, &p->bias, cfg, B, T ? T : 1, s->C, s->KC, err);
     if (!st) st = aft_layer_prep_init(&s->lp, p, cfg->projections, s->sp.threads, err);
     if (!st && !(st = aft_linear_view(&s->lq, &s->lp.qkv, 0, s->C, err))) s->have_q = 1;
     if (!st && !(st = aft_linear_view(&s->lkv, &s->lp.qkv, s->C, s->KC + s->C, err))) s->have_kv = 1;
@@ -202,7 +202,7 @@ aft_status aft_layer_slice_halo(const aft_params *p, const aft_config *cfg, size
     aft_status st = slice_prep_init(&s, p, cfg, 1, T, err);
     if (st) return st;
     slice_kind k = kind_of(&s.sp);
-    *halo = k == SLICE_DENSE ? SIZE_MAX : k == SLICE_GLOBAL ? 0 : aft_op_halo(&s.sp);
+    *halo = k == SLICE_DENSE ? SIZE_MAX : k == SLICE_GLOBAL ? 0 : aft_spec_halo(&s.sp);
     slice_prep_free(&s);
     return AFT_OK;
 }
@@ -247,7 +247,7 @@ static int cmp_size(const void *a, const void *b)
 static int slice_band(const slice_args *a, slice_prep *s, aft_status *st, aft_error *err)
 {
     const size_t C = s->C, D = s->D, n = a->t1 - a->t0, chunk = s->chunk, nch = (n + chunk - 1) / chunk;
-    const size_t halo = aft_op_halo(&s->sp), held = a->a1 - a->a0, T = a->T;
+    const size_t halo = aft_spec_halo(&s->sp), held = a->a1 - a->a0, T = a->T;
     const int causal = s->sp.causal;
     int nt = s->sp.threads < (int)nch ? s->sp.threads : (int)nch;
     size_t *pt = malloc((2 * nch + 2) * sizeof *pt), npt = 0;
@@ -442,7 +442,7 @@ aft_status aft_layer_forward_slice(float *y, const float *x, const float *kv, co
     aft_status st = slice_prep_init(&s, p, cfg, B, T, err);
     if (st) return st;
     slice_kind k = kind_of(&s.sp);
-    size_t halo = aft_op_halo(&s.sp);
+    size_t halo = aft_spec_halo(&s.sp);
     /* what the held rows and the sums must cover */
     size_t need0 = k == SLICE_DENSE ? 0 : k == SLICE_GLOBAL ? a0 : t0 - (t0 < halo ? t0 : halo);
     size_t need1 = k == SLICE_GLOBAL ? a1 : s.sp.causal ? t1 : k == SLICE_DENSE || T - t1 < halo ? T : t1 + halo;

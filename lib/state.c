@@ -124,14 +124,14 @@ static aft_status state_init(aft_state *s, const aft_bias *bias, const aft_confi
         return aft_fail(err, AFT_ERR_ARG, "the streaming state runs the fast kernels only");
     if (B == 0 || C == 0) return aft_fail(err, AFT_ERR_ARG, "a state needs B >= 1 and C >= 1 (B = %zu, C = %zu)", B, C);
     s->bias = *bias;
-    aft_status st = aft_op_settle(&s->sp, &s->bias, cfg, B, 1, C, kc, err);
+    aft_status st = aft_spec_settle(&s->sp, &s->bias, cfg, B, 1, C, kc, err);
     if (st) return st;
     s->cfg = *cfg;
     if ((st = aft_config_settle(&s->cfg, &s->bias, C, kc, err))) return st;
     s->B = B;
     s->C = C;
     s->KC = kc;
-    s->lc.keep = s->sp.variant == AFT_FULL ? SIZE_MAX : aft_op_halo(&s->sp);
+    s->lc.keep = s->sp.variant == AFT_FULL ? SIZE_MAX : aft_spec_halo(&s->sp);
     s->lc.carry = aft_alloc_array(B, 4 * C * sizeof(float));
     if (!s->lc.carry) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for a state of %zu sequences", B);
     /* room for the window twice over: the rows move back to the start once

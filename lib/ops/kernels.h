@@ -1,11 +1,14 @@
 /* kernels.h - the kernels behind aft_op_run, for op.c and the kernel files
  * themselves. Nothing else in lib/ includes this: the rest reaches the
- * kernels through op.h. Every kernel reads a settled operator (op.h) and
- * decides no rule of its own. */
+ * kernels through op.h. Every kernel reads a settled operator (spec.h) and
+ * decides no rule of its own. This header includes spec.h and the shared
+ * basics only, never op.h: the dispatcher calls the kernels, and no kernel
+ * calls back into it. */
 #ifndef AFT_KERNELS_H
 #define AFT_KERNELS_H
 
-#include "op.h"
+#include "spec.h"
+#include "sums.h"
 
 /* ---- bias.c: where w[t, t'] comes from */
 
@@ -55,7 +58,7 @@ int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k,
                   const aft_opspec *sp, size_t r0, size_t r1, const float *carry_in, float *carry_out,
                   const float *right_in);
 
-/* ---- grid.c: local and conv on a grid (aft_op_on_grid), in
+/* ---- grid.c: local and conv on a grid (aft_spec_on_grid), in
  * O(H W s^2 C) time and O(H W C) memory; all batches: (B, T, C), keys
  * (B, T, kc) with kc = C, or conv's heads (read where they are) */
 aft_status aft_op_grid(float *out, const float *q, const float *k, const float *v, size_t B, size_t kc,
@@ -66,9 +69,9 @@ size_t aft_grid_workspace(aft_variant variant, int causal, size_t B, size_t H, s
                           size_t threads);
 
 /* ---- the backward pass, each kernel beside its forward (*_grad.c). Each
- * reads and writes io's arrays (op.h) with keys of one channel per value
- * channel; the bias gradient's arrays come zeroed and are added to (but
- * for io.db_set: aft_bias_grad_sets below). */
+ * reads and writes io's arrays (aft_grad_io, spec.h) with keys of one
+ * channel per value channel; the bias gradient's arrays come zeroed and are
+ * added to (but for io.db_set: aft_bias_grad_sets below). */
 
 /* bias_grad.c: the adjoint of aft_w_row: adds dw[0 .. j1-j0) (dL/dw_eff[t, j]
  * for head h) to the entries of db that w_eff[t, j] was read from */
@@ -119,6 +122,10 @@ void aft_bias_grad_copy_add(const aft_opspec *sp, const aft_bias_grad *db, const
 /* ref_grad.c: float64, O(T^2 C); all batches, the mask from sp->bias */
 aft_status aft_op_reference_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
                                  const aft_opspec *sp, aft_error *err);
+/* the same on contiguous float64 arrays: aft_op_grad_reference_d (op.h) */
+aft_status aft_op_reference_grad_d(double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db,
+                                   const double *dout, const double *q, const double *k, const double *v,
+                                   const aft_opspec *sp, size_t B, size_t kc, aft_error *err);
 /* full_grad.c: one batch as aft_op_full (io's arrays from that batch's
  * rows on) */
 aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,

@@ -680,7 +680,7 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
     const size_t T = ws->T, C = ws->C, H = ws->heads, ch = C / H;
     if (T == 0 || C == 0 || B == 0) return AFT_OK;
     const int zero_bias = ws->zero_bias;
-    const size_t s = aft_op_band_width(ws, T), nt = (size_t)ws->threads;
+    const size_t s = aft_spec_band(ws, T), nt = (size_t)ws->threads;
     /* many short sequences: the tasks below, a sequence's block of channels
      * each, where splitting each one's few rows over the threads cost a
      * parallel region a sequence */
@@ -747,7 +747,7 @@ aft_band_ctx *aft_band_ctx_new(const aft_opspec *ws, size_t rows)
     aft_band_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return NULL;
     ctx->cwr = ch < ROW_SPLIT_CH ? ch : ROW_SPLIT_CH;
-    ctx->blk = scratch_alloc(&ctx->sc, ws->causal ? 0 : rows, aft_op_halo(ws), ctx->cwr);
+    ctx->blk = scratch_alloc(&ctx->sc, ws->causal ? 0 : rows, aft_spec_halo(ws), ctx->cwr);
     if (!ctx->blk) {
         free(ctx);
         return NULL;
@@ -849,7 +849,7 @@ int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k,
                       const float *right_in)
 {
     const int zero_bias = ws->zero_bias;
-    const size_t s = aft_op_band_width(ws, ws->T);
+    const size_t s = aft_spec_band(ws, ws->T);
     const size_t C = ws->C, ch = C / ws->heads;
     band_scratch *sc = &ctx->sc;
     int ok = 1;

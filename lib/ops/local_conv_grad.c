@@ -1234,7 +1234,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
      * with causality) has no band: the running sums take the diagonal too,
      * s = 0 */
     gjob jb = {.ws = ws, .io = io, .T = T, .C = C, .H = H, .ch = C / H,
-               .s = ws->zero_bias ? 0 : aft_op_band_width(ws, T),
+               .s = ws->zero_bias ? 0 : aft_spec_band(ws, T),
                .causal = ws->causal, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
     jb.hrows = jb.s ? jb.s - 1 : 0;
     jb.ns = aft_band_grad_slices(T, jb.s, nt, aft_bias_grad_private_floats(ws, &io->db), C);

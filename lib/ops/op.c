@@ -1,9 +1,8 @@
-/* op.c - the AFT operator's one entry point and its rules.
+/* op.c - the AFT operator's one entry point: which kernel runs.
  *
- * aft_config_settle holds every rule about a configuration (a conv window
- * from its bias, window 0 meaning simple, heads and bias shapes); aft_op_settle
- * checks the arguments and turns a settled configuration into the aft_opspec
- * every kernel reads. aft_op_run then picks the kernel:
+ * The rules of a configuration are spec.c's: aft_spec_settle checks the
+ * arguments and turns a configuration into the aft_opspec every kernel
+ * reads. aft_op_run then picks the kernel:
  *   reference impl            -> ref.c (float64, O(T^2 C))
  *   simple without causality  -> simple.c (O(T C))
  *   local, conv on a grid     -> grid.c (O(H W s^2 C)), unless such a mask
@@ -12,151 +11,13 @@
  *   full, or any masked run   -> full.c (blocked products, O(T^2 C))
  * and aft_op_rows gives callers that hold part of a sequence the band kernel
  * a chunk of rows at a time. aft_op_backward picks the backward kernels the
- * same way, each in the *_grad.c beside its forward. */
+ * same way, each in the *_grad.c beside its forward. Calls go down, to the
+ * kernels and spec.c, never back: no kernel calls this file. */
 #include "kernels.h"
+#include "op.h"
 
-#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
-
-size_t aft_window_in(size_t window, size_t T)
-{
-    return window < T ? window : T;
-}
-
-/* conv: the window and heads a bias that records its shape holds */
-static aft_status settle_conv(aft_config *cfg, const aft_bias *bias, size_t C, size_t kc, aft_error *err)
-{
-    const char *name = bias->name ? bias->name : "the conv bias";
-    int shaped = bias->kind == AFT_BIAS_CONV && bias->conv_len > 0;
-    if (shaped) {
-        size_t n = bias->conv_len, S = (n + 1) / 2, rows = bias->conv_rows;
-        if ((n % 2 == 0 || rows == 0) && bias->conv_2d)
-            return aft_fail(err, AFT_ERR_ARG, "%s is (%zu, %zu, %zu); a grid's conv bias is (heads, 2*window-1, "
-                            "2*window-1)", name, rows, n, n);
-        if (n % 2 == 0 || rows == 0)
-            return aft_fail(err, AFT_ERR_ARG, "%s is (%zu, %zu); a conv bias is (heads, 2*window-1)", name, rows, n);
-        if (cfg->window == AFT_WINDOW_FROM_BIAS) cfg->window = S;
-        if (cfg->window != S)
-            return aft_fail(err, AFT_ERR_ARG, "window %zu but '%s' holds a window of %zu (2S-1 = %zu)", cfg->window,
-                            name, S, n);
-        /* a shared row says nothing of the heads; keys of one channel a head do */
-        if (cfg->heads == 0) cfg->heads = rows == 1 && kc != C && kc > 0 ? kc : rows;
-        if (rows > 1 && cfg->heads != rows)
-            return aft_fail(err, AFT_ERR_ARG, "%zu heads but '%s' has %zu rows (one per head)", cfg->heads, name,
-                            rows);
-        return AFT_OK;
-    }
-    if (cfg->window == AFT_WINDOW_FROM_BIAS)
-        return aft_fail(err, AFT_ERR_ARG, "conv: the window comes from the bias, but there is no conv bias");
-    if (cfg->heads == 0) cfg->heads = 1;
-    if (cfg->window == 0) {   /* no band at all: simple */
-        if (kc != C)
-            return aft_fail(err, AFT_ERR_ARG, "conv with window 0 is simple, which needs as many key channels as "
-                            "value channels (keys have %zu, values %zu)", kc, C);
-        cfg->variant = AFT_SIMPLE;
-    }
-    return AFT_OK;
-}
-
-/* a grid has both sides or none; a 2-D conv bias and a grid go together
- * (a (heads, 2S-1) bias could not be told from a square one) */
-static aft_status settle_grid(const aft_config *cfg, const aft_bias *bias, aft_error *err)
-{
-    const char *name = bias->name ? bias->name : "the conv bias";
-    size_t n;
-    if ((cfg->grid_h == 0) != (cfg->grid_w == 0))
-        return aft_fail(err, AFT_ERR_ARG, "a grid of %zu x %zu: a grid needs both its height and its width "
-                        "(0 x 0 for a 1-D sequence)", cfg->grid_h, cfg->grid_w);
-    if (!aft_mul_ok(cfg->grid_h, cfg->grid_w, &n))
-        return aft_fail(err, AFT_ERR_ARG, "a grid of %zu x %zu overflows", cfg->grid_h, cfg->grid_w);
-    int on_grid = cfg->grid_w > 0, conv_bias = bias->kind == AFT_BIAS_CONV && cfg->variant == AFT_CONV;
-    if (conv_bias && bias->conv_2d && !on_grid)
-        return aft_fail(err, AFT_ERR_ARG, "'%s' is a 2-D conv bias, which needs a grid (grid_h x grid_w)", name);
-    if (conv_bias && !bias->conv_2d && on_grid)
-        return aft_fail(err, AFT_ERR_ARG, "conv on a grid of %zu x %zu needs a 2-D bias (heads, 2*window-1, "
-                        "2*window-1) with conv_2d set; '%s' is 1-D", cfg->grid_h, cfg->grid_w, name);
-    return AFT_OK;
-}
-
-aft_status aft_config_settle(aft_config *cfg, const aft_bias *bias, size_t C, size_t kc, aft_error *err)
-{
-    if (!bias || !cfg) return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
-    if ((unsigned)bias->kind > AFT_BIAS_CONV)
-        return aft_fail(err, AFT_ERR_ARG, "unknown position bias kind %d", (int)bias->kind);
-    if ((unsigned)cfg->variant > AFT_CONV) return aft_fail(err, AFT_ERR_ARG, "unknown variant %d", (int)cfg->variant);
-    aft_status st = settle_grid(cfg, bias, err);
-    if (st) return st;
-    cfg->threads = aft_threads_or_all(cfg->threads);
-    if (cfg->variant == AFT_CONV) return settle_conv(cfg, bias, C, kc, err);
-    if (cfg->window == AFT_WINDOW_FROM_BIAS)
-        return aft_fail(err, AFT_ERR_ARG, "only conv takes its window from the bias");
-    return AFT_OK;
-}
-
-/* the sizes, the keys' channels and the bias against a settled cfg */
-static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C,
-                             size_t kc, aft_error *err)
-{
-    size_t H = cfg->variant == AFT_CONV ? cfg->heads : 1;
-    if (T > INT_MAX || C > INT_MAX / 2 || B > INT_MAX)
-        return aft_fail(err, AFT_ERR_ARG, "sizes B = %zu, T = %zu, C = %zu exceed the supported range", B, T, C);
-    size_t n;
-    if (!aft_mul3_ok(B, T, C, &n) || !aft_mul_ok(n, 2 * sizeof(float), &n))
-        return aft_fail(err, AFT_ERR_ARG, "sizes B = %zu, T = %zu, C = %zu overflow", B, T, C);
-    if (cfg->grid_w && T != cfg->grid_h * cfg->grid_w)
-        return aft_fail(err, AFT_ERR_ARG, "a grid of %zu x %zu holds %zu tokens, but T = %zu", cfg->grid_h,
-                        cfg->grid_w, cfg->grid_h * cfg->grid_w, T);
-    if (cfg->variant == AFT_CONV) {
-        if (C % H != 0)
-            return aft_fail(err, AFT_ERR_ARG, "conv: %zu heads do not divide the %zu hidden channels", H, C);
-        if (kc != C && kc != H)
-            return aft_fail(err, AFT_ERR_ARG,
-                            "conv: keys have %zu channels; expected %zu (one per value channel) or %zu (one per head)",
-                            kc, C, H);
-        if ((bias->kind != AFT_BIAS_CONV || !bias->conv) && cfg->grid_w)
-            return aft_fail(err, AFT_ERR_ARG,
-                            "conv: needs a per-head position bias of shape (heads, 2*window-1, 2*window-1)");
-        if (bias->kind != AFT_BIAS_CONV || !bias->conv)
-            return aft_fail(err, AFT_ERR_ARG, "conv: needs a per-head position bias of shape (heads, 2*window-1)");
-    } else {
-        if (kc != C)
-            return aft_fail(err, AFT_ERR_ARG, "keys have %zu channels but values have %zu", kc, C);
-        if (bias->kind == AFT_BIAS_CONV && cfg->variant != AFT_SIMPLE)
-            return aft_fail(err, AFT_ERR_ARG, "a per-head (conv) bias needs the conv variant");
-    }
-    if (cfg->variant == AFT_FULL || cfg->variant == AFT_LOCAL) {
-        if ((bias->kind == AFT_BIAS_DENSE || bias->kind == AFT_BIAS_FACTORED) && bias->tmax < T)
-            return aft_fail(err, AFT_ERR_ARG,
-                            "sequence length T = %zu exceeds the position bias size Tmax = %zu", T, bias->tmax);
-        if (bias->kind == AFT_BIAS_DENSE && !bias->dense)
-            return aft_fail(err, AFT_ERR_ARG, "dense position bias without data");
-        if (bias->kind == AFT_BIAS_FACTORED && (!bias->u || !bias->v || bias->rank == 0))
-            return aft_fail(err, AFT_ERR_ARG, "factored position bias needs u, v and a rank >= 1");
-    }
-    return AFT_OK;
-}
-
-aft_status aft_op_settle(aft_opspec *sp, const aft_bias *bias, const aft_config *cfg_in, size_t B, size_t T,
-                         size_t C, size_t kc, aft_error *err)
-{
-    if (!bias || !cfg_in) return aft_fail(err, AFT_ERR_ARG, "missing bias or configuration (NULL)");
-    aft_config cfg = *cfg_in;
-    aft_status st = aft_config_settle(&cfg, bias, C, kc, err);
-    if (st) return st;
-    if ((st = check_args(bias, &cfg, B, T, C, kc, err))) return st;
-    int conv = cfg.variant == AFT_CONV;
-    size_t len = conv ? (bias->conv_len ? bias->conv_len : 2 * cfg.window - 1) : 0;
-    *sp = (aft_opspec){
-        .bias = bias, .variant = cfg.variant, .T = T, .C = C, .heads = conv ? cfg.heads : 1,
-        .window = cfg.window, .conv_len = len,
-        .conv_rows = conv ? (bias->conv_len ? bias->conv_rows : cfg.heads) : 0,
-        .zero_bias = cfg.variant == AFT_SIMPLE || cfg.window == 0 ||
-                     (conv ? bias->kind != AFT_BIAS_CONV : bias->kind == AFT_BIAS_NONE),
-        .causal = cfg.causal != 0, .threads = cfg.threads, .full_blas = cfg.full_product == AFT_KERNEL_BLAS,
-        .ldq = C, .ldk = kc, .ldv = C, .grid_h = cfg.grid_h, .grid_w = cfg.grid_w};
-    return AFT_OK;
-}
 
 /* Does this batch's mask (combined with causality) equal plain causality
  * (*is_causal) or see everything (*all)? Then the mask adds nothing and the
@@ -226,7 +87,7 @@ static aft_status fast_kernel(float *out, const float *q, const float *k, const 
         return per_batch(out, q, k, v, sp, B, m, bias->mask_batched, 0, err);
     }
     if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);
-    if (aft_op_on_grid(sp)) return aft_op_grid(out, q, k, v, B, sp->C, sp, err);
+    if (aft_spec_on_grid(sp)) return aft_op_grid(out, q, k, v, B, sp->C, sp, err);
     return aft_op_band(out, q, k, v, B, sp, err);
 }
 
@@ -240,7 +101,7 @@ size_t aft_batch_groups(int threads, size_t B, size_t T)
  * a grid's images, whose kernels split them their own way */
 static size_t op_groups(const aft_opspec *sp, size_t B)
 {
-    return sp->q_row1 || aft_op_on_grid(sp) ? 1 : aft_batch_groups(sp->threads, B, sp->T);
+    return sp->q_row1 || aft_spec_on_grid(sp) ? 1 : aft_batch_groups(sp->threads, B, sp->T);
 }
 
 static aft_status grouped(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp,
@@ -284,7 +145,7 @@ static aft_status run_all(float *out, const float *q, const float *k, const floa
         return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     aft_opspec sp = *sp_in;
     /* the grid kernel reads keys of one channel per head where they are */
-    if (kc != C && !reference && !sp.bias->mask && aft_op_on_grid(&sp))
+    if (kc != C && !reference && !sp.bias->mask && aft_spec_on_grid(&sp))
         return aft_op_grid(out, q, k, v, B, kc, &sp, err);
     float *kwide = NULL;
     if (kc != C) {
@@ -313,7 +174,7 @@ aft_status aft_op_forward(float *out, const float *q, const float *k, const floa
                           size_t B, size_t T, size_t C, size_t kc, aft_error *err)
 {
     aft_opspec sp;
-    aft_status st = aft_op_settle(&sp, bias, cfg, B, T, C, kc, err);
+    aft_status st = aft_spec_settle(&sp, bias, cfg, B, T, C, kc, err);
     if (st) return st;
     return run_all(out, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);
 }
@@ -336,7 +197,7 @@ static aft_status fast_grad(const aft_grad_io *io, const float *q, const float *
     v += b0 * T * sp->ldv;
     /* local and conv on a grid: the dense kernel with the grid's w rows,
      * O(T^2 C) (no banded backward on grids yet) */
-    if (dense_mask || sp->variant == AFT_FULL || aft_op_on_grid(sp)) {
+    if (dense_mask || sp->variant == AFT_FULL || aft_spec_on_grid(sp)) {
         aft_status st = AFT_OK;
         for (size_t b = 0; b < B && !st; b++) {
             aft_grad_io one = iob;
@@ -455,13 +316,20 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
     return st;
 }
 
+aft_status aft_op_grad_reference_d(double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db,
+                                   const double *dout, const double *q, const double *k, const double *v,
+                                   const aft_opspec *sp, size_t B, size_t kc, aft_error *err)
+{
+    return aft_op_reference_grad_d(dq, dk, dv, out, db, dout, q, k, v, sp, B, kc, err);
+}
+
 aft_status aft_op_backward(float *dq, float *dk, float *dv, const aft_bias_grad *dbias, float *out,
                            const float *dout, const float *q, const float *k, const float *v,
                            const aft_bias *bias, const aft_config *cfg,
                            size_t B, size_t T, size_t C, size_t kc, aft_error *err)
 {
     aft_opspec sp;
-    aft_status st = aft_op_settle(&sp, bias, cfg, B, T, C, kc, err);
+    aft_status st = aft_spec_settle(&sp, bias, cfg, B, T, C, kc, err);
     if (st) return st;
     aft_grad_io io = {.dq = dq, .dk = dk, .dv = dv, .lddq = C, .lddk = kc, .lddv = C, .dout = dout, .out = out};
     if (dbias) io.db = *dbias;
@@ -472,14 +340,9 @@ aft_status aft_op_backward(float *dq, float *dk, float *dv, const aft_bias_grad 
 
 aft_rows_kind aft_op_rows_kind(const aft_opspec *sp, size_t kc)
 {
-    if (sp->bias->mask || kc != sp->C || sp->variant == AFT_FULL || aft_op_on_grid(sp)) return AFT_ROWS_NONE;
+    if (sp->bias->mask || kc != sp->C || sp->variant == AFT_FULL || aft_spec_on_grid(sp)) return AFT_ROWS_NONE;
     if (sp->causal) return AFT_ROWS_CAUSAL;
     return sp->zero_bias ? AFT_ROWS_GLOBAL : AFT_ROWS_BAND;
-}
-
-size_t aft_op_halo(const aft_opspec *sp)
-{
-    return aft_op_band_width(sp, SIZE_MAX);
 }
 
 struct aft_op_rows_ctx {

@@ -1,56 +1,12 @@
 /* op.h - the AFT operator as the rest of lib/ sees it (op.c). Callers outside
  * the kernels (the layer, and whatever holds only part of a sequence at a
- * time) reach the kernels through these entry points alone. */
+ * time) reach the kernels through these entry points alone, with an
+ * operator settled by spec.h's rules. */
 #ifndef AFT_OP_H
 #define AFT_OP_H
 
-#include "internal.h"
+#include "spec.h"
 #include "sums.h"
-
-/* The operator as settled by aft_op_settle: the rules applied once, the
- * kernels only read it. */
-typedef struct {
-    const aft_bias *bias;
-    aft_variant variant;    /* settled: conv with window 0 is simple */
-    size_t T, C;
-    size_t heads;           /* conv's heads, 1 otherwise */
-    size_t window;          /* local's window, or the conv bias's own S */
-    size_t conv_len;        /* conv: a bias row's length, 2S - 1 */
-    size_t conv_rows;       /* conv: the bias's rows; 1 is shared by every head */
-    int zero_bias;          /* w = 0 everywhere: simple, window 0, or no bias */
-    int causal;
-    int threads;            /* >= 1 */
-    int full_blas;          /* full: OpenBLAS's products instead of the fused kernel */
-    size_t ldq, ldk, ldv;   /* row strides of q, k, v */
-    size_t t_off;           /* row t of q, k, v is row t_off + t of the sequence
-                             * (chunked callers; 0 otherwise) */
-    size_t q_row0;          /* q and out hold rows from this row on (chunked
-                             * callers without causality; 0 otherwise) */
-    size_t q_row1;          /* full and masked runs: rows [q_row0, q_row1) only
-                             * (0: to T); a mask then holds those rows only,
-                             * and is taken as it is (not checked for being
-                             * all visible or exactly causal) */
-    size_t mask_ld;         /* a mask's row length (0: T; more when T is cut
-                             * short, as causal rows before T need) */
-    size_t grid_h, grid_w;  /* a grid of grid_h x grid_w rows in raster order
-                             * (T = grid_h * grid_w); 0, 0: a 1-D sequence.
-                             * Only local's and conv's w depend on it. */
-} aft_opspec;
-
-/* Checks the arguments and settles cfg against bias and the sizes (the rules
- * of aft_config_settle), into *sp with q, k, v contiguous (ldq = ldv = C,
- * ldk = kc). */
-aft_status aft_op_settle(aft_opspec *sp, const aft_bias *bias, const aft_config *cfg, size_t B, size_t T,
-                         size_t C, size_t kc, aft_error *err);
-
-/* The band the kernels use for a sequence of T rows: a window wider than the
- * sequence is the whole sequence; w = 0 everywhere is a band of one row
- * (T = SIZE_MAX: the band of an unbounded sequence). */
-static inline size_t aft_op_band_width(const aft_opspec *sp, size_t T)
-{
-    if (sp->zero_bias) return 1;
-    return sp->window < T ? sp->window : T;
-}
 
 /* aft_op_forward for a settled operator, with sp's row strides: out
  * (B, T, C) contiguous; q row t of batch b at q + (b T + t) ldq, likewise
@@ -67,14 +23,6 @@ aft_status aft_op_run(float *out, const float *q, const float *k, const float *v
  * mask, keys of one channel per head, the reference). */
 typedef enum { AFT_ROWS_NONE, AFT_ROWS_CAUSAL, AFT_ROWS_GLOBAL, AFT_ROWS_BAND } aft_rows_kind;
 aft_rows_kind aft_op_rows_kind(const aft_opspec *sp, size_t kc);
-
-/* Does w depend on the grid (local or conv on a grid with a bias)? Such an
- * operator runs whole sequences only (grid.c, or full.c under a
- * mask). */
-static inline int aft_op_on_grid(const aft_opspec *sp)
-{
-    return sp->grid_w > 0 && !sp->zero_bias && (sp->variant == AFT_LOCAL || sp->variant == AFT_CONV);
-}
 
 /* Sequences shorter than AFT_GROUP_BELOW_T rows run whole, a group of them
  * a thread, where each split over the threads costs a parallel region and
@@ -110,9 +58,6 @@ static inline int aft_first_error_seen(const aft_status *st)
     return seen != AFT_OK;
 }
 
-/* rows before a chunk's first whose keys its band needs */
-size_t aft_op_halo(const aft_opspec *sp);
-
 /* One thread's scratch for chunks of up to `rows` rows (NULL: out of memory). */
 typedef struct aft_op_rows_ctx aft_op_rows_ctx;
 aft_op_rows_ctx *aft_op_rows_new(const aft_opspec *sp, size_t rows);
@@ -121,7 +66,7 @@ void aft_op_rows_free(aft_op_rows_ctx *ctx);
 /* Rows [r0, r1) of one sequence on the calling thread (AFT_ROWS_CAUSAL and
  * AFT_ROWS_BAND). k and v hold the sequence's rows from sp->t_off on,
  * sp->T of them (row t: row sp->t_off + t of the sequence); rows before r0
- * must be at least aft_op_halo(sp) of them unless t_off is 0. q and out hold
+ * must be at least aft_spec_halo(sp) of them unless t_off is 0. q and out hold
  * rows from sp->q_row0 on. carry_in (NULL when t_off is 0) and carry_out
  * (NULL: not wanted; it may equal carry_in) are sums (sums.h) of sp->C
  * channels: the keys before local row 0, and after this call before row
@@ -134,20 +79,7 @@ int aft_op_rows(aft_op_rows_ctx *ctx, float *out, const float *q, const float *k
                 const aft_opspec *sp, size_t r0, size_t r1, const float *carry_in, float *carry_out,
                 const float *right_in);
 
-/* ---- the backward pass (aft_op_backward)
- *
- * What a backward run writes and reads beyond q, k and v: dq, dk, dv rows
- * lddq, lddk, lddv apart (dk: kc channels); dout and out (NULL: not
- * wanted) (B, T, C) contiguous; db the bias gradient (its fields NULL: not
- * wanted). */
-typedef struct {
-    float *dq, *dk, *dv;
-    size_t lddq, lddk, lddv;
-    const float *dout;
-    float *out;
-    aft_bias_grad db;
-    int db_set;   /* the kernel sets db's entries (aft_bias_grad_sets): its first sequence only */
-} aft_grad_io;
+/* ---- the backward pass (aft_op_backward): the arrays of aft_grad_io (spec.h) */
 
 /* aft_op_backward for a settled operator, with sp's row strides for q, k, v
  * and io's for the gradients; reference: the float64 kernel */

@@ -48,7 +48,7 @@ static void acc_row(ref_acc *a, const aft_opspec *sp, size_t h, size_t t, const 
 {
     const aft_bias *b = sp->bias;
     const size_t T = sp->T, s = sp->window, W = sp->grid_w;
-    const int grid = aft_op_on_grid(sp);
+    const int grid = aft_spec_on_grid(sp);
     for (size_t j = 0; j < T; j++) {
         size_t dist = j > t ? j - t : t - j;
         if (grid) {   /* the 2-D window |r - r'| < s, |c - c'| < s */
@@ -206,7 +206,7 @@ aft_status aft_op_reference_grad(const aft_grad_io *io, const float *q, const fl
     return st;
 }
 
-aft_status aft_op_grad_reference_d(double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db,
+aft_status aft_op_reference_grad_d(double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db,
                                    const double *dout, const double *q, const double *k, const double *v,
                                    const aft_opspec *sp, size_t B, size_t kc, aft_error *err)
 {

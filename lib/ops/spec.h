@@ -1,0 +1,78 @@
+/* spec.h - one configuration of the operator, settled (spec.c). Every rule
+ * about a configuration's shape lives in spec.c: the window clamped to the
+ * sequence, window 0 meaning simple, conv's window and heads from its bias,
+ * the bias shapes, the positions a learned bias reaches, halos and 2-D
+ * windows. The kernels read a settled aft_opspec and decide none of these
+ * themselves; they include this header (through kernels.h) and nothing
+ * above it. The dispatcher (op.h) and the layer, the state, the slices, the
+ * model and the memory estimates ask it too. */
+#ifndef AFT_SPEC_H
+#define AFT_SPEC_H
+
+#include "internal.h"
+
+/* The operator as settled by aft_spec_settle: the rules applied once, the
+ * kernels only read it. */
+typedef struct {
+    const aft_bias *bias;
+    aft_variant variant;    /* settled: conv with window 0 is simple */
+    size_t T, C;
+    size_t heads;           /* conv's heads, 1 otherwise */
+    size_t window;          /* local's window, or the conv bias's own S */
+    size_t conv_len;        /* conv: a bias row's length, 2S - 1 */
+    size_t conv_rows;       /* conv: the bias's rows; 1 is shared by every head */
+    int zero_bias;          /* w = 0 everywhere: simple, window 0, or no bias */
+    int causal;
+    int threads;            /* >= 1 */
+    int full_blas;          /* full: OpenBLAS's products instead of the fused kernel */
+    size_t ldq, ldk, ldv;   /* row strides of q, k, v */
+    size_t t_off;           /* row t of q, k, v is row t_off + t of the sequence
+                             * (chunked callers; 0 otherwise) */
+    size_t q_row0;          /* q and out hold rows from this row on (chunked
+                             * callers without causality; 0 otherwise) */
+    size_t q_row1;          /* full and masked runs: rows [q_row0, q_row1) only
+                             * (0: to T); a mask then holds those rows only,
+                             * and is taken as it is (not checked for being
+                             * all visible or exactly causal) */
+    size_t mask_ld;         /* a mask's row length (0: T; more when T is cut
+                             * short, as causal rows before T need) */
+    size_t grid_h, grid_w;  /* a grid of grid_h x grid_w rows in raster order
+                             * (T = grid_h * grid_w); 0, 0: a 1-D sequence.
+                             * Only local's and conv's w depend on it. */
+} aft_opspec;
+
+/* Checks the arguments and settles cfg against bias and the sizes (the rules
+ * of aft_config_settle), into *sp with q, k, v contiguous (ldq = ldv = C,
+ * ldk = kc). */
+aft_status aft_spec_settle(aft_opspec *sp, const aft_bias *bias, const aft_config *cfg, size_t B, size_t T,
+                           size_t C, size_t kc, aft_error *err);
+
+/* ---- windows and halos */
+
+/* The band the kernels use for a sequence of T rows: a window wider than the
+ * sequence is the whole sequence (aft_window_in); w = 0 everywhere is a band
+ * of one row (T = SIZE_MAX: the band of an unbounded sequence). */
+size_t aft_spec_band(const aft_opspec *sp, size_t T);
+/* rows before a chunk's first whose keys its band needs: the band of an
+ * unbounded sequence */
+size_t aft_spec_halo(const aft_opspec *sp);
+/* Does w depend on the grid (local or conv on a grid with a bias)? Such an
+ * operator runs whole sequences only (grid.c, or full.c under a mask). */
+int aft_spec_on_grid(const aft_opspec *sp);
+
+/* ---- the backward pass's arrays (aft_op_backward)
+ *
+ * What a backward run writes and reads beyond q, k and v: dq, dk, dv rows
+ * lddq, lddk, lddv apart (dk: kc channels); dout and out (NULL: not
+ * wanted) (B, T, C) contiguous; db the bias gradient (its fields NULL: not
+ * wanted). */
+typedef struct {
+    float *dq, *dk, *dv;
+    size_t lddq, lddk, lddv;
+    const float *dout;
+    float *out;
+    aft_bias_grad db;
+    int db_set;   /* the kernel sets db's entries (aft_bias_grad_sets): its first sequence only */
+} aft_grad_io;
+
+#endif /* AFT_SPEC_H */
