@@ -223,11 +223,11 @@ static double layer_flops(aft_variant v, size_t B, size_t T, size_t D, size_t C,
     case AFT_LOCAL:
     case AFT_CONV: {
         if (gh) {   /* a (2S - 1) x (2S - 1) window, cut by the grid's sides */
-            double a = (double)(2 * (s < gh ? s : gh) - 1), b = (double)(2 * (s < gw ? s : gw) - 1);
+            double a = (double)(2 * aft_window_in(s, gh) - 1), b = (double)(2 * aft_window_in(s, gw) - 1);
             terms = (double)T * a * b * (causal ? 0.5 : 1.0);
             break;
         }
-        double w = (double)(s < T ? s : T);
+        double w = (double)aft_window_in(s, T);
         terms = (double)T * (causal ? w : 2.0 * w - 1.0);
         break;
     }

@@ -63,7 +63,7 @@ static int seed_projections(cli_params *sp, uint64_t seed, size_t D, size_t C, c
  * depend on how far the window was narrowed to the grid (cfg->window) */
 static int seed_conv_2d(cli_params *sp, const aft_config *cfg, uint64_t seed, size_t S, const char *cmd)
 {
-    size_t H = cfg->heads, n = 2 * cfg->window - 1, shift = S - cfg->window, cells;
+    size_t H = cfg->heads, n = aft_conv_len(cfg->window), shift = S - cfg->window, cells;
     if (__builtin_mul_overflow(n, n, &cells) || __builtin_mul_overflow(cells, H, &cells) ||
         !(sp->owned[5] = malloc(cells * sizeof(float) + 1))) {
         cli_error(cmd, "out of memory for the conv bias");
@@ -95,8 +95,8 @@ int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, 
     }
     /* a conv window past the sequence sees everything: generate only the
      * offsets that can occur (T: SIZE_MAX for a stream, which may go on) */
-    size_t S = cfg->window, reach = cfg->grid_h ? (cfg->grid_h > cfg->grid_w ? cfg->grid_h : cfg->grid_w) : T;
-    if (cfg->variant == AFT_CONV && cfg->window) cfg->window = aft_window_in(cfg->window, reach ? reach : 1);
+    size_t S = cfg->window;
+    if (cfg->variant == AFT_CONV && cfg->window) cfg->window = aft_config_window(cfg, T ? T : 1);
     if (projections) {
         int rc = seed_projections(sp, seed, D, C, cmd);
         if (rc) return rc;
@@ -107,7 +107,7 @@ int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, 
         /* conv: (heads, 2S - 1), entry (h, o + S - 1) for offset o drawn as a
          * matrix of the asked window S and scaled to the bias's range, so an
          * offset's value does not depend on how far the window was narrowed */
-        size_t H = cfg->heads, n = 2 * cfg->window - 1, shift = S - cfg->window;
+        size_t H = cfg->heads, n = aft_conv_len(cfg->window), shift = S - cfg->window;
         sp->owned[5] = seeded_matrix(seed, 5, H, n, 1);
         for (size_t h = 0; h < H && sp->owned[5] && shift; h++)
             for (size_t c = 0; c < n; c++)

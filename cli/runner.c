@@ -393,8 +393,7 @@ static int settle(const struct run_opts *o, struct run *r)
             cli_error(NULL, "%s: 'k' has %zu channels but 'q' and 'v' have %zu", o->input, r->KC, r->C);
         return EXIT_DATA;
     }
-    if ((b->kind == AFT_BIAS_DENSE || b->kind == AFT_BIAS_FACTORED) && b->tmax < r->T &&
-        o->cfg.variant != AFT_SIMPLE) {
+    if (aft_bias_reach(b, r->cfg.variant) < r->T) {
         cli_error(NULL, "%s: sequence length T = %zu exceeds the position bias '%s' size Tmax = %zu",
                   o->weights_path, r->T, r->wts.names[4], b->tmax);
         return EXIT_DATA;

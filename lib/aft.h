@@ -363,6 +363,21 @@ typedef struct {
 aft_status aft_config_settle(aft_config *cfg, const aft_bias *bias, size_t C, size_t kc, aft_error *err);
 /* the window a sequence of T rows sees: min(window, T) */
 size_t aft_window_in(size_t window, size_t T);
+/* the window cfg's run of T rows sees: aft_window_in(window, T) on a
+ * sequence; on a grid (grid_h, grid_w) aft_window_in(window, max(grid_h,
+ * grid_w)), as a wider window sees no more of the grid */
+size_t aft_config_window(const aft_config *cfg, size_t T);
+/* The positions a position bias covers for a variant: a learned bias
+ * (dense (Tmax, Tmax), or factored u, v (Tmax, r)) read by full or local
+ * covers rows [0, Tmax), so neither a sequence's T nor a stream's position
+ * may pass Tmax; SIZE_MAX for every other bias and variant (seeded, conv,
+ * none; simple reads no bias). */
+size_t aft_bias_reach(const aft_bias *bias, aft_variant variant);
+/* conv's bias shape: a window S holds the offsets -(S - 1) .. S - 1, rows of
+ * 2S - 1 (on a grid, (2S - 1) x (2S - 1) squares); and the window a row of
+ * n (odd) entries holds, (n + 1) / 2 */
+size_t aft_conv_len(size_t window);
+size_t aft_conv_window(size_t len);
 
 /* The seeded bias entry for (t, t2): a pure function, so bands can be made
  * without a T x T array. */

@@ -1,7 +1,8 @@
 /* memory.c - what a run will allocate, what the machine has, and checks of
  * values that would poison a run. */
-#include "ops/kernels.h"
-#include "layer.h"
+#include "layer.h"      /* AFT_GRAD_PIECES_PER_THREAD */
+#include "ops/op.h"     /* aft_batch_groups */
+#include "ops/spec.h"   /* the windows, and each kernel's workspace */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,13 +36,15 @@ size_t aft_workspace_bytes(const aft_config *cfg, size_t B, size_t T, size_t D, 
     } else if (cfg->grid_w && cfg->grid_h && cfg->window > 0 &&
                (cfg->variant == AFT_LOCAL || cfg->variant == AFT_CONV)) {
         /* the grid kernel's scratch (grid.c sizes it) */
-        size_t side = cfg->grid_h > cfg->grid_w ? cfg->grid_h : cfg->grid_w;
-        op = aft_grid_workspace(cfg->variant, cfg->causal, B, cfg->grid_h, cfg->grid_w,
-                                cfg->window < side ? cfg->window : side, C, threads);
+        op = aft_grid_workspace(cfg->variant, cfg->causal, B, cfg->grid_h, cfg->grid_w, aft_config_window(cfg, T), C,
+                                threads);
     } else {
-        /* per thread: right-part states (T, 64) x 3 and a band block */
+        /* per thread: right-part states (T rows of a block of EKB channels)
+         * x 3 and a band block (BAND_ROWS + 2 s rows of EKB channels, ek and
+         * ekv): local_conv.c's blocks */
         size_t s = aft_window_in(cfg->window, T);
-        size_t per = sat_add(sat_mul(T, 3 * 64), sat_mul(sat_add(128, 2 * s), 2 * 64));
+        size_t per = sat_add(sat_mul(T, 3 * AFT_BAND_EKB),
+                             sat_mul(sat_add(AFT_BAND_ROWS, 2 * s), 2 * AFT_BAND_EKB));
         op = sat_mul(sat_mul(per, threads), f);
     }
     return sat_add(bytes, op);

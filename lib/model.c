@@ -267,7 +267,9 @@ static aft_status load_self_attn(aft_model *m, const aft_st_file *f, size_t i, s
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' takes inputs of size %zu but the model's size is %zu (from the "
                         "embedding)", L->attn.names[0], p->d_model, D);
     L->cfg = (aft_config){.variant = var, .causal = 1, .threads = m->threads, .impl = AFT_IMPL_FAST};
-    size_t tmax = p->bias.kind == AFT_BIAS_DENSE || p->bias.kind == AFT_BIAS_FACTORED ? p->bias.tmax : 0;
+    /* the positions the bias covers: a learned bias's Tmax (SIZE_MAX: any),
+     * and so its rows (0: none) */
+    size_t reach = aft_bias_reach(&p->bias, var), tmax = reach == SIZE_MAX ? 0 : reach;
     if ((var == AFT_LOCAL || var == AFT_FULL) && tmax == 0)
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' covers no positions", L->attn.names[4]);
     if (var == AFT_LOCAL) {
@@ -276,7 +278,7 @@ static aft_status load_self_attn(aft_model *m, const aft_st_file *f, size_t i, s
             size_t band = 0;
             if ((st = mask_band(f, mask_name, tmax, &band, err))) return st;
             /* windows from Tmax up all read the same band */
-            if (window && (window < tmax ? window : tmax) != band)
+            if (window && aft_window_in(window, tmax) != band)
                 return aft_fail(err, AFT_ERR_FORMAT, "window %zu (%s) disagrees with '%s', a band of %zu%s", window,
                                 wfrom, mask_name, band, band == tmax ? " or more" : "");
             if (!window) S = band;
@@ -303,8 +305,8 @@ static aft_status load_self_attn(aft_model *m, const aft_st_file *f, size_t i, s
         return aft_fail(err, AFT_ERR_FORMAT, "layer %zu's self_attn (hidden size %zu, window %zu) differs from "
                         "layer 0's (%zu, %zu)", i, p->d_hidden, settled.window, m->info.d_hidden, m->info.window);
     }
-    if (tmax && tmax < m->info.context) {
-        m->info.context = tmax;
+    if (reach < m->info.context) {
+        m->info.context = reach;
         snprintf(m->context_from, sizeof m->context_from, "%s", L->attn.names[4]);
     }
     return AFT_OK;

@@ -131,7 +131,7 @@ static aft_status state_init(aft_state *s, const aft_bias *bias, const aft_confi
     s->B = B;
     s->C = C;
     s->KC = kc;
-    s->lc.keep = s->sp.variant == AFT_FULL ? SIZE_MAX : aft_spec_halo(&s->sp);
+    s->lc.keep = aft_spec_keep(&s->sp);
     s->lc.carry = aft_alloc_array(B, 4 * C * sizeof(float));
     if (!s->lc.carry) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for a state of %zu sequences", B);
     /* room for the window twice over: the rows move back to the start once
@@ -237,17 +237,16 @@ static aft_status make_room(aft_state *s, size_t n, size_t min, aft_error *err)
     return AFT_OK;
 }
 
-/* positions the bias covers: a learned (Tmax, Tmax) bias ends at Tmax */
+/* positions the bias covers (aft_bias_reach): a learned (Tmax, Tmax) bias
+ * ends at Tmax */
 static aft_status check_reach(const aft_state *s, size_t n, aft_error *err)
 {
-    const aft_bias *b = &s->bias;
     size_t end;
     if (!aft_add_ok(s->lc.pos, n, &end) || end > INT_MAX)
         return aft_fail(err, AFT_ERR_ARG, "position %zu + %zu rows exceeds the supported range", s->lc.pos, n);
-    int learned = b->kind == AFT_BIAS_DENSE || b->kind == AFT_BIAS_FACTORED;
-    if (learned && (s->sp.variant == AFT_FULL || s->sp.variant == AFT_LOCAL) && end > b->tmax)
+    if (end > aft_bias_reach(&s->bias, s->sp.variant))
         return aft_fail(err, AFT_ERR_ARG, "rows %zu to %zu run past the position bias's Tmax = %zu", s->lc.pos,
-                        end - 1, b->tmax);
+                        end - 1, s->bias.tmax);
     return AFT_OK;
 }
 
@@ -379,10 +378,8 @@ aft_status aft_state_seed(aft_state *s, size_t pos, const float *sums, const flo
 {
     const size_t B = s->B, C = s->C, nk = pos < s->lc.keep ? pos : s->lc.keep;
     if (pos > INT_MAX) return aft_fail(err, AFT_ERR_ARG, "position %zu exceeds the supported range", pos);
-    const aft_bias *b = &s->bias;
-    if ((b->kind == AFT_BIAS_DENSE || b->kind == AFT_BIAS_FACTORED) &&
-        (s->sp.variant == AFT_FULL || s->sp.variant == AFT_LOCAL) && pos > b->tmax)
-        return aft_fail(err, AFT_ERR_ARG, "position %zu is past the position bias's Tmax = %zu", pos, b->tmax);
+    if (pos > aft_bias_reach(&s->bias, s->sp.variant))
+        return aft_fail(err, AFT_ERR_ARG, "position %zu is past the position bias's Tmax = %zu", pos, s->bias.tmax);
     if (nk && !kv) return aft_fail(err, AFT_ERR_ARG, "a state at position %zu needs K, V of its last %zu rows", pos, nk);
     if (pos > nk && !sums && !poisoned)
         return aft_fail(err, AFT_ERR_ARG, "a state at position %zu needs the key sums of rows [0, %zu)", pos, pos - nk);
@@ -576,10 +573,9 @@ aft_status aft_state_load(aft_state *s, const aft_st_file *f, aft_error *err)
     if ((st = get_f32(f, "keys", 3, (const size_t[]){B, nk, C}, &keys, err)) ||
         (st = get_f32(f, "values", 3, (const size_t[]){B, nk, C}, &vals, err)))
         return st;
-    const aft_bias *b = &s->bias;
-    if ((b->kind == AFT_BIAS_DENSE || b->kind == AFT_BIAS_FACTORED) &&
-        (s->sp.variant == AFT_FULL || s->sp.variant == AFT_LOCAL) && pos > b->tmax)
-        return aft_fail(err, AFT_ERR_FORMAT, "position %zu is past the position bias's Tmax = %zu", pos, b->tmax);
+    if (pos > aft_bias_reach(&s->bias, s->sp.variant))
+        return aft_fail(err, AFT_ERR_FORMAT, "position %zu is past the position bias's Tmax = %zu", pos,
+                        s->bias.tmax);
     const float *sd[N_SUMS];
     for (int i = 0; i < N_SUMS; i++) sd[i] = sums[i]->data;
     for (size_t q = 0; q < B && !poisoned; q++)

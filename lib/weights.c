@@ -142,7 +142,7 @@ static aft_status conv_bias_2d(aft_weights *w, const aft_tensor *pb, aft_error *
     if (st) return st;
     aft_params *p = &w->p;
     w->conv_heads = H;
-    w->conv_window = (n + 1) / 2;
+    w->conv_window = aft_conv_window(n);
     p->bias.conv_len = n;
     p->bias.conv_rows = H;   /* one square: shared by every head */
     p->bias.conv_2d = 1;
@@ -202,7 +202,7 @@ aft_status aft_bias_load_grid(const aft_st_file *f, const char *prefix, aft_vari
         float *cb;
         if ((st = to_f32(w, pb, w->names[R_BIAS], &cb, err))) goto fail;
         w->conv_heads = H;
-        w->conv_window = (n + 1) / 2;
+        w->conv_window = aft_conv_window(n);
         p->bias.conv_len = n;
         p->bias.conv_rows = H;   /* one row: shared by every head */
         p->bias.name = w->names[R_BIAS];

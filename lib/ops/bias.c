@@ -84,7 +84,7 @@ static void grid_w_row(const aft_opspec *sp, size_t h, size_t t, size_t j0, size
     if (s == 0 || j0 >= j1) return;
     /* the window's grid rows and columns, inclusive (a window of any size:
      * its far sides are clamped before they could wrap) */
-    const size_t reach = s - 1 < sp->T ? s - 1 : sp->T;
+    const size_t reach = aft_spec_grid_reach(sp);
     size_t rlo = r >= reach ? r - reach : 0, rhi = r + reach;
     size_t clo = c >= reach ? c - reach : 0, chi = c + reach < W - 1 ? c + reach : W - 1;
     rlo = rlo > j0 / W ? rlo : j0 / W;

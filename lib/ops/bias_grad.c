@@ -61,7 +61,7 @@ static void grid_row_grad(const aft_opspec *sp, const aft_bias_grad *db, size_t 
 {
     const size_t s = sp->window, W = sp->grid_w, r = t / W, c = t % W;
     if (s == 0) return;
-    const size_t reach = s - 1 < sp->T ? s - 1 : sp->T;
+    const size_t reach = aft_spec_grid_reach(sp);
     size_t rlo = r >= reach ? r - reach : 0, rhi = r + reach;
     size_t clo = c >= reach ? c - reach : 0, chi = c + reach < W - 1 ? c + reach : W - 1;
     rlo = rlo > j0 / W ? rlo : j0 / W;

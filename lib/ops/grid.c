@@ -114,7 +114,6 @@ typedef struct {
 } grid_scratch;
 
 static inline size_t zmin(size_t a, size_t b) { return a < b ? a : b; }
-static inline size_t zmax(size_t a, size_t b) { return a > b ? a : b; }
 
 /* exp(a - b) for stabilisers b >= a: 0 when a holds nothing (-inf) */
 static inline float scale_down(float a, float b)
@@ -199,7 +198,7 @@ static void grid_plan(grid_job *jb, aft_variant variant, int causal, size_t B, s
     jb->C = C;
     jb->causal = causal;
     jb->conv = variant == AFT_CONV;
-    jb->Se = zmin(S, zmax(H, W));
+    jb->Se = aft_spec_grid_window(S, H, W);
     jb->Pr = zmin(jb->Se - 1, H - 1);
     jb->Pc = zmin(jb->Se - 1, W - 1);
     jb->K2r = 2 * jb->Pr + 1;

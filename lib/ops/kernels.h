@@ -29,9 +29,6 @@ aft_status aft_op_reference(float *out, const float *q, const float *k, const fl
  * mask), blocked products; one batch as aft_op_reference */
 aft_status aft_op_full(float *out, const float *q, const float *k, const float *v, const uint8_t *mask,
                        const aft_opspec *sp, aft_error *err);
-/* rows of exp(w) each thread of aft_op_full holds at once, for a sequence
- * of T on `threads` threads */
-size_t aft_full_rows(size_t T, size_t threads);
 /* A row of exp(w - r), the forward's and the backward's: the largest of
  * w[0..nv) where the mask row (NULL: every column) lets it through, -inf
  * when nothing does; then, on w's row wr[0..tv), exp(w - r) on the nv
@@ -63,10 +60,6 @@ int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k,
  * (B, T, kc) with kc = C, or conv's heads (read where they are) */
 aft_status aft_op_grid(float *out, const float *q, const float *k, const float *v, size_t B, size_t kc,
                        const aft_opspec *sp, aft_error *err);
-/* bytes of scratch aft_op_grid allocates on `threads` threads for these
- * sizes (window: local's, or conv's S); SIZE_MAX when they overflow */
-size_t aft_grid_workspace(aft_variant variant, int causal, size_t B, size_t H, size_t W, size_t S, size_t C,
-                          size_t threads);
 
 /* ---- the backward pass, each kernel beside its forward (*_grad.c). Each
  * reads and writes io's arrays (aft_grad_io, spec.h) with keys of one
@@ -136,8 +129,6 @@ aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float
 /* local_conv_grad.c: local, conv and causal simple, all batches */
 aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
                             const aft_opspec *sp, aft_error *err);
-/* the slices of rows it deals to nt threads, window s, with priv floats of
- * private bias gradient a slice (memory.c counts their copies) */
-size_t aft_band_grad_slices(size_t T, size_t s, size_t nt, size_t priv, size_t C);
+/* (its slices: aft_band_grad_slices, spec.h) */
 
 #endif /* AFT_KERNELS_H */

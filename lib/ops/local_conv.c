@@ -34,7 +34,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
-enum { BAND_ROWS = 128, BAND_CH = 128 };
+enum { BAND_ROWS = AFT_BAND_ROWS, BAND_CH = 128 };   /* BAND_ROWS: spec.h, which the memory estimate reads */
 /* GROUP: rows whose band sums share loads (band_sums). Its GROUP x BV x 2
  * sums stay in registers: 4 x 2 x 2 = 16 of AVX-512's 32, 6 x 1 x 2 = 12 of
  * the 16 elsewhere; more rows a group means fewer loads a row (the group
@@ -49,7 +49,7 @@ enum { GROUP = 6, BV = 1 };
  * and rows cw floats apart (1 KiB for 256 channels) all fell into a few of
  * L1's sets and pushed each other out */
 #ifndef EKB
-#define EKB 64
+#define EKB AFT_BAND_EKB   /* spec.h */
 #endif
 /* a running sum may sit at most this many nats below its stabiliser */
 #define JUMP 30.0f

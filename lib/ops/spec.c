@@ -1,7 +1,7 @@
 /* spec.c - every rule about a configuration's shape (spec.h): the window
  * a sequence or a grid sees, window 0 meaning simple, conv's window and
  * heads from its bias and the bias shapes, the positions a learned bias
- * reaches, the band and halo of a settled operator.
+ * reaches, the band, halo and kept rows of a settled operator.
  * aft_config_settle applies the rules to a configuration; aft_spec_settle
  * checks the arguments against them and fills the aft_opspec every kernel
  * reads. Nothing here calls a kernel or the dispatcher (op.c). */
@@ -10,11 +10,38 @@
 #include <limits.h>
 #include <stdint.h>
 
-/* ---- windows */
+/* ---- windows, the reach of a bias, conv's shapes */
 
 size_t aft_window_in(size_t window, size_t T)
 {
     return window < T ? window : T;
+}
+
+size_t aft_spec_grid_window(size_t S, size_t H, size_t W)
+{
+    return aft_window_in(S, H > W ? H : W);
+}
+
+size_t aft_config_window(const aft_config *cfg, size_t T)
+{
+    if (cfg->grid_h || cfg->grid_w) return aft_spec_grid_window(cfg->window, cfg->grid_h, cfg->grid_w);
+    return aft_window_in(cfg->window, T);
+}
+
+size_t aft_bias_reach(const aft_bias *bias, aft_variant variant)
+{
+    int learned = bias->kind == AFT_BIAS_DENSE || bias->kind == AFT_BIAS_FACTORED;
+    return learned && (variant == AFT_FULL || variant == AFT_LOCAL) ? bias->tmax : SIZE_MAX;
+}
+
+size_t aft_conv_len(size_t window)
+{
+    return 2 * window - 1;
+}
+
+size_t aft_conv_window(size_t len)
+{
+    return (len + 1) / 2;
 }
 
 /* ---- settling a configuration */
@@ -25,7 +52,7 @@ static aft_status settle_conv(aft_config *cfg, const aft_bias *bias, size_t C, s
     const char *name = bias->name ? bias->name : "the conv bias";
     int shaped = bias->kind == AFT_BIAS_CONV && bias->conv_len > 0;
     if (shaped) {
-        size_t n = bias->conv_len, S = (n + 1) / 2, rows = bias->conv_rows;
+        size_t n = bias->conv_len, S = aft_conv_window(n), rows = bias->conv_rows;
         if ((n % 2 == 0 || rows == 0) && bias->conv_2d)
             return aft_fail(err, AFT_ERR_ARG, "%s is (%zu, %zu, %zu); a grid's conv bias is (heads, 2*window-1, "
                             "2*window-1)", name, rows, n, n);
@@ -120,10 +147,10 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
         if (bias->kind == AFT_BIAS_CONV && cfg->variant != AFT_SIMPLE)
             return aft_fail(err, AFT_ERR_ARG, "a per-head (conv) bias needs the conv variant");
     }
+    if (aft_bias_reach(bias, cfg->variant) < T)
+        return aft_fail(err, AFT_ERR_ARG, "sequence length T = %zu exceeds the position bias size Tmax = %zu", T,
+                        bias->tmax);
     if (cfg->variant == AFT_FULL || cfg->variant == AFT_LOCAL) {
-        if ((bias->kind == AFT_BIAS_DENSE || bias->kind == AFT_BIAS_FACTORED) && bias->tmax < T)
-            return aft_fail(err, AFT_ERR_ARG,
-                            "sequence length T = %zu exceeds the position bias size Tmax = %zu", T, bias->tmax);
         if (bias->kind == AFT_BIAS_DENSE && !bias->dense)
             return aft_fail(err, AFT_ERR_ARG, "dense position bias without data");
         if (bias->kind == AFT_BIAS_FACTORED && (!bias->u || !bias->v || bias->rank == 0))
@@ -141,7 +168,7 @@ aft_status aft_spec_settle(aft_opspec *sp, const aft_bias *bias, const aft_confi
     if (st) return st;
     if ((st = check_args(bias, &cfg, B, T, C, kc, err))) return st;
     int conv = cfg.variant == AFT_CONV;
-    size_t len = conv ? (bias->conv_len ? bias->conv_len : 2 * cfg.window - 1) : 0;
+    size_t len = conv ? (bias->conv_len ? bias->conv_len : aft_conv_len(cfg.window)) : 0;
     *sp = (aft_opspec){
         .bias = bias, .variant = cfg.variant, .T = T, .C = C, .heads = conv ? cfg.heads : 1,
         .window = cfg.window, .conv_len = len,
@@ -164,6 +191,16 @@ size_t aft_spec_band(const aft_opspec *sp, size_t T)
 size_t aft_spec_halo(const aft_opspec *sp)
 {
     return aft_spec_band(sp, SIZE_MAX);
+}
+
+size_t aft_spec_keep(const aft_opspec *sp)
+{
+    return sp->variant == AFT_FULL ? SIZE_MAX : aft_spec_halo(sp);
+}
+
+size_t aft_spec_grid_reach(const aft_opspec *sp)
+{
+    return aft_window_in(sp->window - 1, sp->T);
 }
 
 int aft_spec_on_grid(const aft_opspec *sp)

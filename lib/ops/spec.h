@@ -42,8 +42,8 @@ typedef struct {
 } aft_opspec;
 
 /* Checks the arguments and settles cfg against bias and the sizes (the rules
- * of aft_config_settle), into *sp with q, k, v contiguous (ldq = ldv = C,
- * ldk = kc). */
+ * of aft_config_settle; a learned bias must reach T: aft_bias_reach), into
+ * *sp with q, k, v contiguous (ldq = ldv = C, ldk = kc). */
 aft_status aft_spec_settle(aft_opspec *sp, const aft_bias *bias, const aft_config *cfg, size_t B, size_t T,
                            size_t C, size_t kc, aft_error *err);
 
@@ -56,9 +56,19 @@ size_t aft_spec_band(const aft_opspec *sp, size_t T);
 /* rows before a chunk's first whose keys its band needs: the band of an
  * unbounded sequence */
 size_t aft_spec_halo(const aft_opspec *sp);
+/* rows a causal run keeps for the next (a streaming state): full needs every
+ * past row (SIZE_MAX), the others their halo */
+size_t aft_spec_keep(const aft_opspec *sp);
 /* Does w depend on the grid (local or conv on a grid with a bias)? Such an
  * operator runs whole sequences only (grid.c, or full.c under a mask). */
 int aft_spec_on_grid(const aft_opspec *sp);
+/* the window S on a grid of H x W: one at least max(H, W) wide sees the
+ * whole grid, so no wider one is needed */
+size_t aft_spec_grid_window(size_t S, size_t H, size_t W);
+/* the grid rows and columns a 2-D window of sp (window >= 1) reaches on
+ * each side of its centre: window - 1, no more than T (so that a row or
+ * column plus the reach cannot wrap) */
+size_t aft_spec_grid_reach(const aft_opspec *sp);
 
 /* ---- the backward pass's arrays (aft_op_backward)
  *
@@ -74,5 +84,25 @@ typedef struct {
     aft_bias_grad db;
     int db_set;   /* the kernel sets db's entries (aft_bias_grad_sets): its first sequence only */
 } aft_grad_io;
+
+/* ---- each kernel's workspace, for the kernels and memory.c's estimates
+ *
+ * local_conv.c's blocks: rows a block of the band (BAND_ROWS), and the
+ * channels of a block of its band arrays ek and ekv (EKB). */
+enum { AFT_BAND_ROWS = 128 };
+#ifndef AFT_BAND_EKB
+#define AFT_BAND_EKB 64
+#endif
+/* full.c: rows of exp(w) each thread of aft_op_full holds at once, for a
+ * sequence of T on `threads` threads */
+size_t aft_full_rows(size_t T, size_t threads);
+/* grid.c: bytes of scratch aft_op_grid allocates on `threads` threads for
+ * these sizes (window: local's, or conv's S); SIZE_MAX when they overflow */
+size_t aft_grid_workspace(aft_variant variant, int causal, size_t B, size_t H, size_t W, size_t S, size_t C,
+                          size_t threads);
+/* local_conv_grad.c: the slices of rows the band's backward pass deals to
+ * nt threads, window s, with priv floats of private bias gradient a slice
+ * (each slice has its own copy) */
+size_t aft_band_grad_slices(size_t T, size_t s, size_t nt, size_t priv, size_t C);
 
 #endif /* AFT_SPEC_H */
