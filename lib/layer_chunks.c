@@ -5,7 +5,7 @@
  * average), the band without causality (sums from both ends), and the
  * causal pipeline, which can also continue a run from the rows and sums an
  * earlier one left (aft_layer_carry: the streaming state). */
-#include "layer.h"
+#include "layer_chunks.h"
 
 #include <omp.h>
 

@@ -6,7 +6,7 @@
  * The pieces live beside it: the AFT layer and its state (layer.c,
  * state.c), LayerNorm (norm.c), the feed-forward network (ffn.c), the
  * embedding (embed.c), the vocabulary (vocab.c), sampling (sample.c). */
-#include "layer.h"
+#include "carry.h"
 #include "nn/nn.h"
 
 #include <inttypes.h>

@@ -9,6 +9,7 @@
  * operator's rows with the kept rows before them (aft_op_rows), the output
  * projection. Full keeps every past key and value and runs its rows of the
  * blocked product (aft_op_run with q_row0). */
+#include "carry.h"
 #include "layer.h"
 
 #include <inttypes.h>

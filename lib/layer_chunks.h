@@ -1,0 +1,51 @@
+/* layer_chunks.h - the layer a chunk of rows at a time (layer_chunks.c),
+ * and what its paths read: the layer's weights packed once (aft_layer_prep,
+ * which layer.c makes and every path of the layer runs) and the carry of a
+ * causal run (carry.h). layer.c and state.c call down into these paths;
+ * the paths call nothing of theirs. */
+#ifndef AFT_LAYER_CHUNKS_H
+#define AFT_LAYER_CHUNKS_H
+
+#include "carry.h"
+#include "nn/linear.h"
+#include "ops/op.h"
+
+/* rows per chunk of the layer's chunked paths with aft's own projection
+ * kernel (4 times as many with OpenBLAS's) */
+#ifndef AFT_LAYER_PIPE_ROWS
+#define AFT_LAYER_PIPE_ROWS 96
+#endif
+#define AFT_LAYER_CHUNK_AUTO SIZE_MAX
+
+/* The layer's products: Q, K, V stacked into one (rows of W: C for Q, KC for
+ * K, C for V, in that order: X is read once and the product is wide enough
+ * to run near the machine's peak) and the output projection, packed once
+ * (linear.c; aft_layer_prep_init, layer.h). p must outlive it. */
+typedef struct {
+    const aft_params *p;
+    size_t D, C, KC, W;   /* W = 2C + KC, a row of the stacked product */
+    float *wcat, *bcat;
+    aft_linear qkv, o;
+    aft_kernel kernel;    /* who runs the projections */
+    int threads;
+} aft_layer_prep;
+/* the rows of the chunked paths' chunks, before the halo rounds them up: a
+ * few tiles of the products with aft's kernel, or OpenBLAS's larger blocks
+ * (it packs W again on every call) */
+static inline size_t aft_layer_step(const aft_layer_prep *lp)
+{
+    return lp->qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
+}
+
+/* The chunked paths: no mask, a band with keys of one channel per value
+ * channel and a window no wider than a chunk (causal: the pipeline; not
+ * causal: both-sided), or simple without causality. With lc (causal only)
+ * the pipeline continues from lc and leaves its rows and sums there; sp's
+ * positions are then lc->pos on. Returns 1 when done, 0 when not
+ * applicable, -2 when a key was +inf or NaN (y, and lc, are then unusable),
+ * -1 on error (*st). */
+int aft_layer_chunked(float *y, const float *x, const aft_layer_prep *lp, const aft_opspec *sp, size_t B,
+                      size_t T, size_t chunk, aft_layer_times *tm, aft_layer_carry *lc, aft_status *st,
+                      aft_error *err);
+
+#endif /* AFT_LAYER_CHUNKS_H */
