@@ -1,4 +1,4 @@
-/* op_dense.c - AFT with an explicit T x T weight pattern: the full variant,
+/* op_full.c - AFT with an explicit T x T weight pattern: the full variant,
  * and any variant under an explicit mask. O(T^2 C) time through CBLAS (or,
  * with one head on AVX-512, and causal on AVX, a fused product of our own,
  * below), O(T C) extra memory: exp(w) is held for one block of rows at a
