@@ -7,7 +7,7 @@
  * --state-in, --state-out), write. Each step takes the options and
  * the run's state (struct run) and returns 0 or an exit status after
  * reporting. */
-#include "run.h"
+#include "shard.h"
 
 #include <stddef.h>
 #include <stdio.h>

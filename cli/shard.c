@@ -28,7 +28,7 @@
  *
  * Without Open MPI's development files this file builds to a stub that
  * says MPI is not built in. */
-#include "run.h"
+#include "shard.h"
 
 #include <stdlib.h>
 #include <string.h>
