@@ -65,9 +65,15 @@ typedef struct {
                                    * it); NULL: "unknown option '%s'" */
 } cli_command;
 
-/* Walks argv[1..argc) in order against c's options; -h and --help print the
- * help. Returns 0 to go on, -1 after printing the help to stdout (the caller
- * returns cli_finish_stdout), or EXIT_USAGE after a usage error. */
+/* the options every command takes besides its own, listed after them in its
+ * help (ends with an entry whose name is NULL): -q/--quiet, and -h/--help,
+ * which the parser handles itself */
+extern const cli_option cli_common_options[];
+
+/* Walks argv[1..argc) in order against c's options, then the common ones;
+ * -h and --help print the help. Returns 0 to go on, -1 after printing the
+ * help to stdout (the caller returns cli_finish_stdout), or EXIT_USAGE after
+ * a usage error. */
 int cli_parse_options(const cli_command *c, int argc, char **argv, void *opts);
 void cli_print_help(const cli_command *c, FILE *fp);
 /* for options whose value needs no check: a flag sets an int to 1, a
@@ -93,7 +99,8 @@ int cli_parse_grid(const char *s, size_t *h, size_t *w);
 int cli_set_memory(const char *cmd, size_t *out, const char *v);
 
 /* progress on stderr (progress.c): shown only when stderr is a terminal,
- * after about a second, and never with --quiet (cli_quiet, set by main) */
+ * after about a second, and never with --quiet (cli_quiet: set by the
+ * common option, or by main when it comes before the command's name) */
 extern int cli_quiet;
 void cli_progress_start(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_label(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
