@@ -605,8 +605,16 @@ aft_status aft_layer_forward_slice(float *y, const float *x, const float *kv, co
  * each ".weight" (out, in) with optional ".bias"; position bias "pos_bias" or
  * "wbias" ((Tmax, Tmax) for full and local; (H, 2S-1) or (2S-1) for conv, and
  * on a grid (H, 2S-1, 2S-1) or (2S-1, 2S-1): aft_weights_load_grid), or
- * "pos_bias_u" and "pos_bias_v" ((Tmax, r) each, w = u v^T). Other tensors are
- * ignored; two candidates for one role is an error. */
+ * "pos_bias_u" and "pos_bias_v" ((Tmax, r) each, w = u v^T). Two candidates
+ * for one role is an error. The biases are optional as a layer's modules
+ * leave them out: one for every projection, none, or the output's alone
+ * (labml's AFTLocal with bias=False); any other set is refused, naming the
+ * first one missing, and so is a layer without a bias that one of its peers
+ * in the file has (the prefix with another number as its last numeric
+ * component: "enc.layers.0.attn." for "enc.layers.1.attn."). Tensors under
+ * the prefix with none of these names (nor labml's local_mask, a buffer the
+ * window stands for) are not read: they are counted in n_unexpected, for
+ * the caller to warn about or refuse. */
 typedef struct {
     aft_params p;          /* ready for aft_layer_forward (bias.mask unset);
                             * p.bias.name points into names: use the struct
@@ -614,7 +622,12 @@ typedef struct {
     size_t conv_window;    /* conv: S read from the bias shape, else 0 */
     size_t conv_heads;     /* conv: rows of the bias (1 if it was 1-D, or a
                             * single square on a grid: shared by every head) */
-    char names[6][160];    /* the tensor names used: q, k, v, o, bias, bias_v */
+    char names[10][160];   /* the tensor names used: q, k, v, o, bias, bias_v,
+                            * then the q, k, v, o biases; "" where none */
+    size_t n_unexpected;   /* tensors under the prefix that no layer has */
+    char unexpected[160];  /* the first of them in file order, as messages
+                            * show names (control characters as '?', cut
+                            * short with "..."); "" when there is none */
     float *owned[12];
     size_t nowned;
 } aft_weights;
@@ -630,9 +643,9 @@ aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_varian
 aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
                                  aft_weights *w, aft_error *err);
 void aft_weights_free(aft_weights *w);
-/* Only the position bias (into w->p.bias, conv_window, conv_heads), for the
- * bare operator; on failure w keeps what it owned: free it with
- * aft_weights_free. */
+/* Only the position bias (into w->p.bias, conv_window, conv_heads, and
+ * n_unexpected, unexpected as above), for the bare operator; on failure w
+ * keeps what it owned: free it with aft_weights_free. */
 aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                          aft_weights *w, aft_error *err);
 /* the same for a grid (grid != 0), as aft_weights_load_grid */

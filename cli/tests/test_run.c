@@ -1503,9 +1503,10 @@ static void rand_layer_free(rand_layer *r)
 
 /* the safetensors entries of a layer: names prefix + stem + .weight/.bias;
  * stems[4] e.g. {"query","key","value","output"}; returns how many; name
- * storage comes from names (8 x 96 chars) */
+ * storage comes from names (8 x 96 chars). output_bias_only: no bias for
+ * query, key and value (labml's AFTLocal with bias=False) */
 static size_t layer_entries(st_entry *e, char names[][96], const rand_layer *r, const char *prefix,
-                            const char *const *stems, int skip_value_bias)
+                            const char *const *stems, int output_bias_only)
 {
     const layer_w *L = &r->L;
     const float *ws[4] = {L->wq, L->wk, L->wv, L->wo}, *bs[4] = {L->bq, L->bk, L->bv, L->bo};
@@ -1514,7 +1515,7 @@ static size_t layer_entries(st_entry *e, char names[][96], const rand_layer *r, 
         snprintf(names[n], 96, "%s%s.weight", prefix, stems[i]);
         e[n] = (st_entry){names[n], ws[i], 2, {rows[i], cols[i]}};
         n++;
-        if (bs[i] && !(skip_value_bias && i == 2)) {
+        if (bs[i] && !(output_bias_only && i < 3)) {
             snprintf(names[n], 96, "%s%s.bias", prefix, stems[i]);
             e[n] = (st_entry){names[n], bs[i], 1, {rows[i]}};
             n++;
@@ -1543,7 +1544,8 @@ static void layer_check(const char *what, const char *const *opts, const char *x
     free(out);
 }
 
-/* a layer with hidden size != D, both naming schemes, a missing bias, ignored extras */
+/* a layer with hidden size != D, both naming schemes, labml's layer without
+ * its query, key and value biases and with its local_mask */
 static void test_weights_layer(void **state)
 {
     (void)state;
@@ -1555,13 +1557,11 @@ static void test_weights_layer(void **state)
     float *pb = rand_array(tmax * tmax, 150, 2.0f);
     uint8_t lm[64];
     memset(lm, 1, sizeof lm);
-    float junk[3] = {1, 2, 3};
     st_entry e[16];
     char names[12][96];
     size_t n = 0;
     e[n++] = (st_entry){"pos_bias", pb, 2, {tmax, tmax}};
-    n += layer_entries(e + n, names, &r, "", labml_stems, 1);   /* value has no bias */
-    e[n++] = (st_entry){"unrelated.weight", junk, 1, {3}};
+    n += layer_entries(e + n, names, &r, "", labml_stems, 1);   /* the output's bias alone */
     /* labml's local_mask is a BOOL tensor: add it with the library writer directly */
     {
         const char *nm[16];
@@ -1576,7 +1576,7 @@ static void test_weights_layer(void **state)
         assert_int_equal(aft_st_write(w, nm, ts, n + 1, NULL, 0, &err), AFT_OK);
     }
     layer_w L = r.L;
-    L.bv = NULL;
+    L.bq = L.bk = L.bv = NULL;
     model m = {.dense = pb, .tmax = tmax};
     layer_check("layer full", OPTS("--weights", w), x, xd, &L, &m, B, T);
     m.causal = 1;
