@@ -710,8 +710,13 @@ size_t aft_peak_rss(void);
  * norm_* and encoder.norm are LayerNorms (weight (D), bias (D) or absent;
  * eps 1e-5, PyTorch's default, which labml keeps). feed_forward.layer1
  * (F, D) and layer2 (D, F) take optional biases. The number of layers,
- * D, F and the vocabulary size V come from the shapes; other tensors (labml's
- * src_attn, for example) are ignored.
+ * D, F and the vocabulary size V come from the shapes. Every layer has the
+ * same tensors in the same shapes: an optional one (a bias, local_mask) is
+ * absent from every layer or from none, and a layer without a tensor that
+ * another layer has is refused, naming it. Other tensors (a gated FFN's
+ * linear_v, for example) are not read: the model counts them (info's
+ * n_unused) for the caller to warn about or refuse. Metadata entries other
+ * than those below are free text and never read.
  *
  * The variant of each layer's self_attn (prefix encoder.layers.N.self_attn.;
  * its query, key, value and output as aft_weights_load reads them) follows
@@ -772,14 +777,18 @@ typedef struct {
     size_t keep;           /* tokens a state keeps when it reaches L: L / 2 */
     int has_vocab;         /* the metadata "vocab" was read */
     const char *context_from;   /* the tensor that sets L, or NULL */
+    size_t n_unused;       /* tensors of the file the model does not read */
+    const char *unused;    /* the first of them in file order, as messages
+                            * show names (control characters as '?', cut
+                            * short with "..."); NULL when there is none */
 } aft_model_info;
 
 /* Reads the model from f (converted to float32; f may be closed after).
  * opt may be NULL (defaults: window from the checkpoint, every core, the
  * fast kernels). Metadata read: "vocab", a JSON array of V strings (token
  * id = index), optional (opt->vocab replaces it); "window", optional. Missing tensors, shapes that do
- * not fit together and bad metadata are refused with a message naming the
- * tensor or entry. */
+ * not fit together (or differ from layer 0's) and bad metadata are refused
+ * with a message naming the tensor or entry. */
 aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model_options *opt, aft_error *err);
 aft_status aft_model_open(aft_model **out, const char *path, const aft_model_options *opt, aft_error *err);
 void aft_model_free(aft_model *m);
