@@ -26,9 +26,10 @@ _aft_options()
     mask) echo "--len --window --causal --format -o -q --quiet -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json --max-memory -q --quiet -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -q --quiet -h --help" ;;
-    model) echo "--weights -o --output --layout --window --threads --impl --max-memory -q --quiet -h --help" ;;
+    model) echo "--weights -o --output --layout --window --threads --impl --max-memory --strict" \
+                "-q --quiet -h --help" ;;
     generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
-                   "--timing --max-memory -q --quiet -h --help" ;;
+                   "--timing --max-memory --strict -q --quiet -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
                 "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid --grad" \
                 "--generate --weights -q --quiet -h --help" ;;
