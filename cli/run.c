@@ -39,6 +39,7 @@ const cli_command cli_run_command = {
              "or a .safetensors or .npz holding tensors q, k, v (the bare operator, no\n"
              "projections). Formats are told apart by their first bytes.\n",
     .options = options,
+    .more = RUNNER_WEIGHTS_MORE,
     .operand = runner_set_input,
 };
 
