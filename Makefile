@@ -55,16 +55,17 @@ deps:
 	@sh third_party/install-deps.sh
 
 LIB_HDR := $(wildcard lib/*.h $(LIB_ROOMS:%=lib/%/*.h))
+CLI_HDR := $(wildcard cli/*.h)
 
 build/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-build/cli/%.o: cli/%.c lib/aft.h cli/cli.h cli/run.h
+build/cli/%.o: cli/%.c lib/aft.h $(CLI_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Icli -c $< -o $@
 
-build/cli/shard.o: cli/shard.c lib/aft.h cli/cli.h cli/run.h
+build/cli/shard.o: cli/shard.c lib/aft.h $(CLI_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(if $(MPI_FOUND),-DAFT_MPI $(MPI_CFLAGS)) -Icli -c $< -o $@
 

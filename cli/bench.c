@@ -414,7 +414,7 @@ static void add_model_info(cJSON *j, const char *path, const aft_model_info *in)
  * prints one JSON line */
 static int run_generate_one(const bench_opts *o, size_t n)
 {
-    cli_model_opts mo = {.cmd = "bench", .weights = o->weights, .threads = o->threads};
+    cli_model_opts mo = {.cmd = "bench", .weights = o->weights, .threads = o->threads, .no_warning = 1};
     aft_model *m;
     int rc = cli_model_open(&mo, &m);
     if (rc) return rc;

@@ -65,9 +65,15 @@ typedef struct {
                                    * it); NULL: "unknown option '%s'" */
 } cli_command;
 
-/* Walks argv[1..argc) in order against c's options; -h and --help print the
- * help. Returns 0 to go on, -1 after printing the help to stdout (the caller
- * returns cli_finish_stdout), or EXIT_USAGE after a usage error. */
+/* the options every command takes besides its own, listed after them in its
+ * help (ends with an entry whose name is NULL): -q/--quiet, and -h/--help,
+ * which the parser handles itself */
+extern const cli_option cli_common_options[];
+
+/* Walks argv[1..argc) in order against c's options, then the common ones;
+ * -h and --help print the help. Returns 0 to go on, -1 after printing the
+ * help to stdout (the caller returns cli_finish_stdout), or EXIT_USAGE after
+ * a usage error. */
 int cli_parse_options(const cli_command *c, int argc, char **argv, void *opts);
 void cli_print_help(const cli_command *c, FILE *fp);
 /* for options whose value needs no check: a flag sets an int to 1, a
@@ -93,7 +99,8 @@ int cli_parse_grid(const char *s, size_t *h, size_t *w);
 int cli_set_memory(const char *cmd, size_t *out, const char *v);
 
 /* progress on stderr (progress.c): shown only when stderr is a terminal,
- * after about a second, and never with --quiet (cli_quiet, set by main) */
+ * after about a second, and never with --quiet (cli_quiet: set by the
+ * common option, or by main when it comes before the command's name) */
 extern int cli_quiet;
 void cli_progress_start(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_label(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -152,7 +159,24 @@ typedef struct {
     int threads;              /* --threads (0: every core) */
     aft_impl impl;            /* --impl */
     size_t max_memory;        /* --max-memory (0: the memory available) */
+    int strict;               /* --strict: a tensor the model does not use is an
+                               * error (else a warning) */
+    int no_warning;           /* say nothing of such tensors (aft bench's
+                               * children: the parent has) */
 } cli_model_opts;
+
+/* the help after the options of aft model and aft generate: what --weights
+ * refuses */
+#define CLI_MODEL_MORE \
+    "Every layer must have the same tensors in the same shapes, as PyTorch's\n" \
+    "load_state_dict demands: a layer without a tensor another layer has (an\n" \
+    "optional bias too), or with one of another shape, is refused, naming it. A\n" \
+    "tensor the model does not use is a warning (--strict: an error).\n"
+
+/* --strict's help, the same in aft model and aft generate */
+#define CLI_MODEL_STRICT_HELP \
+    "a tensor in --weights that the model does not use is an error (default: a warning); a layer without a " \
+    "tensor another layer has is an error either way"
 
 /* the option handlers: each finds the cli_model_opts at opt->field */
 int cli_model_set_weights(const cli_option *opt, void *opts, const char *v);
@@ -160,11 +184,14 @@ int cli_model_set_window(const cli_option *opt, void *opts, const char *v);
 int cli_model_set_threads(const cli_option *opt, void *opts, const char *v);
 int cli_model_set_max_memory(const cli_option *opt, void *opts, const char *v);
 int cli_model_set_vocab(const cli_option *opt, void *opts, const char *v);
+int cli_model_set_strict(const cli_option *opt, void *opts, const char *v);
 
 /* The model of --weights (with --vocab's vocabulary, --window, --threads,
  * --impl), refused when it needs more memory than --max-memory or the
  * machine has: 0, or EXIT_DATA after reporting "aft: FILE: ..." (FILE the
- * weights, or --vocab's file when its list is what is wrong). */
+ * weights, or --vocab's file when its list is what is wrong). Tensors the
+ * model does not use: "aft CMD: warning: FILE: unexpected tensor ...", or
+ * under --strict an error. */
 int cli_model_open(const cli_model_opts *o, aft_model **out);
 
 /* the trained model the source tree ships, relative to it */

@@ -93,6 +93,7 @@ static const cli_option options[] = {
     {"--max-memory", NULL, "SIZE",
      "refuse a model needing more (bytes, or with K, M, G; default: the memory available)",
      cli_model_set_max_memory, FIELD(m), NEEDS_VALUE, 0},
+    {"--strict", NULL, NULL, CLI_MODEL_STRICT_HELP, cli_model_set_strict, FIELD(m), NULL, 0},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
@@ -106,6 +107,7 @@ const cli_command cli_generate_command = {
              "of every layer's state. Past the model's context (labml's 256 positions) the\n"
              "most recent half is kept, encoded again, and generation carries on.\n",
     .options = options,
+    .more = CLI_MODEL_MORE,
     .unknown = "unknown argument '%s'",   /* generate takes no operands */
 };
 

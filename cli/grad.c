@@ -44,6 +44,7 @@ const cli_command cli_grad_command = {
              "..., output.bias, and pos_bias for conv's bias; a seeded full or local\n"
              "bias is no parameter and has no gradient).\n",
     .options = options,
+    .more = RUNNER_WEIGHTS_MORE,
     .operand = runner_set_input,
 };
 

@@ -45,6 +45,12 @@ static const struct cmd *lookup(const char *name)
     return NULL;
 }
 
+/* --quiet or -q: the one option main takes itself, before the command */
+static int is_quiet(const char *arg)
+{
+    return strcmp(arg, "--quiet") == 0 || strcmp(arg, "-q") == 0;
+}
+
 static void on_signal(int sig)
 {
     aft_out_abort_all_signal_safe();
@@ -88,18 +94,15 @@ int main(int argc, char **argv)
     catch_signal(SIGHUP);
     signal(SIGPIPE, SIG_IGN);  /* a closed pipe becomes a write error we report */
 
-    /* --quiet (anywhere) silences progress lines; it is taken out of argv so
-     * no subcommand has to know it */
-    int kept = 0;
-    for (int i = 0; i < argc; i++) {
-        if (i > 0 && (strcmp(argv[i], "--quiet") == 0 || strcmp(argv[i], "-q") == 0)) {
-            cli_quiet = 1;
-            continue;
-        }
-        argv[kept++] = argv[i];
+    /* --quiet before the command's name; after it, the command's parser
+     * takes it (a common option of every command) */
+    int first = 1;
+    while (first < argc && is_quiet(argv[first])) {
+        cli_quiet = 1;
+        first++;
     }
-    argc = kept;
-    argv[argc] = NULL;
+    argc -= first - 1;
+    argv += first - 1;
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;
@@ -114,16 +117,18 @@ int main(int argc, char **argv)
         return cli_finish_stdout(NULL);
     }
     if (strcmp(name, "help") == 0) {
-        if (argc < 3) {
+        int at = 2;
+        while (at < argc && is_quiet(argv[at])) at++;
+        if (at == argc) {
             usage(stdout);
             return cli_finish_stdout(NULL);
         }
-        const struct cmd *c = lookup(argv[2]);
+        const struct cmd *c = lookup(argv[at]);
         if (!c) {
-            cli_error(NULL, "'%s' is not an aft command; see 'aft --help'", argv[2]);
+            cli_error(NULL, "'%s' is not an aft command; see 'aft --help'", argv[at]);
             return EXIT_USAGE;
         }
-        char *hargv[] = {argv[2], "--help", NULL};
+        char *hargv[] = {argv[at], "--help", NULL};
         return c->fn(2, hargv);
     }
     const struct cmd *c = lookup(name);

@@ -56,6 +56,12 @@ int cli_model_set_vocab(const cli_option *opt, void *opts, const char *v)
     return 0;
 }
 
+int cli_model_set_strict(const cli_option *opt, void *opts, const char *v)
+{
+    MODEL_OPTS(opt, opts)->strict = 1;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- loading the model */
 
 /* a --vocab file, whole, NUL-terminated: 0, or EXIT_DATA after reporting */
@@ -109,6 +115,27 @@ static size_t weights_bytes(const aft_st_file *f)
     return total;
 }
 
+/* tensors of the checkpoint the model does not use: a warning, or under
+ * --strict an error (the model freed) */
+static int unused_tensors(const cli_model_opts *o, aft_model **m)
+{
+    const aft_model_info *in = aft_model_get_info(*m);
+    if (!in->n_unused || (o->no_warning && !o->strict)) return 0;
+    char more[48] = "";
+    if (in->n_unused > 1) snprintf(more, sizeof more, " (and %zu more)", in->n_unused - 1);
+    const char *file = cli_display_name(o->weights);
+    if (!o->strict) {
+        cli_error(o->cmd, "warning: %s: unexpected tensor '%s'%s, which the model does not use", file, in->unused,
+                  more);
+        return 0;
+    }
+    cli_error(NULL, "%s: unexpected tensor '%s'%s, which the model does not use; --strict refuses %s", file,
+              in->unused, more, in->n_unused > 1 ? "them" : "it");
+    aft_model_free(*m);
+    *m = NULL;
+    return EXIT_DATA;
+}
+
 int cli_model_open(const cli_model_opts *o, aft_model **out)
 {
     *out = NULL;
@@ -141,7 +168,7 @@ int cli_model_open(const cli_model_opts *o, aft_model **out)
         cli_report_file(NULL, theirs ? o->vocab : o->weights, err.msg);
         return EXIT_DATA;
     }
-    return 0;
+    return unused_tensors(o, out);
 }
 
 const char *cli_shipped_model(char *buf, size_t cap)
@@ -210,6 +237,7 @@ static const cli_option options[] = {
     {"--max-memory", NULL, "SIZE",
      "refuse runs needing more (bytes, or with K, M, G; default: the memory available)",
      cli_model_set_max_memory, FIELD(m), "--max-memory needs a size", 0},
+    {"--strict", NULL, NULL, CLI_MODEL_STRICT_HELP, cli_model_set_strict, FIELD(m), NULL, 0},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
@@ -222,6 +250,7 @@ const cli_command cli_model_command = {
              "its logits, float32 [T, V] or [B, T, V]. Layers, sizes, the vocabulary\n"
              "size and the variant come from the checkpoint.\n",
     .options = options,
+    .more = CLI_MODEL_MORE,
     .operand = set_tokens,
 };
 

@@ -13,8 +13,22 @@
 #define HELP_COLUMN 24
 #define HELP_WIDTH 79
 
-/* the option every command takes, listed last in its help */
-static const cli_option help_option = {"-h", "--help", NULL, "print this help and exit", NULL, 0, NULL, 0};
+static int set_quiet(const cli_option *opt, void *opts, const char *value)
+{
+    (void)opts;
+    (void)value;
+    cli_quiet = 1;
+    return 0;
+}
+
+/* the options every command takes, listed last in its help; --help is the
+ * parser's own (it prints the help), so it has no handler */
+const cli_option cli_common_options[] = {
+    {"-q", "--quiet", NULL, "silence the progress lines long runs show on a terminal", set_quiet, 0, NULL, 0},
+    {"-h", "--help", NULL, "print this help and exit", NULL, 0, NULL, 0},
+    {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
+};
+#define HELP_OPTION (&cli_common_options[1])
 
 int cli_set_flag(const cli_option *opt, void *opts, const char *value)
 {
@@ -43,6 +57,14 @@ static size_t match(const cli_option *opt, const char *arg)
     return 0;
 }
 
+/* the entry of table that arg is (*n: the length of its spelling), or NULL */
+static const cli_option *find(const cli_option *table, const char *arg, size_t *n)
+{
+    for (const cli_option *opt = table; opt->name; opt++)
+        if ((*n = match(opt, arg)) != 0) return opt;
+    return NULL;
+}
+
 int cli_parse_options(const cli_command *c, int argc, char **argv, void *opts)
 {
     int only_operands = 0;
@@ -59,15 +81,15 @@ int cli_parse_options(const cli_command *c, int argc, char **argv, void *opts)
             only_operands = 1;
             continue;
         }
-        if (match(&help_option, a)) {
+        if (match(HELP_OPTION, a)) {
             cli_print_help(c, stdout);
             return -1;
         }
-        const cli_option *opt = c->options;
+        /* the command's own options, then those every command takes */
         size_t n = 0;
-        for (; opt->name; opt++)
-            if ((n = match(opt, a)) != 0) break;
-        if (!opt->name) return cli_usage_error(c->name, c->unknown ? c->unknown : "unknown option '%s'", a);
+        const cli_option *opt = find(c->options, a, &n);
+        if (!opt) opt = find(cli_common_options, a, &n);
+        if (!opt) return cli_usage_error(c->name, c->unknown ? c->unknown : "unknown option '%s'", a);
         const char *value = NULL;
         if (opt->arg) {
             if (a[n] == '=') value = a + n + 1;
@@ -130,7 +152,7 @@ void cli_print_help(const cli_command *c, FILE *fp)
     fputs("\noptions:\n", fp);
     for (const cli_option *opt = c->options; opt->name; opt++)
         if (!opt->hidden) print_option(fp, opt);
-    print_option(fp, &help_option);
+    for (const cli_option *opt = cli_common_options; opt->name; opt++) print_option(fp, opt);
     if (c->more) {
         fputc('\n', fp);
         fputs(c->more, fp);

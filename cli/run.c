@@ -7,7 +7,7 @@
  * --state-in, --state-out), write. Each step takes the options and
  * the run's state (struct run) and returns 0 or an exit status after
  * reporting. */
-#include "run.h"
+#include "shard.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -39,6 +39,7 @@ const cli_command cli_run_command = {
              "or a .safetensors or .npz holding tensors q, k, v (the bare operator, no\n"
              "projections). Formats are told apart by their first bytes.\n",
     .options = options,
+    .more = RUNNER_WEIGHTS_MORE,
     .operand = runner_set_input,
 };
 

@@ -409,10 +409,30 @@ int runner_get_params(const struct run_opts *o, struct run *r)
 
 /* ---------------------------------------------------------------- check */
 
-/* non-finite values poison every output they reach: a warning, or with
- * --strict an error */
+int runner_unexpected(const struct run_opts *o, const struct run *r, char *buf, size_t cap)
+{
+    size_t n = o->weights_path ? r->wts.n_unexpected : 0;
+    if (!n) return 0;
+    char more[48] = "";
+    if (n > 1) snprintf(more, sizeof more, " (and %zu more)", n - 1);
+    snprintf(buf, cap, "unexpected tensor '%s'%s, which the layer does not use", r->wts.unexpected, more);
+    return 1;
+}
+
+/* tensors under --prefix that are none of the layer's, and non-finite
+ * values, which poison every output they reach: a warning, or with --strict
+ * an error */
 int runner_check_values(const struct run_opts *o, const struct run *r)
 {
+    char what[256];
+    if (runner_unexpected(o, r, what, sizeof what)) {
+        if (o->strict) {
+            cli_error(NULL, "%s: %s; --strict refuses %s", o->weights_path, what,
+                      r->wts.n_unexpected > 1 ? "them" : "it");
+            return EXIT_DATA;
+        }
+        cli_error(r->cmd, "warning: %s: %s", o->weights_path, what);
+    }
     const aft_params *p = r->p;
     size_t B = r->B, T = r->T, D = r->D, C = r->C, KC = r->KC, bad_in = 0, bad_w = 0;
     if (r->bare)

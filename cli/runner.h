@@ -74,8 +74,17 @@ int runner_set_input(void *opts, const char *arg);
      "available)", runner_set_max_memory, 0, NULL, \
      0}, \
     {"--strict", NULL, NULL, \
-     "non-finite values (NaN, inf) in inputs or weights are an error (default: a warning)", cli_set_flag, \
-     FIELD(strict), NULL, 0},
+     "non-finite values (NaN, inf) in inputs or weights, and tensors under --prefix in --weights that are none of " \
+     "the layer's, are an error (default: a warning)", cli_set_flag, FIELD(strict), NULL, 0},
+
+/* the help after both commands' options: what --weights refuses */
+#define RUNNER_WEIGHTS_MORE \
+    "A layer in --weights has a bias for every projection, for none, or for its\n" \
+    "output alone (labml's AFTLocal with bias=False): any other set is refused,\n" \
+    "naming the missing tensor, and so is a layer without a bias that its peer\n" \
+    "has (--prefix with another layer number: blocks.0.attn. for blocks.1.attn.).\n" \
+    "A tensor under --prefix that is none of a layer's is a warning (--strict: an\n" \
+    "error).\n"
 
 /* o zeroed and given its defaults, for command cmd */
 void runner_defaults(struct run_opts *o, const char *cmd);
@@ -120,6 +129,10 @@ int runner_load_input(const struct run_opts *o, struct run *r);
 int runner_place_grid(const struct run_opts *o, struct run *r);
 int runner_get_params(const struct run_opts *o, struct run *r);
 int runner_check_values(const struct run_opts *o, const struct run *r);
+/* "unexpected tensor 'NAME' (and N more), which the layer does not use"
+ * into buf when --weights holds tensors under --prefix that are none of the
+ * layer's (r->wts.n_unexpected): 1, else 0 */
+int runner_unexpected(const struct run_opts *o, const struct run *r, char *buf, size_t cap);
 int runner_check_memory(const struct run_opts *o, const struct run *r);
 /* the same for a run needing `work` bytes and `floats` floats beside its
  * mask (aft grad's own sum): 0, or an exit status after saying why */

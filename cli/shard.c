@@ -28,7 +28,7 @@
  *
  * Without Open MPI's development files this file builds to a stub that
  * says MPI is not built in. */
-#include "run.h"
+#include "shard.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -374,12 +374,26 @@ static int read_mask(const struct run_opts *o, plan *pl, struct run *r)
     return 0;
 }
 
-/* non-finite values: counted by every rank over its rows, the weights by
- * rank 0; a warning from rank 0, or with --strict an error */
+/* tensors under --prefix that are none of the layer's, and non-finite
+ * values: counted by every rank over its rows, the weights by rank 0; a
+ * warning from rank 0, or with --strict an error */
 static int check_values(shard *sh, const struct run_opts *o, const plan *pl, const struct run *r)
 {
     unsigned long long mine = aft_count_nonfinite(pl->x, pl->B * pl->n * pl->D), all = 0, bad_w = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, sh->comm);
+    /* tensors under --prefix that are none of the layer's: the same on
+     * every rank, so rank 0 speaks for all (every rank has made the
+     * collective call above before any returns) */
+    char what[256];
+    if (runner_unexpected(o, r, what, sizeof what)) {
+        if (o->strict) {
+            if (sh->rank != 0) return 0;
+            cli_error(NULL, "%s: %s; --strict refuses %s", o->weights_path, what,
+                      r->wts.n_unexpected > 1 ? "them" : "it");
+            return EXIT_DATA;
+        }
+        if (sh->rank == 0) fprintf(stderr, "aft run: warning: %s: %s\n", o->weights_path, what);
+    }
     const aft_params *p = r->p;
     size_t D = pl->D, C = r->C, KC = r->KC;
     if (o->weights_path) {

@@ -15,23 +15,24 @@ _aft_commands="info run grad mask compare convert model generate bench help"
 _aft_options()
 {
     case $1 in
-    info) echo "--json --max-memory -h --help" ;;
+    info) echo "--json --max-memory -q --quiet -h --help" ;;
     run) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
               "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --state-in --grid" \
               "--state-out --strict" \
-              "-h --help" ;;
+              "-q --quiet -h --help" ;;
     grad) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
                "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --grid" \
-               "--grad-output --dy --strict -h --help" ;;
-    mask) echo "--len --window --causal --format -o -h --help" ;;
-    compare) echo "--rtol --atol --equal-nan --json --max-memory -h --help" ;;
-    convert) echo "-o --output --dtype --metadata --format --max-memory -h --help" ;;
-    model) echo "--weights -o --output --layout --window --threads --impl --max-memory -h --help" ;;
+               "--grad-output --dy --strict -q --quiet -h --help" ;;
+    mask) echo "--len --window --causal --format -o -q --quiet -h --help" ;;
+    compare) echo "--rtol --atol --equal-nan --json --max-memory -q --quiet -h --help" ;;
+    convert) echo "-o --output --dtype --metadata --format --max-memory -q --quiet -h --help" ;;
+    model) echo "--weights -o --output --layout --window --threads --impl --max-memory --strict" \
+                "-q --quiet -h --help" ;;
     generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
-                   "--timing --max-memory -h --help" ;;
+                   "--timing --max-memory --strict -q --quiet -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
                 "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid --grad" \
-                "--generate --weights -h --help" ;;
+                "--generate --weights -q --quiet -h --help" ;;
     esac
 }
 

@@ -38,6 +38,18 @@ static inline void fuzz_check_error(const aft_error *err)
     }
 }
 
+/* aft.h: a tensor name as messages show it (aft_weights.unexpected,
+ * aft_model_info.unused): ends within cap bytes, no control characters */
+static inline void fuzz_check_shown(const char *s, size_t cap)
+{
+    size_t n = strnlen(s, cap);
+    FUZZ_REQUIRE(n < cap);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        FUZZ_REQUIRE(c >= 0x20 && c != 0x7f);
+    }
+}
+
 /* aft.h: a tensor's nelem is the product of its shape and nbytes is nelem
  * times the element size; data holds nbytes bytes. Reads every byte (so the
  * sanitizers see an out-of-bounds buffer) and converts small tensors. */

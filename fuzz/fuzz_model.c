@@ -22,9 +22,11 @@ static int small(const aft_model_info *in)
            in->n_layers <= 8;
 }
 
-static void run(const aft_model *m)
+static void run(const aft_model *m, const aft_st_file *f)
 {
     const aft_model_info *in = aft_model_get_info(m);
+    FUZZ_REQUIRE(in->n_unused <= aft_st_count(f) && (in->n_unused == 0) == (in->unused == NULL));
+    if (in->unused) fuzz_check_shown(in->unused, 160);
     FUZZ_REQUIRE(in->n_layers >= 1 && in->d_model >= 1 && in->n_vocab >= 1 && in->d_ff >= 1);
     FUZZ_REQUIRE(in->context >= 1);
     FUZZ_REQUIRE(in->context == SIZE_MAX ? in->keep == SIZE_MAX : in->keep == in->context / 2);
@@ -91,7 +93,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         aft_model *m;
         memset(&err, 0, sizeof err);
         if (aft_model_load(&m, f, &o, &err) == AFT_OK) {
-            run(m);
+            run(m, f);
             aft_model_free(m);
         } else {
             FUZZ_REQUIRE(m == NULL);

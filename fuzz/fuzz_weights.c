@@ -70,6 +70,14 @@ static void check_layer(const aft_weights *w, aft_variant v, int grid)
     check_bias(w, v, grid);
 }
 
+/* the tensors none of a layer's: no more than the file has, the first
+ * named as messages show names */
+static void check_unexpected(const aft_weights *w, const aft_st_file *f)
+{
+    FUZZ_REQUIRE(w->n_unexpected <= aft_st_count(f));
+    fuzz_check_shown(w->unexpected, sizeof w->unexpected);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     aft_st_file *f;
@@ -83,20 +91,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (int grid = 0; grid <= 1; grid++) {
                 aft_weights w;
                 memset(&err, 0, sizeof err);
-                if (aft_weights_load_grid(f, prefixes[ip], variants[iv], grid, &w, &err) == AFT_OK)
+                if (aft_weights_load_grid(f, prefixes[ip], variants[iv], grid, &w, &err) == AFT_OK) {
                     check_layer(&w, variants[iv], grid);
-                else
+                    check_unexpected(&w, f);
+                } else {
                     fuzz_check_error(&err);
+                }
                 FUZZ_REQUIRE(w.nowned <= sizeof w.owned / sizeof w.owned[0]);
                 aft_weights_free(&w);
 
                 /* the bare operator's path: only the bias */
                 memset(&w, 0, sizeof w);
                 memset(&err, 0, sizeof err);
-                if (aft_bias_load_grid(f, prefixes[ip], variants[iv], grid, &w, &err) == AFT_OK)
+                if (aft_bias_load_grid(f, prefixes[ip], variants[iv], grid, &w, &err) == AFT_OK) {
                     check_bias(&w, variants[iv], grid);
-                else
+                    check_unexpected(&w, f);
+                } else {
                     fuzz_check_error(&err);
+                }
                 FUZZ_REQUIRE(w.nowned <= sizeof w.owned / sizeof w.owned[0]);
                 aft_weights_free(&w);
             }

@@ -199,6 +199,8 @@ size_t aft_st_count(const aft_st_file *f);
 const aft_tensor *aft_st_get(const aft_st_file *f, size_t i, const char **name);
 /* tensor by exact name, or NULL */
 const aft_tensor *aft_st_find(const aft_st_file *f, const char *name);
+/* its place in file order (aft_st_get's i), or SIZE_MAX when absent */
+size_t aft_st_index(const aft_st_file *f, const char *name);
 /* metadata pairs (a .npz has none) */
 size_t aft_st_metadata_count(const aft_st_file *f);
 void aft_st_metadata(const aft_st_file *f, size_t i, const char **key,
@@ -620,8 +622,16 @@ aft_status aft_layer_forward_slice(float *y, const float *x, const float *kv, co
  * each ".weight" (out, in) with optional ".bias"; position bias "pos_bias" or
  * "wbias" ((Tmax, Tmax) for full and local; (H, 2S-1) or (2S-1) for conv, and
  * on a grid (H, 2S-1, 2S-1) or (2S-1, 2S-1): aft_weights_load_grid), or
- * "pos_bias_u" and "pos_bias_v" ((Tmax, r) each, w = u v^T). Other tensors are
- * ignored; two candidates for one role is an error. */
+ * "pos_bias_u" and "pos_bias_v" ((Tmax, r) each, w = u v^T). Two candidates
+ * for one role is an error. The biases are optional as a layer's modules
+ * leave them out: one for every projection, none, or the output's alone
+ * (labml's AFTLocal with bias=False); any other set is refused, naming the
+ * first one missing, and so is a layer without a bias that one of its peers
+ * in the file has (the prefix with another number as its last numeric
+ * component: "enc.layers.0.attn." for "enc.layers.1.attn."). Tensors under
+ * the prefix with none of these names (nor labml's local_mask, a buffer the
+ * window stands for) are not read: they are counted in n_unexpected, for
+ * the caller to warn about or refuse. */
 typedef struct {
     aft_params p;          /* ready for aft_layer_forward (bias.mask unset);
                             * p.bias.name points into names: use the struct
@@ -629,7 +639,12 @@ typedef struct {
     size_t conv_window;    /* conv: S read from the bias shape, else 0 */
     size_t conv_heads;     /* conv: rows of the bias (1 if it was 1-D, or a
                             * single square on a grid: shared by every head) */
-    char names[6][160];    /* the tensor names used: q, k, v, o, bias, bias_v */
+    char names[10][160];   /* the tensor names used: q, k, v, o, bias, bias_v,
+                            * then the q, k, v, o biases; "" where none */
+    size_t n_unexpected;   /* tensors under the prefix that no layer has */
+    char unexpected[160];  /* the first of them in file order, as messages
+                            * show names (control characters as '?', cut
+                            * short with "..."); "" when there is none */
     float *owned[12];
     size_t nowned;
 } aft_weights;
@@ -645,9 +660,9 @@ aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_varian
 aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
                                  aft_weights *w, aft_error *err);
 void aft_weights_free(aft_weights *w);
-/* Only the position bias (into w->p.bias, conv_window, conv_heads), for the
- * bare operator; on failure w keeps what it owned: free it with
- * aft_weights_free. */
+/* Only the position bias (into w->p.bias, conv_window, conv_heads, and
+ * n_unexpected, unexpected as above), for the bare operator; on failure w
+ * keeps what it owned: free it with aft_weights_free. */
 aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                          aft_weights *w, aft_error *err);
 /* the same for a grid (grid != 0), as aft_weights_load_grid */
@@ -712,8 +727,13 @@ size_t aft_peak_rss(void);
  * norm_* and encoder.norm are LayerNorms (weight (D), bias (D) or absent;
  * eps 1e-5, PyTorch's default, which labml keeps). feed_forward.layer1
  * (F, D) and layer2 (D, F) take optional biases. The number of layers,
- * D, F and the vocabulary size V come from the shapes; other tensors (labml's
- * src_attn, for example) are ignored.
+ * D, F and the vocabulary size V come from the shapes. Every layer has the
+ * same tensors in the same shapes: an optional one (a bias, local_mask) is
+ * absent from every layer or from none, and a layer without a tensor that
+ * another layer has is refused, naming it. Other tensors (a gated FFN's
+ * linear_v, for example) are not read: the model counts them (info's
+ * n_unused) for the caller to warn about or refuse. Metadata entries other
+ * than those below are free text and never read.
  *
  * The variant of each layer's self_attn (prefix encoder.layers.N.self_attn.;
  * its query, key, value and output as aft_weights_load reads them) follows
@@ -774,14 +794,18 @@ typedef struct {
     size_t keep;           /* tokens a state keeps when it reaches L: L / 2 */
     int has_vocab;         /* the metadata "vocab" was read */
     const char *context_from;   /* the tensor that sets L, or NULL */
+    size_t n_unused;       /* tensors of the file the model does not read */
+    const char *unused;    /* the first of them in file order, as messages
+                            * show names (control characters as '?', cut
+                            * short with "..."); NULL when there is none */
 } aft_model_info;
 
 /* Reads the model from f (converted to float32; f may be closed after).
  * opt may be NULL (defaults: window from the checkpoint, every core, the
  * fast kernels). Metadata read: "vocab", a JSON array of V strings (token
  * id = index), optional (opt->vocab replaces it); "window", optional. Missing tensors, shapes that do
- * not fit together and bad metadata are refused with a message naming the
- * tensor or entry. */
+ * not fit together (or differ from layer 0's) and bad metadata are refused
+ * with a message naming the tensor or entry. */
 aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model_options *opt, aft_error *err);
 aft_status aft_model_open(aft_model **out, const char *path, const aft_model_options *opt, aft_error *err);
 void aft_model_free(aft_model *m);

@@ -44,6 +44,9 @@ struct aft_model {
     float **owned;
     size_t nowned, capowned;
     char context_from[160];
+    uint8_t *used;            /* while loading: 1 for each tensor of the file
+                               * read (by file position) */
+    char unused[160];         /* the first tensor not read, as shown */
 };
 
 /* ---------------------------------------------------------------- loading */
@@ -74,6 +77,13 @@ static aft_status own(aft_model *m, float *p, aft_error *err)
     return AFT_OK;
 }
 
+/* tensor `name` of f, if there is one, is read by the model */
+static void mark(aft_model *m, const aft_st_file *f, const char *name)
+{
+    size_t i = aft_st_index(f, name);
+    if (i != SIZE_MAX) m->used[i] = 1;
+}
+
 /* Tensor `name` as float32 (owned by m). shape: ndim sizes, SIZE_MAX for
  * "any" (the found size is written back); what: its role, for messages.
  * Absent and not required: *out = NULL. */
@@ -83,6 +93,7 @@ static aft_status get(aft_model *m, const aft_st_file *f, const char *name, int 
     *out = NULL;
     const aft_tensor *t = aft_st_find(f, name);
     if (!t) return required ? aft_fail(err, AFT_ERR_FORMAT, "missing tensor '%s' (%s)", name, what) : AFT_OK;
+    mark(m, f, name);
     int ok = t->ndim == ndim;
     for (size_t i = 0; ok && i < ndim; i++) ok = shape[i] == SIZE_MAX || shape[i] == t->shape[i];
     if (!ok) {
@@ -262,6 +273,8 @@ static aft_status load_self_attn(aft_model *m, const aft_st_file *f, size_t i, s
     }
     aft_status st = aft_weights_load(f, pre, var, &L->attn, err);
     if (st) return st;
+    for (size_t k = 0; k < sizeof L->attn.names / sizeof L->attn.names[0]; k++)
+        if (L->attn.names[k][0]) mark(m, f, L->attn.names[k]);
     const aft_params *p = &L->attn.p;
     if (p->d_model != D)
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' takes inputs of size %zu but the model's size is %zu (from the "
@@ -277,6 +290,7 @@ static aft_status load_self_attn(aft_model *m, const aft_st_file *f, size_t i, s
         if (mask_name[0]) {
             size_t band = 0;
             if ((st = mask_band(f, mask_name, tmax, &band, err))) return st;
+            mark(m, f, mask_name);
             /* windows from Tmax up all read the same band */
             if (window && aft_window_in(window, tmax) != band)
                 return aft_fail(err, AFT_ERR_FORMAT, "window %zu (%s) disagrees with '%s', a band of %zu%s", window,
@@ -361,6 +375,59 @@ static aft_status load_layer(aft_model *m, const aft_st_file *f, size_t i, size_
     return st ? st : load_norms_ffn(m, f, i, err);
 }
 
+/* Every layer reads the same tensors, in the same shapes: one that a layer
+ * reads, every layer has. An optional tensor (a bias, local_mask) may be
+ * absent from every layer, not from some: a file where it is is missing one,
+ * as PyTorch's load_state_dict would say. Layer 0 stands for them all: each
+ * tensor it reads is looked for in every other layer, and each tensor
+ * another layer reads in layer 0. */
+static aft_status check_peers(const aft_model *m, const aft_st_file *f, aft_error *err)
+{
+    const size_t plen = strlen(LAYERS_PREFIX);
+    char name[224], have[96], want[96];
+    for (size_t i = 0; i < aft_st_count(f); i++) {
+        const char *tn;
+        const aft_tensor *t = aft_st_get(f, i, &tn);
+        if (!m->used[i] || strncmp(tn, LAYERS_PREFIX, plen) != 0) continue;
+        /* "N.rest", N checked by count_layers */
+        size_t j = 0;
+        const char *rest = tn + plen;
+        for (; *rest >= '0' && *rest <= '9'; rest++) j = j * 10 + (size_t)(*rest - '0');
+        rest++;
+        if (j != 0) {
+            snprintf(name, sizeof name, LAYERS_PREFIX "0.%s", rest);
+            if (!aft_st_find(f, name))
+                return aft_fail(err, AFT_ERR_FORMAT, "missing tensor '%s', which layer %zu has", name, j);
+            continue;
+        }
+        for (size_t l = 1; l < m->info.n_layers; l++) {
+            snprintf(name, sizeof name, LAYERS_PREFIX "%zu.%s", l, rest);
+            const aft_tensor *u = aft_st_find(f, name);
+            if (!u) return aft_fail(err, AFT_ERR_FORMAT, "missing tensor '%s', which layer 0 has", name);
+            int same = u->ndim == t->ndim;
+            for (size_t d = 0; same && d < t->ndim; d++) same = u->shape[d] == t->shape[d];
+            if (!same) {
+                fmt_shape(have, sizeof have, u->shape, u->ndim < 8 ? u->ndim : 8);
+                fmt_shape(want, sizeof want, t->shape, t->ndim < 8 ? t->ndim : 8);
+                return aft_fail(err, AFT_ERR_FORMAT, "'%s' is %s but layer 0's is %s", name, have, want);
+            }
+        }
+    }
+    return AFT_OK;
+}
+
+/* the tensors of f that the model did not read: how many, and the first */
+static void note_unused(aft_model *m, const aft_st_file *f)
+{
+    for (size_t i = 0; i < aft_st_count(f); i++) {
+        const char *name;
+        aft_st_get(f, i, &name);
+        if (m->used[i]) continue;
+        if (m->info.n_unused++ == 0) aft_shown(name, m->unused, sizeof m->unused - 4);
+    }
+    m->info.unused = m->info.n_unused ? m->unused : NULL;
+}
+
 void aft_model_free(aft_model *m)
 {
     if (!m) return;
@@ -373,6 +440,7 @@ void aft_model_free(aft_model *m)
     aft_vocab_free(&m->vocab);
     for (size_t i = 0; i < m->nowned; i++) free(m->owned[i]);
     free(m->owned);
+    free(m->used);
     free(m);
 }
 
@@ -440,7 +508,9 @@ aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model
     m->threads = aft_threads_or_all(opt ? opt->threads : 0);
     size_t n, window;
     const char *wfrom;
-    aft_status st = load_embedding(m, f, err);
+    aft_status st = AFT_OK;
+    if (!(m->used = calloc(aft_st_count(f) + 1, 1))) st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a model");
+    if (!st) st = load_embedding(m, f, err);
     if (!st) st = count_layers(f, &n, err);
     if (!st) st = known_window(f, opt, &window, &wfrom, err);
     if (!st && !(m->layers = calloc(n, sizeof *m->layers)))
@@ -455,10 +525,14 @@ aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model
                              m->info.n_vocab, err);
         m->info.has_vocab = st == AFT_OK;
     }
+    if (!st) st = check_peers(m, f, err);
     if (st) {
         aft_model_free(m);
         return st;
     }
+    note_unused(m, f);
+    free(m->used);
+    m->used = NULL;
     m->info.keep = m->info.context == SIZE_MAX ? SIZE_MAX : m->info.context / 2;
     m->info.context_from = m->context_from[0] ? m->context_from : NULL;
     *out = m;

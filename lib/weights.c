@@ -3,7 +3,9 @@
 
 #include <stdlib.h>
 
-enum { R_Q, R_K, R_V, R_O, R_BIAS, R_BIAS_V };
+/* the entries of aft_weights.names: the projections' weights, the position
+ * bias (and its factor v), then the projections' biases */
+enum { R_Q, R_K, R_V, R_O, R_BIAS, R_BIAS_V, R_QB };
 
 /* Looks up prefix+stem+suffix for each candidate stem; exactly one may exist. */
 static aft_status find_one(const aft_st_file *f, const char *prefix, const char *const *stems,
@@ -50,6 +52,111 @@ static aft_status to_f32(aft_weights *w, const aft_tensor *t, const char *name, 
 
 static int is_matrix(const aft_tensor *t) { return t->ndim == 2; }
 
+/* A layer has a bias for each of its projections, for none, or for its
+ * output alone (labml's AFTLocal with bias=False: query, key and value
+ * without, output with); rish-16's and labml's modules make nothing else.
+ * Any other set is a tensor lost on the way: the first projection without
+ * one is named. bt: the biases found (NULL: none), names: the weights'. */
+static aft_status check_biases(const aft_weights *w, const aft_tensor *const bt[4], aft_error *err)
+{
+    int have = bt[R_Q] ? R_Q : bt[R_K] ? R_K : bt[R_V] ? R_V : -1;
+    if (have < 0) return AFT_OK;   /* none, or the output's alone */
+    for (int r = 0; r < 4; r++) {
+        if (bt[r]) continue;
+        const char *wn = w->names[r];
+        size_t n = strlen(wn) - strlen(".weight");   /* find_one made it prefix + stem + ".weight" */
+        return aft_fail(err, AFT_ERR_FORMAT, "missing tensor '%.*s.bias' beside '%s': a layer has a bias for every "
+                        "projection, for none, or for its output alone", (int)n, wn, w->names[R_QB + have]);
+    }
+    return AFT_OK;
+}
+
+/* Where the prefix numbers its layer: the last component of digits
+ * ("encoder.layers.1.self_attn." -> "1", at [*a, *b)); 0 when it has none. */
+static int layer_number(const char *prefix, size_t *a, size_t *b)
+{
+    int found = 0;
+    for (size_t i = 0; prefix[i]; i++) {
+        if ((i > 0 && prefix[i - 1] != '.') || prefix[i] < '0' || prefix[i] > '9') continue;
+        size_t j = i;
+        while (prefix[j] >= '0' && prefix[j] <= '9') j++;
+        if (prefix[j] != '.') continue;
+        *a = i;
+        *b = j;
+        found = 1;
+    }
+    return found;
+}
+
+/* The layer's peers are the prefix with another number in that place
+ * ("encoder.layers.0.self_attn." for "encoder.layers.1.self_attn."): the
+ * same module in another layer of the file. A bias one of them has and this
+ * layer lacks is missing, as a checkpoint's layer is refused when another
+ * layer has a tensor it lacks. bt: the biases found. */
+static aft_status check_peer_biases(const aft_st_file *f, const char *prefix, const aft_weights *w,
+                                    const aft_tensor *const bt[4], const char *const *const stems[4], aft_error *err)
+{
+    size_t a, b, plen = strlen(prefix);
+    if ((bt[R_Q] && bt[R_K] && bt[R_V] && bt[R_O]) || !layer_number(prefix, &a, &b)) return AFT_OK;
+    for (size_t i = 0; i < aft_st_count(f); i++) {
+        const char *name;
+        aft_st_get(f, i, &name);
+        if (strncmp(name, prefix, a) != 0) continue;
+        const char *num = name + a, *after = num;
+        while (*after >= '0' && *after <= '9') after++;
+        size_t digits = (size_t)(after - num);
+        if (digits == 0 || (digits == b - a && strncmp(num, prefix + a, digits) == 0) ||
+            strncmp(after, prefix + b, plen - b) != 0)
+            continue;
+        const char *rest = after + (plen - b);
+        for (int r = 0; r < 4; r++) {
+            if (bt[r]) continue;
+            for (size_t k = 0; stems[r][k]; k++) {
+                size_t n = strlen(stems[r][k]);
+                if (strncmp(rest, stems[r][k], n) != 0 || strcmp(rest + n, ".bias") != 0) continue;
+                size_t wn = strlen(w->names[r]) - strlen(".weight");   /* prefix + stem + ".weight" */
+                return aft_fail(err, AFT_ERR_FORMAT, "missing tensor '%.*s.bias', which the layer '%.*s' has", (int)wn,
+                                w->names[r], (int)(rest - name), name);
+            }
+        }
+    }
+    return AFT_OK;
+}
+
+/* the layer's own names after the prefix: any other tensor under it is
+ * unexpected. labml's local_mask is one (a buffer the window stands for). */
+static int layer_name(const char *rest)
+{
+    static const char *const stems[] = {"query", "key", "value", "output", "to_q", "to_k", "to_v", "project"};
+    static const char *const alone[] = {"pos_bias", "wbias", "pos_bias_u", "pos_bias_v", "local_mask"};
+    for (size_t i = 0; i < sizeof alone / sizeof alone[0]; i++)
+        if (strcmp(rest, alone[i]) == 0) return 1;
+    for (size_t i = 0; i < sizeof stems / sizeof stems[0]; i++) {
+        size_t n = strlen(stems[i]);
+        if (strncmp(rest, stems[i], n) == 0 && (strcmp(rest + n, ".weight") == 0 || strcmp(rest + n, ".bias") == 0))
+            return 1;
+    }
+    return 0;
+}
+
+/* w->n_unexpected and w->unexpected: the tensors under the prefix that are
+ * none of a layer's, in file order */
+static void note_unexpected(const aft_st_file *f, const char *prefix, aft_weights *w)
+{
+    size_t plen = strlen(prefix);
+    w->n_unexpected = 0;
+    w->unexpected[0] = 0;
+    for (size_t i = 0; i < aft_st_count(f); i++) {
+        const char *name;
+        aft_st_get(f, i, &name);
+        if (strncmp(name, prefix, plen) != 0 || layer_name(name + plen)) continue;
+        if (w->n_unexpected++ == 0) aft_shown(name, w->unexpected, sizeof w->unexpected - 4);
+    }
+}
+
+static aft_status load_bias(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
+                            aft_weights *w, aft_error *err);
+
 void aft_weights_free(aft_weights *w)
 {
     for (size_t i = 0; i < w->nowned; i++) free(w->owned[i]);
@@ -76,7 +183,7 @@ aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_v
     memset(w, 0, sizeof *w);
     if (!prefix) prefix = "";
     const aft_tensor *wt[4], *bt[4];
-    char bnames[4][160];
+    char (*bnames)[160] = w->names + R_QB;
     aft_status st;
     for (int r = 0; r < 4; r++) {
         if ((st = find_one(f, prefix, stems[r], ".weight", roles[r], 1, &wt[r], w->names[r], err))) goto fail;
@@ -111,6 +218,7 @@ aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_v
                           w->names[r]);
             goto fail;
         }
+    if ((st = check_biases(w, bt, err)) || (st = check_peer_biases(f, prefix, w, bt, stems, err))) goto fail;
     float *mats[4], *vecs[4] = {NULL, NULL, NULL, NULL};
     for (int r = 0; r < 4; r++) {
         if ((st = to_f32(w, wt[r], w->names[r], &mats[r], err))) goto fail;
@@ -120,8 +228,9 @@ aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_v
     p->d_model = D; p->d_hidden = C; p->k_out = KC;
     p->wq = mats[R_Q]; p->wk = mats[R_K]; p->wv = mats[R_V]; p->wo = mats[R_O];
     p->bq = vecs[R_Q]; p->bk = vecs[R_K]; p->bv = vecs[R_V]; p->bo = vecs[R_O];
-    st = aft_bias_load_grid(f, prefix, variant, grid, w, err);
+    st = load_bias(f, prefix, variant, grid, w, err);
     if (st) goto fail;
+    note_unexpected(f, prefix, w);
     return AFT_OK;
 
 fail:
@@ -160,6 +269,16 @@ aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant v
 
 aft_status aft_bias_load_grid(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
                               aft_weights *w, aft_error *err)
+{
+    if (!prefix) prefix = "";
+    aft_status st = load_bias(f, prefix, variant, grid, w, err);
+    if (!st) note_unexpected(f, prefix, w);
+    return st;
+}
+
+/* the position bias of the variant, into w */
+static aft_status load_bias(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
+                            aft_weights *w, aft_error *err)
 {
     aft_params *p = &w->p;
     aft_status st;

@@ -3,7 +3,9 @@
  * and every option that `aft CMD --help` names appears in man/aft.1 (and
  * every subcommand in README.md); and each subcommand's option table (the
  * one cli_parse_options walks) is what its --help, its section of
- * man/aft.1 and its list in completion/aft.bash name, no more and no less. */
+ * man/aft.1 and its list in completion/aft.bash name, no more and no less;
+ * the options every command takes (cli_common_options: --quiet, --help) are
+ * in every --help and every list, and in the man page's global options. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -120,15 +122,21 @@ static int names(const char *text, const char *opt)
     return 0;
 }
 
-/* 1 if c's table has opt (as a name or an alias; hidden ones count when
- * hidden is set), or opt is -h or --help, which every command takes */
-static int in_table(const cli_command *c, const char *opt, int hidden)
+/* 1 if table names opt (as a name or an alias; hidden ones count when
+ * hidden is set) */
+static int in_list(const cli_option *table, const char *opt, int hidden)
 {
-    if (strcmp(opt, "-h") == 0 || strcmp(opt, "--help") == 0) return 1;
-    for (const cli_option *o = c->options; o->name; o++)
+    for (const cli_option *o = table; o->name; o++)
         if ((!o->hidden || hidden) && (strcmp(o->name, opt) == 0 || (o->alias && strcmp(o->alias, opt) == 0)))
             return 1;
     return 0;
+}
+
+/* 1 if c's table has opt, or opt is one of the options every command takes
+ * (-q, --quiet, -h, --help) */
+static int in_table(const cli_command *c, const char *opt, int hidden)
+{
+    return in_list(c->options, opt, hidden) || in_list(cli_common_options, opt, 0);
 }
 
 /* Calls fn(c, opt, where) for every option named in text: "--word" or "-x"
@@ -151,8 +159,8 @@ static void each_named(const cli_command *c, const char *text, const char *where
 
 static void must_be_in_table(const cli_command *c, const char *opt, const char *where)
 {
-    /* the global options, documented for every command */
-    if (strcmp(opt, "--quiet") == 0 || strcmp(opt, "-q") == 0 || strcmp(opt, "--version") == 0) return;
+    /* aft --version, documented for every command */
+    if (strcmp(opt, "--version") == 0) return;
     if (!in_table(c, opt, 0)) fail_msg("%s names %s, which aft %s does not take", where, opt, c->name);
 }
 
@@ -203,7 +211,11 @@ static void test_help_from_table(void **state)
         assert_int_equal(HARNESS_RUN(&r, c->name, "--help"), 0);
         assert_int_equal(r.exit_code, 0);
         if (strcmp(r.out, made) != 0) fail_msg("aft %s --help is not the help its option table makes", c->name);
-        /* every option the table lists is named, the hidden ones are not */
+        /* every option the table lists is named, the hidden ones are not;
+         * so is every common option */
+        for (const cli_option *o = cli_common_options; o->name; o++)
+            if (!names(made, o->name) || !names(made, o->alias))
+                fail_msg("aft %s --help does not name %s, %s", c->name, o->name, o->alias);
         for (const cli_option *o = c->options; o->name; o++) {
             if (o->hidden) {
                 if (names(made, o->name)) fail_msg("aft %s --help names the hidden %s", c->name, o->name);
@@ -246,7 +258,8 @@ static void test_man_matches_tables(void **state)
 }
 
 /* completion/aft.bash offers each command exactly its table's options (and
- * -h, --help), and expects a value after exactly those that take one */
+ * the common ones: -q, --quiet, -h, --help), and expects a value after
+ * exactly those that take one */
 static void test_completion_matches_tables(void **state)
 {
     (void)state;
@@ -260,9 +273,13 @@ static void test_completion_matches_tables(void **state)
         snprintf(line, sizeof line, " %s ", offered);
         for (char *w = strtok(offered, " "); w; w = strtok(NULL, " "))
             if (!in_table(c, w, 0)) fail_msg("%s offers %s, which aft %s does not take", where, w, c->name);
-        const char *always[2] = {"-h", "--help"};
-        for (int i = 0; i < 2; i++)
-            if (!names(line, always[i])) fail_msg("%s does not offer %s", where, always[i]);
+        for (const cli_option *o = cli_common_options; o->name; o++) {
+            if (!names(line, o->name) || !names(line, o->alias))
+                fail_msg("%s does not offer %s and %s", where, o->name, o->alias);
+            char *kind = completion("_aft_value", c->name, o->alias);
+            if (strcmp(kind, "flag") != 0) fail_msg("%s takes %s as '%s', not as a flag", where, o->alias, kind);
+            free(kind);
+        }
         for (const cli_option *o = c->options; o->name; o++) {
             if (o->hidden) {
                 if (names(line, o->name)) fail_msg("%s offers the hidden %s", where, o->name);

@@ -15,7 +15,10 @@
  *  - --timing's JSON, bench --generate's JSON;
  *  - errors: a prompt character outside the vocabulary, a missing tensor,
  *    shapes that do not fit, bad tokens (exit 1, one line naming it), usage
- *    errors (exit 2), an -o left untouched by a failed run.
+ *    errors (exit 2), an -o left untouched by a failed run;
+ *  - checkpoints whose layers are not alike (exact one-line refusals), an
+ *    optional bias absent from every layer (loads), a tensor the model does
+ *    not use (a warning, the same logits; --strict: an error).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -282,25 +285,31 @@ static void test_timing(void **state)
 
 /* ------------------------------------------------------------------ checkpoints made here */
 
-/* the shipped checkpoint's tensors and metadata, with tensor `drop`
- * left out, tensor `reshape` given shape (d0, d1) (its data cut short), and
- * the metadata "vocab" left out when no_vocab; written to path */
-static void rewrite(const char *path, const char *drop, const char *reshape, size_t d0, size_t d1, int no_vocab)
+/* the shipped checkpoint's tensors and metadata, with the tensors named in
+ * drops (NULL-terminated, or NULL) left out, tensor `reshape` given shape
+ * (d0, d1) (its data cut short), a float32 tensor [4] named `extra` added
+ * at the end (NULL: none), and the metadata "vocab" left out when no_vocab;
+ * written to path */
+static void rewrite_with(const char *path, const char *const *drops, const char *reshape, size_t d0, size_t d1,
+                         const char *extra, int no_vocab)
 {
     char *w = ckpt();
     aft_st_file *f;
     aft_error err;
     if (aft_st_open(w, &f, &err) != AFT_OK) fail_msg("%s", err.msg);
     size_t n = aft_st_count(f), k = 0, nm = 0;
-    const char **names = calloc(n, sizeof *names);
-    aft_tensor *ts = calloc(n, sizeof *ts);
+    const char **names = calloc(n + 1, sizeof *names);
+    aft_tensor *ts = calloc(n + 1, sizeof *ts);
+    static const float four[4] = {0.5f, -0.25f, 1.0f, 2.0f};
     const char *meta[32];
     assert_non_null(names);
     assert_non_null(ts);
     for (size_t i = 0; i < n; i++) {
         const char *name;
         const aft_tensor *t = aft_st_get(f, i, &name);
-        if (drop && strcmp(name, drop) == 0) continue;
+        int dropped = 0;
+        for (size_t d = 0; drops && drops[d]; d++) dropped |= strcmp(name, drops[d]) == 0;
+        if (dropped) continue;
         names[k] = name;
         ts[k] = *t;
         ts[k].owned = NULL;
@@ -314,6 +323,10 @@ static void rewrite(const char *path, const char *drop, const char *reshape, siz
         }
         k++;
     }
+    if (extra) {
+        names[k] = extra;
+        ts[k++] = harness_tensor(AFT_F32, four, 1, (size_t[]){4});
+    }
     for (size_t i = 0; i < aft_st_metadata_count(f) && nm < 30; i++) {
         const char *key, *value;
         aft_st_metadata(f, i, &key, &value);
@@ -326,6 +339,12 @@ static void rewrite(const char *path, const char *drop, const char *reshape, siz
     free(names);
     free(ts);
     free(w);
+}
+
+static void rewrite(const char *path, const char *drop, const char *reshape, size_t d0, size_t d1, int no_vocab)
+{
+    const char *drops[2] = {drop, NULL};
+    rewrite_with(path, drops, reshape, d0, d1, NULL, no_vocab);
 }
 
 /* a small random model of labml's block structure, 2 layers, d 16, d_ff 32,
@@ -359,7 +378,8 @@ static void add(small *s, const char *name, double scale, size_t ndim, size_t d0
 
 static const char *small_vocab = "[\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\", \"i\", \"j\", \" \"]";
 
-static void write_small(const char *path, aft_variant v, int with_vocab)
+/* tmax1: the rows of layer 1's full pos_bias (0: layer 0's, SP - 10) */
+static void write_small(const char *path, aft_variant v, int with_vocab, size_t tmax1)
 {
     small s = {.rng = 42 + (uint64_t)v};
     char n[96];
@@ -368,7 +388,8 @@ static void write_small(const char *path, aft_variant v, int with_vocab)
     size_t C = v == AFT_LOCAL ? SD : SC, KC = v == AFT_CONV ? SH : C;
     for (int l = 0; l < 2; l++) {
 #define ADD(stem, sc, nd, a, b) (snprintf(n, sizeof n, "encoder.layers.%d.%s", l, stem), add(&s, n, sc, nd, a, b, 0))
-        if (v == AFT_FULL) ADD("self_attn.pos_bias", 1.0, 2, SP - 10, SP - 10);
+        size_t tm = l == 1 && tmax1 ? tmax1 : SP - 10;
+        if (v == AFT_FULL) ADD("self_attn.pos_bias", 1.0, 2, tm, tm);
         if (v == AFT_CONV) ADD("self_attn.pos_bias", 1.0, 2, SH, 2 * SS - 1);
         ADD("self_attn.query.weight", 0.3, 2, C, SD);
         ADD("self_attn.query.bias", 0.1, 1, C, 0);
@@ -419,7 +440,7 @@ static void test_other_variants(void **state)
     assert_int_equal(harness_write_file(vocab, small_vocab, strlen(small_vocab)), 0);
     for (size_t i = 0; i < 3; i++) {
         char *w = tmp("small.safetensors"), *a = tmp("fast.npy"), *b = tmp("ref.npy"), *t = tmp("small_timing.json");
-        write_small(w, vs[i], i != 1);
+        write_small(w, vs[i], i != 1, 0);
         harness_result r;
         assert_int_equal(HARNESS_RUN(&r, "model", "--weights", w, tp, "-o", a), 0);
         if (r.exit_code) fail_msg("%s: %s", aft_variant_name(vs[i]), r.err);
@@ -527,6 +548,107 @@ static void test_data_errors(void **state)
     free(w); free(seq); free(out); free(miss); free(bad); free(tp);
 }
 
+/* a run that must exit `code` with exactly `want` on stderr (and, when it
+ * fails, nothing on stdout) */
+static void expect_stderr(const char *const *args, int code, const char *want)
+{
+    harness_result r;
+    assert_int_equal(harness_run(&r, args, NULL, 0), 0);
+    if (r.exit_code != code || strcmp(r.err, want) != 0) {
+        fprintf(stderr, "aft %s ...: exit %d (want %d), stderr:\n%s  want:\n%s", args[0], r.exit_code, code, r.err,
+                want);
+        fail();
+    }
+    if (code) assert_int_equal(r.out_len, 0);
+    harness_result_free(&r);
+}
+
+/* files a and b hold the same bytes */
+static void same_file(const char *a, const char *b)
+{
+    char *da, *db;
+    size_t na, nb;
+    assert_int_equal(harness_read_file(a, &da, &na), 0);
+    assert_int_equal(harness_read_file(b, &db, &nb), 0);
+    if (na != nb || memcmp(da, db, na) != 0) fail_msg("%s and %s differ", a, b);
+    free(da);
+    free(db);
+}
+
+/* checkpoints whose layers are not alike, or with a tensor nothing reads:
+ * the exact one-line refusals (a layer short of a tensor the others have, a
+ * bias only some projections have, a shape unlike layer 0's, a shape that
+ * does not fit), the warning that leaves the logits as they were, and
+ * --strict's refusal; optional tensors absent from every layer load */
+static void test_layers_alike(void **state)
+{
+    (void)state;
+    char *seq = shipped("seq_tokens.npy"), *w = ckpt(), *p = tmp("alike.safetensors");
+    char *out = tmp("alike_logits.npy"), *ref = tmp("alike_ref.npy"), *want;
+    /* the file: layer 1 without the bias every other layer has */
+    rewrite(p, "encoder.layers.1.feed_forward.layer2.bias", NULL, 0, 0, 0);
+    want = fmt("aft: %s: missing tensor 'encoder.layers.1.feed_forward.layer2.bias', which layer 0 has\n", p);
+    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
+    expect_stderr(ARGS("generate", "--weights", p, "--prompt", "It", "-n", "3"), 1, want);
+    free(want);
+    /* the same bias absent from every layer: optional, so the model loads */
+    const char *every[7];
+    char names[6][64];
+    for (int l = 0; l < 6; l++) {
+        snprintf(names[l], sizeof names[l], "encoder.layers.%d.feed_forward.layer2.bias", l);
+        every[l] = names[l];
+    }
+    every[6] = NULL;
+    rewrite_with(p, every, NULL, 0, 0, NULL, 0);
+    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, "");
+    /* a bias the query and value have and the key lacks */
+    rewrite(p, "encoder.layers.2.self_attn.key.bias", NULL, 0, 0, 0);
+    want = fmt("aft: %s: missing tensor 'encoder.layers.2.self_attn.key.bias' beside "
+               "'encoder.layers.2.self_attn.query.bias': a layer has a bias for every projection, for none, or for "
+               "its output alone\n", p);
+    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
+    free(want);
+    /* shapes: one that does not fit, one unlike layer 0's */
+    rewrite(p, NULL, "generator.projection.weight", 100, 128, 0);
+    want = fmt("aft: %s: 'generator.projection.weight' (the logits' projection (n_vocab, d_model)) is [100, 128] but "
+               "must be [113, 128]\n", p);
+    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
+    free(want);
+    write_small(p, AFT_FULL, 1, 20);
+    want = fmt("aft: %s: 'encoder.layers.1.self_attn.pos_bias' is [20, 20] but layer 0's is [30, 30]\n", p);
+    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
+    expect_stderr(ARGS("generate", "--weights", p, "--prompt", "abc"), 1, want);
+    free(want);
+    /* a tensor the model does not use: a warning, the same logits and text;
+     * --strict refuses it */
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "model", "--weights", w, seq, "-o", ref), 0);
+    assert_int_equal(r.exit_code, 0);
+    harness_result_free(&r);
+    rewrite_with(p, NULL, NULL, 0, 0, "encoder.layers.0.feed_forward.linear_v.weight", 0);
+    want = fmt("aft model: warning: %s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which the "
+               "model does not use\n", p);
+    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, want);
+    same_file(out, ref);
+    free(want);
+    want = fmt("aft: %s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which the model does not "
+               "use; --strict refuses it\n", p);
+    expect_stderr(ARGS("model", "--weights", p, "--strict", seq, "-o", out), 1, want);
+    expect_stderr(ARGS("generate", "--weights", p, "--prompt", "It", "--strict"), 1, want);
+    free(want);
+    assert_int_equal(HARNESS_RUN(&r, "generate", "--weights", p, "--prompt", "It is ", "-n", "40", "--greedy"), 0);
+    char *text = GENERATE("--weights", w, "--prompt", "It is ", "-n", "40", "--greedy");
+    want = fmt("aft generate: warning: %s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which "
+               "the model does not use\n", p);
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal(r.err, want);
+    assert_string_equal(r.out, text);
+    harness_result_free(&r);
+    free(want);
+    free(text);
+    free(seq); free(w); free(p); free(out); free(ref);
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -606,6 +728,7 @@ int main(void)
         cmocka_unit_test(test_other_variants),
         cmocka_unit_test(test_vocab_file),
         cmocka_unit_test(test_data_errors),
+        cmocka_unit_test(test_layers_alike),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_bench_generate),
     };

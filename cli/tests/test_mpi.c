@@ -578,6 +578,81 @@ static void test_rank_killed(void **state)
     free(y);
 }
 
+/* the tensors of weights file src, less `drop` (NULL: none) and with a
+ * float32 [3] named `extra` (NULL: none), into dst (malloc'd path) */
+static char *rewrite_weights(const char *src, const char *drop, const char *extra, const char *dst)
+{
+    aft_st_file *f;
+    aft_error err;
+    assert_int_equal(aft_st_open(src, &f, &err), AFT_OK);
+    const char *names[16];
+    aft_tensor ts[16];
+    size_t n = 0;
+    static const float three[3] = {1, 2, 3};
+    for (size_t i = 0; i < aft_st_count(f) && n < 15; i++) {
+        const char *name;
+        const aft_tensor *t = aft_st_get(f, i, &name);
+        if (drop && strcmp(name, drop) == 0) continue;
+        names[n] = name;
+        ts[n] = *t;
+        ts[n++].owned = NULL;
+    }
+    if (extra) {
+        names[n] = extra;
+        ts[n++] = harness_tensor(AFT_F32, three, 1, (size_t[]){3});
+    }
+    char *path = harness_path(dir, dst);
+    assert_int_equal(aft_st_write(path, names, ts, n, NULL, 0, &err), AFT_OK);
+    aft_st_close(f);
+    return path;
+}
+
+/* --weights with a tensor the layer does not use: one warning from rank 0
+ * and the output; --strict: one error, no output. A bias missing beside the
+ * others: one error. */
+static void test_weights_checked(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    char *x = make_input("wc.npy", 1, 40, 8, 11), *y = harness_path(dir, "wc_out.npy");
+    char *w = make_weights("wc_w.safetensors", AFT_LOCAL, 8, 8, 64, 1, 0);
+    char *extra = rewrite_weights(w, NULL, "norm.weight", "wc_extra.safetensors");
+    char *nobias = rewrite_weights(w, "value.bias", NULL, "wc_nobias.safetensors");
+    const char *args[] = {"run", "--variant", "local", "--window", "4", "--causal", "--weights", extra, x, "-o", y,
+                          NULL, NULL};
+    mpi_result r;
+    mpirun_aft(&r, 3, -1, 0, args);
+    assert_int_equal(r.status, 0);
+    char *want = NULL;
+    assert_true(asprintf(&want, "aft run: warning: %s: unexpected tensor 'norm.weight', which the layer does not "
+                         "use\n", extra) > 0);
+    if (aft_lines(r.err) != 1 || !strstr(r.err, want)) print_error("stderr: %s\nwant: %s", r.err, want);
+    assert_int_equal(aft_lines(r.err), 1);
+    assert_non_null(strstr(r.err, want));
+    free(want);
+    mpi_result_free(&r);
+    assert_int_equal(unlink(y), 0);
+    args[11] = "--strict";
+    mpirun_aft(&r, 3, -1, 0, args);
+    assert_int_equal(r.status, 1);
+    assert_true(asprintf(&want, "aft: %s: unexpected tensor 'norm.weight', which the layer does not use; --strict "
+                         "refuses it\n", extra) > 0);
+    assert_int_equal(aft_lines(r.err), 1);
+    assert_non_null(strstr(r.err, want));
+    free(want);
+    assert_no_output("wc_out.npy");
+    mpi_result_free(&r);
+    args[7] = nobias;
+    args[11] = NULL;
+    mpirun_aft(&r, 3, -1, 0, args);
+    assert_int_equal(r.status, 1);
+    assert_int_equal(aft_lines(r.err), 1);
+    assert_non_null(strstr(r.err, "missing tensor 'value.bias' beside 'query.bias'"));
+    assert_no_output("wc_out.npy");
+    mpi_result_free(&r);
+    free(x); free(y); free(w); free(extra); free(nobias);
+}
+
 /* options this form cannot run are usage errors, said once */
 static void test_refused(void **state)
 {
@@ -641,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_rows_cut_short),
         cmocka_unit_test(test_rank_killed),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_weights_checked),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

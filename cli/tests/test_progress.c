@@ -1,22 +1,32 @@
 /* test_progress.c - progress lines appear only on a terminal: a run longer
- * than a second with stderr on a pipe must leave stderr empty. */
+ * than a second with stderr on a pipe must leave stderr empty; with stderr
+ * on a terminal (a pseudo-terminal here) it shows one, unless --quiet (or
+ * -q) comes before the command's name or among its options. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pty.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "aft.h"
 #include "harness.h"
 
-static void test_no_progress_in_pipes(void **state)
+/* an input for a run of over a second, in a new directory: its path and
+ * the output's, malloc'd (free dir with harness_rmtree) */
+static void long_input(char **dir, char **x, char **y)
 {
-    (void)state;
-    char *dir = harness_mkdtemp();
-    assert_non_null(dir);
-    char *x = harness_path(dir, "x.npy"), *y = harness_path(dir, "y.npy");
+    *dir = harness_mkdtemp();
+    assert_non_null(*dir);
+    *x = harness_path(*dir, "x.npy");
+    *y = harness_path(*dir, "y.npy");
     /* T = 1500, D = 64: the float64 reference of full takes over a second */
     size_t T = 1500, D = 64;
     float *data = malloc(T * D * sizeof(float));
@@ -24,20 +34,91 @@ static void test_no_progress_in_pipes(void **state)
     for (size_t i = 0; i < T * D; i++) data[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
     aft_tensor t = {.dtype = AFT_F32, .ndim = 2, .shape = {T, D}, .nelem = T * D, .nbytes = T * D * 4, .data = data};
     aft_error err;
-    assert_int_equal(aft_npy_write(x, &t, &err), AFT_OK);
+    assert_int_equal(aft_npy_write(*x, &t, &err), AFT_OK);
+    free(data);
+}
+
+static void test_no_progress_in_pipes(void **state)
+{
+    (void)state;
+    char *dir, *x, *y;
+    long_input(&dir, &x, &y);
     harness_result r;
     const char *args[] = {"run", "--variant", "full", "--impl", "reference", x, "-o", y, NULL};
     assert_int_equal(harness_run(&r, args, NULL, 0), 0);
     assert_int_equal(r.exit_code, 0);
     assert_int_equal(r.err_len, 0);   /* nothing on a pipe, not even a carriage return */
     harness_result_free(&r);
-    free(data);
+    harness_rmtree(dir);
+    free(x); free(y); free(dir);
+}
+
+/* Runs aft with args (args[0] is its first argument) and its stderr on a
+ * pseudo-terminal (stdin, stdout: /dev/null); returns how many bytes it
+ * wrote there, or -1 when no pseudo-terminal can be had. The run must exit 0. */
+static long on_terminal(const char *const *args)
+{
+    int master;
+    pid_t pid = forkpty(&master, NULL, NULL, NULL);
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, STDIN_FILENO);
+        dup2(null, STDOUT_FILENO);
+        const char *argv[32] = {harness_aft_bin()};
+        for (size_t i = 0; args[i] && i < 30; i++) argv[i + 1] = args[i];
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    long got = 0;
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(master, buf, sizeof buf);
+        if (n > 0) got += n;
+        else if (n < 0 && errno == EINTR) continue;
+        else break;   /* EIO: the child closed its side */
+    }
+    close(master);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    return got;
+}
+
+static void test_quiet_anywhere(void **state)
+{
+    (void)state;
+    if (!harness_aft_is_binary()) skip();   /* a wrapper's own terminal output would count */
+    char *dir, *x, *y;
+    long_input(&dir, &x, &y);
+    /* two runs of the reference: over a second and a half, with room */
+    long shown = on_terminal((const char *const[]){"run", "--variant", "full", "--impl", "reference", "--repeat", "2",
+                                                   x, "-o", y, NULL});
+    if (shown < 0) {
+        harness_rmtree(dir);
+        free(x); free(y); free(dir);
+        skip();
+    }
+    assert_true(shown > 0);   /* the progress line, then its erasure */
+    const char *const quiet[][12] = {
+        {"--quiet", "run", "--variant", "full", "--impl", "reference", "--repeat", "2", x, "-o", y, NULL},
+        {"-q", "run", "--variant", "full", "--impl", "reference", "--repeat", "2", x, "-o", y, NULL},
+        {"run", "--variant", "full", "--quiet", "--impl", "reference", "--repeat", "2", x, "-o", y, NULL},
+        {"run", "--variant", "full", "--impl", "reference", "--repeat", "2", x, "-o", y, "-q", NULL},
+    };
+    for (size_t i = 0; i < sizeof quiet / sizeof quiet[0]; i++) {
+        long n = on_terminal(quiet[i]);
+        if (n != 0) fail_msg("case %zu: %ld bytes on the terminal with --quiet", i, n);
+    }
     harness_rmtree(dir);
     free(x); free(y); free(dir);
 }
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_progress_in_pipes)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_no_progress_in_pipes),
+        cmocka_unit_test(test_quiet_anywhere),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

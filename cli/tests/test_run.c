@@ -11,7 +11,10 @@
  *  - the command against itself: --impl reference vs fast, layouts and ranks,
  *    stdin/stdout vs files, seeded initialisation;
  *  - the --timing JSON, weight and mask errors (exit 1), usage errors
- *    (exit 2), refusing to write to a terminal, atomic -o.
+ *    (exit 2), refusing to write to a terminal, atomic -o;
+ *  - --weights with more or less than a layer: unexpected tensors (a
+ *    warning; --strict: an error), biases some projections or a peer
+ *    layer have and this one lacks, for aft run and aft grad.
  *
  * Inputs are written from C into a temp dir made by the group setup.
  */
@@ -1503,9 +1506,10 @@ static void rand_layer_free(rand_layer *r)
 
 /* the safetensors entries of a layer: names prefix + stem + .weight/.bias;
  * stems[4] e.g. {"query","key","value","output"}; returns how many; name
- * storage comes from names (8 x 96 chars) */
+ * storage comes from names (8 x 96 chars). output_bias_only: no bias for
+ * query, key and value (labml's AFTLocal with bias=False) */
 static size_t layer_entries(st_entry *e, char names[][96], const rand_layer *r, const char *prefix,
-                            const char *const *stems, int skip_value_bias)
+                            const char *const *stems, int output_bias_only)
 {
     const layer_w *L = &r->L;
     const float *ws[4] = {L->wq, L->wk, L->wv, L->wo}, *bs[4] = {L->bq, L->bk, L->bv, L->bo};
@@ -1514,7 +1518,7 @@ static size_t layer_entries(st_entry *e, char names[][96], const rand_layer *r, 
         snprintf(names[n], 96, "%s%s.weight", prefix, stems[i]);
         e[n] = (st_entry){names[n], ws[i], 2, {rows[i], cols[i]}};
         n++;
-        if (bs[i] && !(skip_value_bias && i == 2)) {
+        if (bs[i] && !(output_bias_only && i < 3)) {
             snprintf(names[n], 96, "%s%s.bias", prefix, stems[i]);
             e[n] = (st_entry){names[n], bs[i], 1, {rows[i]}};
             n++;
@@ -1543,7 +1547,8 @@ static void layer_check(const char *what, const char *const *opts, const char *x
     free(out);
 }
 
-/* a layer with hidden size != D, both naming schemes, a missing bias, ignored extras */
+/* a layer with hidden size != D, both naming schemes, labml's layer without
+ * its query, key and value biases and with its local_mask */
 static void test_weights_layer(void **state)
 {
     (void)state;
@@ -1555,13 +1560,11 @@ static void test_weights_layer(void **state)
     float *pb = rand_array(tmax * tmax, 150, 2.0f);
     uint8_t lm[64];
     memset(lm, 1, sizeof lm);
-    float junk[3] = {1, 2, 3};
     st_entry e[16];
     char names[12][96];
     size_t n = 0;
     e[n++] = (st_entry){"pos_bias", pb, 2, {tmax, tmax}};
-    n += layer_entries(e + n, names, &r, "", labml_stems, 1);   /* value has no bias */
-    e[n++] = (st_entry){"unrelated.weight", junk, 1, {3}};
+    n += layer_entries(e + n, names, &r, "", labml_stems, 1);   /* the output's bias alone */
     /* labml's local_mask is a BOOL tensor: add it with the library writer directly */
     {
         const char *nm[16];
@@ -1576,7 +1579,7 @@ static void test_weights_layer(void **state)
         assert_int_equal(aft_st_write(w, nm, ts, n + 1, NULL, 0, &err), AFT_OK);
     }
     layer_w L = r.L;
-    L.bv = NULL;
+    L.bq = L.bk = L.bv = NULL;
     model m = {.dense = pb, .tmax = tmax};
     layer_check("layer full", OPTS("--weights", w), x, xd, &L, &m, B, T);
     m.causal = 1;
@@ -1751,6 +1754,131 @@ static void test_weights_errors(void **state)
     free(p); free(x5); free(none);
     rand_layer_free(&r);
     free(x); free(out); free(pb);
+}
+
+/* a run that must exit `code` with exactly `want` on stderr (and, when it
+ * fails, nothing on stdout) */
+static void expect_stderr(const char *const *args, int code, const char *want)
+{
+    harness_result r;
+    assert_int_equal(harness_run(&r, args, NULL, 0), 0);
+    if (r.exit_code != code || strcmp(r.err, want) != 0) {
+        fprintf(stderr, "aft %s ...: exit %d (want %d), stderr:\n%s  want:\n%s", args[0], r.exit_code, code, r.err,
+                want);
+        fail();
+    }
+    if (code) assert_int_equal(r.out_len, 0);
+    harness_result_free(&r);
+}
+#define ARGV(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* --weights with more or less than a layer, for aft run and aft grad: a
+ * tensor under --prefix that is none of the layer's (a warning naming it,
+ * the output unchanged; --strict: an error), biases that only some of the
+ * projections have, a bias the same module at another layer number has
+ * and this one lacks, a bias of the wrong shape (errors naming the tensor) */
+static void test_weights_strict(void **state)
+{
+    (void)state;
+    const size_t D = 4, tmax = 8;
+    char *x = tmp("ws_x.npy"), *out = tmp("ws_out.npy"), *ref = tmp("ws_ref.npy");
+    char *gout = tmp("ws_grads.safetensors"), *gref = tmp("ws_grads_ref.safetensors");
+    free(write_x(x, 2, 5, D, 231));
+    rand_layer r;
+    rand_layer_make(&r, D, D, D, 232, 1);
+    float *pb = rand_array(tmax * tmax, 233, 1.0f), junk[3] = {1, 2, 3};
+    st_entry e[32];
+    char names[12][96], more[12][96];
+    size_t n = layer_entries(e, names, &r, "", labml_stems, 0);
+    e[n++] = (st_entry){"pos_bias", pb, 2, {tmax, tmax}};
+    char *clean = tmp("ws_clean.safetensors"), *extra = tmp("ws_extra.safetensors"), *p;
+    write_st(clean, e, n);
+    run_opts(OPTS("--weights", clean), x, ref);
+    harness_result hr;
+    run_ok_in(&hr, ARGV("grad", "--weights", clean, x, "-o", gref), NULL, 0);
+    harness_result_free(&hr);
+
+    /* an unexpected tensor: a warning, the same output; --strict refuses it */
+    e[n] = (st_entry){"norm.weight", junk, 1, {3}};
+    write_st(extra, e, n + 1);
+    char *want = fmt("aft run: warning: %s: unexpected tensor 'norm.weight', which the layer does not use\n", extra);
+    expect_stderr(ARGV("run", "--weights", extra, x, "-o", out), 0, want);
+    assert_same_file(out, ref);
+    free(want);
+    want = fmt("aft grad: warning: %s: unexpected tensor 'norm.weight', which the layer does not use\n", extra);
+    expect_stderr(ARGV("grad", "--weights", extra, x, "-o", gout), 0, want);
+    assert_same_file(gout, gref);
+    free(want);
+    want = fmt("aft: %s: unexpected tensor 'norm.weight', which the layer does not use; --strict refuses it\n",
+               extra);
+    expect_stderr(ARGV("run", "--weights", extra, "--strict", x, "-o", out), 1, want);
+    expect_stderr(ARGV("grad", "--strict", "--weights", extra, x, "-o", gout), 1, want);
+    free(want);
+    /* two of them */
+    e[n + 1] = (st_entry){"norm.bias", junk, 1, {3}};
+    write_st(extra, e, n + 2);
+    want = fmt("aft: %s: unexpected tensor 'norm.weight' (and 1 more), which the layer does not use; --strict "
+               "refuses them\n", extra);
+    expect_stderr(ARGV("run", "--weights", extra, "--strict", x, "-o", out), 1, want);
+    free(want);
+
+    /* two layers under prefixes: an extra under blocks.1.attn. is not blocks.0.attn.'s */
+    p = tmp("ws_two.safetensors");
+    size_t m = layer_entries(e, names, &r, "blocks.0.attn.", labml_stems, 0);
+    e[m++] = (st_entry){"blocks.0.attn.pos_bias", pb, 2, {tmax, tmax}};
+    m += layer_entries(e + m, more, &r, "blocks.1.attn.", labml_stems, 0);
+    e[m++] = (st_entry){"blocks.1.attn.pos_bias", pb, 2, {tmax, tmax}};
+    e[m++] = (st_entry){"blocks.1.attn.norm.weight", junk, 1, {3}};
+    write_st(p, e, m);
+    run_opts(OPTS("--weights", p, "--prefix", "blocks.0.attn."), x, out);
+    assert_same_file(out, ref);
+    want = fmt("aft run: warning: %s: unexpected tensor 'blocks.1.attn.norm.weight', which the layer does not use\n",
+               p);
+    expect_stderr(ARGV("run", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", out), 0, want);
+    assert_same_file(out, ref);
+    free(want);
+    /* the second layer with its output's bias alone, the first with all four:
+     * --prefix finds some of the layer's biases but not all */
+    m = layer_entries(e, names, &r, "blocks.0.attn.", labml_stems, 0);
+    e[m++] = (st_entry){"blocks.0.attn.pos_bias", pb, 2, {tmax, tmax}};
+    m += layer_entries(e + m, more, &r, "blocks.1.attn.", labml_stems, 1);
+    e[m++] = (st_entry){"blocks.1.attn.pos_bias", pb, 2, {tmax, tmax}};
+    write_st(p, e, m);
+    want = fmt("aft: %s: missing tensor 'blocks.1.attn.query.bias', which the layer 'blocks.0.attn.' has\n", p);
+    expect_stderr(ARGV("run", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", out), 1, want);
+    expect_stderr(ARGV("grad", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", gout), 1, want);
+    free(want);
+    run_opts(OPTS("--weights", p, "--prefix", "blocks.0.attn."), x, out);
+    free(p);
+
+    /* one layer: the value's bias missing beside the query's and key's */
+    p = tmp("ws_noval.safetensors");
+    n = layer_entries(e, names, &r, "", labml_stems, 0);
+    e[n++] = (st_entry){"pos_bias", pb, 2, {tmax, tmax}};
+    m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(e[i].name, "value.bias") != 0) e[m++] = e[i];
+    write_st(p, e, m);
+    want = fmt("aft: %s: missing tensor 'value.bias' beside 'query.bias': a layer has a bias for every projection, "
+               "for none, or for its output alone\n", p);
+    expect_stderr(ARGV("run", "--weights", p, x, "-o", out), 1, want);
+    expect_stderr(ARGV("grad", "--weights", p, x, "-o", gout), 1, want);
+    free(want);
+    free(p);
+    /* a bias of the wrong shape */
+    n = layer_entries(e, names, &r, "", labml_stems, 0);
+    e[n++] = (st_entry){"pos_bias", pb, 2, {tmax, tmax}};
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(e[i].name, "key.bias") == 0) e[i].shape[0] = 3;
+    p = tmp("ws_keybias.safetensors");
+    write_st(p, e, n);
+    want = fmt("aft: %s: 'key.bias' must have shape [4] to match 'key.weight'\n", p);
+    expect_stderr(ARGV("run", "--weights", p, x, "-o", out), 1, want);
+    free(want);
+    free(p);
+
+    rand_layer_free(&r);
+    free(x); free(out); free(ref); free(gout); free(gref); free(clean); free(extra); free(pb);
 }
 
 /* T > Tmax: a data error naming both numbers */
@@ -2288,6 +2416,7 @@ int main(void)
         cmocka_unit_test(test_weights_conv),
         cmocka_unit_test(test_weights_prefix),
         cmocka_unit_test(test_weights_errors),
+        cmocka_unit_test(test_weights_strict),
         cmocka_unit_test(test_weights_t_above_tmax),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_terminal_summary),

@@ -751,19 +751,25 @@ const aft_tensor *aft_st_get(const aft_st_file *f, size_t i, const char **name)
     return &f->tensors[i];
 }
 
-const aft_tensor *aft_st_find(const aft_st_file *f, const char *name)
+size_t aft_st_index(const aft_st_file *f, const char *name)
 {
-    if (!f || !name) return NULL;
+    if (!f || !name) return SIZE_MAX;
     /* binary search over the names sorted at open time */
     size_t lo = 0, hi = f->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         int c = strcmp(f->names[f->by_name[mid]], name);
-        if (c == 0) return &f->tensors[f->by_name[mid]];
+        if (c == 0) return f->by_name[mid];
         if (c < 0) lo = mid + 1;
         else hi = mid;
     }
-    return NULL;
+    return SIZE_MAX;
+}
+
+const aft_tensor *aft_st_find(const aft_st_file *f, const char *name)
+{
+    size_t i = aft_st_index(f, name);
+    return i == SIZE_MAX ? NULL : &f->tensors[i];
 }
 
 size_t aft_st_metadata_count(const aft_st_file *f)

@@ -16,6 +16,10 @@
  *  - checkpoints missing a tensor, with a wrong shape, dtype or metadata:
  *    refused, naming the tensor or entry; tokens and characters outside the
  *    vocabulary: refused, naming them;
+ *  - layers that do not all have the same tensors (an optional bias one
+ *    layer lacks, a bias only some projections have, a shape unlike layer
+ *    0's): refused, naming the tensor; optional tensors absent from every
+ *    layer: loaded; tensors the model does not read: counted and named;
  *  - sampling: reproducible from a seed, top-k, temperature.
  * No Python at test time: the fixtures are committed. */
 #include <math.h>
@@ -599,7 +603,7 @@ typedef struct {
 enum { SD = 16, SF = 32, SV = 11, SP = 40, STM = 30, SS = 5, SH = 2, SC = 24 };
 
 /* a random 2-layer model in labml's block structure with the variant's
- * self_attn tensors */
+ * self_attn tensors, and two optional biases left out of both layers */
 static void make_small(ckpt *c, const vcase *vc, uint64_t seed)
 {
     memset(c, 0, sizeof *c);
@@ -647,11 +651,10 @@ static void make_small(ckpt *c, const vcase *vc, uint64_t seed)
         ADD("feed_forward.layer1.weight", 0.3, 2, SF, SD);
         ADD("feed_forward.layer1.bias", 0.1, 1, SF, 0);
         ADD("feed_forward.layer2.weight", 0.2, 2, SD, SF);
-        if (l == 0) ADD("feed_forward.layer2.bias", 0.1, 1, SD, 0);   /* layer 1's is absent */
+        /* feed_forward.layer2.bias and norm_ff.bias: absent from every layer */
         ADD("norm_self_attn.weight", 1.0, 1, SD, 0);
         ADD("norm_self_attn.bias", 0.2, 1, SD, 0);
         ADD("norm_ff.weight", 1.0, 1, SD, 0);
-        if (l == 0) ADD("norm_ff.bias", 0.2, 1, SD, 0);
 #undef ADD
     }
     ck_add(c, &r, "encoder.norm.weight", 1.0, 1, SD, 0, 0);
@@ -919,6 +922,116 @@ static void test_hostile_checkpoints(void **state)
     aft_st_close(f);
 }
 
+/* ---------------------------------------------------------------- layers alike */
+
+/* loading c fails with exactly the message want */
+static void expect_message(const ckpt *c, const char *what, const char *want)
+{
+    aft_model *m = NULL;
+    aft_error err = {{0}};
+    if (ck_load(c, NULL, &m, &err) == AFT_OK) fail_msg("%s: loaded", what);
+    assert_null(m);
+    if (strcmp(err.msg, want) != 0) fail_msg("%s:\n got  %s\n want %s", what, err.msg, want);
+}
+
+/* loading c succeeds with n_unused tensors unread, the first `first` */
+static void expect_loads(const ckpt *c, const char *what, size_t n_unused, const char *first)
+{
+    aft_model *m = NULL;
+    aft_error err = {{0}};
+    if (ck_load(c, NULL, &m, &err) != AFT_OK) fail_msg("%s: %s", what, err.msg);
+    const aft_model_info *in = aft_model_get_info(m);
+    if (in->n_unused != n_unused) fail_msg("%s: %zu tensors unused, not %zu", what, in->n_unused, n_unused);
+    if (first) assert_string_equal(in->unused, first);
+    else assert_null(in->unused);
+    aft_model_free(m);
+}
+
+/* drops tensor stem of every layer of c (of n) */
+static void ck_drop_all(ckpt *c, const char *stem, size_t n)
+{
+    char name[112];
+    for (size_t l = 0; l < n; l++) {
+        snprintf(name, sizeof name, "encoder.layers.%zu.%s", l, stem);
+        ck_drop(c, name);
+    }
+}
+
+static void test_layers_alike(void **state)
+{
+    (void)state;
+    aft_st_file *f;
+    aft_error err = {{0}};
+    assert_int_equal(aft_st_open(model_file(CKPT), &f, &err), AFT_OK);
+    ckpt c;
+    /* the file: one layer without a bias every other layer has */
+    ck_from(&c, f);
+    expect_loads(&c, "the trained model", 0, NULL);
+    ck_drop(&c, "encoder.layers.1.feed_forward.layer2.bias");
+    expect_message(&c, "without layer 1's layer2.bias",
+                   "missing tensor 'encoder.layers.1.feed_forward.layer2.bias', which layer 0 has");
+    ck_from(&c, f);
+    ck_drop(&c, "encoder.layers.0.norm_ff.bias");
+    expect_message(&c, "without layer 0's norm_ff.bias",
+                   "missing tensor 'encoder.layers.0.norm_ff.bias', which layer 1 has");
+    ck_from(&c, f);
+    ck_drop(&c, "encoder.layers.4.self_attn.local_mask");   /* the window is in the metadata */
+    expect_message(&c, "without layer 4's local_mask",
+                   "missing tensor 'encoder.layers.4.self_attn.local_mask', which layer 0 has");
+    /* optional tensors absent from every layer: loaded as before */
+    ck_from(&c, f);
+    ck_drop_all(&c, "feed_forward.layer2.bias", 6);
+    ck_drop_all(&c, "norm_ff.bias", 6);
+    ck_drop_all(&c, "self_attn.local_mask", 6);
+    expect_loads(&c, "no layer2.bias, norm_ff.bias or local_mask in any layer", 0, NULL);
+    ck_from(&c, f);
+    ck_drop_all(&c, "self_attn.query.bias", 6);   /* labml's AFTLocal with bias=False */
+    ck_drop_all(&c, "self_attn.key.bias", 6);
+    ck_drop_all(&c, "self_attn.value.bias", 6);
+    expect_loads(&c, "self_attn biases on the output alone", 0, NULL);
+    /* a bias only some of a layer's projections have */
+    ck_from(&c, f);
+    ck_drop(&c, "encoder.layers.3.self_attn.value.bias");
+    expect_message(&c, "without layer 3's value bias",
+                   "missing tensor 'encoder.layers.3.self_attn.value.bias' beside "
+                   "'encoder.layers.3.self_attn.query.bias': a layer has a bias for every projection, for none, or "
+                   "for its output alone");
+    ck_from(&c, f);
+    ck_drop(&c, "encoder.layers.5.self_attn.output.bias");
+    expect_message(&c, "without layer 5's output bias",
+                   "missing tensor 'encoder.layers.5.self_attn.output.bias' beside "
+                   "'encoder.layers.5.self_attn.query.bias': a layer has a bias for every projection, for none, or "
+                   "for its output alone");
+    /* one layer's self_attn with its output's bias alone, the others with all four */
+    ck_from(&c, f);
+    ck_drop(&c, "encoder.layers.3.self_attn.query.bias");
+    ck_drop(&c, "encoder.layers.3.self_attn.key.bias");
+    ck_drop(&c, "encoder.layers.3.self_attn.value.bias");
+    expect_message(&c, "without layer 3's query, key and value biases",
+                   "missing tensor 'encoder.layers.3.self_attn.query.bias', which the layer "
+                   "'encoder.layers.0.self_attn.' has");
+    /* tensors the model does not read: loaded, counted, the first named */
+    ck_from(&c, f);
+    rng r = {5};
+    ck_add(&c, &r, "encoder.layers.2.feed_forward.linear_v.weight", 0.1, 2, 256, 128, 0);
+    ck_add(&c, &r, "src_embed.weight", 0.1, 2, 113, 128, 0);   /* beside src_embed.linear */
+    expect_loads(&c, "a gated FFN's linear_v and a second embedding", 2,
+                 "encoder.layers.2.feed_forward.linear_v.weight");
+    free(c.data[c.n - 1]);
+    free(c.data[c.n - 2]);
+    /* a shape unlike layer 0's */
+    const vcase full = {AFT_FULL, 1, 0, "full"};
+    make_small(&c, &full, 7);
+    size_t i = ck_index(&c, "encoder.layers.1.self_attn.pos_bias");
+    c.t[i].shape[0] = c.t[i].shape[1] = 20;
+    c.t[i].nelem = 400;
+    c.t[i].nbytes = 400 * sizeof(float);
+    expect_message(&c, "layer 1's pos_bias of [20, 20]",
+                   "'encoder.layers.1.self_attn.pos_bias' is [20, 20] but layer 0's is [30, 30]");
+    ck_free(&c);
+    aft_st_close(f);
+}
+
 /* ---------------------------------------------------------------- sampling */
 
 static void test_sampling(void **state)
@@ -1032,6 +1145,7 @@ int main(void)
         cmocka_unit_test(test_bad_tokens),
         cmocka_unit_test(test_small_variants),
         cmocka_unit_test(test_hostile_checkpoints),
+        cmocka_unit_test(test_layers_alike),
         cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_generate_seeded),
     };

@@ -1,8 +1,8 @@
-/* run.h - aft run under an MPI launcher (shard.c): the sequence in slices,
+/* shard.h - aft run under an MPI launcher (shard.c): the sequence in slices,
  * one a process, over the steps aft run and aft grad share (runner.h).
  * Private to cli/. */
-#ifndef AFT_CLI_RUN_H
-#define AFT_CLI_RUN_H
+#ifndef AFT_CLI_SHARD_H
+#define AFT_CLI_SHARD_H
 
 #include "runner.h"
 
