@@ -145,32 +145,6 @@ static void convert_block(void *dst, aft_dtype to, const void *src, aft_dtype fr
     }
 }
 
-/* ---------------------------------------------------------------- small helpers */
-
-/* 1 if s is valid UTF-8: no overlong forms, surrogates or code points above
- * U+10FFFF (what the safetensors reader demands of the header) */
-static int utf8_valid(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        unsigned c = *p;
-        size_t len;
-        uint32_t cp, min;
-        if (c < 0x80) { p++; continue; }
-        if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; min = 0x80; }
-        else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; min = 0x800; }
-        else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; min = 0x10000; }
-        else return 0;
-        for (size_t i = 1; i < len; i++) {
-            if ((p[i] & 0xc0) != 0x80) return 0;   /* also stops at the NUL */
-            cp = (cp << 6) | (p[i] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-        p += len;
-    }
-    return 1;
-}
-
 /* ---------------------------------------------------------------- inputs */
 
 typedef enum { SRC_NPY, SRC_STDIN, SRC_ST_WHOLE, SRC_ST_TENSOR } src_kind;
@@ -457,7 +431,7 @@ static int check_names(const job *j, int npz)
 {
     for (size_t i = 0; i < j->nitems; i++) {
         const char *n = j->items[i].name;
-        if (!utf8_valid(n)) return cli_usage_error(cmd, "tensor name '%s' is not valid UTF-8", n);
+        if (!aft_utf8_valid(n)) return cli_usage_error(cmd, "tensor name '%s' is not valid UTF-8", n);
         aft_error err;
         if (npz && aft_npz_check_key(n, &err) != AFT_OK)
             return cli_usage_error(cmd, "%s: cannot name a .npz member; rename it with NAME=INPUT", err.msg);
@@ -839,7 +813,7 @@ static int add_metadata(const cli_option *opt, void *opts, const char *val)
     o->meta[2 * o->nmeta] = key;
     o->meta[2 * o->nmeta + 1] = (char *)eq + 1;   /* borrowed from argv */
     o->nmeta++;
-    if (!utf8_valid(key) || !utf8_valid(eq + 1)) return cli_usage_error(cmd, "--metadata '%s' is not valid UTF-8", val);
+    if (!aft_utf8_valid(key) || !aft_utf8_valid(eq + 1)) return cli_usage_error(cmd, "--metadata '%s' is not valid UTF-8", val);
     for (size_t k = 0; k + 1 < o->nmeta; k++)
         if (strcmp(o->meta[2 * k], key) == 0) return cli_usage_error(cmd, "--metadata key '%s' is given twice", key);
     return 0;

@@ -42,6 +42,16 @@ typedef struct {
 aft_status aft_fail(aft_error *err, aft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* ---------------------------------------------------------------- text */
+
+/* UTF-8 as the readers demand it of names, keys and headers (Unicode's
+ * Table 3-7: no overlong forms, surrogates, code points above U+10FFFF or
+ * cut-off sequences). aft_utf8_prefix: how many of the n bytes at s are
+ * well-formed characters before the first that is not (n when all are);
+ * aft_utf8_valid: 1 when the string s is well-formed throughout. */
+size_t aft_utf8_prefix(const void *s, size_t n);
+int aft_utf8_valid(const char *s);
+
 /* ---------------------------------------------------------------- tensors */
 
 typedef enum {

@@ -52,13 +52,26 @@ static inline __attribute__((always_inline)) void aft_lines_prefetch(const float
     else __builtin_prefetch(p + n - 1, 0, 3);
 }
 
-/* the length of the well-formed UTF-8 character at s (n bytes left), 0
- * when there is none there */
-size_t aft_utf8_len(const unsigned char *s, size_t n);
+/* the well-formed UTF-8 character at s (n >= 1 bytes left): its length,
+ * and its code point in *cp (when cp is not NULL); 0 when there is none.
+ * The one UTF-8 decoder: aft_utf8_prefix and aft_utf8_valid (aft.h) and
+ * the messages' text are made from it. */
+size_t aft_utf8_char(const unsigned char *s, size_t n, uint32_t *cp);
+/* code point cp (<= 0x10ffff) as UTF-8 into out (room for 4): its length */
+size_t aft_utf8_put(unsigned char *out, uint32_t cp);
 /* str for a message: at most `limit` bytes of whole UTF-8 characters (then
  * "..."), control characters and invalid UTF-8 shown as '?', so the message
  * stays one line of valid text whatever a file holds; buf: limit + 4 bytes */
 const char *aft_shown(const char *str, char *buf, size_t limit);
+/* the same cut short to fit cap bytes (limit cap - 4), and with the C1
+ * controls (U+0080..U+009F) also shown as '?'. The model's messages use it;
+ * the readers' keep C1 characters as they are. */
+void aft_show_text(char *buf, size_t cap, const char *str);
+/* a control character (C0, DEL or C1), never printed as itself in a message */
+static inline bool aft_is_control(uint32_t cp)
+{
+    return cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp < 0xa0);
+}
 
 /* threads 0 (every core) as a count >= 1 */
 int aft_threads_or_all(int threads);

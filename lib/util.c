@@ -236,14 +236,18 @@ int aft_variant_from_name(const char *name, aft_variant *out)
     return -1;
 }
 
-/* Length of the well-formed UTF-8 character at s (n bytes available), or 0.
- * Follows Unicode's Table 3-7: no overlong forms, no surrogates, nothing
- * above U+10FFFF, no cut-off sequence. */
-size_t aft_utf8_len(const unsigned char *s, size_t n)
+/* The well-formed UTF-8 character at s (n bytes available): its length,
+ * and its code point in *cp; 0 when there is none. Follows Unicode's
+ * Table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF, no
+ * cut-off sequence. */
+size_t aft_utf8_char(const unsigned char *s, size_t n, uint32_t *cp)
 {
     unsigned char c = s[0], lo = 0x80, hi = 0xbf;  /* allowed range of byte 2 */
     size_t len;
-    if (c < 0x80) return 1;
+    if (c < 0x80) {
+        if (cp) *cp = c;
+        return 1;
+    }
     if (c >= 0xc2 && c <= 0xdf) {
         len = 2;
     } else if (c >= 0xe0 && c <= 0xef) {
@@ -260,23 +264,74 @@ size_t aft_utf8_len(const unsigned char *s, size_t n)
     if (n < len || s[1] < lo || s[1] > hi) return 0;
     for (size_t k = 2; k < len; k++)
         if ((s[k] & 0xc0) != 0x80) return 0;
+    if (cp) {
+        uint32_t v = c & (0x7fu >> len);   /* the lead byte's payload bits */
+        for (size_t k = 1; k < len; k++) v = v << 6 | (s[k] & 0x3fu);
+        *cp = v;
+    }
     return len;
 }
 
-const char *aft_shown(const char *str, char *buf, size_t limit)
+size_t aft_utf8_put(unsigned char *out, uint32_t cp)
+{
+    if (cp < 0x80) {
+        out[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (unsigned char)(0xc0 | cp >> 6);
+        out[1] = (unsigned char)(0x80 | (cp & 0x3f));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (unsigned char)(0xe0 | cp >> 12);
+        out[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
+        out[2] = (unsigned char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    out[0] = (unsigned char)(0xf0 | cp >> 18);
+    out[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f));
+    out[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
+    out[3] = (unsigned char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+size_t aft_utf8_prefix(const void *bytes, size_t n)
+{
+    const unsigned char *s = bytes;
+    size_t i = 0;
+    while (i < n) {
+        size_t len = aft_utf8_char(s + i, n - i, NULL);
+        if (len == 0) return i;
+        i += len;
+    }
+    return n;
+}
+
+int aft_utf8_valid(const char *s)
+{
+    size_t n = strlen(s);
+    return aft_utf8_prefix(s, n) == n;
+}
+
+/* the one loop behind aft_shown and aft_show_text: at most limit bytes of
+ * str's whole characters, then "..."; invalid UTF-8 and control characters
+ * as '?' (the C1 controls only with c1) */
+static void show_chars(const char *str, char *buf, size_t limit, int c1)
 {
     const unsigned char *s = (const unsigned char *)str;
     size_t n = strlen(str), i = 0, o = 0;
     while (i < n) {
-        size_t len = aft_utf8_len(s + i, n - i);
+        uint32_t cp = 0;
+        size_t len = aft_utf8_char(s + i, n - i, &cp);
         if (o + (len ? len : 1) > limit) {
             memcpy(buf + o, "...", 3);
             o += 3;
             break;
         }
-        if (len == 0 || (len == 1 && (s[i] < 0x20 || s[i] == 0x7f))) {
+        if (len == 0 || (aft_is_control(cp) && (c1 || cp < 0x80))) {
             buf[o++] = '?';
-            i++;
+            i += len ? len : 1;
         } else {
             memcpy(buf + o, s + i, len);
             o += len;
@@ -284,5 +339,16 @@ const char *aft_shown(const char *str, char *buf, size_t limit)
         }
     }
     buf[o] = '\0';
+}
+
+const char *aft_shown(const char *str, char *buf, size_t limit)
+{
+    show_chars(str, buf, limit, 0);
     return buf;
+}
+
+void aft_show_text(char *buf, size_t cap, const char *str)
+{
+    if (cap > 4) show_chars(str, buf, cap - 4, 1);
+    else if (cap) buf[0] = '\0';
 }

@@ -189,21 +189,7 @@ static void put_byte(hparser *P, unsigned char c)
 /* code point cp as UTF-8 (cp <= 0x10ffff) */
 static void put_utf8(hparser *P, uint32_t cp)
 {
-    if (cp < 0x80) {
-        put_byte(P, (unsigned char)cp);
-    } else if (cp < 0x800) {
-        put_byte(P, (unsigned char)(0xc0 | cp >> 6));
-        put_byte(P, (unsigned char)(0x80 | (cp & 0x3f)));
-    } else if (cp < 0x10000) {
-        put_byte(P, (unsigned char)(0xe0 | cp >> 12));
-        put_byte(P, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
-        put_byte(P, (unsigned char)(0x80 | (cp & 0x3f)));
-    } else {
-        put_byte(P, (unsigned char)(0xf0 | cp >> 18));
-        put_byte(P, (unsigned char)(0x80 | ((cp >> 12) & 0x3f)));
-        put_byte(P, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
-        put_byte(P, (unsigned char)(0x80 | (cp & 0x3f)));
-    }
+    P->alen += aft_utf8_put(P->arena + P->alen, cp);
 }
 
 static int hexval(int c)
@@ -813,24 +799,6 @@ typedef struct {
     char descr[16];
 } npy_head;
 
-/* UTF-8 check for version 3.0 headers, as numpy decodes them: the offset
- * of the first byte that is not part of a well-formed character, or n */
-static size_t utf8_prefix(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        size_t len = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-        if (!len || n - i < len) return i;
-        unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
-        if (len > 1 && (s[i + 1] < lo || s[i + 1] > hi)) return i;
-        for (size_t k = 2; k < len; k++)
-            if ((s[i + k] & 0xc0) != 0x80) return i;
-        i += len;
-    }
-    return n;
-}
-
 /* Checks a .npy image of len bytes and reads what its header says. Nothing
  * is allocated from the file's numbers: the data must be exactly the bytes
  * the header promises before anyone allocates for it. */
@@ -899,7 +867,7 @@ static aft_status parse_image(const unsigned char *buf, size_t len, int check_da
      * text that is not UTF-8 */
     const unsigned char *nul = memchr(buf + prefix, 0, hlen);
     if (nul) return aft_fail(err, AFT_ERR_FORMAT, "bad .npy header: a NUL byte at byte %zu", (size_t)(nul - buf));
-    size_t ok = major == 3 ? utf8_prefix(buf + prefix, hlen) : hlen;
+    size_t ok = major == 3 ? aft_utf8_prefix(buf + prefix, hlen) : hlen;
     if (ok != hlen)
         return aft_fail(err, AFT_ERR_FORMAT, "bad .npy header: not UTF-8 at byte %zu (version 3.0 headers are UTF-8)",
                         prefix + ok);

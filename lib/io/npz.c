@@ -123,16 +123,6 @@ static const char *shown_raw(const unsigned char *s, size_t n, char buf[static 8
     return buf;
 }
 
-static int valid_utf8(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        size_t len = aft_utf8_len(s + i, n - i);
-        if (!len) return 0;
-        i += len;
-    }
-    return 1;
-}
-
 /* What makes a name no key: NULL if it is a fine one. A key is never a
  * path: no '/', no '\\' and no "..", whatever the platform, so nothing that
  * reads keys can be led outside where it writes. */
@@ -149,7 +139,7 @@ aft_status aft_npz_check_key(const char *key, aft_error *err)
 {
     char b[80];
     if (!key) return aft_fail(err, AFT_ERR_ARG, "a tensor without a name");
-    if (!valid_utf8((const unsigned char *)key, strlen(key)))
+    if (!aft_utf8_valid(key))
         return aft_fail(err, AFT_ERR_ARG, "key '%s' is not valid UTF-8", shown(key, b));
     const char *why = key_problem(key);
     if (why) return aft_fail(err, AFT_ERR_ARG, "key '%s': %s", shown(key, b), why);
@@ -302,15 +292,7 @@ static char *decode_name(const unsigned char *s, size_t n, int utf8)
             *o++ = (char)c;
             continue;
         }
-        unsigned cp = cp437_high[c - 0x80];
-        if (cp < 0x800) {
-            *o++ = (char)(0xc0 | cp >> 6);
-            *o++ = (char)(0x80 | (cp & 0x3f));
-        } else {
-            *o++ = (char)(0xe0 | cp >> 12);
-            *o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
-            *o++ = (char)(0x80 | (cp & 0x3f));
-        }
+        o += aft_utf8_put((unsigned char *)o, cp437_high[c - 0x80]);
     }
     *o = '\0';
     return out;
@@ -352,7 +334,7 @@ static aft_status read_entry(zreader *Z, size_t *pos, zmember *m)
     /* the name: a key, never a path */
     int utf8 = (m->flags & FLAG_UTF8) != 0;
     if (memchr(m->name, 0, nlen)) return member_fail(m, Z->err, AFT_ERR_FORMAT, "a NUL byte in its name");
-    if (utf8 && !valid_utf8(m->name, nlen))
+    if (utf8 && aft_utf8_prefix(m->name, nlen) != nlen)
         return member_fail(m, Z->err, AFT_ERR_FORMAT, "its name is marked UTF-8 but is not");
     if (!(m->member = decode_name(m->name, nlen, utf8)))
         return aft_fail(Z->err, AFT_ERR_NOMEM, "out of memory reading member names");

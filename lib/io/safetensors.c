@@ -70,18 +70,6 @@ static const char *fmt_shape(char *buf, size_t cap, const size_t *shape, size_t 
 }
 
 
-/* length of the valid UTF-8 prefix of s[0..n): n when all of it is valid */
-static size_t utf8_valid_prefix(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        size_t len = aft_utf8_len(s + i, n - i);
-        if (len == 0) return i;
-        i += len;
-    }
-    return n;
-}
-
 /* a name for a message, as aft_shown shows it (at most 80 bytes) */
 static const char *show(const char *str, char buf[static 96])
 {
@@ -425,7 +413,7 @@ static aft_status parse(aft_st_file *f, aft_error *err)
     size_t data_size = size - 8 - hlen;
     const unsigned char *data = h + hlen;
 
-    size_t ok = utf8_valid_prefix(h, hlen);
+    size_t ok = aft_utf8_prefix(h, hlen);
     if (ok != hlen)
         return aft_fail(err, AFT_ERR_FORMAT, "header is not valid UTF-8 (byte %zu)", ok);
     st_lex lx;
@@ -847,12 +835,6 @@ static void buf_json_string(st_buf *b, const char *s)
     buf_put(b, "\"", 1);
 }
 
-static int utf8_ok(const char *s)
-{
-    size_t n = strlen(s);
-    return utf8_valid_prefix((const unsigned char *)s, n) == n;
-}
-
 /* Checks a tensor handed to the writer: known dtype, shape and counts that
  * agree, data present, sizes the reader will accept (below 2^53). */
 static aft_status check_out_tensor(const char *name, const aft_tensor *t, int need_data, aft_error *err)
@@ -913,7 +895,7 @@ aft_status aft_st_header(const char *const *names, const aft_tensor *tensors, si
     char nb[96];
     for (size_t i = 0; i < n; i++) {
         if (!names[i]) return aft_fail(err, AFT_ERR_ARG, "tensor %zu has no name", i);
-        if (!utf8_ok(names[i])) return aft_fail(err, AFT_ERR_ARG, "tensor name '%s' is not valid UTF-8", show(names[i], nb));
+        if (!aft_utf8_valid(names[i])) return aft_fail(err, AFT_ERR_ARG, "tensor name '%s' is not valid UTF-8", show(names[i], nb));
         if (strcmp(names[i], ST_METADATA) == 0)
             return aft_fail(err, AFT_ERR_ARG, "'__metadata__' is reserved and cannot name a tensor");
         aft_status st = check_out_tensor(names[i], &tensors[i], 0, err);
@@ -921,7 +903,7 @@ aft_status aft_st_header(const char *const *names, const aft_tensor *tensors, si
     }
     for (size_t i = 0; i < 2 * nmeta; i++) {
         if (!meta[i]) return aft_fail(err, AFT_ERR_ARG, "metadata %s %zu is missing", i % 2 ? "value" : "key", i / 2);
-        if (!utf8_ok(meta[i]))
+        if (!aft_utf8_valid(meta[i]))
             return aft_fail(err, AFT_ERR_ARG, "metadata %s '%s' is not valid UTF-8", i % 2 ? "value" : "key", show(meta[i], nb));
     }
     aft_status st = check_unique(names, n, 1, "tensor name", err);

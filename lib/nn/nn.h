@@ -75,10 +75,6 @@ typedef struct {
  * where it came from in messages ("metadata 'vocab'") */
 aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *what, size_t n_expected, aft_error *err);
 void aft_vocab_free(aft_vocab *v);
-/* str for a message: control characters and invalid UTF-8 as '?', cut
- * short (with "...") to fit cap bytes, so a message stays one line of text
- * whatever a file holds */
-void aft_show_text(char *buf, size_t cap, const char *str);
 /* the longest entry that matches at each point; *ids malloc'd */
 aft_status aft_vocab_encode(const aft_vocab *v, int32_t **ids, size_t *n, const char *text, size_t len,
                             aft_error *err);

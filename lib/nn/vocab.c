@@ -16,58 +16,16 @@ void aft_vocab_free(aft_vocab *v)
     memset(v, 0, sizeof *v);
 }
 
-/* the UTF-8 sequence at s (n bytes left): its length and code point, or 0
- * when it is not valid UTF-8 */
-static size_t utf8_char(const unsigned char *s, size_t n, uint32_t *cp)
-{
-    size_t len = s[0] < 0x80 ? 1 : (s[0] & 0xe0) == 0xc0 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3 : (s[0] & 0xf8) == 0xf0 ? 4 : 0;
-    if (len == 0 || len > n) return 0;
-    uint32_t c = len == 1 ? s[0] : s[0] & (0x7fu >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        c = (c << 6) | (s[i] & 0x3fu);
-    }
-    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < least[len] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return 0;
-    *cp = c;
-    return len;
-}
-
-void aft_show_text(char *buf, size_t cap, const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    size_t n = strlen(str), i = 0, o = 0;
-    while (i < n && cap > 4) {
-        uint32_t cp;
-        size_t len = utf8_char(s + i, n - i, &cp);
-        if (o + (len ? len : 1) + 4 > cap) {
-            memcpy(buf + o, "...", 3);
-            o += 3;
-            break;
-        }
-        if (len == 0 || cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp < 0xa0)) {
-            buf[o++] = '?';
-            i += len ? len : 1;
-        } else {
-            memcpy(buf + o, s + i, len);
-            o += len;
-            i += len;
-        }
-    }
-    if (cap) buf[o < cap ? o : cap - 1] = '\0';
-}
-
 /* a character for a message: itself when printable, and always its code point */
 static void describe_char(char *out, size_t cap, const char *s, size_t n)
 {
     uint32_t cp;
-    size_t len = utf8_char((const unsigned char *)s, n, &cp);
+    size_t len = aft_utf8_char((const unsigned char *)s, n, &cp);
     if (len == 0) {
         snprintf(out, cap, "byte 0x%02X (not UTF-8)", (unsigned)(unsigned char)s[0]);
         return;
     }
-    int printable = cp >= 0x20 && cp != 0x7f && !(cp >= 0x80 && cp < 0xa0);
-    if (printable) snprintf(out, cap, "'%.*s' (U+%04X)", (int)len, s, (unsigned)cp);
+    if (!aft_is_control(cp)) snprintf(out, cap, "'%.*s' (U+%04X)", (int)len, s, (unsigned)cp);
     else snprintf(out, cap, "U+%04X", (unsigned)cp);
 }
 
