@@ -215,6 +215,8 @@ size_t aft_st_index(const aft_st_file *f, const char *name);
 size_t aft_st_metadata_count(const aft_st_file *f);
 void aft_st_metadata(const aft_st_file *f, size_t i, const char **key,
                      const char **value);
+/* the metadata value of key, or NULL */
+const char *aft_st_metadata_find(const aft_st_file *f, const char *key);
 
 /* Writes n tensors (names[i], tensors[i]) and nmeta metadata pairs
  * (meta[2*i] = key, meta[2*i+1] = value) as .safetensors, atomically as

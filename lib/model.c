@@ -113,16 +113,6 @@ static aft_status get(aft_model *m, const aft_st_file *f, const char *name, int 
     return AFT_OK;
 }
 
-static const char *meta_value(const aft_st_file *f, const char *key)
-{
-    for (size_t i = 0; i < aft_st_metadata_count(f); i++) {
-        const char *k, *v;
-        aft_st_metadata(f, i, &k, &v);
-        if (strcmp(k, key) == 0) return v;
-    }
-    return NULL;
-}
-
 /* a positive whole number up to INT_MAX */
 static int parse_count(const char *s, size_t *out)
 {
@@ -241,7 +231,7 @@ static aft_status known_window(const aft_st_file *f, const aft_model_options *op
         *from = "the window asked for";
         return AFT_OK;
     }
-    const char *mv = meta_value(f, "window");
+    const char *mv = aft_st_metadata_find(f, "window");
     if (!mv) return AFT_OK;
     if (!parse_count(mv, w)) {
         char shown[48];
@@ -519,7 +509,7 @@ aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model
     for (size_t i = 0; !st && i < n; i++) st = load_layer(m, f, i, window, wfrom, opt && opt->window, err);
     if (!st) st = load_head(m, f, err);
     /* the caller's vocabulary stands in for the metadata's */
-    const char *voc = opt && opt->vocab ? opt->vocab : meta_value(f, "vocab");
+    const char *voc = opt && opt->vocab ? opt->vocab : aft_st_metadata_find(f, "vocab");
     if (!st && voc) {
         st = aft_vocab_parse(&m->vocab, voc, opt && opt->vocab ? "the vocabulary" : "metadata 'vocab'",
                              m->info.n_vocab, err);

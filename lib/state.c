@@ -486,16 +486,6 @@ aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err)
     return st;
 }
 
-static const char *find_meta(const aft_st_file *f, const char *key)
-{
-    for (size_t i = 0; i < aft_st_metadata_count(f); i++) {
-        const char *k, *v;
-        aft_st_metadata(f, i, &k, &v);
-        if (strcmp(k, key) == 0) return v;
-    }
-    return NULL;
-}
-
 /* the file's metadata against this state's: one line naming what differs */
 static aft_status check_meta(const aft_state *s, const aft_st_file *f, size_t *pos, int *poisoned, aft_error *err)
 {
@@ -505,7 +495,7 @@ static aft_status check_meta(const aft_state *s, const aft_st_file *f, size_t *p
     const char *what[N_META] = {"format", "kind", "variant", "window", "heads", "causality", "model size D",
                                 "hidden size", "key channels", "batch size", "", ""};
     for (int i = 0; i < N_META; i++) {
-        const char *v = find_meta(f, meta[2 * i]);
+        const char *v = aft_st_metadata_find(f, meta[2 * i]);
         if (!v) return aft_fail(err, AFT_ERR_FORMAT, "not an aft state: no '%s' in its metadata", meta[2 * i]);
         if (i >= 10) continue;   /* position and poisoned: read below */
         char b[40];
@@ -513,13 +503,13 @@ static aft_status check_meta(const aft_state *s, const aft_st_file *f, size_t *p
             return aft_fail(err, AFT_ERR_ARG, "the state was made for %s %s, this run has %s", what[i],
                             aft_shown(v, b, 32), meta[2 * i + 1]);
     }
-    const char *fp = find_meta(f, "fingerprint");
+    const char *fp = aft_st_metadata_find(f, "fingerprint");
     if (!fp) return aft_fail(err, AFT_ERR_FORMAT, "not an aft state: no 'fingerprint' in its metadata");
     char b[40];
     if (strcmp(fp, fingerprint(s)) != 0)
         return aft_fail(err, AFT_ERR_ARG, "the state was made with other weights or bias (fingerprint %s, this "
                         "run's %s)", aft_shown(fp, b, 32), fingerprint(s));
-    const char *ps = find_meta(f, "position"), *pz = find_meta(f, "poisoned");
+    const char *ps = aft_st_metadata_find(f, "position"), *pz = aft_st_metadata_find(f, "poisoned");
     char *end;
     unsigned long long v = strtoull(ps, &end, 10);
     if (!*ps || *ps == '-' || *ps == '+' || *end || v > INT_MAX)

@@ -772,6 +772,13 @@ void aft_st_metadata(const aft_st_file *f, size_t i, const char **key, const cha
     if (value) *value = ok ? f->meta[2 * i + 1] : NULL;
 }
 
+const char *aft_st_metadata_find(const aft_st_file *f, const char *key)
+{
+    for (size_t i = 0; f && i < f->nmeta; i++)
+        if (strcmp(f->meta[2 * i], key) == 0) return f->meta[2 * i + 1];
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- writing */
 
 /* a growing string; an allocation failure is remembered and reported once */

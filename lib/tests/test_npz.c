@@ -93,6 +93,7 @@ static aft_st_file *open_ok(const char *path, size_t max_bytes)
     if (st) fail_msg("%s refused (%d): %s", path, (int)st, err.msg);
     assert_string_equal(aft_st_format(f), "npz");
     assert_int_equal(aft_st_metadata_count(f), 0);
+    assert_null(aft_st_metadata_find(f, "format"));
     return f;
 }
 

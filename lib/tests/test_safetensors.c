@@ -320,6 +320,11 @@ static void test_metadata_fixture(void **state)
     aft_st_metadata(f, 3, &k, &v);
     assert_null(k);
     assert_null(v);
+    /* by key: the value, or NULL */
+    assert_string_equal(aft_st_metadata_find(f, "note"), "na\xc3\xafve \xe2\x9c\x93 \"quoted\" back\\slash\nnewline");
+    assert_string_equal(aft_st_metadata_find(f, "empty"), "");
+    assert_null(aft_st_metadata_find(f, "x"));
+    assert_null(aft_st_metadata_find(f, "forma"));
     assert_int_equal(aft_st_count(f), 1);
     const aft_tensor *t = aft_st_find(f, "x");
     assert_non_null(t);
