@@ -52,6 +52,10 @@ static inline __attribute__((always_inline)) void aft_lines_prefetch(const float
     else __builtin_prefetch(p + n - 1, 0, 3);
 }
 
+/* the index of v in sorted[0 .. n) (ascending, n >= 1, v one of them):
+ * a binary search */
+size_t aft_sorted_index(const size_t *sorted, size_t n, size_t v);
+
 /* the well-formed UTF-8 character at s (n >= 1 bytes left): its length,
  * and its code point in *cp (when cp is not NULL); 0 when there is none.
  * The one UTF-8 decoder: aft_utf8_prefix and aft_utf8_valid (aft.h) and

@@ -101,18 +101,6 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
     return ret;
 }
 
-/* the index of point v in pt[0 .. n) (sorted, v one of them) */
-static size_t point_index(const size_t *pt, size_t n, size_t v)
-{
-    size_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (pt[mid] < v) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
 /* The streamed path without causality: no mask, a band (local, or conv
  * with keys of one channel per value channel). A row needs the keys left
  * of its window and right of it, so K and V of the whole sequence come
@@ -230,8 +218,8 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
                 const float *kr = kv + (R0 - hl) * 2 * C;
                 /* the sums of the keys before R0 - halo and from R0 + len +
                  * halo on (the pieces above checked every key) */
-                size_t il = point_index(pt, npt, R0 - hl);
-                size_t ir = point_index(pt, npt, R0 + len + halo < T ? R0 + len + halo : T);
+                size_t il = aft_sorted_index(pt, npt, R0 - hl);
+                size_t ir = aft_sorted_index(pt, npt, R0 + len + halo < T ? R0 + len + halo : T);
                 (void)aft_op_rows(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, j ? pre + il * 4 * C : NULL,
                                         NULL, j + 1 < nch ? suf + ir * 4 * C : NULL);
                 double u2 = aft_now_ms();

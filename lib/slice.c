@@ -218,18 +218,6 @@ static void fill_nan(float *x, size_t n)
     for (size_t i = 0; i < n; i++) x[i] = NAN;
 }
 
-/* the index of point v in pt[0 .. n) (sorted, v one of them) */
-static size_t point_at(const size_t *pt, size_t n, size_t v)
-{
-    size_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (pt[mid] < v) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
 static int cmp_size(const void *a, const void *b)
 {
     size_t x = *(const size_t *)a, y = *(const size_t *)b;
@@ -325,8 +313,8 @@ static int slice_band(const slice_args *a, slice_prep *s, aft_status *st, aft_er
                 w.q_row0 = hl;
                 const float *kr = kvb + (from - a->a0) * 2 * C;
                 size_t rp = R0 + len + halo < T ? R0 + len + halo : T;
-                const float *cin = from ? pre + point_at(pt, npt, from) * 4 * C : NULL;
-                const float *rin = !causal && rp < T ? suf + point_at(pt, npt, rp) * 4 * C : NULL;
+                const float *cin = from ? pre + aft_sorted_index(pt, npt, from) * 4 * C : NULL;
+                const float *rin = !causal && rp < T ? suf + aft_sorted_index(pt, npt, rp) * 4 * C : NULL;
                 rows_ok &= aft_op_rows(ctx[tid], ht, qt, kr, kr + C, &w, hl, hl + len, cin, NULL, rin);
                 aft_linear_apply_x(&s->lp.o, len, ht, C, a->y + (b * n + R0 - a->t0) * D, D, 1);
             }

@@ -236,6 +236,17 @@ int aft_variant_from_name(const char *name, aft_variant *out)
     return -1;
 }
 
+size_t aft_sorted_index(const size_t *sorted, size_t n, size_t v)
+{
+    size_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (sorted[mid] < v) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* The well-formed UTF-8 character at s (n bytes available): its length,
  * and its code point in *cp; 0 when there is none. Follows Unicode's
  * Table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF, no
