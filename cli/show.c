@@ -22,38 +22,11 @@
 #define EDGEITEMS 3
 #define LINEWIDTH 75
 
-/* ---------------------------------------------------------------- a growing string */
+/* ---------------------------------------------------------------- a growing string (aft_strbuf) */
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_addn(sbuf *b, const char *s, size_t n)
+static void sb_spaces(aft_strbuf *b, size_t n)
 {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_add(sbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
-
-static void sb_spaces(sbuf *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++) sb_addn(b, " ", 1);
+    for (size_t i = 0; i < n; i++) aft_strbuf_add(b, " ", 1);
 }
 
 /* ---------------------------------------------------------------- one value */
@@ -272,41 +245,41 @@ static float *shown_values(const repr *r, size_t *n)
 
 /* numpy's _extendLine: word goes on the line, or starts a new one when the
  * line would pass width (unless the line holds only its indent) */
-static void extend_line(sbuf *s, sbuf *line, const char *word, size_t width, size_t indent)
+static void extend_line(aft_strbuf *s, aft_strbuf *line, const char *word, size_t width, size_t indent)
 {
     if (line->len + strlen(word) > width && line->len > indent) {
         size_t n = line->len;
         while (n > 0 && line->p[n - 1] == ' ') n--;
-        sb_addn(s, line->p, n);
-        sb_add(s, "\n");
+        aft_strbuf_add(s, line->p, n);
+        aft_strbuf_add_str(s, "\n");
         line->len = 0;
         sb_spaces(line, indent);
     }
-    sb_add(line, word);
+    aft_strbuf_add_str(line, word);
 }
 
 /* numpy's _formatArray recurser: the sub-array of axis at offset off, into s */
-static void format_axis(const repr *r, sbuf *s, size_t axis, size_t off, size_t indent, size_t width)
+static void format_axis(const repr *r, aft_strbuf *s, size_t axis, size_t off, size_t indent, size_t width)
 {
     char word[64];
     size_t len = r->shape[axis], lead = cut(r, len) ? EDGEITEMS : 0, trail = cut(r, len) ? EDGEITEMS : len;
     /* the text starts with numpy's hanging indent, replaced by '[' below */
     size_t start = s->len;
     if (axis + 1 == r->ndim) {
-        sbuf line = {0};
+        aft_strbuf line = {0};
         sb_spaces(&line, indent);
         size_t elem_width = width - 1;   /* room for ',' or ']' */
         for (size_t i = 0; i < lead + trail; i++) {
             if (i == lead && cut(r, len)) {
                 extend_line(s, &line, "...", elem_width, indent);
-                sb_add(&line, ", ");
+                aft_strbuf_add_str(&line, ", ");
             }
             size_t k = i < lead ? i : len - (lead + trail - i);
             format_value(&r->fmt, r->x[off + k * r->stride[axis]], word);
             extend_line(s, &line, word, elem_width, indent);
-            if (i + 1 < lead + trail) sb_add(&line, ", ");
+            if (i + 1 < lead + trail) aft_strbuf_add_str(&line, ", ");
         }
-        if (line.p) sb_add(s, line.p);
+        if (line.p) aft_strbuf_add_str(s, line.p);
         free(line.p);
     } else {
         /* a line between rows, one more for each further axis */
@@ -315,13 +288,13 @@ static void format_axis(const repr *r, sbuf *s, size_t axis, size_t off, size_t 
         for (size_t i = 0; i < lead + trail; i++) {
             if (i == lead && cut(r, len)) {
                 sb_spaces(s, indent);
-                sb_add(s, "...");
-                sb_add(s, sep);
+                aft_strbuf_add_str(s, "...");
+                aft_strbuf_add_str(s, sep);
             }
             size_t k = i < lead ? i : len - (lead + trail - i);
             sb_spaces(s, indent);
             format_axis(r, s, axis + 1, off + k * r->stride[axis], indent + 1, width - 1);
-            if (i + 1 < lead + trail) sb_add(s, sep);
+            if (i + 1 < lead + trail) aft_strbuf_add_str(s, sep);
         }
     }
     /* "[" + the text without its first indent + "]" */
@@ -329,32 +302,32 @@ static void format_axis(const repr *r, sbuf *s, size_t axis, size_t off, size_t 
     memmove(s->p + start + 1, s->p + start + indent, s->len - start - indent + 1);
     s->p[start] = '[';
     s->len -= indent - 1;
-    sb_add(s, "]");
+    aft_strbuf_add_str(s, "]");
 }
 
 /* "(2, 3)" */
-static void shape_text(sbuf *b, size_t ndim, const size_t *shape)
+static void shape_text(aft_strbuf *b, size_t ndim, const size_t *shape)
 {
     char n[32];
-    sb_add(b, "(");
+    aft_strbuf_add_str(b, "(");
     for (size_t i = 0; i < ndim; i++) {
         snprintf(n, sizeof n, "%s%zu", i ? ", " : "", shape[i]);
-        sb_add(b, n);
+        aft_strbuf_add_str(b, n);
     }
-    sb_add(b, ndim == 1 ? ",)" : ")");
+    aft_strbuf_add_str(b, ndim == 1 ? ",)" : ")");
 }
 
 char *cli_numpy_repr(const float *x, size_t ndim, const size_t *shape)
 {
-    sbuf s = {0};
+    aft_strbuf s = {0};
     size_t size = 1;
     for (size_t a = 0; a < ndim; a++) size *= shape[a];
-    sb_add(&s, "array(");
+    aft_strbuf_add_str(&s, "array(");
     if (size == 0 || ndim == 0) {
         /* an empty array shows its shape (a scalar is not a case here) */
-        sb_add(&s, "[]");
+        aft_strbuf_add_str(&s, "[]");
         if (!(ndim == 1 && shape[0] == 0)) {
-            sb_add(&s, ", shape=");
+            aft_strbuf_add_str(&s, ", shape=");
             shape_text(&s, ndim, shape);
         }
     } else {
@@ -372,18 +345,18 @@ char *cli_numpy_repr(const float *x, size_t ndim, const size_t *shape)
         /* the line width less the ',' that follows the array */
         format_axis(&r, &s, 0, 0, strlen("array(["), LINEWIDTH - 1);
     }
-    sb_add(&s, ",");
+    aft_strbuf_add_str(&s, ",");
     /* the dtype goes on a line of its own when the last line has no room */
     static const char dtype[] = "dtype=float32)";
     const char *nl = s.p ? strrchr(s.p, '\n') : NULL;
     size_t last = s.len - (nl ? (size_t)(nl - s.p) + 1 : 0);
     if (last + strlen(dtype) + 1 > LINEWIDTH) {
-        sb_add(&s, "\n");
+        aft_strbuf_add_str(&s, "\n");
         sb_spaces(&s, strlen("array("));
     } else {
-        sb_add(&s, " ");
+        aft_strbuf_add_str(&s, " ");
     }
-    sb_add(&s, dtype);
+    aft_strbuf_add_str(&s, dtype);
     if (s.oom) {
         free(s.p);
         return NULL;
@@ -421,10 +394,10 @@ int cli_show_tensor(FILE *fp, const aft_tensor *t)
         if (x[i] > hi) hi = x[i];
         sum += x[i];
     }
-    sbuf head = {0};
-    sb_add(&head, "shape ");
+    aft_strbuf head = {0};
+    aft_strbuf_add_str(&head, "shape ");
     shape_text(&head, t->ndim, t->shape);
-    sb_add(&head, ", dtype float32");
+    aft_strbuf_add_str(&head, ", dtype float32");
     if (t->nelem) {
         /* NaN anywhere makes each of them NaN, as in numpy */
         char a[64], b[64], c[64];
@@ -433,7 +406,7 @@ int cli_show_tensor(FILE *fp, const aft_tensor *t)
         scalar_text(nan ? NAN : (float)(sum / (double)t->nelem), c);
         char line[256];
         snprintf(line, sizeof line, ", min %s, max %s, mean %s", a, b, c);
-        sb_add(&head, line);
+        aft_strbuf_add_str(&head, line);
     }
     char *body = cli_numpy_repr(x, t->ndim, t->shape);
     if (head.oom || !body) {

@@ -52,6 +52,19 @@ aft_status aft_fail(aft_error *err, aft_status st, const char *fmt, ...)
 size_t aft_utf8_prefix(const void *s, size_t n);
 int aft_utf8_valid(const char *s);
 
+/* A growing string, for text built piece by piece: start it as {0}; once
+ * anything is added p holds len bytes and a NUL (free it with free()). An
+ * allocation that fails, or a size that would overflow, sets oom and drops
+ * what is added after, so a caller checks oom once at the end. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} aft_strbuf;
+void aft_strbuf_add(aft_strbuf *b, const char *s, size_t n);
+/* aft_strbuf_add(b, s, strlen(s)) */
+void aft_strbuf_add_str(aft_strbuf *b, const char *s);
+
 /* ---------------------------------------------------------------- tensors */
 
 typedef enum {

@@ -236,6 +236,30 @@ int aft_variant_from_name(const char *name, aft_variant *out)
     return -1;
 }
 
+void aft_strbuf_add(aft_strbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    size_t need;
+    if (!aft_add_ok(b->len, n, &need) || !aft_add_ok(need, 1, &need)) { b->oom = 1; return; }
+    if (need > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < need)
+            if (!aft_mul_ok(cap, 2, &cap)) { b->oom = 1; return; }
+        char *p = realloc(b->p, cap);
+        if (!p) { b->oom = 1; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void aft_strbuf_add_str(aft_strbuf *b, const char *s)
+{
+    aft_strbuf_add(b, s, strlen(s));
+}
+
 size_t aft_sorted_index(const size_t *sorted, size_t n, size_t v)
 {
     size_t lo = 0, hi = n - 1;

@@ -781,65 +781,34 @@ const char *aft_st_metadata_find(const aft_st_file *f, const char *key)
 
 /* ---------------------------------------------------------------- writing */
 
-/* a growing string; an allocation failure is remembered and reported once */
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} st_buf;
-
-static void buf_put(st_buf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    size_t need;
-    if (!aft_add_ok(b->len, n, &need) || !aft_add_ok(need, 1, &need)) { b->oom = 1; return; }
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need)
-            if (!aft_mul_ok(cap, 2, &cap)) { b->oom = 1; return; }
-        char *p = realloc(b->p, cap);
-        if (!p) { b->oom = 1; return; }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void buf_str(st_buf *b, const char *s)
-{
-    buf_put(b, s, strlen(s));
-}
-
-static void buf_size(st_buf *b, size_t v)
+static void buf_size(aft_strbuf *b, size_t v)
 {
     char tmp[32];
     int k = snprintf(tmp, sizeof tmp, "%zu", v);
-    buf_put(b, tmp, (size_t)k);
+    aft_strbuf_add(b, tmp, (size_t)k);
 }
 
 /* s as a JSON string: quote, backslash and control characters escaped;
  * everything else (valid UTF-8, checked by the caller) goes as is */
-static void buf_json_string(st_buf *b, const char *s)
+static void buf_json_string(aft_strbuf *b, const char *s)
 {
-    buf_put(b, "\"", 1);
+    aft_strbuf_add(b, "\"", 1);
     for (const char *p = s; *p; p++) {
         unsigned char c = (unsigned char)*p;
         char esc[8];
-        if (c == '"') buf_put(b, "\\\"", 2);
-        else if (c == '\\') buf_put(b, "\\\\", 2);
-        else if (c == '\n') buf_put(b, "\\n", 2);
-        else if (c == '\r') buf_put(b, "\\r", 2);
-        else if (c == '\t') buf_put(b, "\\t", 2);
+        if (c == '"') aft_strbuf_add(b, "\\\"", 2);
+        else if (c == '\\') aft_strbuf_add(b, "\\\\", 2);
+        else if (c == '\n') aft_strbuf_add(b, "\\n", 2);
+        else if (c == '\r') aft_strbuf_add(b, "\\r", 2);
+        else if (c == '\t') aft_strbuf_add(b, "\\t", 2);
         else if (c < 0x20) {
             snprintf(esc, sizeof esc, "\\u%04x", c);
-            buf_put(b, esc, 6);
+            aft_strbuf_add(b, esc, 6);
         } else {
-            buf_put(b, p, 1);
+            aft_strbuf_add(b, p, 1);
         }
     }
-    buf_put(b, "\"", 1);
+    aft_strbuf_add(b, "\"", 1);
 }
 
 /* Checks a tensor handed to the writer: known dtype, shape and counts that
@@ -919,43 +888,43 @@ aft_status aft_st_header(const char *const *names, const aft_tensor *tensors, si
 
     /* the header: __metadata__ first, then the tensors back to back in the
      * order given */
-    st_buf h = {0};
-    buf_put(&h, "{", 1);
+    aft_strbuf h = {0};
+    aft_strbuf_add(&h, "{", 1);
     if (nmeta > 0) {
-        buf_str(&h, "\"" ST_METADATA "\":{");
+        aft_strbuf_add_str(&h, "\"" ST_METADATA "\":{");
         for (size_t i = 0; i < nmeta; i++) {
-            if (i) buf_put(&h, ",", 1);
+            if (i) aft_strbuf_add(&h, ",", 1);
             buf_json_string(&h, meta[2 * i]);
-            buf_put(&h, ":", 1);
+            aft_strbuf_add(&h, ":", 1);
             buf_json_string(&h, meta[2 * i + 1]);
         }
-        buf_put(&h, "}", 1);
+        aft_strbuf_add(&h, "}", 1);
     }
     size_t offset = 0;
     for (size_t i = 0; i < n; i++) {
         const aft_tensor *t = &tensors[i];
-        if (i || nmeta) buf_put(&h, ",", 1);
+        if (i || nmeta) aft_strbuf_add(&h, ",", 1);
         buf_json_string(&h, names[i]);
-        buf_str(&h, ":{\"dtype\":\"");
-        buf_str(&h, aft_dtype_name(t->dtype));
-        buf_str(&h, "\",\"shape\":[");
+        aft_strbuf_add_str(&h, ":{\"dtype\":\"");
+        aft_strbuf_add_str(&h, aft_dtype_name(t->dtype));
+        aft_strbuf_add_str(&h, "\",\"shape\":[");
         for (size_t k = 0; k < t->ndim; k++) {
-            if (k) buf_put(&h, ",", 1);
+            if (k) aft_strbuf_add(&h, ",", 1);
             buf_size(&h, t->shape[k]);
         }
-        buf_str(&h, "],\"data_offsets\":[");
+        aft_strbuf_add_str(&h, "],\"data_offsets\":[");
         buf_size(&h, offset);
-        buf_put(&h, ",", 1);
+        aft_strbuf_add(&h, ",", 1);
         if (!aft_add_ok(offset, t->nbytes, &offset) || (double)offset >= ST_INT_LIMIT) {
             free(h.p);
             return aft_fail(err, AFT_ERR_ARG, "the tensors hold 2^53 bytes or more");
         }
         buf_size(&h, offset);
-        buf_str(&h, "]}");
+        aft_strbuf_add_str(&h, "]}");
     }
-    buf_put(&h, "}", 1);
+    aft_strbuf_add(&h, "}", 1);
     /* spaces after the JSON so the data starts at a multiple of 8 */
-    while (!h.oom && (8 + h.len) % 8 != 0) buf_put(&h, " ", 1);
+    while (!h.oom && (8 + h.len) % 8 != 0) aft_strbuf_add(&h, " ", 1);
     if (h.oom) {
         free(h.p);
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory building the header");
@@ -976,7 +945,7 @@ aft_status aft_st_write(const char *path, const char *const *names, const aft_te
                         size_t n, const char *const *meta, size_t nmeta, aft_error *err)
 {
     /* every check, and the header, before any file is created */
-    st_buf h = {0};
+    aft_strbuf h = {0};
     aft_status st = aft_st_header(names, tensors, n, meta, nmeta, &h.p, &h.len, err);
     if (st != AFT_OK) return st;
     for (size_t i = 0; i < n; i++)
