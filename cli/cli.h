@@ -265,6 +265,23 @@ size_t cli_memory_limit(size_t max_memory);
  * .safetensors file". */
 int cli_file_format(const char *cmd, const char *path, aft_format *fmt);
 
+/* ---------------------------------------------------------------- layouts (common.c)
+ *
+ * The --layout of aft run, grad and model: btd, the batch first ([B, T,
+ * X]), or tbd ([T, B, X]); inputs of rank 2 ([T, X]) or 4 (a grid [B, H,
+ * W, X]) have one layout of their own. */
+
+/* --layout's value into *tbd; 0, or EXIT_USAGE after reporting */
+int cli_set_layout(const char *cmd, int *tbd, const char *v);
+/* [T, B, X] -> [B, T, X] (or back when to_tbd), malloc'd; NULL when out of memory */
+float *cli_swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd);
+/* An output of width X for an input of that rank and layout: a float32
+ * tensor over data (NULL: the shape alone) of B * T * X values, [T, X] for
+ * rank 2, [B, grid_h, grid_w, X] for rank 4, else [B, T, X], or [T, B, X]
+ * with tbd */
+aft_tensor cli_output_shaped(float *data, size_t rank, int tbd, size_t B, size_t T, size_t grid_h, size_t grid_w,
+                             size_t X);
+
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);
 /* a tensor's shape as "2, 3", for messages (cut short to fit cap) */

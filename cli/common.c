@@ -1,4 +1,5 @@
-/* common.c - messages, number parsing and stdout checks for every subcommand. */
+/* common.c - messages, number parsing, layouts and stdout checks for every
+ * subcommand. */
 #include "cli.h"
 
 #include <errno.h>
@@ -217,4 +218,52 @@ double cli_median(double *v, size_t n)
 {
     qsort(v, n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---------------------------------------------------------------- layouts */
+
+int cli_set_layout(const char *cmd, int *tbd, const char *v)
+{
+    if (!v || (strcmp(v, "btd") != 0 && strcmp(v, "tbd") != 0))
+        return cli_usage_error(cmd, "--layout takes btd or tbd");
+    *tbd = strcmp(v, "tbd") == 0;
+    return 0;
+}
+
+float *cli_swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd)
+{
+    /* B * T * X elements exist already (x), so the product cannot overflow */
+    float *y = malloc(B * T * X * sizeof(float) + 1);
+    if (!y) return NULL;
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++) {
+            const float *src = to_tbd ? x + (b * T + t) * X : x + (t * B + b) * X;
+            float *dst = to_tbd ? y + (t * B + b) * X : y + (b * T + t) * X;
+            memcpy(dst, src, X * sizeof(float));
+        }
+    return y;
+}
+
+aft_tensor cli_output_shaped(float *data, size_t rank, int tbd, size_t B, size_t T, size_t grid_h, size_t grid_w,
+                             size_t X)
+{
+    size_t n = B * T * X;
+    aft_tensor t = {.dtype = AFT_F32, .data = data, .nelem = n, .nbytes = n * sizeof(float)};
+    if (rank == 2) {
+        t.ndim = 2;
+        t.shape[0] = T;
+        t.shape[1] = X;
+    } else if (rank == 4) {
+        t.ndim = 4;
+        t.shape[0] = B;
+        t.shape[1] = grid_h;
+        t.shape[2] = grid_w;
+        t.shape[3] = X;
+    } else {
+        t.ndim = 3;
+        t.shape[0] = tbd ? T : B;
+        t.shape[1] = tbd ? B : T;
+        t.shape[2] = X;
+    }
+    return t;
 }

@@ -82,7 +82,7 @@ static int load_dy(const struct run_opts *o, const struct run *r, size_t X, floa
     } else if (aft_tensor_to_f32(&t, &f, &err) != AFT_OK) {
         cli_error(NULL, "%s: %s", o->grad_output, err.msg);
     } else if (o->tbd && r->in_rank == 3) {
-        *dy = runner_swap_tb(f, r->B, r->T, X, 0);
+        *dy = cli_swap_tb(f, r->B, r->T, X, 0);
         rc = *dy ? 0 : (cli_error(o->cmd, "out of memory for dY"), EXIT_DATA);
     } else {
         *dy = f;
@@ -303,7 +303,7 @@ static int to_layout(const struct run_opts *o, const struct run *r, struct grads
     if (!o->tbd || r->in_rank != 3) return 0;
     size_t nact = r->bare ? 3 : 1;
     for (size_t i = 0; i < nact; i++) {
-        float *z = runner_swap_tb(g->buf[i], r->B, r->T, g->t[i].shape[2], 1);
+        float *z = cli_swap_tb(g->buf[i], r->B, r->T, g->t[i].shape[2], 1);
         if (!z) {
             cli_error(o->cmd, "out of memory");
             return EXIT_DATA;

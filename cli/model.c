@@ -196,10 +196,7 @@ struct model_opts {
 
 static int set_layout(const cli_option *opt, void *opts, const char *v)
 {
-    if (!v || (strcmp(v, "btd") != 0 && strcmp(v, "tbd") != 0))
-        return cli_usage_error("model", "--layout takes btd or tbd");
-    ((struct model_opts *)opts)->tbd = strcmp(v, "tbd") == 0;
-    return 0;
+    return cli_set_layout("model", &((struct model_opts *)opts)->tbd, v);
 }
 
 static int set_impl(const cli_option *opt, void *opts, const char *v)
@@ -386,29 +383,18 @@ static int compute(const struct model_opts *o, struct model_run *r)
  * summary on a terminal */
 static int write_logits(const struct model_opts *o, struct model_run *r)
 {
-    size_t B = r->B, T = r->T, V = r->info->n_vocab, n = B * T * V;
+    size_t B = r->B, T = r->T, V = r->info->n_vocab;
     float *y = r->logits;
     if (o->tbd && r->rank == 2) {   /* [B, T, V] -> [T, B, V] */
-        if (!(y = malloc(n * sizeof(float) + 1))) {
+        if (!(y = cli_swap_tb(r->logits, B, T, V, 1))) {
             cli_error("model", "out of memory");
             return EXIT_DATA;
         }
-        for (size_t b = 0; b < B; b++)
-            for (size_t t = 0; t < T; t++) memcpy(y + (t * B + b) * V, r->logits + (b * T + t) * V, V * sizeof(float));
         free(r->logits);
         r->logits = y;
     }
-    aft_tensor yt = {.dtype = AFT_F32, .data = y, .nelem = n, .nbytes = n * sizeof(float)};
-    if (r->rank == 1) {
-        yt.ndim = 2;
-        yt.shape[0] = T;
-        yt.shape[1] = V;
-    } else {
-        yt.ndim = 3;
-        yt.shape[0] = o->tbd ? T : B;
-        yt.shape[1] = o->tbd ? B : T;
-        yt.shape[2] = V;
-    }
+    /* tokens [T] or [B, T] give logits as an input [T, D] or [B, T, D] would */
+    aft_tensor yt = cli_output_shaped(y, r->rank + 1, o->tbd, B, T, 0, 0, V);
     aft_error err;
     if (!o->out_path && isatty(STDOUT_FILENO)) {
         if (cli_show_tensor(stdout, &yt) != 0) {

@@ -147,7 +147,7 @@ static int output_tensor(const struct run_opts *o, struct run *r, aft_tensor *yt
 {
     size_t B = r->B, T = r->T, outw = r->bare ? r->C : r->D, n = B * T * outw;
     if (o->tbd && r->in_rank == 3) {
-        float *z = runner_swap_tb(r->y, B, T, outw, 1);
+        float *z = cli_swap_tb(r->y, B, T, outw, 1);
         if (!z) {
             cli_error("run", "out of memory");
             return EXIT_DATA;

@@ -37,10 +37,7 @@ int runner_set_heads(const cli_option *opt, void *opts, const char *v)
 
 int runner_set_layout(const cli_option *opt, void *opts, const char *v)
 {
-    if (!v || (strcmp(v, "btd") != 0 && strcmp(v, "tbd") != 0))
-        return cli_usage_error(RUN_OPTS(opts)->cmd, "--layout takes btd or tbd");
-    RUN_OPTS(opts)->tbd = strcmp(v, "tbd") == 0;
-    return 0;
+    return cli_set_layout(RUN_OPTS(opts)->cmd, &RUN_OPTS(opts)->tbd, v);
 }
 
 int runner_set_seed(const cli_option *opt, void *opts, const char *v)
@@ -165,20 +162,6 @@ void runner_free(struct run *r)
 
 /* ---------------------------------------------------------------- load the input */
 
-float *runner_swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd)
-{
-    /* B * T * X elements exist already (x), so the product cannot overflow */
-    float *y = malloc(B * T * X * sizeof(float) + 1);
-    if (!y) return NULL;
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++) {
-            const float *src = to_tbd ? x + (b * T + t) * X : x + (t * B + b) * X;
-            float *dst = to_tbd ? y + (t * B + b) * X : y + (b * T + t) * X;
-            memcpy(dst, src, X * sizeof(float));
-        }
-    return y;
-}
-
 /* A float tensor of rank 2 or 3 as float32 [B, T, X] in btd order; of
  * rank 4, [B, H, W, X], a grid: *gh, *gw (0 otherwise). */
 static int load_activation(const char *file, const char *what, const aft_tensor *t, int tbd,
@@ -210,7 +193,7 @@ static int load_activation(const char *file, const char *what, const aft_tensor 
         *B = t->shape[0]; *gh = t->shape[1]; *gw = t->shape[2]; *T = *gh * *gw; *X = t->shape[3];
     } else if (tbd) {
         *T = t->shape[0]; *B = t->shape[1]; *X = t->shape[2];
-        float *y = runner_swap_tb(x, *B, *T, *X, 0);
+        float *y = cli_swap_tb(x, *B, *T, *X, 0);
         free(x);
         if (!y) {
             cli_error(NULL, "%s: out of memory", file);
@@ -539,25 +522,7 @@ int runner_load_mask(const struct run_opts *o, struct run *r)
 
 aft_tensor runner_shaped(const struct run_opts *o, const struct run *r, float *data, size_t X)
 {
-    size_t B = r->B, T = r->T, n = B * T * X;
-    aft_tensor t = {.dtype = AFT_F32, .data = data, .nelem = n, .nbytes = n * sizeof(float)};
-    if (r->in_rank == 2) {
-        t.ndim = 2;
-        t.shape[0] = T;
-        t.shape[1] = X;
-    } else if (r->in_rank == 4) {
-        t.ndim = 4;
-        t.shape[0] = B;
-        t.shape[1] = r->grid_h;
-        t.shape[2] = r->grid_w;
-        t.shape[3] = X;
-    } else {
-        t.ndim = 3;
-        t.shape[0] = o->tbd ? T : B;
-        t.shape[1] = o->tbd ? B : T;
-        t.shape[2] = X;
-    }
-    return t;
+    return cli_output_shaped(data, r->in_rank, o->tbd, r->B, r->T, r->grid_h, r->grid_w, X);
 }
 
 /* ---------------------------------------------------------------- timing */

@@ -149,9 +149,8 @@ int runner_write_json(aft_out *out, const char *cmd, cJSON *j);
 /* the two for r */
 int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D);
 
-/* [T, B, X] -> [B, T, X] (or back when to_tbd), malloc'd; NULL when out of memory */
-float *runner_swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd);
-/* a float32 tensor over data of the input's rank and layout, width X */
+/* a float32 tensor over data of the input's rank and layout, width X
+ * (cli_output_shaped with r's sizes) */
 aft_tensor runner_shaped(const struct run_opts *o, const struct run *r, float *data, size_t X);
 
 #endif

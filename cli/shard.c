@@ -659,17 +659,7 @@ static int write_rows(shard *sh, const struct run_opts *o, const plan *pl, aft_o
     aft_error err;
     char hdr[4096];
     size_t hlen = 0;
-    aft_tensor yt = {.dtype = AFT_F32, .ndim = pl->rank2 ? 2 : 3};
-    if (pl->rank2) {
-        yt.shape[0] = T;
-        yt.shape[1] = D;
-    } else {
-        yt.shape[0] = pl->tbd ? T : B;
-        yt.shape[1] = pl->tbd ? B : T;
-        yt.shape[2] = D;
-    }
-    yt.nelem = B * T * D;
-    yt.nbytes = yt.nelem * sizeof(float);
+    aft_tensor yt = cli_output_shaped(NULL, pl->rank2 ? 2 : 3, pl->tbd, B, T, 0, 0, D);
     int rc = 0;
     if (aft_npy_header(&yt, hdr, sizeof hdr, &hlen, &err) != AFT_OK) {
         cli_error("run", "%s", err.msg);
