@@ -8,6 +8,14 @@
 #include <stdbool.h>
 #include <string.h>
 
+/* 1 on a little-endian machine (the byte order .npy, .npz and .safetensors
+ * data is written in here), else 0 */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define AFT_HOST_LITTLE 0
+#else
+#define AFT_HOST_LITTLE 1
+#endif
+
 /* checked size arithmetic: return false on overflow */
 static inline bool aft_mul_ok(size_t a, size_t b, size_t *out)
 {

@@ -29,12 +29,6 @@
 #define NPY_ALIGN 64           /* numpy pads so the data starts on this boundary */
 #define NPY_GROWTH_DIGITS 21   /* numpy leaves room for the first axis to grow to 21 digits */
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-#define HOST_LITTLE 0
-#else
-#define HOST_LITTLE 1
-#endif
-
 /* ---------------------------------------------------------------- dtypes */
 
 /* numpy's kind+size spelling of each dtype we accept; the byte-order
@@ -922,7 +916,7 @@ static void fill_info(const npy_head *H, aft_npy_info *info)
 /* the data needs a copy to be native C order: a byte swap or a transpose */
 static int needs_conversion(const npy_head *H)
 {
-    return (aft_dtype_size(H->dt) > 1 && H->little != HOST_LITTLE) || (H->fortran && H->ndim >= 2 && H->nelem > 0);
+    return (aft_dtype_size(H->dt) > 1 && H->little != AFT_HOST_LITTLE) || (H->fortran && H->ndim >= 2 && H->nelem > 0);
 }
 
 static void set_tensor(aft_tensor *out, const npy_head *H, const void *data, void *owned)
@@ -979,7 +973,7 @@ static aft_status decode(const unsigned char *buf, size_t len, unsigned char *ow
         if (!data) goto nomem;
         memcpy(data, buf + data_off, nbytes);
     }
-    if (size > 1 && H.little != HOST_LITTLE) byteswap(data, H.nelem, size);
+    if (size > 1 && H.little != AFT_HOST_LITTLE) byteswap(data, H.nelem, size);
     set_tensor(out, &H, data, data);
     fill_info(&H, info);
     return AFT_OK;
@@ -1194,7 +1188,7 @@ aft_status aft_npy_read_f32(const char *path, size_t first, size_t n, float *dst
             got += (size_t)r;
         }
         if (st) break;
-        if (size > 1 && H.little != HOST_LITTLE) byteswap(raw, m, size);
+        if (size > 1 && H.little != AFT_HOST_LITTLE) byteswap(raw, m, size);
         aft_tensor t = {.dtype = H.dt, .ndim = 1, .nelem = m, .nbytes = want, .data = raw};
         t.shape[0] = m;
         if (H.dt == AFT_F32) {
@@ -1300,7 +1294,7 @@ aft_status aft_npy_write_fp(FILE *fp, const aft_tensor *t, aft_error *err)
 
     if (fwrite(head, 1, hn, fp) != hn) goto io;
 
-    if (size == 1 || HOST_LITTLE) {
+    if (size == 1 || AFT_HOST_LITTLE) {
         if (nbytes && fwrite(t->data, 1, nbytes, fp) != nbytes) goto io;
     } else {
         /* a big-endian host swaps a chunk at a time into little-endian */

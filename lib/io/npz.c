@@ -66,12 +66,6 @@
 #define METHOD_AES 99
 #define DOS_DATE_1980 0x0021u    /* 1980-01-01, the earliest a zip can say */
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-#define HOST_LITTLE 0
-#else
-#define HOST_LITTLE 1
-#endif
-
 static uint32_t rd16(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static uint32_t rd32(const unsigned char *p) { return rd16(p) | rd16(p + 2) << 16; }
 static uint64_t rd64(const unsigned char *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
@@ -693,7 +687,7 @@ aft_status aft_npz_writer_new_zip64(FILE *fp, int force_zip64, aft_npz_writer **
 {
     *out = NULL;
     if (!fp) return aft_fail(err, AFT_ERR_ARG, "NULL file");
-    if (!HOST_LITTLE) return aft_fail(err, AFT_ERR_ARG, "writing .npz on a big-endian build is not supported");
+    if (!AFT_HOST_LITTLE) return aft_fail(err, AFT_ERR_ARG, "writing .npz on a big-endian build is not supported");
     aft_npz_writer *w = calloc(1, sizeof *w);
     if (!w) return aft_fail(err, AFT_ERR_NOMEM, "out of memory");
     w->fp = fp;
@@ -885,7 +879,7 @@ aft_status aft_npz_write(const char *path, const char *const *keys, const aft_te
                          aft_error *err)
 {
     if (n && (!keys || !tensors)) return aft_fail(err, AFT_ERR_ARG, "missing key or tensor arrays");
-    if (!HOST_LITTLE) return aft_fail(err, AFT_ERR_ARG, "writing .npz on a big-endian build is not supported");
+    if (!AFT_HOST_LITTLE) return aft_fail(err, AFT_ERR_ARG, "writing .npz on a big-endian build is not supported");
     /* every check before any file is created */
     char head[4096];
     size_t hn;

@@ -39,12 +39,6 @@
 #define ST_INT_LIMIT 9007199254740992.0      /* 2^53: JSON numbers above are inexact */
 #define ST_METADATA "__metadata__"
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define ST_LITTLE_ENDIAN 1
-#else
-#define ST_LITTLE_ENDIAN 0
-#endif
-
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -395,7 +389,7 @@ static aft_status parse(aft_st_file *f, aft_error *err)
 {
     const unsigned char *b = f->bytes;
     size_t size = f->size;
-    if (!ST_LITTLE_ENDIAN)
+    if (!AFT_HOST_LITTLE)
         return aft_fail(err, AFT_ERR_FORMAT, "safetensors data is little-endian and this is a big-endian build (not supported)");
     if (size < 8)
         return aft_fail(err, AFT_ERR_FORMAT, "file is %zu bytes, too short for the 8-byte header size", size);
@@ -862,7 +856,7 @@ aft_status aft_st_header(const char *const *names, const aft_tensor *tensors, si
 {
     *out = NULL;
     *out_len = 0;
-    if (!ST_LITTLE_ENDIAN)
+    if (!AFT_HOST_LITTLE)
         return aft_fail(err, AFT_ERR_ARG, "writing safetensors on a big-endian build is not supported");
     if ((n && (!names || !tensors)) || (nmeta && !meta))
         return aft_fail(err, AFT_ERR_ARG, "missing tensor or metadata arrays");
