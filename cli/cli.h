@@ -97,6 +97,10 @@ int cli_parse_bytes(const char *s, size_t *out);
 int cli_parse_grid(const char *s, size_t *h, size_t *w);
 /* --max-memory's value into *out (nonzero); 0, or EXIT_USAGE after reporting */
 int cli_set_memory(const char *cmd, size_t *out, const char *v);
+/* --threads' value (1 to 1024) into *out; 0, or EXIT_USAGE after reporting */
+int cli_set_threads(const char *cmd, int *out, const char *v);
+/* --impl's value (fast or reference) into *out; 0, or EXIT_USAGE after reporting */
+int cli_set_impl(const char *cmd, aft_impl *out, const char *v);
 
 /* progress on stderr (progress.c): shown only when stderr is a terminal,
  * after about a second, and never with --quiet (cli_quiet: set by the

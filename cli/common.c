@@ -188,6 +188,23 @@ int cli_set_memory(const char *cmd, size_t *out, const char *v)
     return 0;
 }
 
+int cli_set_threads(const char *cmd, int *out, const char *v)
+{
+    size_t n;
+    if (cli_parse_size(v, &n) != 0 || n == 0 || n > 1024)
+        return cli_usage_error(cmd, "--threads takes a whole number from 1 to 1024");
+    *out = (int)n;
+    return 0;
+}
+
+int cli_set_impl(const char *cmd, aft_impl *out, const char *v)
+{
+    if (!v || (strcmp(v, "fast") != 0 && strcmp(v, "reference") != 0))
+        return cli_usage_error(cmd, "--impl takes fast or reference");
+    *out = strcmp(v, "reference") == 0 ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST;
+    return 0;
+}
+
 int cli_parse_grid(const char *s, size_t *h, size_t *w)
 {
     const char *comma = s ? strchr(s, ',') : NULL;

@@ -37,11 +37,7 @@ int cli_model_set_window(const cli_option *opt, void *opts, const char *v)
 int cli_model_set_threads(const cli_option *opt, void *opts, const char *v)
 {
     cli_model_opts *m = MODEL_OPTS(opt, opts);
-    size_t n;
-    if (cli_parse_size(v, &n) != 0 || n == 0 || n > 1024)
-        return cli_usage_error(m->cmd, "--threads takes a whole number from 1 to 1024");
-    m->threads = (int)n;
-    return 0;
+    return cli_set_threads(m->cmd, &m->threads, v);
 }
 
 int cli_model_set_max_memory(const cli_option *opt, void *opts, const char *v)
@@ -201,10 +197,7 @@ static int set_layout(const cli_option *opt, void *opts, const char *v)
 
 static int set_impl(const cli_option *opt, void *opts, const char *v)
 {
-    if (!v || (strcmp(v, "fast") != 0 && strcmp(v, "reference") != 0))
-        return cli_usage_error("model", "--impl takes fast or reference");
-    ((struct model_opts *)opts)->m.impl = strcmp(v, "reference") == 0 ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST;
-    return 0;
+    return cli_set_impl("model", &((struct model_opts *)opts)->m.impl, v);
 }
 
 static int set_tokens(void *opts, const char *arg)

@@ -66,27 +66,17 @@ int runner_set_repeat(const cli_option *opt, void *opts, const char *v)
 
 int runner_set_threads(const cli_option *opt, void *opts, const char *v)
 {
-    size_t n;
-    if (cli_parse_size(v, &n) != 0 || n == 0 || n > 1024)
-        return cli_usage_error(RUN_OPTS(opts)->cmd, "--threads takes a whole number from 1 to 1024");
-    RUN_OPTS(opts)->cfg.threads = (int)n;
-    return 0;
+    return cli_set_threads(RUN_OPTS(opts)->cmd, &RUN_OPTS(opts)->cfg.threads, v);
 }
 
 int runner_set_max_memory(const cli_option *opt, void *opts, const char *v)
 {
-    size_t *m = &RUN_OPTS(opts)->max_memory;
-    if (cli_parse_bytes(v, m) != 0 || *m == 0)
-        return cli_usage_error(RUN_OPTS(opts)->cmd, "--max-memory takes a size like 4G, 512M or 1000000");
-    return 0;
+    return cli_set_memory(RUN_OPTS(opts)->cmd, &RUN_OPTS(opts)->max_memory, v);
 }
 
 int runner_set_impl(const cli_option *opt, void *opts, const char *v)
 {
-    if (!v || (strcmp(v, "fast") != 0 && strcmp(v, "reference") != 0))
-        return cli_usage_error(RUN_OPTS(opts)->cmd, "--impl takes fast or reference");
-    RUN_OPTS(opts)->cfg.impl = strcmp(v, "reference") == 0 ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST;
-    return 0;
+    return cli_set_impl(RUN_OPTS(opts)->cmd, &RUN_OPTS(opts)->cfg.impl, v);
 }
 
 int runner_set_grid(const cli_option *opt, void *opts, const char *v)
