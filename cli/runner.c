@@ -392,6 +392,22 @@ int runner_unexpected(const struct run_opts *o, const struct run *r, char *buf, 
     return 1;
 }
 
+size_t runner_nonfinite_params(const struct run *r)
+{
+    const aft_params *p = r->p;
+    size_t D = r->D, C = r->C, KC = r->KC, bad = 0;
+    const float *mats[] = {p->wq, p->wk, p->wv, p->wo, p->bq, p->bk, p->bv, p->bo};
+    size_t lens[] = {C * D, KC * D, C * D, D * C, C, KC, C, D};
+    for (int i = 0; i < 8; i++)
+        if (mats[i] && !r->bare) bad += aft_count_nonfinite(mats[i], lens[i]);
+    const aft_bias *b = &p->bias;
+    if (b->kind == AFT_BIAS_DENSE) bad += aft_count_nonfinite(b->dense, b->tmax * b->tmax);
+    if (b->kind == AFT_BIAS_FACTORED)
+        bad += aft_count_nonfinite(b->u, b->tmax * b->rank) + aft_count_nonfinite(b->v, b->tmax * b->rank);
+    if (b->kind == AFT_BIAS_CONV) bad += aft_count_nonfinite(b->conv, b->conv_rows * b->conv_len);
+    return bad;
+}
+
 /* tensors under --prefix that are none of the layer's, and non-finite
  * values, which poison every output they reach: a warning, or with --strict
  * an error */
@@ -406,24 +422,13 @@ int runner_check_values(const struct run_opts *o, const struct run *r)
         }
         cli_error(r->cmd, "warning: %s: %s", o->weights_path, what);
     }
-    const aft_params *p = r->p;
     size_t B = r->B, T = r->T, D = r->D, C = r->C, KC = r->KC, bad_in = 0, bad_w = 0;
     if (r->bare)
         bad_in = aft_count_nonfinite(r->q, B * T * C) + aft_count_nonfinite(r->k, B * T * KC) +
                  aft_count_nonfinite(r->v, B * T * C);
     else
         bad_in = aft_count_nonfinite(r->x, B * T * D);
-    if (o->weights_path) {
-        const float *mats[] = {p->wq, p->wk, p->wv, p->wo, p->bq, p->bk, p->bv, p->bo};
-        size_t lens[] = {C * D, KC * D, C * D, D * C, C, KC, C, D};
-        for (int i = 0; i < 8; i++)
-            if (mats[i] && !r->bare) bad_w += aft_count_nonfinite(mats[i], lens[i]);
-        const aft_bias *b = &p->bias;
-        if (b->kind == AFT_BIAS_DENSE) bad_w += aft_count_nonfinite(b->dense, b->tmax * b->tmax);
-        if (b->kind == AFT_BIAS_FACTORED)
-            bad_w += aft_count_nonfinite(b->u, b->tmax * b->rank) + aft_count_nonfinite(b->v, b->tmax * b->rank);
-        if (b->kind == AFT_BIAS_CONV) bad_w += aft_count_nonfinite(b->conv, b->conv_rows * b->conv_len);
-    }
+    if (o->weights_path) bad_w = runner_nonfinite_params(r);
     const char *where = bad_in ? o->input : o->weights_path;
     size_t nbad = bad_in ? bad_in : bad_w;
     if (nbad && o->strict) {

@@ -133,6 +133,9 @@ int runner_check_values(const struct run_opts *o, const struct run *r);
  * into buf when --weights holds tensors under --prefix that are none of the
  * layer's (r->wts.n_unexpected): 1, else 0 */
 int runner_unexpected(const struct run_opts *o, const struct run *r, char *buf, size_t cap);
+/* the non-finite values in r's parameters: the projections (none for the
+ * bare operator) and the position bias */
+size_t runner_nonfinite_params(const struct run *r);
 int runner_check_memory(const struct run_opts *o, const struct run *r);
 /* the same for a run needing `work` bytes and `floats` floats beside its
  * mask (aft grad's own sum): 0, or an exit status after saying why */

@@ -394,19 +394,7 @@ static int check_values(shard *sh, const struct run_opts *o, const plan *pl, con
         }
         if (sh->rank == 0) fprintf(stderr, "aft run: warning: %s: %s\n", o->weights_path, what);
     }
-    const aft_params *p = r->p;
-    size_t D = pl->D, C = r->C, KC = r->KC;
-    if (o->weights_path) {
-        const float *mats[] = {p->wq, p->wk, p->wv, p->wo, p->bq, p->bk, p->bv, p->bo};
-        size_t lens[] = {C * D, KC * D, C * D, D * C, C, KC, C, D};
-        for (int i = 0; i < 8; i++)
-            if (mats[i]) bad_w += aft_count_nonfinite(mats[i], lens[i]);
-        const aft_bias *b = &p->bias;
-        if (b->kind == AFT_BIAS_DENSE) bad_w += aft_count_nonfinite(b->dense, b->tmax * b->tmax);
-        if (b->kind == AFT_BIAS_FACTORED)
-            bad_w += aft_count_nonfinite(b->u, b->tmax * b->rank) + aft_count_nonfinite(b->v, b->tmax * b->rank);
-        if (b->kind == AFT_BIAS_CONV) bad_w += aft_count_nonfinite(b->conv, b->conv_rows * b->conv_len);
-    }
+    if (o->weights_path) bad_w = runner_nonfinite_params(r);
     const char *where = all ? o->input : o->weights_path;
     unsigned long long nbad = all ? all : bad_w;
     if (nbad && o->strict) {
