@@ -396,20 +396,6 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
 
 /* ---------------------------------------------------------------- --generate, one length (the child) */
 
-/* the model's sizes, shared by the child's JSON and the parent's header */
-static void add_model_info(cJSON *j, const char *path, const aft_model_info *in)
-{
-    cJSON_AddStringToObject(j, "model", path);
-    cJSON_AddStringToObject(j, "variant", aft_variant_name(in->variant));
-    cJSON_AddNumberToObject(j, "window", (double)in->window);
-    cJSON_AddNumberToObject(j, "n_layers", (double)in->n_layers);
-    cJSON_AddNumberToObject(j, "d_model", (double)in->d_model);
-    cJSON_AddNumberToObject(j, "d_ff", (double)in->d_ff);
-    cJSON_AddNumberToObject(j, "n_vocab", (double)in->n_vocab);
-    if (in->context == SIZE_MAX) cJSON_AddNullToObject(j, "context");
-    else cJSON_AddNumberToObject(j, "context", (double)in->context);
-}
-
 /* the model of --weights generating n tokens in this (child) process;
  * prints one JSON line */
 static int run_generate_one(const bench_opts *o, size_t n)
@@ -428,7 +414,7 @@ static int run_generate_one(const bench_opts *o, size_t n)
     aft_blas_get_info(&bi, AFT_KERNEL_AUTO);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "mode", "generate");
-    add_model_info(j, o->weights, aft_model_get_info(m));
+    cli_model_info_json(j, o->weights, aft_model_get_info(m));
     cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections", bi.projections);

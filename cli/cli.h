@@ -4,6 +4,8 @@
 
 #include "aft.h"
 
+struct cJSON;   /* cJSON's object, for the JSON helpers below */
+
 /* exit statuses */
 enum { EXIT_DATA = 1, EXIT_USAGE = 2 };
 
@@ -198,6 +200,10 @@ int cli_model_set_strict(const cli_option *opt, void *opts, const char *v);
  * under --strict an error. */
 int cli_model_open(const cli_model_opts *o, aft_model **out);
 
+/* the model's file and sizes (variant, window, layers, widths, vocabulary,
+ * context) into the JSON object j, for --timing and bench's rows */
+void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info *in);
+
 /* the trained model the source tree ships, relative to it */
 #define CLI_SHIPPED_MODEL "testdata/model/labml_aft_fortunes.safetensors"
 /* that file beside this aft binary (in the source tree it was built in),
@@ -285,6 +291,10 @@ float *cli_swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd);
  * with tbd */
 aft_tensor cli_output_shaped(float *data, size_t rank, int tbd, size_t B, size_t T, size_t grid_h, size_t grid_w,
                              size_t X);
+
+/* --timing's JSON: j printed to out, then deleted (NULL: out of memory); 0,
+ * or EXIT_DATA after reporting */
+int cli_write_json(aft_out *out, const char *cmd, struct cJSON *j);
 
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);

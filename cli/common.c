@@ -2,6 +2,7 @@
  * subcommand. */
 #include "cli.h"
 
+#include <cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -283,4 +284,20 @@ aft_tensor cli_output_shaped(float *data, size_t rank, int tbd, size_t B, size_t
         t.shape[2] = X;
     }
     return t;
+}
+
+/* ---------------------------------------------------------------- --timing */
+
+int cli_write_json(aft_out *out, const char *cmd, cJSON *j)
+{
+    char *text = j ? cJSON_Print(j) : NULL;
+    cJSON_Delete(j);
+    if (!text) {
+        cli_error(cmd, "out of memory writing timing");
+        return EXIT_DATA;
+    }
+    fputs(text, out->fp);
+    fputc('\n', out->fp);
+    free(text);
+    return 0;
 }

@@ -175,15 +175,7 @@ static int write_timing(aft_out *out, const struct gen_opts *o, const struct gen
     const aft_model_info *in = r->info;
     double t_end = r->made ? r->t_last : r->t_gen, gen_ms = t_end - r->t_gen;
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model", o->m.weights);
-    cJSON_AddStringToObject(j, "variant", aft_variant_name(in->variant));
-    cJSON_AddNumberToObject(j, "window", (double)in->window);
-    cJSON_AddNumberToObject(j, "n_layers", (double)in->n_layers);
-    cJSON_AddNumberToObject(j, "d_model", (double)in->d_model);
-    cJSON_AddNumberToObject(j, "d_ff", (double)in->d_ff);
-    cJSON_AddNumberToObject(j, "n_vocab", (double)in->n_vocab);
-    if (in->context == SIZE_MAX) cJSON_AddNullToObject(j, "context");
-    else cJSON_AddNumberToObject(j, "context", (double)in->context);
+    cli_model_info_json(j, o->m.weights, in);
     cJSON_AddNumberToObject(j, "threads", o->m.threads);
     cJSON *s = cJSON_AddObjectToObject(j, "sampling");
     cJSON_AddBoolToObject(s, "greedy", o->greedy || o->temperature == 0.0);
@@ -204,16 +196,7 @@ static int write_timing(aft_out *out, const struct gen_opts *o, const struct gen
     cJSON_AddNumberToObject(t, "generate", gen_ms);
     cJSON_AddNumberToObject(t, "total", aft_now_ms() - r->t_start);
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j);
-    if (!text) {
-        cli_error("generate", "out of memory writing timing");
-        return EXIT_DATA;
-    }
-    fputs(text, out->fp);
-    fputc('\n', out->fp);
-    free(text);
-    return 0;
+    return cli_write_json(out, "generate", j);
 }
 
 /* the options that do not go together: 0 or EXIT_USAGE */

@@ -7,6 +7,7 @@
  * the tokens and check them against it, check the memory, compute, write. */
 #include "cli.h"
 
+#include <cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -178,6 +179,19 @@ const char *cli_shipped_model(char *buf, size_t cap)
     *slash = 0;
     snprintf(buf, cap, "%s/" CLI_SHIPPED_MODEL, self);
     return buf;
+}
+
+void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info *in)
+{
+    cJSON_AddStringToObject(j, "model", path);
+    cJSON_AddStringToObject(j, "variant", aft_variant_name(in->variant));
+    cJSON_AddNumberToObject(j, "window", (double)in->window);
+    cJSON_AddNumberToObject(j, "n_layers", (double)in->n_layers);
+    cJSON_AddNumberToObject(j, "d_model", (double)in->d_model);
+    cJSON_AddNumberToObject(j, "d_ff", (double)in->d_ff);
+    cJSON_AddNumberToObject(j, "n_vocab", (double)in->n_vocab);
+    if (in->context == SIZE_MAX) cJSON_AddNullToObject(j, "context");
+    else cJSON_AddNumberToObject(j, "context", (double)in->context);
 }
 
 /* ---------------------------------------------------------------- aft model: options */

@@ -572,21 +572,7 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
     return j;
 }
 
-int runner_write_json(aft_out *out, const char *cmd, cJSON *j)
-{
-    char *text = j ? cJSON_Print(j) : NULL;
-    cJSON_Delete(j);
-    if (!text) {
-        cli_error(cmd, "out of memory writing timing");
-        return EXIT_DATA;
-    }
-    fputs(text, out->fp);
-    fputc('\n', out->fp);
-    free(text);
-    return 0;
-}
-
 int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D)
 {
-    return runner_write_json(out, o->cmd, runner_timing_json(o, &r->cfg, r->B, r->T, D, r->C, &r->tm));
+    return cli_write_json(out, o->cmd, runner_timing_json(o, &r->cfg, r->B, r->T, D, r->C, &r->tm));
 }

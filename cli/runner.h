@@ -147,8 +147,6 @@ void runner_free(struct run *r);
  * memory; D the output's width (the caller may add to it) */
 cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
                           const struct timing *tm);
-/* j printed to out, then deleted; 0 or EXIT_DATA after reporting */
-int runner_write_json(aft_out *out, const char *cmd, cJSON *j);
 /* the two for r */
 int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D);
 

@@ -764,7 +764,7 @@ static int write_timing(shard *sh, const struct run_opts *o, const plan *pl, con
         cJSON_AddItemToArray(arr, e);
     }
     free(all);
-    return runner_write_json(tout, "run", j);
+    return cli_write_json(tout, "run", j);
 }
 
 /* ---------------------------------------------------------------- the command */
