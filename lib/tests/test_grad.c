@@ -33,6 +33,7 @@
 #include <cmocka.h>
 
 #include "aft.h"
+#include "files.h"
 #include "ops/kernels.h"
 #include "ref_aft.h"
 #include "rng.h"
@@ -1348,12 +1349,6 @@ static void test_grad_zero_outside(void **state)
 
 /* ---------------------------------------------------------------- 5. the PyTorch fixtures */
 
-static const char *testdata(void)
-{
-    const char *d = getenv("AFT_TESTDATA");
-    return d && *d ? d : "testdata";
-}
-
 typedef struct {
     const char *name;
     aft_variant variant;
@@ -1414,7 +1409,7 @@ static int compare_named(const aft_st_file *gf, const char *name, const float *g
 static int torch_case_run(const torch_case *tc, int *reports)
 {
     char dir[1024], path[1100], what[256];
-    snprintf(dir, sizeof dir, "%s/torch/%s", testdata(), tc->name);
+    snprintf(dir, sizeof dir, "%s/torch/%s", files_testdata(), tc->name);
     snprintf(what, sizeof what, "torch fixture %s as %s window %zu causal %d", tc->name,
              aft_variant_name(tc->variant), tc->window, tc->causal);
     aft_error err = {{0}};

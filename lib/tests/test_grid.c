@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "aft.h"
+#include "files.h"
 #include "ref_aft.h"
 #include "rng.h"
 
@@ -1033,12 +1034,6 @@ static void test_grid_weights(void **state)
 
 /* ---------------------------------------------------------------- the PyTorch fixtures */
 
-static const char *testdata(void)
-{
-    const char *d = getenv("AFT_TESTDATA");
-    return d && *d ? d : "testdata";
-}
-
 /* each case: how aft runs it (the window and heads of conv come from the bias) */
 typedef struct {
     const char *name;
@@ -1074,7 +1069,7 @@ static void test_grid_torch(void **state)
     for (size_t ci = 0; ci < N_OF(torch_cases); ci++) {
         const torch_case *tc = &torch_cases[ci];
         char dir[400], path[512];
-        snprintf(dir, sizeof dir, "%s/torch/%s", testdata(), tc->name);
+        snprintf(dir, sizeof dir, "%s/torch/%s", files_testdata(), tc->name);
         snprintf(path, sizeof path, "%s/weights.safetensors", dir);
         aft_error err = {{0}};
         aft_st_file *f = NULL;
@@ -1135,7 +1130,7 @@ static void test_grid_torch(void **state)
     }
     /* every grid_* directory is one of the cases above */
     char top[400];
-    snprintf(top, sizeof top, "%s/torch", testdata());
+    snprintf(top, sizeof top, "%s/torch", files_testdata());
     DIR *d = opendir(top);
     assert_non_null(d);
     const struct dirent *e;

@@ -36,6 +36,7 @@
 #include <cmocka.h>
 
 #include "aft.h"
+#include "files.h"
 #include "nn/nn.h"
 #include "rng.h"
 
@@ -43,19 +44,9 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static const char *testdata(void)
-{
-    const char *d = getenv("AFT_TESTDATA");
-    return d && *d ? d : "testdata";
-}
-
 static const char *model_file(const char *name)
 {
-    static char bufs[4][1024];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/model/%s", testdata(), name);
-    return b;
+    return files_fixture("model", name);
 }
 
 #define CKPT "labml_aft_fortunes.safetensors"

@@ -18,25 +18,16 @@
 #include <unistd.h>
 
 #include "aft.h"
+#include "files.h"
 
 /* ---------------------------------------------------------------- helpers */
 
 static char tmpdir[64];   /* made by setup(), removed by teardown() */
 
-static const char *testdata(void)
-{
-    const char *d = getenv("AFT_TESTDATA");
-    return d && *d ? d : "testdata";
-}
-
-/* path of a fixture, in a rotating set of buffers so two can be live */
+/* a fixture of testdata/npy (files.h: four can be live) */
 static const char *fixture(const char *name)
 {
-    static char bufs[4][1024];
-    static int k;
-    char *b = bufs[k++ & 3];
-    snprintf(b, sizeof bufs[0], "%s/npy/%s", testdata(), name);
-    return b;
+    return files_fixture("npy", name);
 }
 
 static const char *tmppath(const char *name)
@@ -45,21 +36,6 @@ static const char *tmppath(const char *name)
     static int k;
     char *b = bufs[k++ & 3];
     snprintf(b, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return b;
-}
-
-static unsigned char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
     return b;
 }
 
@@ -528,7 +504,7 @@ static void test_stdin(void **state)
     aft_tensor src = {.dtype = AFT_U16, .ndim = 1, .shape = {n}, .nelem = n, .nbytes = n * 2, .data = v};
     assert_int_equal(aft_npy_write(tmppath("pipe.npy"), &src, &err), AFT_OK);
     size_t flen;
-    unsigned char *file = slurp(tmppath("pipe.npy"), &flen);
+    unsigned char *file = files_slurp(tmppath("pipe.npy"), &flen);
     unlink(tmppath("pipe.npy"));
 
     int pfd[2];
@@ -816,9 +792,9 @@ static void test_io_errors(void **state)
 static void test_spellings(void **state)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/npy/spell/expected.tsv", testdata());
+    snprintf(path, sizeof path, "%s/npy/spell/expected.tsv", files_testdata());
     size_t len;
-    char *text = (char *)slurp(path, &len);
+    char *text = (char *)files_slurp(path, &len);
     text[len] = '\0';
     int n_ok = 0, n_refused = 0, n_differs = 0;
     for (char *line = text, *next; line && *line; line = next) {
@@ -925,8 +901,8 @@ static void test_write_matches_numpy(void **state)
             fill_formula(t.dtype, buf, t.nelem);
             if (aft_npy_write(tmppath("w.npy"), &t, &err)) fail_msg("%s: %s", name, err.msg);
             size_t n1, n2;
-            unsigned char *ours = slurp(tmppath("w.npy"), &n1);
-            unsigned char *theirs = slurp(fixture(name), &n2);
+            unsigned char *ours = files_slurp(tmppath("w.npy"), &n1);
+            unsigned char *theirs = files_slurp(fixture(name), &n2);
             assert_int_equal(n1, n2);
             if (memcmp(ours, theirs, n1) != 0) fail_msg("%s: bytes differ from numpy's", name);
             free(ours);
@@ -951,8 +927,8 @@ static void test_rewrite_identical(void **state)
         if (aft_npy_write(tmppath("w.npy"), &t, &err)) fail_msg("%s: %s", names[i], err.msg);
         aft_tensor_free(&t);
         size_t n1, n2;
-        unsigned char *ours = slurp(tmppath("w.npy"), &n1);
-        unsigned char *theirs = slurp(fixture(names[i]), &n2);
+        unsigned char *ours = files_slurp(tmppath("w.npy"), &n1);
+        unsigned char *theirs = files_slurp(fixture(names[i]), &n2);
         if (n1 != n2 || memcmp(ours, theirs, n1) != 0) fail_msg("%s: bytes differ from numpy's", names[i]);
         free(ours);
         free(theirs);
@@ -1017,7 +993,7 @@ static void test_write_fp(void **state)
     fclose(f);
     assert_int_equal(aft_npy_write(tmppath("fp.npy"), &t, &err), AFT_OK);
     size_t len;
-    unsigned char *want = slurp(tmppath("fp.npy"), &len);
+    unsigned char *want = files_slurp(tmppath("fp.npy"), &len);
     assert_int_equal(len, sizeof got);
     assert_memory_equal(got, want, len);
     /* numpy's exact header text */
@@ -1041,7 +1017,7 @@ static void test_header_alone(void **state)
         aft_tensor t = {.dtype = codes[c].dt, .ndim = 3, .shape = {2, 3, 4}};
         if (aft_npy_header(&t, head, sizeof head, &len, &err)) fail_msg("%s: %s", name, err.msg);
         size_t n;
-        unsigned char *theirs = slurp(fixture(name), &n);
+        unsigned char *theirs = files_slurp(fixture(name), &n);
         assert_int_equal(n, len + 24 * codes[c].size);
         if (memcmp(head, theirs, len) != 0) fail_msg("%s: header differs from numpy's", name);
         free(theirs);
@@ -1053,7 +1029,7 @@ static void test_header_alone(void **state)
     d32.data = NULL;   /* the header never reads it */
     assert_int_equal(aft_npy_header(&d32, head, sizeof head, &len, &err), AFT_OK);
     size_t n;
-    unsigned char *theirs = slurp(fixture("dims32_u1.npy"), &n);
+    unsigned char *theirs = files_slurp(fixture("dims32_u1.npy"), &n);
     assert_int_equal(n, len + d32.nbytes);
     assert_memory_equal(head, theirs, len);
     free(theirs);
@@ -1108,7 +1084,7 @@ static void test_read_header(void **state)
     size_t checked = 0;
     for (int k = 0; k < 2; k++) {
         char dir[1024];
-        snprintf(dir, sizeof dir, "%s/%s", testdata(), dirs[k]);
+        snprintf(dir, sizeof dir, "%s/%s", files_testdata(), dirs[k]);
         DIR *d = opendir(dir);
         assert_non_null(d);
         struct dirent *e;
@@ -1125,7 +1101,7 @@ static void test_read_header(void **state)
     assert_true(checked > 50);
     /* a file whose data is cut short: its size is checked too */
     size_t len;
-    unsigned char *b = slurp(fixture("v1_C_le_f4.npy"), &len);
+    unsigned char *b = files_slurp(fixture("v1_C_le_f4.npy"), &len);
     FILE *f = fopen(tmppath("cut.npy"), "wb");
     assert_non_null(f);
     assert_int_equal(fwrite(b, 1, len - 5, f), len - 5);

@@ -19,6 +19,7 @@
 #include <zlib.h>
 
 #include "aft.h"
+#include "files.h"
 #include "io/formats.h"
 #include "formula.h"
 #include "internal.h"
@@ -27,19 +28,9 @@
 
 static char tmpdir[64];
 
-static const char *testdata(void)
-{
-    const char *d = getenv("AFT_TESTDATA");
-    return d && *d ? d : "testdata";
-}
-
 static const char *fixture(const char *name)
 {
-    static char bufs[4][1024];
-    static int k;
-    char *b = bufs[k++ & 3];
-    snprintf(b, sizeof bufs[0], "%s/npz/%s", testdata(), name);
-    return b;
+    return files_fixture("npz", name);
 }
 
 static const char *tmppath(const char *name)
@@ -48,22 +39,6 @@ static const char *tmppath(const char *name)
     static int k;
     char *b = bufs[k++ & 3];
     snprintf(b, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return b;
-}
-
-static unsigned char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    b[n] = 0;
-    *len = (size_t)n;
     return b;
 }
 
@@ -198,7 +173,7 @@ static void test_savez(void **state)
     check_arrays(f, 0);
     aft_st_close(f);
     size_t len;
-    unsigned char *b = slurp(fixture("savez.npz"), &len);
+    unsigned char *b = files_slurp(fixture("savez.npz"), &len);
     assert_int_equal(aft_st_open_mem(b, len, &f, &err), AFT_OK);
     check_arrays(f, 0);
     /* a borrowed member points into the caller's buffer */
@@ -242,7 +217,7 @@ static void test_other_archives(void **state)
 
     /* names in UTF-8 (flagged) and code page 437: the keys np.load gives */
     size_t len;
-    char *keys = (char *)slurp(fixture("names.txt"), &len);
+    char *keys = (char *)files_slurp(fixture("names.txt"), &len);
     char *nl = strchr(keys, '\n');
     assert_non_null(nl);
     *nl = 0;
@@ -274,9 +249,9 @@ static void test_other_archives(void **state)
 static void test_numpy_object_archives(void **state)
 {
     char p[1024];
-    snprintf(p, sizeof p, "%s/npy/numpy/py2-objarr.npz", testdata());
+    snprintf(p, sizeof p, "%s/npy/numpy/py2-objarr.npz", files_testdata());
     open_fails(p, SIZE_MAX, AFT_ERR_FORMAT, "member 'x.npy': unsupported dtype '|O8' (object arrays would need unpickling)");
-    snprintf(p, sizeof p, "%s/npy/numpy/py3-objarr.npz", testdata());
+    snprintf(p, sizeof p, "%s/npy/numpy/py3-objarr.npz", files_testdata());
     open_fails(p, SIZE_MAX, AFT_ERR_FORMAT, "member 'x.npy': unsupported dtype '|O8'");
 }
 
@@ -290,7 +265,7 @@ static void test_memory_limit(void **state)
     open_fails(fixture("savez_compressed.npz"), 1000, AFT_ERR_NOMEM, "past the memory limit of 1000 bytes");
     /* what every member takes, summed by hand: enough is enough */
     size_t len;
-    unsigned char *b = slurp(fixture("savez_compressed.npz"), &len);
+    unsigned char *b = files_slurp(fixture("savez_compressed.npz"), &len);
     free(b);
     aft_st_file *f = open_ok(fixture("savez_compressed.npz"), SIZE_MAX);
     size_t need = 0;
@@ -314,9 +289,9 @@ static void test_memory_limit(void **state)
 static void test_malformed_corpus(void **state)
 {
     char p[1024];
-    snprintf(p, sizeof p, "%s/malformed/expected.tsv", testdata());
+    snprintf(p, sizeof p, "%s/malformed/expected.tsv", files_testdata());
     size_t len;
-    char *text = (char *)slurp(p, &len);
+    char *text = (char *)files_slurp(p, &len);
     int n = 0;
     for (char *line = text, *next; line && *line; line = next) {
         next = strchr(line, '\n');
@@ -325,7 +300,7 @@ static void test_malformed_corpus(void **state)
         char *tab = strchr(line, '\t');
         assert_non_null(tab);
         *tab = 0;
-        snprintf(p, sizeof p, "%s/malformed/%s", testdata(), line);
+        snprintf(p, sizeof p, "%s/malformed/%s", files_testdata(), line);
         aft_st_file *f = (aft_st_file *)1;
         aft_error err = {{0}};
         aft_status st = aft_st_open_limit(p, SIZE_MAX, &f, &err);
@@ -339,7 +314,7 @@ static void test_malformed_corpus(void **state)
 
         /* from memory: refused too (an empty buffer is no zip by its bytes) */
         size_t blen;
-        unsigned char *b = slurp(p, &blen);
+        unsigned char *b = files_slurp(p, &blen);
         f = (aft_st_file *)1;
         st = aft_st_open_mem(b, blen, &f, &err);
         if (st == AFT_OK) aft_st_close(f);
@@ -454,7 +429,7 @@ static void test_writer_matches_python(void **state)
     aft_error err;
     assert_int_equal(aft_npz_write(tmppath("w.npz"), keys, t, 4, &err), AFT_OK);
     size_t la, lb;
-    unsigned char *got = slurp(tmppath("w.npz"), &la), *want = slurp(fixture("writer_expect.npz"), &lb);
+    unsigned char *got = files_slurp(tmppath("w.npz"), &la), *want = files_slurp(fixture("writer_expect.npz"), &lb);
     assert_int_equal(la, lb);
     assert_memory_equal(got, want, la);
     free(got);
@@ -510,7 +485,7 @@ static void test_writer_zip64(void **state)
     aft_npz_writer_free(w);
     fclose(fp);
     size_t la, lb;
-    unsigned char *got = slurp(tmppath("z64.npz"), &la), *want = slurp(fixture("writer_zip64_expect.npz"), &lb);
+    unsigned char *got = files_slurp(tmppath("z64.npz"), &la), *want = files_slurp(fixture("writer_zip64_expect.npz"), &lb);
     assert_int_equal(la, lb);
     assert_memory_equal(got, want, la);
     free(got);
@@ -786,14 +761,14 @@ static void test_formats(void **state)
 
     /* each reader, handed the other format, says what it got */
     char p[1024];
-    snprintf(p, sizeof p, "%s/npy/v1_C_le_f4.npy", testdata());
+    snprintf(p, sizeof p, "%s/npy/v1_C_le_f4.npy", files_testdata());
     aft_st_file *f = (aft_st_file *)1;
     assert_int_equal(aft_st_open(p, &f, &err), AFT_ERR_FORMAT);
     assert_string_equal(err.msg, "not a .safetensors or .npz file: this is a .npy file (one array)");
     aft_tensor t;
     assert_int_equal(aft_npy_read(fixture("savez.npz"), &t, NULL, &err), AFT_ERR_FORMAT);
     assert_string_equal(err.msg, "not a .npy file: this is a .npz archive (a zip of .npy files)");
-    snprintf(p, sizeof p, "%s/st/dtypes.safetensors", testdata());
+    snprintf(p, sizeof p, "%s/st/dtypes.safetensors", files_testdata());
     assert_int_equal(aft_npy_read(p, &t, NULL, &err), AFT_ERR_FORMAT);
     assert_string_equal(err.msg, "not a .npy file: this is a .safetensors file");
 }

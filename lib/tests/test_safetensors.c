@@ -27,25 +27,16 @@
 #include <unistd.h>
 
 #include "aft.h"
+#include "files.h"
 
 static char tmpdir[64];
 
 /* ---------------------------------------------------------------- helpers */
 
-static const char *testdata(void)
-{
-    const char *d = getenv("AFT_TESTDATA");
-    return d && *d ? d : "testdata";
-}
-
-/* path of a fixture under testdata/st (a few calls may be live at once) */
+/* a fixture of testdata/st (files.h: four can be live) */
 static const char *fixture(const char *name)
 {
-    static char bufs[4][1024];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/st/%s", testdata(), name);
-    return b;
+    return files_fixture("st", name);
 }
 
 static const char *tmp_path(const char *name)
@@ -65,21 +56,6 @@ static aft_st_file *open_ok(const char *path)
     if (st != AFT_OK) fail_msg("%s: %s", path, err.msg);
     assert_non_null(f);
     return f;
-}
-
-static unsigned char *slurp(const char *path, size_t *len)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) fail_msg("cannot open %s", path);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, fp), (size_t)n);
-    fclose(fp);
-    *len = (size_t)n;
-    return b;
 }
 
 /* a file image: 8-byte LE size, the header bytes as given (hlen of them),
@@ -455,7 +431,7 @@ static void test_unaligned_fixture(void **state)
 static void test_open_mem_matches_file(void **state)
 {
     size_t len;
-    unsigned char *buf = slurp(fixture("dtypes.safetensors"), &len);
+    unsigned char *buf = files_slurp(fixture("dtypes.safetensors"), &len);
     aft_st_file *m = NULL, *f = open_ok(fixture("dtypes.safetensors"));
     aft_error err = {{0}};
     assert_int_equal(aft_st_open_mem(buf, len, &m, &err), AFT_OK);
@@ -490,7 +466,7 @@ static void test_stdin(void **state)
     aft_st_close(f);
 
     size_t len;
-    unsigned char *buf = slurp(fixture("scalars.safetensors"), &len);
+    unsigned char *buf = files_slurp(fixture("scalars.safetensors"), &len);
     int p[2];
     assert_int_equal(pipe(p), 0);
     assert_int_equal(write(p[1], buf, len), (ssize_t)len);   /* fits the pipe buffer */
@@ -511,7 +487,7 @@ static void test_stdin(void **state)
 static void test_pipe_path(void **state)
 {
     size_t len;
-    unsigned char *buf = slurp(fixture("zero_size.safetensors"), &len);
+    unsigned char *buf = files_slurp(fixture("zero_size.safetensors"), &len);
     int p[2];
     assert_int_equal(pipe(p), 0);
     assert_int_equal(write(p[1], buf, len), (ssize_t)len);
@@ -1038,7 +1014,7 @@ static void test_write_round_trip(void **state)
     /* the header is padded so the data starts at a multiple of 8, and
      * __metadata__ comes first */
     size_t len;
-    unsigned char *b = slurp(path, &len);
+    unsigned char *b = files_slurp(path, &len);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | b[i];
     assert_int_equal((8 + n) % 8, 0);
@@ -1053,7 +1029,7 @@ static void test_write_round_trip(void **state)
         assert_int_equal(aft_st_write(gpath, g->name_ptr, g->t, g->n, golden_meta, 2, &err), AFT_OK);
     } else {
         size_t glen;
-        unsigned char *gb = slurp(gpath, &glen);
+        unsigned char *gb = files_slurp(gpath, &glen);
         assert_int_equal(glen, len);
         assert_memory_equal(gb, b, len);
         free(gb);
@@ -1099,7 +1075,7 @@ static void test_write_escapes_and_order(void **state)
     /* nothing at all: "{}" plus padding, and it reads back */
     if (aft_st_write(path, NULL, NULL, 0, NULL, 0, &err) != AFT_OK) fail_msg("write: %s", err.msg);
     size_t len;
-    unsigned char *b = slurp(path, &len);
+    unsigned char *b = files_slurp(path, &len);
     assert_int_equal(len, 16);
     assert_memory_equal(b + 8, "{}      ", 8);
     free(b);
