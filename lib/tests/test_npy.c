@@ -19,6 +19,7 @@
 
 #include "aft.h"
 #include "files.h"
+#include "formula.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -99,51 +100,13 @@ static const struct { const char *code; aft_dtype dt; size_t size; } codes[] = {
 };
 #define NCODES (sizeof codes / sizeof codes[0])
 
-/* Fills buf with the values make_npy_fixtures.py stores: element i (C-order
- * flat index, i < 24) is a formula of i chosen to use every byte of the type,
- * reaching the top of the range (u8 at i = 23 is 2^64 - 1). Little-endian. */
-static void fill_formula(aft_dtype dt, void *buf, size_t n)
-{
-    unsigned char *p = buf;
-    for (size_t j = 0; j < n; j++) {
-        int64_t i = (int64_t)j;
-        double f = (double)i * 0.5 - 3;
-        switch (dt) {
-        case AFT_F16: { uint16_t v = aft_f32_to_f16((float)f); memcpy(p + 2 * j, &v, 2); break; }
-        case AFT_F32: { float v = (float)f; memcpy(p + 4 * j, &v, 4); break; }
-        case AFT_F64: memcpy(p + 8 * j, &f, 8); break;
-        case AFT_BOOL: p[j] = i % 3 == 0; break;
-        case AFT_U8: p[j] = (uint8_t)((i * 37 + 5) % 256); break;
-        case AFT_I8: p[j] = (uint8_t)(int8_t)((i * 37 + 5) % 256 - 128); break;
-        case AFT_I16: { int16_t v = (int16_t)((i - 12) * 2730); memcpy(p + 2 * j, &v, 2); break; }
-        case AFT_U16: { uint16_t v = (uint16_t)(i * 2849 + 3); memcpy(p + 2 * j, &v, 2); break; }
-        case AFT_I32: { int32_t v = (int32_t)((i - 12) * 178956970); memcpy(p + 4 * j, &v, 4); break; }
-        case AFT_U32: { uint32_t v = (uint32_t)(i * 186737708 + 1); memcpy(p + 4 * j, &v, 4); break; }
-        case AFT_I64: { int64_t v = (i - 12) * INT64_C(768614336404564650); memcpy(p + 8 * j, &v, 8); break; }
-        case AFT_U64: {
-            uint64_t v = (uint64_t)i * UINT64_C(802032351030850070) + 5;
-            memcpy(p + 8 * j, &v, 8);
-            break;
-        }
-        default: fail_msg("no formula for dtype %d", (int)dt);
-        }
-    }
-}
-
-/* t must hold the formula values; reports the first differing element */
+/* t must hold the values make_npy_fixtures.py stores (formula.h);
+ * reports the first differing element */
 static void check_formula(const aft_tensor *t, const char *what)
 {
-    size_t size = aft_dtype_size(t->dtype);
-    unsigned char *want = malloc(t->nbytes + 1);
-    assert_non_null(want);
-    fill_formula(t->dtype, want, t->nelem);
-    assert_int_equal(t->nbytes, t->nelem * size);
-    for (size_t i = 0; i < t->nelem; i++)
-        if (memcmp((const unsigned char *)t->data + i * size, want + i * size, size) != 0) {
-            free(want);
-            fail_msg("%s: element %zu differs from the formula", what, i);
-        }
-    free(want);
+    assert_int_equal(t->nbytes, t->nelem * aft_dtype_size(t->dtype));
+    size_t bad = formula_differs(t);
+    if (bad) fail_msg("%s: element %zu differs from the formula", what, bad - 1);
 }
 
 static void check_shape(const aft_tensor *t, size_t ndim, const size_t *shape)
@@ -398,7 +361,7 @@ static void test_header_variants(void **state)
         "{'descr': \"<i2\", 'fortran_order': False, 'shape': (2, 3), }\n\n  \n",
     };
     int16_t data[6];
-    fill_formula(AFT_I16, data, 6);
+    formula_fill(AFT_I16, data, 6);
     for (size_t i = 0; i < sizeof dicts / sizeof dicts[0]; i++) {
         size_t len;
         unsigned char *b = build_dict(dicts[i], 0, &len);
@@ -898,7 +861,7 @@ static void test_write_matches_numpy(void **state)
                 t.nelem = 24;
             }
             t.nbytes = t.nelem * codes[c].size;
-            fill_formula(t.dtype, buf, t.nelem);
+            formula_fill(t.dtype, buf, t.nelem);
             if (aft_npy_write(tmppath("w.npy"), &t, &err)) fail_msg("%s: %s", name, err.msg);
             size_t n1, n2;
             unsigned char *ours = files_slurp(tmppath("w.npy"), &n1);
