@@ -578,8 +578,7 @@ static int write_plot(const char *path, cJSON *rows)
     size_t n = strlen(path);
     int png = n > 4 && strcmp(path + n - 4, ".png") == 0;
     if (!png && !(n > 4 && strcmp(path + n - 4, ".svg") == 0)) {
-        cli_error("bench", "--plot %s: the file must end in .svg or .png", path);
-        return EXIT_USAGE;
+        return cli_usage_error("bench", "--plot %s: the file must end in .svg or .png", path);
     }
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         cli_error("bench", "--plot needs gnuplot, which is not installed; on Debian: apt-get install gnuplot-nox");

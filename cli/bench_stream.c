@@ -67,10 +67,7 @@ static int run_steps(const aft_params *p, const aft_config *cfg, size_t B, size_
 int cli_bench_stream(const aft_params *p, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
                      size_t chunk, size_t repeat, cli_stream_times *out)
 {
-    if (!cfg->causal) {
-        cli_error("bench", "--stream times a causal layer: add --causal");
-        return EXIT_USAGE;
-    }
+    if (!cfg->causal) return cli_usage_error("bench", "--stream times a causal layer: add --causal");
     size_t nx = B * T * D, ntok = T < STREAM_TOKENS ? T : STREAM_TOKENS;
     float *y = malloc(nx * sizeof *y + 1), *x = malloc(nx * sizeof *x + 1);
     if (!x || !y) {

@@ -20,12 +20,17 @@ int cmd_grad(int argc, char **argv);
 int cmd_model(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 
-/* "aft CMD: message" on stderr (CMD may be NULL for plain "aft: ") */
+/* Messages have one shape (README.md, man/aft.1 DIAGNOSTICS): one line on
+ * stderr, "aft CMD: [FILE: ]what is wrong" ("aft: " when no command was
+ * named); a usage error adds the line "Try 'aft CMD --help'.". */
+/* the command main dispatched ("run"), or NULL before it has */
+extern const char *cli_command_name;
+/* "aft CMD: message" on stderr (CMD NULL: cli_command_name's) */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* where cli_error and cli_usage_error write (NULL: stderr); a process of
  * several under MPI holds its messages until the ranks agree who reports */
 extern FILE *cli_msg_stream;
-/* usage error: message plus a hint line, returns EXIT_USAGE */
+/* usage error: the message and the hint line; returns EXIT_USAGE */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---------------------------------------------------------------- options (options.c)
@@ -114,8 +119,8 @@ void cli_progress_stop(void);
 
 /* "-" is shown as "standard input" in messages and reports */
 const char *cli_display_name(const char *path);
-/* "aft[ CMD]: FILE: msg" (CMD may be NULL), unless msg already starts with
- * the file's name */
+/* "aft CMD: FILE: msg" (CMD NULL: as for cli_error), unless msg already
+ * starts with the file's name */
 void cli_report_file(const char *cmd, const char *path, const char *msg);
 int cli_ends_with(const char *s, const char *suffix);
 int cli_path_exists(const char *path);

@@ -12,10 +12,12 @@
 #include <sys/stat.h>
 
 FILE *cli_msg_stream;
+const char *cli_command_name;
 
 static void vmsg(const char *cmd, const char *fmt, va_list ap)
 {
     FILE *fp = cli_msg_stream ? cli_msg_stream : stderr;
+    if (!cmd) cmd = cli_command_name;
     if (cmd)
         fprintf(fp, "aft %s: ", cmd);
     else
@@ -38,7 +40,8 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     va_start(ap, fmt);
     vmsg(cmd, fmt, ap);
     va_end(ap);
-    fprintf(cli_msg_stream ? cli_msg_stream : stderr, "Try 'aft %s --help'.\n", cmd ? cmd : "");
+    if (!cmd) cmd = cli_command_name;
+    fprintf(cli_msg_stream ? cli_msg_stream : stderr, "Try 'aft%s%s --help'.\n", cmd ? " " : "", cmd ? cmd : "");
     return EXIT_USAGE;
 }
 

@@ -124,17 +124,13 @@ int main(int argc, char **argv)
             return cli_finish_stdout(NULL);
         }
         const struct cmd *c = lookup(argv[at]);
-        if (!c) {
-            cli_error(NULL, "'%s' is not an aft command; see 'aft --help'", argv[at]);
-            return EXIT_USAGE;
-        }
+        if (!c) return cli_usage_error(NULL, "'%s' is not an aft command", argv[at]);
+        cli_command_name = c->name;
         char *hargv[] = {argv[at], "--help", NULL};
         return c->fn(2, hargv);
     }
     const struct cmd *c = lookup(name);
-    if (!c) {
-        cli_error(NULL, "'%s' is not an aft command; see 'aft --help'", name);
-        return EXIT_USAGE;
-    }
+    if (!c) return cli_usage_error(NULL, "'%s' is not an aft command", name);
+    cli_command_name = c->name;   /* every message from here on names it */
     return c->fn(argc - 1, argv + 1);
 }

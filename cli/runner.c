@@ -334,10 +334,8 @@ static int seed_params(const struct run_opts *o, struct run *r)
 {
     /* sizes from options must fit before anything is allocated for them */
     size_t C = r->bare ? r->C : (o->d_hidden ? o->d_hidden : r->D);
-    if (r->cfg.variant == AFT_CONV && C % r->cfg.heads != 0) {
-        cli_error(r->cmd, "--heads %zu does not divide the hidden size %zu", r->cfg.heads, C);
-        return EXIT_USAGE;
-    }
+    if (r->cfg.variant == AFT_CONV && C % r->cfg.heads != 0)
+        return cli_usage_error(r->cmd, "--heads %zu does not divide the hidden size %zu", r->cfg.heads, C);
     r->p = &r->seeded.p;
     /* a stream's bias covers every position it may reach, not this chunk's */
     size_t span = o->state_in || o->state_out ? SIZE_MAX : r->T;

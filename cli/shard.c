@@ -59,8 +59,9 @@ int cli_shard_run(const struct run_opts *o)
 {
     (void)o;
     if (cli_shard_rank0())
-        cli_error("run", "started by an MPI launcher (%s is set), but this aft was built without MPI: install "
-                  "Open MPI's development files (libopenmpi-dev) and rebuild", cli_shard_launcher());
+        return cli_usage_error("run", "started by an MPI launcher (%s is set), but this aft was built without MPI: "
+                               "install Open MPI's development files (libopenmpi-dev) and rebuild",
+                               cli_shard_launcher());
     return EXIT_USAGE;
 }
 

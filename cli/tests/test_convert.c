@@ -147,7 +147,7 @@ static void assert_failed(const harness_result *r, int code, const char *want)
         assert_non_null(strstr(r->err, "Try 'aft convert --help'."));
     } else {
         assert_int_equal(harness_count_lines(r->err), 1);
-        assert_true(strncmp(r->err, "aft: ", 5) == 0);
+        assert_true(strncmp(r->err, "aft convert: ", 13) == 0);
     }
     assert_int_equal(r->out_len, 0);
 }
@@ -499,7 +499,7 @@ static void test_numpy_fixtures(void **state)
     char *pad = harness_path(npydir, "pad64_f4.npy");
     CONVERT(&r, "-o", out, pad);
     char msg[600];
-    snprintf(msg, sizeof msg, "aft: %s: dimension 8 of 'pad64_f4' is 100000000000000000, 2^53 or more", pad);
+    snprintf(msg, sizeof msg, "aft convert: %s: dimension 8 of 'pad64_f4' is 100000000000000000, 2^53 or more", pad);
     assert_failed(&r, 1, msg);
     harness_result_free(&r);
     CONVERT_OK("-o", x, pad);   /* .npy to .npy is fine */
@@ -833,7 +833,7 @@ static void test_stdio(void **state)
     free(in);
 }
 
-/* usage errors exit 2 with a hint; data errors exit 1 with "aft: FILE: ..." */
+/* usage errors exit 2 with a hint; data errors exit 1 with "aft convert: FILE: ..." */
 static void test_errors(void **state)
 {
     (void)state;
@@ -852,7 +852,7 @@ static void test_errors(void **state)
     harness_result r;
 
     CONVERT(&r, "-o", out, missing);
-    snprintf(msg, sizeof msg, "aft: %s: cannot open: No such file or directory\n", missing);
+    snprintf(msg, sizeof msg, "aft convert: %s: cannot open: No such file or directory\n", missing);
     assert_failed(&r, 1, msg);
     harness_result_free(&r);
 
@@ -887,7 +887,7 @@ static void test_errors(void **state)
 
     snprintf(op1, sizeof op1, "%s:y", bf);
     CONVERT(&r, "-o", outn, op1);
-    snprintf(msg, sizeof msg, "aft: %s: tensor 'y' is BF16, which .npy cannot hold; add --dtype f32", bf);
+    snprintf(msg, sizeof msg, "aft convert: %s: tensor 'y' is BF16, which .npy cannot hold; add --dtype f32", bf);
     assert_failed(&r, 1, msg);
     harness_result_free(&r);
     CONVERT_OK("--dtype", "f32", "-o", outn, op1);   /* the way out it names */
@@ -947,7 +947,7 @@ static void test_errors(void **state)
     char *junk = in_dir("junk.npy");
     assert_int_equal(harness_write_file(junk, "hello", 5), 0);
     CONVERT(&r, "-o", out, junk);
-    snprintf(msg, sizeof msg, "aft: %s: ", junk);
+    snprintf(msg, sizeof msg, "aft convert: %s: ", junk);
     assert_failed(&r, 1, msg);
     harness_result_free(&r);
 

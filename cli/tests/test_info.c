@@ -363,13 +363,13 @@ static void test_several_files_text(void **state)
     harness_result_free(&r);
 }
 
-/* exit 1; stderr is one line "aft: FILE: problem" */
+/* exit 1; stderr is one line "aft info: FILE: problem" */
 static void check_one_error_line(const harness_result *r, const char *file, const char *problem)
 {
     assert_int_equal(r->exit_code, 1);
     assert_int_equal(harness_count_lines(r->err), 1);
     assert_int_equal(r->err[r->err_len - 1], '\n');
-    char *prefix = fmt("aft: %s: ", file);
+    char *prefix = fmt("aft info: %s: ", file);
     if (strncmp(r->err, prefix, strlen(prefix)) != 0)
         fail_msg("stderr '%s' does not start with '%s'", r->err, prefix);
     /* something after the prefix, and it names the problem */

@@ -263,10 +263,10 @@ static void test_file(void **state)
         const char *weights[] = {"run", "--weights", c->path, x_path, "-o", out_path, NULL};
         expect_failure(c, weights, NULL, 0, c->path, c->expect);
         const char *piped[] = {"run", "--weights", "/dev/stdin", x_path, "-o", out_path, NULL};
-        expect_failure(c, piped, bytes, len, "aft: /dev/stdin: ", c->expect);
+        expect_failure(c, piped, bytes, len, "aft run: /dev/stdin: ", c->expect);
     } else {
         const char *piped[] = {"run", "-", "-o", out_path, NULL};
-        expect_failure(c, piped, bytes, len, "aft: -: ", c->expect);
+        expect_failure(c, piped, bytes, len, "aft run: -: ", c->expect);
     }
     free(bytes);
 

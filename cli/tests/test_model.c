@@ -563,6 +563,14 @@ static void expect_stderr(const char *const *args, int code, const char *want)
     harness_result_free(&r);
 }
 
+/* expect_stderr of the one line "aft CMD: what" (CMD: args[0]) */
+static void expect_message(const char *const *args, int code, const char *what)
+{
+    char *want = fmt("aft %s: %s", args[0], what);
+    expect_stderr(args, code, want);
+    free(want);
+}
+
 /* files a and b hold the same bytes */
 static void same_file(const char *a, const char *b)
 {
@@ -587,9 +595,9 @@ static void test_layers_alike(void **state)
     char *out = tmp("alike_logits.npy"), *ref = tmp("alike_ref.npy"), *want;
     /* the file: layer 1 without the bias every other layer has */
     rewrite(p, "encoder.layers.1.feed_forward.layer2.bias", NULL, 0, 0, 0);
-    want = fmt("aft: %s: missing tensor 'encoder.layers.1.feed_forward.layer2.bias', which layer 0 has\n", p);
-    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
-    expect_stderr(ARGS("generate", "--weights", p, "--prompt", "It", "-n", "3"), 1, want);
+    want = fmt("%s: missing tensor 'encoder.layers.1.feed_forward.layer2.bias', which layer 0 has\n", p);
+    expect_message(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
+    expect_message(ARGS("generate", "--weights", p, "--prompt", "It", "-n", "3"), 1, want);
     free(want);
     /* the same bias absent from every layer: optional, so the model loads */
     const char *every[7];
@@ -603,21 +611,21 @@ static void test_layers_alike(void **state)
     expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, "");
     /* a bias the query and value have and the key lacks */
     rewrite(p, "encoder.layers.2.self_attn.key.bias", NULL, 0, 0, 0);
-    want = fmt("aft: %s: missing tensor 'encoder.layers.2.self_attn.key.bias' beside "
+    want = fmt("%s: missing tensor 'encoder.layers.2.self_attn.key.bias' beside "
                "'encoder.layers.2.self_attn.query.bias': a layer has a bias for every projection, for none, or for "
                "its output alone\n", p);
-    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
+    expect_message(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
     free(want);
     /* shapes: one that does not fit, one unlike layer 0's */
     rewrite(p, NULL, "generator.projection.weight", 100, 128, 0);
-    want = fmt("aft: %s: 'generator.projection.weight' (the logits' projection (n_vocab, d_model)) is [100, 128] but "
+    want = fmt("%s: 'generator.projection.weight' (the logits' projection (n_vocab, d_model)) is [100, 128] but "
                "must be [113, 128]\n", p);
-    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
+    expect_message(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
     free(want);
     write_small(p, AFT_FULL, 1, 20);
-    want = fmt("aft: %s: 'encoder.layers.1.self_attn.pos_bias' is [20, 20] but layer 0's is [30, 30]\n", p);
-    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
-    expect_stderr(ARGS("generate", "--weights", p, "--prompt", "abc"), 1, want);
+    want = fmt("%s: 'encoder.layers.1.self_attn.pos_bias' is [20, 20] but layer 0's is [30, 30]\n", p);
+    expect_message(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
+    expect_message(ARGS("generate", "--weights", p, "--prompt", "abc"), 1, want);
     free(want);
     /* a tensor the model does not use: a warning, the same logits and text;
      * --strict refuses it */
@@ -631,10 +639,10 @@ static void test_layers_alike(void **state)
     expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, want);
     same_file(out, ref);
     free(want);
-    want = fmt("aft: %s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which the model does not "
+    want = fmt("%s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which the model does not "
                "use; --strict refuses it\n", p);
-    expect_stderr(ARGS("model", "--weights", p, "--strict", seq, "-o", out), 1, want);
-    expect_stderr(ARGS("generate", "--weights", p, "--prompt", "It", "--strict"), 1, want);
+    expect_message(ARGS("model", "--weights", p, "--strict", seq, "-o", out), 1, want);
+    expect_message(ARGS("generate", "--weights", p, "--prompt", "It", "--strict"), 1, want);
     free(want);
     assert_int_equal(HARNESS_RUN(&r, "generate", "--weights", p, "--prompt", "It is ", "-n", "40", "--greedy"), 0);
     char *text = GENERATE("--weights", w, "--prompt", "It is ", "-n", "40", "--greedy");

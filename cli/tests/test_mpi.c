@@ -548,7 +548,7 @@ static void test_rows_cut_short(void **state)
     assert_false(r.timed_out);
     assert_int_not_equal(r.status, 0);
     assert_int_equal(aft_lines(r.err), 1);
-    assert_non_null(strstr(r.err, "aft: "));
+    assert_non_null(strstr(r.err, "aft run: "));
     assert_non_null(strstr(r.err, "rows 66 to 99: data truncated"));
     assert_no_output("cut_out.npy");
     assert_int_equal(stray_processes(), 0);
@@ -635,7 +635,7 @@ static void test_weights_checked(void **state)
     args[11] = "--strict";
     mpirun_aft(&r, 3, -1, 0, args);
     assert_int_equal(r.status, 1);
-    assert_true(asprintf(&want, "aft: %s: unexpected tensor 'norm.weight', which the layer does not use; --strict "
+    assert_true(asprintf(&want, "aft run: %s: unexpected tensor 'norm.weight', which the layer does not use; --strict "
                          "refuses it\n", extra) > 0);
     assert_int_equal(aft_lines(r.err), 1);
     assert_non_null(strstr(r.err, want));

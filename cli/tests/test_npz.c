@@ -140,7 +140,7 @@ static void test_info(void **state)
     assert_non_null(strstr(r.out, "\"format\":\"npz\""));
     harness_result_free(&r);
     assert_int_equal(harness_write_file(tmp("notes.txt"), "hello\n", 6), 0);
-    EXPECT_ERROR("aft: ", "info", tmp("notes.txt"));
+    EXPECT_ERROR("aft info: ", "info", tmp("notes.txt"));
     EXPECT_ERROR("notes.txt: not a .npy, .npz or .safetensors file", "info", tmp("notes.txt"));
     remove(tmp("looks_like.npy"));
 }

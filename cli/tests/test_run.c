@@ -1772,6 +1772,14 @@ static void expect_stderr(const char *const *args, int code, const char *want)
 }
 #define ARGV(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* expect_stderr of the one line "aft CMD: what" (CMD: args[0]) */
+static void expect_message(const char *const *args, int code, const char *what)
+{
+    char *want = fmt("aft %s: %s", args[0], what);
+    expect_stderr(args, code, want);
+    free(want);
+}
+
 /* --weights with more or less than a layer, for aft run and aft grad: a
  * tensor under --prefix that is none of the layer's (a warning naming it,
  * the output unchanged; --strict: an error), biases that only some of the
@@ -1809,17 +1817,17 @@ static void test_weights_strict(void **state)
     expect_stderr(ARGV("grad", "--weights", extra, x, "-o", gout), 0, want);
     assert_same_file(gout, gref);
     free(want);
-    want = fmt("aft: %s: unexpected tensor 'norm.weight', which the layer does not use; --strict refuses it\n",
+    want = fmt("%s: unexpected tensor 'norm.weight', which the layer does not use; --strict refuses it\n",
                extra);
-    expect_stderr(ARGV("run", "--weights", extra, "--strict", x, "-o", out), 1, want);
-    expect_stderr(ARGV("grad", "--strict", "--weights", extra, x, "-o", gout), 1, want);
+    expect_message(ARGV("run", "--weights", extra, "--strict", x, "-o", out), 1, want);
+    expect_message(ARGV("grad", "--strict", "--weights", extra, x, "-o", gout), 1, want);
     free(want);
     /* two of them */
     e[n + 1] = (st_entry){"norm.bias", junk, 1, {3}};
     write_st(extra, e, n + 2);
-    want = fmt("aft: %s: unexpected tensor 'norm.weight' (and 1 more), which the layer does not use; --strict "
+    want = fmt("%s: unexpected tensor 'norm.weight' (and 1 more), which the layer does not use; --strict "
                "refuses them\n", extra);
-    expect_stderr(ARGV("run", "--weights", extra, "--strict", x, "-o", out), 1, want);
+    expect_message(ARGV("run", "--weights", extra, "--strict", x, "-o", out), 1, want);
     free(want);
 
     /* two layers under prefixes: an extra under blocks.1.attn. is not blocks.0.attn.'s */
@@ -1844,9 +1852,9 @@ static void test_weights_strict(void **state)
     m += layer_entries(e + m, more, &r, "blocks.1.attn.", labml_stems, 1);
     e[m++] = (st_entry){"blocks.1.attn.pos_bias", pb, 2, {tmax, tmax}};
     write_st(p, e, m);
-    want = fmt("aft: %s: missing tensor 'blocks.1.attn.query.bias', which the layer 'blocks.0.attn.' has\n", p);
-    expect_stderr(ARGV("run", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", out), 1, want);
-    expect_stderr(ARGV("grad", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", gout), 1, want);
+    want = fmt("%s: missing tensor 'blocks.1.attn.query.bias', which the layer 'blocks.0.attn.' has\n", p);
+    expect_message(ARGV("run", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", out), 1, want);
+    expect_message(ARGV("grad", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", gout), 1, want);
     free(want);
     run_opts(OPTS("--weights", p, "--prefix", "blocks.0.attn."), x, out);
     free(p);
@@ -1859,10 +1867,10 @@ static void test_weights_strict(void **state)
     for (size_t i = 0; i < n; i++)
         if (strcmp(e[i].name, "value.bias") != 0) e[m++] = e[i];
     write_st(p, e, m);
-    want = fmt("aft: %s: missing tensor 'value.bias' beside 'query.bias': a layer has a bias for every projection, "
+    want = fmt("%s: missing tensor 'value.bias' beside 'query.bias': a layer has a bias for every projection, "
                "for none, or for its output alone\n", p);
-    expect_stderr(ARGV("run", "--weights", p, x, "-o", out), 1, want);
-    expect_stderr(ARGV("grad", "--weights", p, x, "-o", gout), 1, want);
+    expect_message(ARGV("run", "--weights", p, x, "-o", out), 1, want);
+    expect_message(ARGV("grad", "--weights", p, x, "-o", gout), 1, want);
     free(want);
     free(p);
     /* a bias of the wrong shape */
@@ -1872,8 +1880,8 @@ static void test_weights_strict(void **state)
         if (strcmp(e[i].name, "key.bias") == 0) e[i].shape[0] = 3;
     p = tmp("ws_keybias.safetensors");
     write_st(p, e, n);
-    want = fmt("aft: %s: 'key.bias' must have shape [4] to match 'key.weight'\n", p);
-    expect_stderr(ARGV("run", "--weights", p, x, "-o", out), 1, want);
+    want = fmt("%s: 'key.bias' must have shape [4] to match 'key.weight'\n", p);
+    expect_message(ARGV("run", "--weights", p, x, "-o", out), 1, want);
     free(want);
     free(p);
 
