@@ -39,6 +39,13 @@ static int set_format(const cli_option *opt, void *opts, const char *v)
     return 0;
 }
 
+/* --json: --format json, as every command that prints JSON spells it */
+static int set_json(const cli_option *opt, void *opts, const char *v)
+{
+    ((struct mask_opts *)opts)->format = "json";
+    return 0;
+}
+
 #define NEEDS_VALUE "%s needs a value"
 
 static const cli_option options[] = {
@@ -48,6 +55,7 @@ static const cli_option options[] = {
     {"--format", NULL, "F",
      "text (default: N lines of N entries 1 or 0, single spaces), npy (bool .npy), json (array of N arrays of 0/1)",
      set_format, 0, NEEDS_VALUE, 0},
+    {"--json", NULL, NULL, "the same as --format json", set_json, 0, NULL, 0},
     {"-o", NULL, "FILE", "write to FILE instead of stdout", cli_set_string, offsetof(struct mask_opts, out_path),
      NEEDS_VALUE, 0},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
@@ -55,7 +63,8 @@ static const cli_option options[] = {
 
 const cli_command cli_mask_command = {
     .name = "mask",
-    .usage = "usage: aft mask --len N --window S [--causal] [--format text|npy|json] [-o FILE]\n"
+    .usage = "usage: aft mask --len N --window S [--causal] [--format text|npy|json] [--json]\n"
+             "                [-o FILE]\n"
              "\n"
              "Prints the N x N mask that is 1 where |i - j| < S (and j <= i with --causal).\n",
     .options = options,

@@ -23,7 +23,7 @@ _aft_options()
     grad) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
                "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --grid" \
                "--grad-output --dy --strict -q --quiet -h --help" ;;
-    mask) echo "--len --window --causal --format -o -q --quiet -h --help" ;;
+    mask) echo "--len --window --causal --format --json -o -q --quiet -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json --max-memory -q --quiet -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -q --quiet -h --help" ;;
     model) echo "--weights -o --output --layout --window --threads --impl --max-memory --strict" \

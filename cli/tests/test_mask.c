@@ -257,6 +257,17 @@ static void test_json(void **state)
     run_ok(&r, (const char *[]){"mask", "--len", "1", "--window", "1", "--format", "json", NULL});
     check_json(r.out, 1, 1, 0);
     harness_result_free(&r);
+    /* --json, as every command that prints JSON spells it; the later of it
+     * and --format counts */
+    run_ok(&r, (const char *[]){"mask", "--len", "5", "--window", "2", "--causal", "--json", NULL});
+    check_json(r.out, 5, 2, 1);
+    harness_result_free(&r);
+    run_ok(&r, (const char *[]){"mask", "--len", "5", "--window", "2", "--format", "npy", "--json", NULL});
+    check_json(r.out, 5, 2, 0);
+    harness_result_free(&r);
+    run_ok(&r, (const char *[]){"mask", "--len", "2", "--window", "2", "--json", "--format", "text", NULL});
+    assert_string_equal(r.out, "1 1\n1 1\n");
+    harness_result_free(&r);
 }
 
 /* -o FILE: the same bytes in the file, nothing on stdout, no temporary left behind */

@@ -413,7 +413,8 @@ case("err-compare", "compare %s" % X, "compare %s %s --rtol -1" % (X, X), "compa
 
 case("mask-text", "mask --len 7 --window 3", "mask --len 7 --window 3 --causal")
 case("mask-edges", "mask --len 1 --window 1", "mask --len 5 --window 0", "mask --len 4 --window 9 --causal")
-case("mask-json", "mask --len 6 --window 2 --format json", "mask --len 6 --window 2 --causal --format json")
+case("mask-json", "mask --len 6 --window 2 --format json", "mask --len 6 --window 2 --causal --format json",
+     "mask --len 6 --window 2 --causal --json")
 case("mask-npy", "mask --len 50 --window 5 --format npy -o m.npy",
      "mask --len 12 --window 4 --causal --format npy -o mc.npy", "mask --len 3 --window 2 --format npy")
 case("mask-file-text", "mask --len 9 --window 2 -o m.txt")
