@@ -162,8 +162,8 @@ static const cli_option options[] = {
     {"--impl", NULL, "fast|reference|both",
      "both: also run the float64 reference and report the largest difference (the reference is O(T^2 d): slow)",
      set_impl, 0, NEEDS_VALUE, 0},
-    {"--json", NULL, NULL, "one JSON object per configuration instead of the table", cli_set_flag, FIELD(json),
-     NULL, 0},
+    {"--json", NULL, NULL, "one JSON object per configuration instead of the table (its keys: JSON OUTPUT in man aft)",
+     cli_set_flag, FIELD(json), NULL, 0},
     {"--no-ceiling", NULL, NULL, "skip measuring the matrix-product ceiling (the ceil column shows -)", cli_set_flag,
      FIELD(no_ceiling), NULL, 0},
     {"--plot", NULL, "FILE",
@@ -321,31 +321,32 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
     cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
     cJSON_AddStringToObject(j, "impl", o->impl_ref ? "reference" : "fast");
     cJSON_AddStringToObject(j, "blas_core", bi.core);
-    cJSON_AddStringToObject(j, "projections", bi.projections);
-    cJSON_AddNumberToObject(j, "ms", m->med);
-    cJSON_AddNumberToObject(j, "ms_min", m->min);
-    cJSON_AddNumberToObject(j, "ms_projections", m->phases.projections);
-    cJSON_AddNumberToObject(j, "ms_operator", m->phases.op);
-    cJSON_AddNumberToObject(j, "ms_output", m->phases.output);
+    cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    /* the times, under the keys aft run --timing gives the same facts (man/aft.1, JSON OUTPUT) */
+    cJSON_AddNumberToObject(j, "compute_ms", m->med);
+    cJSON_AddNumberToObject(j, "compute_min_ms", m->min);
+    cJSON_AddNumberToObject(j, "projections_ms", m->phases.projections);
+    cJSON_AddNumberToObject(j, "operator_ms", m->phases.op);
+    cJSON_AddNumberToObject(j, "output_ms", m->phases.output);
     double fl = layer_flops(cfg->variant, B, T, D, C, s, o->causal, o->grid_h, o->grid_w);
     cJSON_AddNumberToObject(j, "gflop", fl * 1e-9);
-    cJSON_AddNumberToObject(j, "gflops", fl / (m->med * 1e6));
+    cJSON_AddNumberToObject(j, "gflop_per_s", fl / (m->med * 1e6));
     cJSON_AddNumberToObject(j, "tokens_per_s", (double)(B * T) / (m->med * 1e-3));
     if (o->stream) {
-        cJSON_AddNumberToObject(j, "us_per_token_stream", m->stream.token_us);
-        cJSON_AddNumberToObject(j, "us_per_token_one_shot", m->min * 1e3 / (double)(B * T));
-        cJSON_AddNumberToObject(j, "us_per_token_floor", m->stream.floor_us);
+        cJSON_AddNumberToObject(j, "stream_us_per_token", m->stream.token_us);
+        cJSON_AddNumberToObject(j, "one_shot_us_per_token", m->min * 1e3 / (double)(B * T));
+        cJSON_AddNumberToObject(j, "floor_us_per_token", m->stream.floor_us);
         cJSON_AddNumberToObject(j, "chunk", (double)m->stream.chunk);
-        cJSON_AddNumberToObject(j, "ms_chunked", m->stream.chunked_ms);
+        cJSON_AddNumberToObject(j, "chunked_ms", m->stream.chunked_ms);
         cJSON_AddNumberToObject(j, "chunked_over_one_shot", m->stream.chunked_ms / m->min);
     }
     if (o->grad) {
-        cJSON_AddNumberToObject(j, "ms_grad", m->grad.med);
-        cJSON_AddNumberToObject(j, "ms_grad_min", m->grad.min);
-        cJSON_AddNumberToObject(j, "grad_over_forward", m->grad.ratio);
+        cJSON_AddNumberToObject(j, "backward_ms", m->grad.med);
+        cJSON_AddNumberToObject(j, "backward_min_ms", m->grad.min);
+        cJSON_AddNumberToObject(j, "backward_over_forward", m->grad.ratio);
     }
     if (m->maxdiff >= 0) {
-        cJSON_AddNumberToObject(j, "max_diff_vs_reference", m->maxdiff);
+        cJSON_AddNumberToObject(j, "max_abs_error", m->maxdiff);
         cJSON_AddNumberToObject(j, "max_abs_reference", m->maxref);
     }
     char *text = cJSON_PrintUnformatted(j);
@@ -417,12 +418,13 @@ static int run_generate_one(const bench_opts *o, size_t n)
     cli_model_info_json(j, o->weights, aft_model_get_info(m));
     cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
     cJSON_AddStringToObject(j, "blas_core", bi.core);
-    cJSON_AddStringToObject(j, "projections", bi.projections);
+    cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    /* the counts and times, under the keys of aft generate --timing */
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)t.prompt);
-    cJSON_AddNumberToObject(j, "tokens", (double)n);
-    cJSON_AddNumberToObject(j, "ms", t.ms);
-    cJSON_AddNumberToObject(j, "ms_min", t.ms_min);
-    cJSON_AddNumberToObject(j, "ttft_ms", t.ttft_ms);
+    cJSON_AddNumberToObject(j, "generated_tokens", (double)n);
+    cJSON_AddNumberToObject(j, "generate_ms", t.ms);
+    cJSON_AddNumberToObject(j, "generate_min_ms", t.ms_min);
+    cJSON_AddNumberToObject(j, "time_to_first_token_ms", t.ttft_ms);
     cJSON_AddNumberToObject(j, "tokens_per_s", (double)n / (t.ms * 1e-3));
     cJSON_AddNumberToObject(j, "us_per_token", t.ms * 1e3 / (double)n);
     aft_model_free(m);
@@ -609,8 +611,8 @@ static int write_plot(const char *path, cJSON *rows)
                      (int)cJSON_GetObjectItem(q, "d_model")->valuedouble);
             if (strcmp(k2, key) == 0)
                 fprintf(f, "%g %g %g\n", cJSON_GetObjectItem(q, "seq_len")->valuedouble,
-                        cJSON_GetObjectItem(q, "ms")->valuedouble,
-                        cJSON_GetObjectItem(q, "peak_bytes")->valuedouble / 1048576.0);
+                        cJSON_GetObjectItem(q, "compute_ms")->valuedouble,
+                        cJSON_GetObjectItem(q, "peak_rss_bytes")->valuedouble / 1048576.0);
         }
         fprintf(f, "\n\n");
         nblock++;
@@ -672,23 +674,23 @@ static void print_row(const bench_opts *o, cJSON *j, double ceiling)
         return;
     }
 #define NUM(key) cJSON_GetObjectItem(j, key)->valuedouble
-    cJSON *md = cJSON_GetObjectItem(j, "max_diff_vs_reference");
+    cJSON *md = cJSON_GetObjectItem(j, "max_abs_error");
     char diff[48] = "";
     if (md) snprintf(diff, sizeof diff, "  %.3g", md->valuedouble);
-    double gf = NUM("gflops"), ms_min = NUM("ms_min"), proj = NUM("ms_projections") + NUM("ms_output");
+    double gf = NUM("gflop_per_s"), ms_min = NUM("compute_min_ms"), proj = NUM("projections_ms") + NUM("output_ms");
     char ceil_txt[16] = "-";
     if (ceiling > 0) snprintf(ceil_txt, sizeof ceil_txt, "%.0f%%", 100.0 * gf / ceiling);
     char stream[96] = "";
     if (o->stream)
-        snprintf(stream, sizeof stream, " %8.2f %9.3f %8.2f %10.3f %5.2f", NUM("us_per_token_stream"),
-                 NUM("us_per_token_one_shot"), NUM("us_per_token_floor"), NUM("ms_chunked"),
+        snprintf(stream, sizeof stream, " %8.2f %9.3f %8.2f %10.3f %5.2f", NUM("stream_us_per_token"),
+                 NUM("one_shot_us_per_token"), NUM("floor_us_per_token"), NUM("chunked_ms"),
                  NUM("chunked_over_one_shot"));
     char grad[48] = "";
-    if (o->grad) snprintf(grad, sizeof grad, " %10.3f %6.2f", NUM("ms_grad"), NUM("grad_over_forward"));
+    if (o->grad) snprintf(grad, sizeof grad, " %10.3f %6.2f", NUM("backward_ms"), NUM("backward_over_forward"));
     printf("%-7s %-6s %6.0f %3.0f %5.0f %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s%s%s\n",
            cJSON_GetObjectItem(j, "variant")->valuestring, o->causal ? "yes" : "no", NUM("seq_len"), NUM("batch"),
-           NUM("d_model"), NUM("ms"), ms_min, gf, NUM("tokens_per_s"), NUM("peak_bytes") / 1048576.0, ceil_txt,
-           ms_min > 0 ? 100.0 * proj / ms_min : 0.0, stream, grad, diff);
+           NUM("d_model"), NUM("compute_ms"), ms_min, gf, NUM("tokens_per_s"), NUM("peak_rss_bytes") / 1048576.0,
+           ceil_txt, ms_min > 0 ? 100.0 * proj / ms_min : 0.0, stream, grad, diff);
 #undef NUM
     fflush(stdout);
 }
@@ -722,10 +724,11 @@ static int sweep(const bench_opts *o, const char *self, double ceiling, cJSON *r
                     rc = EXIT_DATA;
                     continue;
                 }
-                cJSON_AddNumberToObject(j, "peak_bytes", (double)peak);
+                cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)peak);
                 if (ceiling > 0) {
-                    cJSON_AddNumberToObject(j, "sgemm_ceiling_gflops", ceiling);
-                    cJSON_AddNumberToObject(j, "ceiling_fraction", cJSON_GetObjectItem(j, "gflops")->valuedouble / ceiling);
+                    cJSON_AddNumberToObject(j, "sgemm_ceiling_gflop_per_s", ceiling);
+                    cJSON_AddNumberToObject(j, "ceiling_fraction",
+                                            cJSON_GetObjectItem(j, "gflop_per_s")->valuedouble / ceiling);
                 }
                 if (tty) fputs("\r\033[K", stderr);
                 print_row(o, j, ceiling);
@@ -777,15 +780,16 @@ static int generate_sweep(const bench_opts *o, const char *self)
             continue;
         }
         free(line);
-        cJSON_AddNumberToObject(j, "peak_bytes", (double)peak);
+        cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)peak);
         if (o->json) {
             char *text = cJSON_PrintUnformatted(j);
             if (text) printf("%s\n", text);
             free(text);
         } else {
 #define NUM(key) cJSON_GetObjectItem(j, key)->valuedouble
-            printf("%7.0f %10.3f %10.3f %9.3f %10.0f %9.2f %9.1f\n", NUM("tokens"), NUM("ms"), NUM("ms_min"),
-                   NUM("ttft_ms"), NUM("tokens_per_s"), NUM("us_per_token"), NUM("peak_bytes") / 1048576.0);
+            printf("%7.0f %10.3f %10.3f %9.3f %10.0f %9.2f %9.1f\n", NUM("generated_tokens"), NUM("generate_ms"),
+                   NUM("generate_min_ms"), NUM("time_to_first_token_ms"), NUM("tokens_per_s"), NUM("us_per_token"),
+                   NUM("peak_rss_bytes") / 1048576.0);
 #undef NUM
         }
         fflush(stdout);

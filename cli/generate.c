@@ -88,7 +88,8 @@ static const cli_option options[] = {
      "the context's re-encoding)",
      cli_model_set_threads, FIELD(m), NEEDS_VALUE, 0},
     {"--timing", NULL, "FILE",
-     "write JSON: prompt and generated tokens, time to first token, tokens/s, the model and the sampling",
+     "write JSON: prompt and generated tokens, time to first token, tokens/s, the model and the sampling"
+     " (its keys: JSON OUTPUT in man aft)",
      cli_set_string, FIELD(timing_path), "--timing needs a file", 0},
     {"--max-memory", NULL, "SIZE",
      "refuse a model needing more (bytes, or with K, M, G; default: the memory available)",
@@ -191,10 +192,9 @@ static int write_timing(aft_out *out, const struct gen_opts *o, const struct gen
         cJSON_AddNullToObject(j, "time_to_first_token_ms");
         cJSON_AddNullToObject(j, "tokens_per_s");
     }
-    cJSON *t = cJSON_AddObjectToObject(j, "timing_ms");
-    cJSON_AddNumberToObject(t, "load", r->t_loaded - r->t_start);
-    cJSON_AddNumberToObject(t, "generate", gen_ms);
-    cJSON_AddNumberToObject(t, "total", aft_now_ms() - r->t_start);
+    cJSON_AddNumberToObject(j, "load_ms", r->t_loaded - r->t_start);
+    cJSON_AddNumberToObject(j, "generate_ms", gen_ms);
+    cJSON_AddNumberToObject(j, "total_ms", aft_now_ms() - r->t_start);
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
     return cli_write_json(out, "generate", j);
 }

@@ -308,7 +308,8 @@ static const cli_option options[] = {
      "{\"file\", \"format\": \"npy\"|\"npz\"|\"safetensors\",\n"
      " \"tensors\": [{\"name\", \"dtype\", \"shape\", \"bytes\"}],\n"
      " \"metadata\": {...}, and for .npy \"npy\": {\"version\",\n"
-     " \"byte_order\": \"little\"|\"big\"|\"none\", \"fortran_order\"}}",
+     " \"byte_order\": \"little\"|\"big\"|\"none\", \"fortran_order\"}}\n"
+     "(its keys: JSON OUTPUT in man aft)",
      cli_set_flag, offsetof(struct info_opts, json), NULL, 0},
     {"--max-memory", NULL, "SIZE", "memory for inflating .npz members (bytes, or with K, M, G; default: the memory available)",
      set_max_memory, 0, "--max-memory takes a size like 4G, 512M or 1000000", 0},

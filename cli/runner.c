@@ -544,27 +544,26 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
     cJSON_AddStringToObject(j, "impl", o->cfg.impl == AFT_IMPL_REFERENCE ? "reference" : "fast");
     cJSON_AddNumberToObject(j, "repeat", (double)o->repeat);
     if (tm->grad) cJSON_AddStringToObject(j, "pass", "forward and backward");
-    cJSON *blas = cJSON_AddObjectToObject(j, "blas");
-    cJSON_AddStringToObject(blas, "library", bi.library);
-    cJSON_AddStringToObject(blas, "core", bi.core);
-    cJSON_AddStringToObject(blas, "projections", bi.projections);
-    cJSON *t = cJSON_AddObjectToObject(j, "timing_ms");
-    cJSON_AddNumberToObject(t, "load", tm->load);
-    cJSON_AddNumberToObject(t, "compute", tm->compute_med);
-    cJSON_AddNumberToObject(t, "compute_min", tm->compute_min);
-    cJSON_AddNumberToObject(t, "write", tm->write);
-    cJSON_AddNumberToObject(t, "total", tm->total);
+    cJSON_AddStringToObject(j, "blas_library", bi.library);
+    cJSON_AddStringToObject(j, "blas_core", bi.core);
+    cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    /* the times, under the keys aft bench gives the same facts (man/aft.1, JSON OUTPUT) */
+    cJSON_AddNumberToObject(j, "load_ms", tm->load);
+    cJSON_AddNumberToObject(j, "compute_ms", tm->compute_med);
+    cJSON_AddNumberToObject(j, "compute_min_ms", tm->compute_min);
+    cJSON_AddNumberToObject(j, "write_ms", tm->write);
+    cJSON_AddNumberToObject(j, "total_ms", tm->total);
     if (tm->grad) {
         /* the backward call recomputes the forward pass inside */
-        cJSON_AddNumberToObject(t, "forward", tm->forward);
-        cJSON_AddNumberToObject(t, "backward", tm->compute_med);
-        cJSON_AddNumberToObject(t, "backward_over_forward", tm->ratio);
+        cJSON_AddNumberToObject(j, "forward_ms", tm->forward);
+        cJSON_AddNumberToObject(j, "backward_ms", tm->compute_med);
+        cJSON_AddNumberToObject(j, "backward_over_forward", tm->ratio);
     }
     if (tm->layer) {
-        cJSON *ph = cJSON_AddObjectToObject(t, "phases_of_fastest");
-        cJSON_AddNumberToObject(ph, "projections", tm->phases.projections);
-        cJSON_AddNumberToObject(ph, "operator", tm->phases.op);
-        cJSON_AddNumberToObject(ph, "output", tm->phases.output);
+        /* where the fastest run spent its time */
+        cJSON_AddNumberToObject(j, "projections_ms", tm->phases.projections);
+        cJSON_AddNumberToObject(j, "operator_ms", tm->phases.op);
+        cJSON_AddNumberToObject(j, "output_ms", tm->phases.output);
     }
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
     return j;

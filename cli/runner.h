@@ -64,8 +64,8 @@ int runner_set_input(void *opts, const char *arg);
      "--prefix needs a value", 0}, \
     {"--seed", NULL, "N", "seed of the initialisation used without --weights (default 0)", runner_set_seed, 0, NULL, 0}, \
     {"--d-hidden", NULL, "N", "hidden size without --weights (default: D)", runner_set_d_hidden, 0, NULL, 0}, \
-    {"--timing", NULL, "FILE", "write timings and the configuration as JSON", cli_set_string, FIELD(timing_path), \
-     "--timing needs a file", 0}, \
+    {"--timing", NULL, "FILE", "write timings and the configuration as JSON (its keys: JSON OUTPUT in man aft)", \
+     cli_set_string, FIELD(timing_path), "--timing needs a file", 0}, \
     {"--repeat", NULL, "N", "run the computation N times (timing: median and min)", runner_set_repeat, 0, NULL, 0}, \
     {"--threads", NULL, "N", "threads (default: all cores)", runner_set_threads, 0, NULL, 0}, \
     {"--impl", NULL, "fast|reference", "reference: the plain float64 kernels", runner_set_impl, 0, NULL, 0}, \

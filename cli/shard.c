@@ -756,7 +756,7 @@ static int write_timing(shard *sh, const struct run_opts *o, const plan *pl, con
                                                                                                             : "band");
     cJSON_AddNumberToObject(m, "halo_rows", pl->halo == SIZE_MAX ? -1.0 : (double)pl->halo);
     cJSON *arr = cJSON_AddArrayToObject(m, "per_rank");
-    static const char *const names[NPHASE] = {"read_ms", "compute_ms", "communicate_ms", "write_ms",
+    static const char *const names[NPHASE] = {"load_ms", "compute_ms", "communicate_ms", "write_ms",
                                               "peak_rss_bytes", "sent_bytes", "row_start", "row_end"};
     for (int q = 0; q < sh->size; q++) {
         cJSON *e = cJSON_CreateObject();

@@ -39,7 +39,7 @@ OPENBLAS_NUM_THREADS and
 OMP_NUM_THREADS set to --threads, and torch.set_num_threads(--threads).
 Timings: torch.no_grad(), --warmup untimed calls, then the fastest of
 --repeat calls.  aft: `aft run ... --threads N --repeat N --timing FILE`,
-timing_ms.compute_min and peak_rss_bytes from that JSON.  Torch and aft take
+compute_min_ms and peak_rss_bytes from that JSON.  Torch and aft take
 turns --rounds times (default 3) and each side keeps its fastest round: the
 speed of a shared machine drifts by up to 2x within a minute, and a single
 pair of measurements can land one side in a slow moment.
@@ -66,7 +66,7 @@ those keys still count, so the loop cannot keep only the window), then
 sigmoid(Q) *, then the output projection; float32, torch.no_grad().  Its
 time a token is the fastest decode's total over the tokens (the first and
 last 256 tokens are shown too: the loop's cost grows with t).  aft's is
-us_per_token_stream of `aft bench --stream` (a step of one row, the state
+stream_us_per_token of `aft bench --stream` (a step of one row, the state
 in memory, seeded weights; the time does not depend on their values).  The
 check runs the loop over --check-len tokens against `aft run --causal
 --variant local` on the same weights and against labml's one-shot forward
@@ -91,10 +91,10 @@ weights once at a measured copy rate; the floor is the larger time.
 every parameter requiring grad, against `aft grad --weights W <the case's
 aft run options> x.npy --grad-output dy.npy --timing FILE --repeat N` on
 the same files (the module's state dict, x, dy).  Both sides are medians:
-torch's of --repeat calls after --warmup, aft's timing_ms.backward (the
+torch's of --repeat calls after --warmup, aft's backward_ms (the
 gradient call, its forward included); each side keeps its round with the
 lowest median.  Beside them the forward alone (torch under no_grad, aft's
-timing_ms.forward) and each side's ratio forward+backward / forward (aft's
+forward_ms) and each side's ratio forward+backward / forward (aft's
 backward_over_forward: the median of the ratios of each gradient call to the
 forward pass aft runs right after it).  First, at --check-len, every gradient aft writes
 (input, each parameter under its state_dict name) is checked against
@@ -969,7 +969,7 @@ def do_checks(args, out, tmp):
             out.note(f"check {case:<12} T={T}: aft failed: {err}",
                      type="check", case=case, T=T, ok=False, error="aft: " + err)
             continue
-        core = (tj.get("blas") or {}).get("core", core)
+        core = tj.get("blas_core", core)
         ya = np.load(os.path.join(d, "y_aft.npy")).astype(np.float64)
         y32 = np.load(os.path.join(d, "y_torch32.npy")).astype(np.float64)
         y64 = np.load(os.path.join(d, "y_torch64.npy"))
@@ -1045,11 +1045,11 @@ def bench_round(args, case, T, d, row):
     if tj is None:
         row["aft_error"] = err
     else:
-        keep_min("aft_ms", tj["timing_ms"]["compute_min"])
-        row.setdefault("aft_ms_medians", []).append(tj["timing_ms"]["compute"])
+        keep_min("aft_ms", tj["compute_min_ms"])
+        row.setdefault("aft_ms_medians", []).append(tj["compute_ms"])
         row["aft_ms_median"] = statistics.median(row["aft_ms_medians"])
         keep_max("aft_peak_rss", tj.get("peak_rss_bytes"))
-        row["aft_blas_core"] = (tj.get("blas") or {}).get("core")
+        row["aft_blas_core"] = tj.get("blas_core")
 
 
 def layer_flops(args, case, T):
@@ -1116,7 +1116,7 @@ def bench(args, out, tmp, mm_gflops=None):
             print(f"\nfloor: the layer's FLOPs at {mm_gflops:.1f} GFLOP/s (the 2048^3 torch.mm above) "
                   f"or its bytes at {copy_gbs:.1f} GB/s (a 256 MiB copy), the larger")
         print(f"\n{args.rounds} rounds, torch and aft taking turns; torch: best of "
-              f"{args.repeat} after {args.warmup} warm-up; aft: compute_min of --repeat "
+              f"{args.repeat} after {args.warmup} warm-up; aft: compute_min_ms of --repeat "
               f"{args.repeat}; best round of each; d_model {args.d_model}, "
               f"d_hidden {args.d_hidden}, window {args.window}, batch 1, float32")
         for case in args.cases:
@@ -1275,9 +1275,9 @@ def stream_round(args, T, row):
         j, err = run_aft_bench(args, stream_aft_argv(args, T))
         if j is None:
             row["aft_error"] = err
-        elif "aft_us" not in row or j["us_per_token_stream"] < row["aft_us"]:
-            row.update(aft_us=j["us_per_token_stream"], aft_us_one_shot=j["us_per_token_one_shot"],
-                       aft_us_floor=j["us_per_token_floor"])
+        elif "aft_us" not in row or j["stream_us_per_token"] < row["aft_us"]:
+            row.update(aft_us=j["stream_us_per_token"], aft_us_one_shot=j["one_shot_us_per_token"],
+                       aft_us_floor=j["floor_us_per_token"])
 
 
 def stream_mode(args, out, tmp):
@@ -1292,7 +1292,7 @@ def stream_mode(args, out, tmp):
               f"turns, best round of each\n"
               f"  torch: the KV-cache loop (stream_decode), fastest of {args.repeat} decode(s) "
               f"after {args.warmup} untimed of 64 tokens; us a token = the decode's time / tokens\n"
-              f"  aft:   us_per_token_stream of `aft bench "
+              f"  aft:   stream_us_per_token of `aft bench "
               f"{' '.join(stream_aft_argv(args, 'T'))}` (seeded weights, the state in memory)")
     for T in args.seq_len:
         row = {"type": "stream", "T": T, "aft_command": "aft bench " + " ".join(stream_aft_argv(args, T))}
@@ -1374,9 +1374,10 @@ def grid_round(args, d, row):
         tj, err = run_aft(args, grid_aft_argv(args), d)
         if tj is None:
             row["aft_error"] = err
-        elif tj["timing_ms"]["compute_min"] < row.get("aft_ms", float("inf")):
-            row.update(aft_ms=tj["timing_ms"]["compute_min"],
-                       aft_phases_ms=tj["timing_ms"].get("phases_of_fastest"),
+        elif tj["compute_min_ms"] < row.get("aft_ms", float("inf")):
+            row.update(aft_ms=tj["compute_min_ms"],
+                       aft_phases_ms={k: tj[k + "_ms"] for k in ("projections", "operator", "output")
+                                      if k + "_ms" in tj},
                        aft_peak_rss=tj.get("peak_rss_bytes"))
 
 
@@ -1570,11 +1571,10 @@ def grad_round(args, case, T, d, row):
         if tj is None:
             row["aft_error"] = err
         else:
-            tm = tj["timing_ms"]
-            row.setdefault("aft_round_medians_ms", []).append(tm["backward"])
-            if tm["backward"] < row.get("aft_ms", float("inf")):
-                row.update(aft_ms=tm["backward"], aft_ms_min=tm["compute_min"],
-                           aft_forward_ms=tm["forward"], aft_ratio=tm["backward_over_forward"])
+            row.setdefault("aft_round_medians_ms", []).append(tj["backward_ms"])
+            if tj["backward_ms"] < row.get("aft_ms", float("inf")):
+                row.update(aft_ms=tj["backward_ms"], aft_ms_min=tj["compute_min_ms"],
+                           aft_forward_ms=tj["forward_ms"], aft_ratio=tj["backward_over_forward"])
             row["aft_peak_rss"] = max(row.get("aft_peak_rss", 0), tj.get("peak_rss_bytes") or 0)
 
 
@@ -1657,9 +1657,9 @@ def grad_memory(args, out, tmp):
     if tj is None:
         row["aft_error"] = err
     else:
-        row.update(aft_peak_rss=tj.get("peak_rss_bytes"), aft_ms=tj["timing_ms"]["backward"],
-                   aft_forward_ms=tj["timing_ms"]["forward"],
-                   aft_ratio=tj["timing_ms"]["backward_over_forward"])
+        row.update(aft_peak_rss=tj.get("peak_rss_bytes"), aft_ms=tj["backward_ms"],
+                   aft_forward_ms=tj["forward_ms"],
+                   aft_ratio=tj["backward_over_forward"])
         row["pass"] = row["aft_peak_rss"] is not None and row["aft_peak_rss"] < GRAD_MEMORY_TARGET
     return row
 
@@ -1670,7 +1670,7 @@ def pass_miss(ok):
 
 def print_grad_targets(args, rows, mem):
     print(f"\ntargets (d_model {args.d_model}, window {args.window}, {args.threads} thread(s); "
-          f"speed-up = torch forward+backward median / aft timing_ms.backward median):")
+          f"speed-up = torch forward+backward median / aft backward_ms median):")
     for r in rows:
         if "speedup" in r:
             print(f"  {r['case']:<12} T={r['T']:<6} aft grad >= {r['speedup_target']:g}x torch "
@@ -1715,8 +1715,8 @@ def grad_mode(args, out, tmp):
               f"every parameter requiring grad, the grads set to None between calls) after "
               f"{args.warmup} warm-up; fwd: the forward alone, median of {args.repeat} under "
               f"torch.no_grad(); bwd(): the y.backward(dy) call alone\n"
-              f"  aft:   timing_ms.backward (median of --repeat {args.repeat} gradient calls, each "
-              f"running its own forward) and timing_ms.forward (median of {args.repeat} forward "
+              f"  aft:   backward_ms (median of --repeat {args.repeat} gradient calls, each "
+              f"running its own forward) and forward_ms (median of {args.repeat} forward "
               f"passes alone, one after each gradient call; the ratio is the median of the "
               f"pairs') from --timing of")
         for case in args.cases:
@@ -1786,7 +1786,7 @@ def generate_round(args, T, d, row):
             row.setdefault("texts", {})["aft"] = text
             if tj["tokens_per_s"] > row.get("aft_tokens_per_s", 0.0):
                 row.update(aft_tokens_per_s=tj["tokens_per_s"], aft_ttft_ms=tj["time_to_first_token_ms"],
-                           aft_ms=tj["timing_ms"]["generate"])
+                           aft_ms=tj["generate_ms"])
     texts = row.get("texts", {})
     if len(texts) == 3 and len(set(texts.values())) != 1:
         row["mismatch"] = True
@@ -1827,7 +1827,7 @@ def generate_mode(args, out, tmp):
         j, err = run_aft_bench(args, ["--generate", "--weights", MODEL_CKPT, "--seq-len", str(T), "--threads",
                                       str(args.threads), "--repeat", "5", "--json"])
         if j is not None:
-            row.update(bench_tokens_per_s=j["tokens_per_s"], bench_ttft_ms=j["ttft_ms"])
+            row.update(bench_tokens_per_s=j["tokens_per_s"], bench_ttft_ms=j["time_to_first_token_ms"])
             if "labml_tokens_per_s" in row:
                 row["bench_over_labml"] = row["bench_tokens_per_s"] / row["labml_tokens_per_s"]
         if out.json:

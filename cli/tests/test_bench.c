@@ -68,17 +68,17 @@ static void test_json_sweep(void **state)
         seen[vi][T == 64]++;
         assert_true(num(j, "d_model") == 16 && num(j, "d_hidden") == 16 && num(j, "batch") == 1);
         assert_true(num(j, "threads") == 2);
-        double ms = num(j, "ms"), ms_min = num(j, "ms_min");
+        double ms = num(j, "compute_ms"), ms_min = num(j, "compute_min_ms");
         assert_true(ms_min > 0 && ms_min <= ms);
-        double p = num(j, "ms_projections"), o = num(j, "ms_operator"), out = num(j, "ms_output");
+        double p = num(j, "projections_ms"), o = num(j, "operator_ms"), out = num(j, "output_ms");
         assert_true(p >= 0 && o >= 0 && out >= 0);
         assert_true(p + o + out <= ms_min);
         assert_true(num(j, "gflop") > 0);
-        assert_true(fabs(num(j, "gflops") - num(j, "gflop") / (ms * 1e-3)) <= 1e-6 * num(j, "gflops"));
+        assert_true(fabs(num(j, "gflop_per_s") - num(j, "gflop") / (ms * 1e-3)) <= 1e-6 * num(j, "gflop_per_s"));
         assert_true(fabs(num(j, "tokens_per_s") - T / (ms * 1e-3)) <= 1e-6 * num(j, "tokens_per_s"));
-        assert_true(num(j, "peak_bytes") > 0);
+        assert_true(num(j, "peak_rss_bytes") > 0);
         /* --no-ceiling: no ceiling figures */
-        assert_null(cJSON_GetObjectItemCaseSensitive(j, "sgemm_ceiling_gflops"));
+        assert_null(cJSON_GetObjectItemCaseSensitive(j, "sgemm_ceiling_gflop_per_s"));
         assert_null(cJSON_GetObjectItemCaseSensitive(j, "ceiling_fraction"));
         cJSON_Delete(j);
     }
@@ -106,8 +106,8 @@ static void test_peak_is_the_runs_own(void **state)
     assert_int_equal(r.exit_code, 0);
     cJSON *j = cJSON_Parse(r.out);
     assert_non_null(j);
-    assert_true(num(j, "sgemm_ceiling_gflops") > 0);
-    double peak = num(j, "peak_bytes");
+    assert_true(num(j, "sgemm_ceiling_gflop_per_s") > 0);
+    double peak = num(j, "peak_rss_bytes");
     print_message("peak of T = 32, d = 16: %.1f MiB\n", peak / 1048576.0);
     assert_true(peak > 0);
     assert_true(peak < 40.0 * 1048576.0);
@@ -131,7 +131,7 @@ static void test_impl_both(void **state)
         assert_int_equal(r.exit_code, 0);
         cJSON *j = cJSON_Parse(r.out);
         assert_non_null(j);
-        double diff = num(j, "max_diff_vs_reference"), ref = num(j, "max_abs_reference");
+        double diff = num(j, "max_abs_error"), ref = num(j, "max_abs_reference");
         assert_true(ref > 0);
         if (!(diff <= 2e-5 * (ref > 1 ? ref : 1)))
             fail_msg("%s: max |fast - reference| %g (max |reference| %g)", variants[i], diff, ref);
@@ -198,12 +198,12 @@ static void test_stream(void **state)
     for (char *line = strtok_r(r.out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         cJSON *j = cJSON_Parse(line);
         assert_non_null(j);
-        assert_true(num(j, "us_per_token_stream") > 0 && num(j, "us_per_token_one_shot") > 0);
-        assert_true(num(j, "us_per_token_floor") > 0 && num(j, "chunk") == 30);
-        assert_true(num(j, "ms_chunked") > 0);
-        assert_true(fabs(num(j, "chunked_over_one_shot") - num(j, "ms_chunked") / num(j, "ms_min")) < 1e-9 *
+        assert_true(num(j, "stream_us_per_token") > 0 && num(j, "one_shot_us_per_token") > 0);
+        assert_true(num(j, "floor_us_per_token") > 0 && num(j, "chunk") == 30);
+        assert_true(num(j, "chunked_ms") > 0);
+        assert_true(fabs(num(j, "chunked_over_one_shot") - num(j, "chunked_ms") / num(j, "compute_min_ms")) < 1e-9 *
                     num(j, "chunked_over_one_shot") + 1e-12);
-        assert_true(fabs(num(j, "us_per_token_one_shot") - num(j, "ms_min") * 1e3 / 70) < 1e-6);
+        assert_true(fabs(num(j, "one_shot_us_per_token") - num(j, "compute_min_ms") * 1e3 / 70) < 1e-6);
         cJSON_Delete(j);
     }
     harness_result_free(&r);
@@ -238,11 +238,11 @@ static void test_grad(void **state)
         for (char *line = strtok_r(r.out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
             cJSON *j = cJSON_Parse(line);
             assert_non_null(j);
-            assert_true(num(j, "ms_grad") > 0 && num(j, "ms_grad_min") <= num(j, "ms_grad"));
+            assert_true(num(j, "backward_ms") > 0 && num(j, "backward_min_ms") <= num(j, "backward_ms"));
             /* the median of the calls' ratios to the forward pass run after
              * each: a positive finite number (the forward's own median is
              * measured apart, at other moments) */
-            assert_true(num(j, "grad_over_forward") > 0 && isfinite(num(j, "grad_over_forward")));
+            assert_true(num(j, "backward_over_forward") > 0 && isfinite(num(j, "backward_over_forward")));
             cJSON_Delete(j);
         }
         harness_result_free(&r);
