@@ -82,7 +82,9 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
     return aft_layer_forward_chunked(y, x, p, cfg, B, T, AFT_LAYER_CHUNK_AUTO, times, NULL, err);
 }
 
-/* the plain path: each projection on its own, in double */
+/* the plain path: each projection on its own, in double; aft_op_forward
+ * takes the rows on cfg's counter and counts them (the projections are
+ * small beside its O(T^2 C)) */
 static aft_status layer_reference(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
                                   size_t T, aft_layer_times *tm, aft_error *err)
 {
@@ -216,6 +218,9 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
     if ((st = aft_spec_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) return st;
     aft_layer_prep lp;
     if ((st = aft_layer_prep_init(&lp, p, cfg->projections, sp.threads, err))) return st;
+    /* the rows on the caller's counter: each path counts them as it goes */
+    const size_t seen0 = aft_progress_seen(cfg->progress);
+    sp.progress = aft_progress_plan(cfg->progress, N);
     /* short sequences, two or more, that the chunked paths would cut */
     if (chunk == AFT_LAYER_CHUNK_AUTO && T > aft_layer_step(&lp) && aft_batch_groups(sp.threads, B, T) > 1 &&
         !aft_spec_on_grid(&sp)) {
@@ -226,7 +231,9 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
     }
     int streamed = aft_layer_chunked(y, x, &lp, &sp, B, T, chunk, &tm, NULL, &st, err);
     if (streamed_out) *streamed_out = streamed == 1;
-    /* not chunked, or a key of +inf or NaN stopped it: the whole sequence */
+    /* not chunked, or a key of +inf or NaN stopped it: the whole sequence
+     * (the rows the chunks had counted are taken on again) */
+    if (streamed == -2) aft_progress_plan(sp.progress, aft_progress_seen(sp.progress) - seen0);
     if (streamed == 0 || streamed == -2) st = layer_whole(y, x, &lp, sp, B, T, &tm, err);
     if (times) *times = tm;
     aft_layer_prep_free(&lp);

@@ -579,6 +579,12 @@ static void add(float *x, const float *y, size_t n)
 aft_status aft_model_forward(const aft_model *m, float *logits, const int32_t *tokens, size_t B, size_t T,
                              aft_error *err)
 {
+    return aft_model_forward_progress(m, logits, tokens, B, T, NULL, err);
+}
+
+aft_status aft_model_forward_progress(const aft_model *m, float *logits, const int32_t *tokens, size_t B, size_t T,
+                                      aft_progress *progress, aft_error *err)
+{
     const size_t D = m->info.d_model, F = m->info.d_ff, V = m->info.n_vocab;
     size_t N;
     if (!aft_mul_ok(B, T, &N) || N > INT_MAX)
@@ -591,6 +597,8 @@ aft_status aft_model_forward(const aft_model *m, float *logits, const int32_t *t
     aft_status st = bad_token(m, tokens, T, B, T, 0, err);
     if (st) return st;
     const int ref = m->impl == AFT_IMPL_REFERENCE;
+    /* N rows a layer (N <= INT_MAX, layers <= MAX_LAYERS: no overflow) */
+    aft_progress_plan(progress, N * m->info.n_layers);
     float *x = aft_alloc_array(N, D * sizeof(float)), *z = aft_alloc_array(N, D * sizeof(float));
     float *y = aft_alloc_array(N, D * sizeof(float)), *h = aft_alloc_array(N, F * sizeof(float));
     if (!x || !z || !y || !h) {
@@ -615,6 +623,7 @@ aft_status aft_model_forward(const aft_model *m, float *logits, const int32_t *t
         if (ref) aft_ffn_ref(y, z, &L->ffp, N);
         else aft_ffn_apply(&L->ffn, y, z, N, h);
         add(x, y, N * D);
+        aft_progress_done(progress, N);
     }
     norm(z, x, m->norm_w, m->norm_b, N, D, AFT_LAYERNORM_EPS);
     if (ref) aft_linear_ref(logits, V, z, D, m->gen_w, m->gen_b, N, D, V);
