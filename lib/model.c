@@ -7,6 +7,7 @@
  * state.c), LayerNorm (norm.c), the feed-forward network (ffn.c), the
  * embedding (embed.c), the vocabulary (vocab.c), sampling (sample.c). */
 #include "carry.h"
+#include "layer.h"   /* aft_layer_forward_counted */
 #include "nn/nn.h"
 
 #include <inttypes.h>
@@ -597,7 +598,8 @@ aft_status aft_model_forward_progress(const aft_model *m, float *logits, const i
     aft_status st = bad_token(m, tokens, T, B, T, 0, err);
     if (st) return st;
     const int ref = m->impl == AFT_IMPL_REFERENCE;
-    /* N rows a layer (N <= INT_MAX, layers <= MAX_LAYERS: no overflow) */
+    /* N rows a layer, which each layer counts (N <= INT_MAX, layers <=
+     * MAX_LAYERS: no overflow) */
     aft_progress_plan(progress, N * m->info.n_layers);
     float *x = aft_alloc_array(N, D * sizeof(float)), *z = aft_alloc_array(N, D * sizeof(float));
     float *y = aft_alloc_array(N, D * sizeof(float)), *h = aft_alloc_array(N, F * sizeof(float));
@@ -612,9 +614,10 @@ aft_status aft_model_forward_progress(const aft_model *m, float *logits, const i
         const mlayer *L = &m->layers[l];
         aft_config cfg = L->cfg;
         cfg.impl = m->impl;
+        cfg.progress = progress;   /* the layer counts its rows, taken on above */
         norm(z, x, L->ln1_w, L->ln1_b, N, D, AFT_LAYERNORM_EPS);
         aft_error e2;
-        if ((st = aft_layer_forward(y, z, &L->attn.p, &cfg, B, T, &e2))) {
+        if ((st = aft_layer_forward_counted(y, z, &L->attn.p, &cfg, B, T, &e2))) {
             st = aft_fail(err, st, "layer %zu: %s", l, e2.msg);
             goto done;
         }
@@ -623,7 +626,6 @@ aft_status aft_model_forward_progress(const aft_model *m, float *logits, const i
         if (ref) aft_ffn_ref(y, z, &L->ffp, N);
         else aft_ffn_apply(&L->ffn, y, z, N, h);
         add(x, y, N * D);
-        aft_progress_done(progress, N);
     }
     norm(z, x, m->norm_w, m->norm_b, N, D, AFT_LAYERNORM_EPS);
     if (ref) aft_linear_ref(logits, V, z, D, m->gen_w, m->gen_b, N, D, V);

@@ -176,15 +176,29 @@ aft_status aft_op_run(float *out, const float *q, const float *k, const float *v
     return run_all(out, q, k, v, sp, B, kc, 0, err);
 }
 
-aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,
-                          const aft_bias *bias, const aft_config *cfg,
-                          size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+/* take: the rows go on cfg's counter's total here (else the caller's) */
+static aft_status op_forward(float *out, const float *q, const float *k, const float *v, const aft_bias *bias,
+                             const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc, int take,
+                             aft_error *err)
 {
     aft_opspec sp;
     aft_status st = aft_spec_settle(&sp, bias, cfg, B, T, C, kc, err);
     if (st) return st;
-    if (C > 0) sp.progress = aft_progress_plan(cfg->progress, B * T);
+    sp.progress = take && C > 0 ? aft_progress_plan(cfg->progress, B * T) : cfg->progress;
     return run_all(out, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);
+}
+
+aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,
+                          const aft_bias *bias, const aft_config *cfg,
+                          size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+{
+    return op_forward(out, q, k, v, bias, cfg, B, T, C, kc, 1, err);
+}
+
+aft_status aft_op_forward_counted(float *out, const float *q, const float *k, const float *v, const aft_bias *bias,
+                                  const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+{
+    return op_forward(out, q, k, v, bias, cfg, B, T, C, kc, 0, err);
 }
 
 /* ---- the backward pass: the kernels as run_kernel picks them */
