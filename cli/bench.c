@@ -41,6 +41,7 @@ typedef struct {
     int seq_set;        /* --seq-len was given */
     int generate;       /* --generate: the model generating --seq-len tokens */
     const char *weights;   /* --generate: the model (default: the shipped one) */
+    const char *label;     /* --progress-label: the child's progress line starts so */
 } bench_opts;
 
 /* a comma-separated list of sizes */
@@ -167,8 +168,9 @@ static const cli_option options[] = {
     {"--no-ceiling", NULL, NULL, "skip measuring the matrix-product ceiling (the ceil column shows -)", cli_set_flag,
      FIELD(no_ceiling), NULL, 0},
     {"--plot", NULL, "FILE",
-     "also draw time and memory against T (log-log) with gnuplot into FILE.svg or FILE.png", cli_set_string,
-     FIELD(plot), NEEDS_VALUE, 0},
+     "also draw time and memory against T (log-log) with gnuplot into FILE.svg or FILE.png (the format, the "
+     "directory and gnuplot are checked before anything is timed)",
+     cli_set_string, FIELD(plot), NEEDS_VALUE, 0},
     {"--stream", NULL, NULL,
      "with --causal: also decode a token at a time (the streaming state in memory, one row a step) and run the "
      "sequence in chunks of --chunk rows; columns tok us (a token's step), 1-shot us (the one-shot run's time a "
@@ -190,6 +192,8 @@ static const cli_option options[] = {
     /* one configuration in this process: how the parent runs each */
     {"--one", NULL, NULL, "run the first configuration here and print its JSON", cli_set_flag, FIELD(one), NULL,
      1},
+    {"--progress-label", NULL, "TEXT", "--one: the progress line's label (the parent's place in the sweep)",
+     cli_set_string, FIELD(label), NEEDS_VALUE, 1},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
@@ -249,14 +253,27 @@ typedef struct {
     cli_grad_times grad;         /* --grad */
 } measured;
 
+/* the child's progress line for the phase `what` of its configuration:
+ * "LABEL, WHAT: 37% (...)", LABEL the parent's --progress-label */
+static void phase(const bench_opts *o, const char *what)
+{
+    cli_progress_stop();
+    cli_progress_start("%s, %s", o->label ? o->label : "aft bench", what);
+}
+
 /* runs the layer o->repeat times after one untimed run (thread pools and
  * page faults belong to start-up); y: (B, T, D) */
-static int measure(const bench_opts *o, float *y, const float *x, const aft_params *p, const aft_config *cfg,
+static int measure(const bench_opts *o, float *y, const float *x, const aft_params *p, const aft_config *cfg_in,
                    size_t B, size_t T, measured *m)
 {
     aft_error err;
     double *times = malloc(o->repeat * sizeof(double));
     if (!times) return EXIT_DATA;
+    phase(o, "the layer");
+    cli_progress_steps(o->repeat + 1);
+    aft_config cfg_p = *cfg_in;
+    cfg_p.progress = cli_progress_counter();   /* a few adds a run, on a terminal only */
+    const aft_config *cfg = &cfg_p;
     if (aft_layer_forward(y, x, p, cfg, B, T, &err) != AFT_OK) {
         cli_error("bench", "%s", err.msg);
         free(times);
@@ -265,6 +282,7 @@ static int measure(const bench_opts *o, float *y, const float *x, const aft_para
     aft_layer_times ph;
     double best = 0.0;
     for (size_t r = 0; r < o->repeat; r++) {
+        cli_progress_step(r + 1);
         double t0 = aft_now_ms();
         aft_layer_forward_timed(y, x, p, cfg, B, T, &ph, &err);
         times[r] = aft_now_ms() - t0;
@@ -273,6 +291,7 @@ static int measure(const bench_opts *o, float *y, const float *x, const aft_para
             m->phases = ph;
         }
     }
+    cli_progress_stop();
     m->med = cli_median(times, o->repeat);
     m->min = times[0];
     free(times);
@@ -280,14 +299,18 @@ static int measure(const bench_opts *o, float *y, const float *x, const aft_para
 }
 
 /* --impl both: the largest |y - reference| and |reference| over nx values */
-static int against_reference(const float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
-                             size_t T, size_t nx, measured *m)
+static int against_reference(const bench_opts *o, const float *y, const float *x, const aft_params *p,
+                             const aft_config *cfg, size_t B, size_t T, size_t nx, measured *m)
 {
     aft_error err;
     float *yr = malloc(nx * sizeof(float) + 1);
     aft_config rc = *cfg;
     rc.impl = AFT_IMPL_REFERENCE;
-    if (!yr || aft_layer_forward(yr, x, p, &rc, B, T, &err) != AFT_OK) {
+    phase(o, "the float64 reference");
+    rc.progress = cli_progress_counter();
+    aft_status st = yr ? aft_layer_forward(yr, x, p, &rc, B, T, &err) : AFT_ERR_NOMEM;
+    cli_progress_stop();
+    if (st != AFT_OK) {
         cli_error("bench", "reference run failed: %s", yr ? err.msg : "out of memory");
         free(yr);
         return EXIT_DATA;
@@ -384,9 +407,16 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     } else if (cli_params_seeded(&params, &cfg, 0, T, D, C, 1, "bench") == 0) {
         for (size_t i = 0; i < nx; i++) x[i] = aft_seeded_bias(11, 1.0f, i / D, i % D);
         rc = measure(o, y, x, &params.p, &cfg, B, T, &m);
-        if (!rc && o->impl_both) rc = against_reference(y, x, &params.p, &cfg, B, T, nx, &m);
-        if (!rc && o->stream) rc = cli_bench_stream(&params.p, &cfg, B, T, D, C, o->chunk, o->repeat, &m.stream);
-        if (!rc && o->grad) rc = cli_bench_grad(&params.p, &cfg, B, T, x, o->repeat, &m.grad);
+        if (!rc && o->impl_both) rc = against_reference(o, y, x, &params.p, &cfg, B, T, nx, &m);
+        if (!rc && o->stream) {
+            phase(o, "streaming");
+            rc = cli_bench_stream(&params.p, &cfg, B, T, D, C, o->chunk, o->repeat, &m.stream);
+        }
+        if (!rc && o->grad) {
+            phase(o, "the backward pass");
+            rc = cli_bench_grad(&params.p, &cfg, B, T, x, o->repeat, &m.grad);
+        }
+        cli_progress_stop();
         if (!rc) rc = print_one(o, &cfg, B, T, D, C, &m);
     }
     free(x);
@@ -406,7 +436,9 @@ static int run_generate_one(const bench_opts *o, size_t n)
     int rc = cli_model_open(&mo, &m);
     if (rc) return rc;
     cli_generate_times t;
+    phase(o, "generating");
     rc = cli_bench_generate(m, n, o->repeat, &t);
+    cli_progress_stop();
     if (rc) {
         aft_model_free(m);
         return rc;
@@ -478,9 +510,10 @@ static double sgemm_ceiling(int threads)
 
 static int spawn(const char *self, char **argv, char **line, size_t *peak);
 
-/* runs one configuration in a child; fills line (its JSON) and peak (bytes) */
-static int run_child(const char *self, const bench_opts *o, aft_variant var, size_t T, size_t D, char **line,
-                     size_t *peak)
+/* runs one configuration in a child, its progress line (on a terminal)
+ * starting with label; fills line (its JSON) and peak (bytes) */
+static int run_child(const char *self, const bench_opts *o, aft_variant var, size_t T, size_t D, const char *label,
+                     char **line, size_t *peak)
 {
     char a_var[16], a_T[32], a_D[32], a_C[32], a_s[32], a_h[32], a_b[32], a_th[32], a_r[32];
     snprintf(a_var, sizeof a_var, "%s", aft_variant_name(var));
@@ -492,7 +525,7 @@ static int run_child(const char *self, const bench_opts *o, aft_variant var, siz
     snprintf(a_b, sizeof a_b, "%zu", o->batch);
     snprintf(a_th, sizeof a_th, "%d", o->threads);
     snprintf(a_r, sizeof a_r, "%zu", o->repeat);
-    char *argv[32];
+    char *argv[48];
     int n = 0;
     argv[n++] = (char *)self;
     argv[n++] = "bench";
@@ -515,19 +548,23 @@ static int run_child(const char *self, const bench_opts *o, aft_variant var, siz
     if (o->grad) argv[n++] = "--grad";
     if (o->impl_both) { argv[n++] = "--impl"; argv[n++] = "both"; }
     else if (o->impl_ref) { argv[n++] = "--impl"; argv[n++] = "reference"; }
+    if (cli_quiet) argv[n++] = "--quiet";
+    argv[n++] = "--progress-label"; argv[n++] = (char *)label;
     argv[n] = NULL;
     return spawn(self, argv, line, peak);
 }
 
 /* --generate: n tokens in a child; as run_child */
-static int generate_child(const char *self, const bench_opts *o, size_t n, char **line, size_t *peak)
+static int generate_child(const char *self, const bench_opts *o, size_t n, const char *label, char **line,
+                          size_t *peak)
 {
     char a_n[32], a_th[32], a_r[32];
     snprintf(a_n, sizeof a_n, "%zu", n);
     snprintf(a_th, sizeof a_th, "%d", o->threads);
     snprintf(a_r, sizeof a_r, "%zu", o->repeat);
     char *argv[] = {(char *)self, "bench", "--one", "--generate", "--weights", (char *)o->weights, "--seq-len", a_n,
-                    "--threads", a_th, "--repeat", a_r, NULL};
+                    "--threads", a_th, "--repeat", a_r, "--progress-label", (char *)label,
+                    cli_quiet ? "--quiet" : NULL, NULL};
     return spawn(self, argv, line, peak);
 }
 
@@ -575,17 +612,32 @@ static int spawn(const char *self, char **argv, char **line, size_t *peak)
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 && len > 0 ? 0 : -1;
 }
 
-static int write_plot(const char *path, cJSON *rows)
+/* What --plot needs, checked before anything is timed: a name ending in
+ * .svg or .png (the format), a directory it can write in, and gnuplot. 0,
+ * or an exit status after reporting. */
+static int check_plot(const char *path)
 {
-    size_t n = strlen(path);
-    int png = n > 4 && strcmp(path + n - 4, ".png") == 0;
-    if (!png && !(n > 4 && strcmp(path + n - 4, ".svg") == 0)) {
+    if (!cli_ends_with(path, ".svg") && !cli_ends_with(path, ".png"))
         return cli_usage_error("bench", "--plot %s: the file must end in .svg or .png", path);
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (access(dir, W_OK) != 0 || (access(path, F_OK) == 0 && access(path, W_OK) != 0)) {
+        cli_error("bench", "--plot %s: cannot write there: %s", path, strerror(errno));
+        return EXIT_DATA;
     }
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         cli_error("bench", "--plot needs gnuplot, which is not installed; on Debian: apt-get install gnuplot-nox");
         return EXIT_DATA;
     }
+    return 0;
+}
+
+/* the plot of rows into path (check_plot said it can be made) */
+static int write_plot(const char *path, cJSON *rows)
+{
+    int png = cli_ends_with(path, ".png");
     char dat[] = "/tmp/aft-bench-XXXXXX";
     int fd = mkstemp(dat);
     if (fd < 0) return EXIT_DATA;
@@ -705,12 +757,13 @@ static int sweep(const bench_opts *o, const char *self, double ceiling, cJSON *r
         for (size_t v = 0; v < o->nvar; v++)
             for (size_t s = 0; s < o->nseq; s++) {
                 const char *name = aft_variant_name(o->var[v]);
-                if (tty)
-                    fprintf(stderr, "\raft bench: [%zu/%zu] %s T=%zu d=%zu ...   ", done + 1, total, name, o->seq[s],
-                            o->dm[d]);
+                char label[128];
+                snprintf(label, sizeof label, "aft bench: [%zu/%zu] %s T=%zu d=%zu", done + 1, total, name, o->seq[s],
+                         o->dm[d]);
+                if (tty) fprintf(stderr, "\r%s ...   ", label);
                 char *line = NULL;
                 size_t peak = 0;
-                if (run_child(self, o, o->var[v], o->seq[s], o->dm[d], &line, &peak) != 0) {
+                if (run_child(self, o, o->var[v], o->seq[s], o->dm[d], label, &line, &peak) != 0) {
                     if (tty) fputc('\n', stderr);
                     cli_error("bench", "%s T=%zu d=%zu failed", name, o->seq[s], o->dm[d]);
                     free(line);
@@ -769,11 +822,16 @@ static int generate_sweep(const bench_opts *o, const char *self)
 #ifdef __GLIBC__
     malloc_trim(0);   /* the children start with this process's resident pages (sgemm_ceiling) */
 #endif
+    int tty = isatty(STDERR_FILENO) && !cli_quiet;
     for (size_t i = 0; i < o->nseq; i++) {
-        char *line = NULL;
+        char *line = NULL, label[96];
         size_t peak = 0;
         cJSON *j = NULL;
-        if (generate_child(self, o, o->seq[i], &line, &peak) != 0 || !(j = cJSON_Parse(line))) {
+        snprintf(label, sizeof label, "aft bench: [%zu/%zu] %zu tokens", i + 1, o->nseq, o->seq[i]);
+        if (tty) fprintf(stderr, "\r%s ...   ", label);
+        int failed = generate_child(self, o, o->seq[i], label, &line, &peak) != 0 || !(j = cJSON_Parse(line));
+        if (tty) fputs("\r\033[K", stderr);
+        if (failed) {
             cli_error("bench", "--generate of %zu tokens failed", o->seq[i]);
             free(line);
             rc = EXIT_DATA;
@@ -852,6 +910,7 @@ int cmd_bench(int argc, char **argv)
                 return cli_usage_error("bench", "--heads %zu does not divide the hidden size %zu", o.heads, C);
     }
     if (o.one) return run_one(&o, o.var[0], o.seq[0], o.dm[0]);
+    if (o.plot && (rc = check_plot(o.plot))) return rc;
 
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -20,6 +20,7 @@ static int on_token(void *ctx, int32_t token, const float *logits)
     double now = aft_now_ms();
     if (c->made++ == 0) c->first = now - c->t0;
     c->last = now - c->t0;
+    cli_progress_add(1);   /* after the clock: an atomic add, on a terminal only */
     return 0;
 }
 
@@ -36,7 +37,10 @@ int cli_bench_generate(const aft_model *m, size_t n, size_t repeat, cli_generate
     double *first = ms + repeat;
     aft_error err;
     /* one untimed run: the first touch of the scratch belongs to start-up */
+    cli_progress_steps(repeat + 1);
     for (size_t r = 0; r <= repeat; r++) {
+        cli_progress_step(r);
+        cli_progress_total(n);   /* the tokens, which on_token counts */
         clock_ctx c = {.t0 = aft_now_ms()};
         if (aft_model_generate(m, NULL, NULL, prompt, CLI_BENCH_PROMPT, n, NULL, on_token, &c, &err) != AFT_OK) {
             cli_error("bench", "%s", err.msg);

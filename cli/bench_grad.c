@@ -46,10 +46,15 @@ int cli_bench_grad(const aft_params *p, const aft_config *cfg, size_t B, size_t 
     float *y = malloc(N * D * sizeof(float) + 1);
     int rc = times && y ? 0 : EXIT_DATA;
     if (rc) cli_error("bench", "out of memory for the timings");
+    /* the progress line (when one is shown) counts the backward passes' rows */
+    aft_config cfg_p = *cfg;
+    cfg_p.progress = cli_progress_counter();
+    cli_progress_steps(repeat + 1);
     /* one untimed first: thread pools and page faults belong to start-up */
     for (size_t r = 0; r <= repeat && !rc; r++) {
+        cli_progress_step(r);
         double t0 = aft_now_ms();
-        if (aft_layer_backward(&g, NULL, dy, x, p, cfg, B, T, &err) != AFT_OK) {
+        if (aft_layer_backward(&g, NULL, dy, x, p, &cfg_p, B, T, &err) != AFT_OK) {
             cli_error("bench", "%s", err.msg);
             rc = EXIT_DATA;
             break;

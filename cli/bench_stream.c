@@ -79,7 +79,9 @@ int cli_bench_stream(const aft_params *p, const aft_config *cfg, size_t B, size_
     double best_tok = 1e30, best_chunk = 1e30, ms;
     int rc = 0;
     /* one of each untimed first: thread pools and page faults belong to start-up */
+    cli_progress_steps(repeat + 1);
     for (size_t r = 0; r <= repeat && !rc; r++) {
+        cli_progress_step(r);
         if ((rc = run_steps(p, cfg, B, T, D, ntok, 1, x, y, &ms))) break;
         if (r) best_tok = ms < best_tok ? ms : best_tok;
         if ((rc = run_steps(p, cfg, B, T, D, T, chunk, x, y, &ms))) break;

@@ -25,7 +25,8 @@ int cmd_generate(int argc, char **argv);
  * named); a usage error adds the line "Try 'aft CMD --help'.". */
 /* the command main dispatched ("run"), or NULL before it has */
 extern const char *cli_command_name;
-/* "aft CMD: message" on stderr (CMD NULL: cli_command_name's) */
+/* "aft CMD: message" on stderr (CMD NULL: cli_command_name's); a
+ * progress line shown stops first */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* where cli_error and cli_usage_error write (NULL: stderr); a process of
  * several under MPI holds its messages until the ranks agree who reports */
@@ -111,10 +112,24 @@ int cli_set_impl(const char *cmd, aft_impl *out, const char *v);
 
 /* progress on stderr (progress.c): shown only when stderr is a terminal,
  * after about a second, and never with --quiet (cli_quiet: set by the
- * common option, or by main when it comes before the command's name) */
+ * common option, or by main when it comes before the command's name).
+ * "LABEL: 37% (12.3 s, about 21 s left)" from the counter below, or
+ * "LABEL (12.3 s)" while it counts nothing. */
 extern int cli_quiet;
 void cli_progress_start(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_label(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* the counter the line reads, zeroed by cli_progress_start: for the
+ * library's calls (aft_config.progress, aft_model_forward_progress), or
+ * the command's own counting (cli_progress_total, cli_progress_add).
+ * NULL when no line is shown, so nothing is counted then. */
+aft_progress *cli_progress_counter(void);
+void cli_progress_total(size_t total);
+void cli_progress_add(size_t n);
+/* the work as n steps of equal weight (--repeat's runs): the fraction is
+ * (i + the counter's fraction) / n in step i, which cli_progress_step(i)
+ * begins with the counter zeroed */
+void cli_progress_steps(size_t n);
+void cli_progress_step(size_t i);
 void cli_progress_stop(void);
 
 /* "-" is shown as "standard input" in messages and reports */

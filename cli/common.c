@@ -17,6 +17,7 @@ const char *cli_command_name;
 static void vmsg(const char *cmd, const char *fmt, va_list ap)
 {
     FILE *fp = cli_msg_stream ? cli_msg_stream : stderr;
+    cli_progress_stop();   /* the message takes the progress line's place, on a line of its own */
     if (!cmd) cmd = cli_command_name;
     if (cmd)
         fprintf(fp, "aft %s: ", cmd);

@@ -492,22 +492,40 @@ static int sink_put(const sink *k, const void *p, size_t n)
 }
 
 /* Writes n elements of src (dtype from) as dtype to: bytes as they are when
- * the dtypes agree, else converted CHUNK_BYTES at a time through buf.
- * 0, or -1 as sink_put. */
+ * the dtypes agree, else converted through buf; CHUNK_BYTES at a time
+ * either way, each counted on the progress line. 0, or -1 as sink_put. */
 static int write_data(const sink *k, const void *src, aft_dtype from, aft_dtype to, size_t n,
                       unsigned char *buf)
 {
     size_t in = aft_dtype_size(from), out = aft_dtype_size(to);
-    if (from == to) return sink_put(k, src, n * in);
-    size_t per = CHUNK_BYTES / (in > out ? in : out);
     const unsigned char *s = src;
+    if (from == to) {
+        for (size_t done = 0, nb = n * in; done < nb;) {
+            size_t m = nb - done < CHUNK_BYTES ? nb - done : CHUNK_BYTES;
+            if (sink_put(k, s + done, m) != 0) return -1;
+            cli_progress_add(m);
+            done += m;
+        }
+        return 0;
+    }
+    size_t per = CHUNK_BYTES / (in > out ? in : out);
     for (size_t done = 0; done < n;) {
         size_t m = n - done < per ? n - done : per;
         convert_block(buf, to, s + done * in, from, m);
         if (sink_put(k, buf, m * out) != 0) return -1;
+        cli_progress_add(m * out);
         done += m;
     }
     return 0;
+}
+
+/* the bytes the job's tensors come to (the progress line's total) */
+static size_t job_bytes(const job *j)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < j->nitems; i++)
+        if (__builtin_add_overflow(n, j->items[i].nbytes_out, &n)) return SIZE_MAX;
+    return n;
 }
 
 /* The data of item it: already there, or its .npy read now and checked
@@ -627,6 +645,7 @@ static int write_safetensors(job *j, const char *out_path)
     }
     free(h.p);
     cli_progress_start("aft convert: %s", out_path);
+    cli_progress_total(job_bytes(j));
     for (size_t i = 0; i < j->nitems && !rc; i++) {
         item *it = &j->items[i];
         cli_progress_label("aft convert: %s: tensor %zu of %zu", out_path, i + 1, j->nitems);
@@ -685,11 +704,14 @@ static int write_npy(job *j, const char *out_path)
     errno = 0;
     int rc = 0;
     sink k = {.fp = o.fp};
+    cli_progress_start("aft convert: %s", out_path);
+    cli_progress_total(it->nbytes_out);
     if (write_all(o.fp, head, hn) != 0 ||
         write_data(&k, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
         write_failed(out_path, errno);
         rc = EXIT_DATA;
     }
+    cli_progress_stop();
     free(buf);
     if (rc) {
         aft_out_abort(&o);
@@ -727,6 +749,7 @@ static int write_npz(job *j, const char *out_path)
         rc = EXIT_DATA;
     }
     cli_progress_start("aft convert: %s", out_path);
+    cli_progress_total(2 * job_bytes(j));   /* each tensor's data twice: its CRC, then the archive */
     for (size_t i = 0; i < j->nitems && !rc; i++) {
         item *it = &j->items[i];
         cli_progress_label("aft convert: %s: tensor %zu of %zu", out_path, i + 1, j->nitems);

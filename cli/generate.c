@@ -139,6 +139,7 @@ static int on_token(void *ctx, int32_t token, const float *logits)
         return 1;   /* stop: nobody reads the rest */
     }
     r->ends_newline = text[len - 1] == '\n';
+    cli_progress_add(1);
     return 0;
 }
 
@@ -156,7 +157,14 @@ static int generate(const struct gen_opts *o, struct gen_run *r)
                         .seed = o->seed};
     aft_error err;
     r->t_gen = aft_now_ms();
+    /* on a terminal the text itself shows how far it has come; written
+     * elsewhere, the progress line counts the tokens */
+    if (!isatty(STDOUT_FILENO)) {
+        cli_progress_start("aft generate: %zu tokens", o->n);
+        cli_progress_total(o->n);
+    }
     aft_status st = aft_model_generate(r->model, NULL, NULL, r->prompt, r->n_prompt, o->n, &smp, on_token, r, &err);
+    cli_progress_stop();
     if (r->write_failed) {
         cli_error("generate", "standard output: write failed: %s", strerror(r->write_failed));
         return EXIT_DATA;

@@ -227,9 +227,11 @@ static void grads_free(struct grads *g)
 static double forward_ms(struct run *r, float *y)
 {
     aft_error err;
+    aft_config cfg = r->cfg;
+    cfg.progress = NULL;   /* the progress line counts the backward passes */
     double t0 = aft_now_ms();
-    aft_status st = r->bare ? aft_op_forward(y, r->q, r->k, r->v, &r->p->bias, &r->cfg, r->B, r->T, r->C, r->KC, &err)
-                            : aft_layer_forward(y, r->x, r->p, &r->cfg, r->B, r->T, &err);
+    aft_status st = r->bare ? aft_op_forward(y, r->q, r->k, r->v, &r->p->bias, &cfg, r->B, r->T, r->C, r->KC, &err)
+                            : aft_layer_forward(y, r->x, r->p, &cfg, r->B, r->T, &err);
     return st == AFT_OK ? aft_now_ms() - t0 : -1.0;
 }
 
@@ -263,7 +265,10 @@ static int compute(const struct run_opts *o, struct run *r, struct grads *g, con
     const char *name = aft_variant_name(o->cfg.variant);
     size_t B = r->B, T = r->T;
     cli_progress_start("aft grad: %s T=%zu B=%zu", name, T, B);
+    cli_progress_steps(o->repeat);
+    r->cfg.progress = cli_progress_counter();   /* the library counts the rows done */
     for (size_t i = 0; i < o->repeat && !rc; i++) {
+        cli_progress_step(i);
         if (o->repeat > 1) cli_progress_label("aft grad: %s T=%zu B=%zu, run %zu of %zu", name, T, B, i + 1, o->repeat);
         double t0 = aft_now_ms();
         aft_status st = r->bare ? aft_op_backward(dq, dk, dv, &db, NULL, dy, r->q, r->k, r->v, &r->p->bias, &r->cfg,
@@ -281,6 +286,7 @@ static int compute(const struct run_opts *o, struct run *r, struct grads *g, con
         }
     }
     cli_progress_stop();
+    r->cfg.progress = NULL;
     if (!rc) {
         r->tm.compute_med = cli_median(times, o->repeat);
         r->tm.compute_min = times[0];

@@ -33,7 +33,8 @@ static void usage(FILE *fp)
     fputs("usage: aft [--version] [--help] [--quiet] COMMAND [ARGS]\n\ncommands:\n", fp);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
-    fputs("\n--quiet (anywhere) silences the progress lines that long runs show on a terminal.\n"
+    fputs("\n--quiet (anywhere) silences the progress lines that long runs show on a terminal\n"
+          "(the fraction done and the time left).\n"
           "'aft COMMAND --help' or 'aft help COMMAND' shows a command's options; 'man aft' has\n"
           "the details.\n", fp);
 }

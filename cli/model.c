@@ -377,7 +377,8 @@ static int compute(const struct model_opts *o, struct model_run *r)
     }
     aft_error err;
     cli_progress_start("aft model: B=%zu T=%zu", r->B, r->T);
-    aft_status st = aft_model_forward(r->model, r->logits, r->tokens, r->B, r->T, &err);
+    aft_status st =
+        aft_model_forward_progress(r->model, r->logits, r->tokens, r->B, r->T, cli_progress_counter(), &err);
     cli_progress_stop();
     if (st != AFT_OK) {
         cli_error("model", "%s", err.msg);

@@ -113,7 +113,10 @@ static int compute(const struct run_opts *o, struct run *r)
     aft_error err;
     const char *name = aft_variant_name(o->cfg.variant);
     cli_progress_start("aft run: %s T=%zu B=%zu", name, T, B);
+    cli_progress_steps(o->repeat);
+    r->cfg.progress = cli_progress_counter();   /* the library counts the rows done */
     for (size_t i = 0; i < o->repeat; i++) {
+        cli_progress_step(i);
         if (o->repeat > 1) cli_progress_label("aft run: %s T=%zu B=%zu, run %zu of %zu", name, T, B, i + 1, o->repeat);
         double t0 = aft_now_ms();
         aft_status st = r->bare ? aft_op_forward(r->y, r->q, r->k, r->v, &r->p->bias, &r->cfg, B, T, r->C, r->KC, &err)
@@ -125,12 +128,14 @@ static int compute(const struct run_opts *o, struct run *r)
         }
         if (st != AFT_OK) {
             cli_progress_stop();
+            r->cfg.progress = NULL;
             free(times);
             cli_error("run", "%s", err.msg);
             return EXIT_DATA;   /* the options were checked: what is left is the data */
         }
     }
     cli_progress_stop();
+    r->cfg.progress = NULL;
     r->tm.layer = !r->bare;
     r->tm.phases = best_ph;
     r->tm.compute_med = cli_median(times, o->repeat);

@@ -293,6 +293,29 @@ void aft_out_abort(aft_out *o);
 /* removes every temporary still open (for signal handlers; async-signal-safe) */
 void aft_out_abort_all_signal_safe(void);
 
+/* ---------------------------------------------------------------- progress
+ *
+ * A counter the caller owns, which a long call advances as its work
+ * finishes, for the caller to show how far it has gone (the library never
+ * prints). Point aft_config.progress (or aft_model_forward_progress's
+ * argument) at one and read it from another thread while the call runs,
+ * with atomic loads (__atomic_load_n(&p->done, __ATOMIC_RELAXED)). A call
+ * adds its units of work to total when it starts and each unit to done as
+ * it finishes, so at its end done has grown by exactly what total grew
+ * by; a counter zeroed before the call reads the call's fraction done.
+ * Units are rows of the operator: B * T for aft_op_forward,
+ * aft_op_backward, aft_layer_forward and aft_layer_backward, and B * T a
+ * layer for aft_model_forward_progress. They are added a block of rows or
+ * a sequence at a time, never per element, so a counter costs nothing
+ * measurable. A layer whose chunked path meets a key of +inf or NaN runs
+ * the sequence again another way: total then grows by the rows it redoes.
+ * One call at a time per counter. The streaming states (aft_state,
+ * aft_model_state) and aft_layer_forward_slice do not advance it. */
+typedef struct {
+    size_t total;   /* units of work the calls have taken on */
+    size_t done;    /* units of them finished */
+} aft_progress;
+
 /* ---------------------------------------------------------------- the AFT operator */
 
 typedef enum { AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV } aft_variant;
@@ -330,6 +353,8 @@ typedef struct {
                                 * row r, column c), 0 outside; causal is
                                 * raster order (t' <= t). full and simple use
                                 * only the grid's size. */
+    aft_progress *progress;    /* advanced as the call's rows finish (see
+                                * "progress" above); NULL: none */
 } aft_config;
 
 /* Where the position bias w[t,t'] comes from. */
@@ -850,6 +875,10 @@ aft_status aft_model_tokenize(const aft_model *m, int32_t **ids, size_t *n, cons
  * outside [0, V) is an error naming it and its place. */
 aft_status aft_model_forward(const aft_model *m, float *logits, const int32_t *tokens, size_t B, size_t T,
                              aft_error *err);
+/* aft_model_forward, advancing *progress (NULL: none) by B * T rows as
+ * each layer finishes */
+aft_status aft_model_forward_progress(const aft_model *m, float *logits, const int32_t *tokens, size_t B, size_t T,
+                                      aft_progress *progress, aft_error *err);
 
 /* The model as an RNN: one aft_state per layer, B sequences fed a few
  * tokens at a time, O(S D) a token a layer for local (S the window). The

@@ -85,6 +85,25 @@ static inline bool aft_is_control(uint32_t cp)
     return cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp < 0xa0);
 }
 
+/* The caller's progress counter (aft.h), NULL for none: a call takes on n
+ * units of work (aft_progress_plan returns p, for the settled operator's
+ * field), and n of them are finished; relaxed atomic adds, made a block
+ * of rows or a sequence at a time */
+static inline aft_progress *aft_progress_plan(aft_progress *p, size_t n)
+{
+    if (p && n) __atomic_fetch_add(&p->total, n, __ATOMIC_RELAXED);
+    return p;
+}
+static inline void aft_progress_done(aft_progress *p, size_t n)
+{
+    if (p && n) __atomic_fetch_add(&p->done, n, __ATOMIC_RELAXED);
+}
+/* the units finished so far (0 without a counter) */
+static inline size_t aft_progress_seen(const aft_progress *p)
+{
+    return p ? __atomic_load_n(&p->done, __ATOMIC_RELAXED) : 0;
+}
+
 /* threads 0 (every core) as a count >= 1 */
 int aft_threads_or_all(int threads);
 

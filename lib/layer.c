@@ -82,9 +82,11 @@ aft_status aft_layer_forward_timed(float *y, const float *x, const aft_params *p
     return aft_layer_forward_chunked(y, x, p, cfg, B, T, AFT_LAYER_CHUNK_AUTO, times, NULL, err);
 }
 
-/* the plain path: each projection on its own, in double */
+/* the plain path: each projection on its own, in double; the operator
+ * counts the rows on cfg's counter (the projections are small beside its
+ * O(T^2 C)), and takes them on when `take` */
 static aft_status layer_reference(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
-                                  size_t T, aft_layer_times *tm, aft_error *err)
+                                  size_t T, int take, aft_layer_times *tm, aft_error *err)
 {
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, N = B * T;
     float *q = aft_alloc_array(N, C * sizeof(float));
@@ -100,7 +102,8 @@ static aft_status layer_reference(float *y, const float *x, const aft_params *p,
     aft_linear_ref(k, KC, x, D, p->wk, p->bk, N, D, KC);
     aft_linear_ref(v, C, x, D, p->wv, p->bv, N, D, C);
     double t1 = aft_now_ms();
-    aft_status st = aft_op_forward(h, q, k, v, &p->bias, cfg, B, T, C, KC, err);
+    aft_status st = take ? aft_op_forward(h, q, k, v, &p->bias, cfg, B, T, C, KC, err)
+                         : aft_op_forward_counted(h, q, k, v, &p->bias, cfg, B, T, C, KC, err);
     double t2 = aft_now_ms();
     if (st == AFT_OK) aft_linear_ref(y, D, h, C, p->wo, p->bo, N, C, D);
     *tm = (aft_layer_times){t1 - t0, t2 - t1, aft_now_ms() - t2};
@@ -193,9 +196,11 @@ static aft_status layer_sequences(float *y, const float *x, const aft_layer_prep
     return st;
 }
 
-aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params *p,
-                                     const aft_config *cfg, size_t B, size_t T, size_t chunk,
-                                     aft_layer_times *times, int *streamed_out, aft_error *err)
+/* aft_layer_forward_chunked; take: the rows go on cfg's counter's total
+ * here (else the caller took them on) */
+static aft_status layer_forward(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
+                                size_t T, size_t chunk, aft_layer_times *times, int *streamed_out, int take,
+                                aft_error *err)
 {
     if (streamed_out) *streamed_out = 0;
     aft_layer_times tm = {0, 0, 0};
@@ -208,7 +213,7 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
     if (N == 0) return AFT_OK;
     if (!x || !y) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !x ? "input x" : "output y");
     if (cfg->impl == AFT_IMPL_REFERENCE) {
-        st = layer_reference(y, x, p, cfg, B, T, &tm, err);
+        st = layer_reference(y, x, p, cfg, B, T, take, &tm, err);
         if (times) *times = tm;
         return st;
     }
@@ -216,6 +221,9 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
     if ((st = aft_spec_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) return st;
     aft_layer_prep lp;
     if ((st = aft_layer_prep_init(&lp, p, cfg->projections, sp.threads, err))) return st;
+    /* the rows on the caller's counter: each path counts them as it goes */
+    const size_t seen0 = aft_progress_seen(cfg->progress);
+    sp.progress = take ? aft_progress_plan(cfg->progress, N) : cfg->progress;
     /* short sequences, two or more, that the chunked paths would cut */
     if (chunk == AFT_LAYER_CHUNK_AUTO && T > aft_layer_step(&lp) && aft_batch_groups(sp.threads, B, T) > 1 &&
         !aft_spec_on_grid(&sp)) {
@@ -226,9 +234,24 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
     }
     int streamed = aft_layer_chunked(y, x, &lp, &sp, B, T, chunk, &tm, NULL, &st, err);
     if (streamed_out) *streamed_out = streamed == 1;
-    /* not chunked, or a key of +inf or NaN stopped it: the whole sequence */
+    /* not chunked, or a key of +inf or NaN stopped it: the whole sequence
+     * (the rows the chunks had counted are taken on again) */
+    if (streamed == -2) aft_progress_plan(sp.progress, aft_progress_seen(sp.progress) - seen0);
     if (streamed == 0 || streamed == -2) st = layer_whole(y, x, &lp, sp, B, T, &tm, err);
     if (times) *times = tm;
     aft_layer_prep_free(&lp);
     return st;
+}
+
+aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params *p,
+                                     const aft_config *cfg, size_t B, size_t T, size_t chunk,
+                                     aft_layer_times *times, int *streamed_out, aft_error *err)
+{
+    return layer_forward(y, x, p, cfg, B, T, chunk, times, streamed_out, 1, err);
+}
+
+aft_status aft_layer_forward_counted(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
+                                     size_t T, aft_error *err)
+{
+    return layer_forward(y, x, p, cfg, B, T, AFT_LAYER_CHUNK_AUTO, NULL, NULL, 0, err);
 }

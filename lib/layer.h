@@ -18,6 +18,12 @@ aft_status aft_layer_forward_chunked(float *y, const float *x, const aft_params 
                                      const aft_config *cfg, size_t B, size_t T, size_t chunk,
                                      aft_layer_times *times, int *streamed_out, aft_error *err);
 
+/* aft_layer_forward for a caller that took the rows on cfg->progress
+ * itself (the model, for all its layers at once): they are counted as
+ * done, not taken on again */
+aft_status aft_layer_forward_counted(float *y, const float *x, const aft_params *p, const aft_config *cfg, size_t B,
+                                     size_t T, aft_error *err);
+
 /* aft_layer_prep (layer_chunks.h) for p: checks p's sizes and pointers;
  * threads >= 1 */
 aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, int threads,

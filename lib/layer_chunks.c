@@ -90,6 +90,7 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         for (size_t j = 0; j < nch; j++) {
             size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
             aft_linear_apply(&lo, len, sq + R0 * C, C, y + (b * T + R0) * D, D);
+            aft_progress_done(sp->progress, len);
         }
         aft_linear_free(&lo);
         tm->output += aft_now_ms() - t2;
@@ -224,6 +225,7 @@ static int layer_streamed_both(float *y, const float *x, const aft_params *p, af
                                         NULL, j + 1 < nch ? suf + ir * 4 * C : NULL);
                 double u2 = aft_now_ms();
                 aft_linear_apply_x(&lw->o, len, ht, C, y + (b * T + R0) * D, D, 1);
+                aft_progress_done(ws.progress, len);
                 tp += u1 - u0;
                 to += u2 - u1;
                 tw += aft_now_ms() - u2;
@@ -393,6 +395,7 @@ static int layer_pipelined(float *y, const float *x, const aft_params *p, aft_op
                 const float *r = buf - hl * W;
                 const float *cin = R0 ? carry : w.t_off ? lc->carry + b * 4 * C : NULL;
                 int okk = aft_op_rows(ctx[tid], ht, r, r + C, r + C + KC, &w, hl, hl + len, cin, carry, NULL);
+                if (okk) aft_progress_done(ws.progress, len);   /* its output projection follows soon */
                 if (!okk) {
                     #pragma omp atomic write
                     bad = 1;

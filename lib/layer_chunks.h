@@ -41,7 +41,8 @@ static inline size_t aft_layer_step(const aft_layer_prep *lp)
  * channel and a window no wider than a chunk (causal: the pipeline; not
  * causal: both-sided), or simple without causality. With lc (causal only)
  * the pipeline continues from lc and leaves its rows and sums there; sp's
- * positions are then lc->pos on. Returns 1 when done, 0 when not
+ * positions are then lc->pos on. Each chunk done advances sp->progress by
+ * its rows. Returns 1 when done, 0 when not
  * applicable, -2 when a key was +inf or NaN (y, and lc, are then unusable),
  * -1 on error (*st). */
 int aft_layer_chunked(float *y, const float *x, const aft_layer_prep *lp, const aft_opspec *sp, size_t B,

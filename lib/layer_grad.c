@@ -403,10 +403,12 @@ aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *d
         st = aft_op_grad_run(&io, NULL, NULL, NULL, &sp, 0, KC, 0, err);   /* zeroes the bias gradient */
     } else if (!x || !dy) {
         st = aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !x ? "input x" : "dy");
-    } else if (cfg->impl == AFT_IMPL_REFERENCE) {
-        st = layer_reference_grad(g, y, dy, x, p, &sp, B, T, err);
     } else {
-        st = layer_fast_grad(g, y, dy, x, &lp, sp, B, T, err);
+        /* the rows on the caller's counter, which the operator's backward
+         * kernels count (the products around them are not counted) */
+        sp.progress = aft_progress_plan(cfg->progress, N);
+        st = cfg->impl == AFT_IMPL_REFERENCE ? layer_reference_grad(g, y, dy, x, p, &sp, B, T, err)
+                                             : layer_fast_grad(g, y, dy, x, &lp, sp, B, T, err);
     }
     aft_layer_prep_free(&lp);
     return st;

@@ -7,6 +7,7 @@
  * state.c), LayerNorm (norm.c), the feed-forward network (ffn.c), the
  * embedding (embed.c), the vocabulary (vocab.c), sampling (sample.c). */
 #include "carry.h"
+#include "layer.h"   /* aft_layer_forward_counted */
 #include "nn/nn.h"
 
 #include <inttypes.h>
@@ -579,6 +580,12 @@ static void add(float *x, const float *y, size_t n)
 aft_status aft_model_forward(const aft_model *m, float *logits, const int32_t *tokens, size_t B, size_t T,
                              aft_error *err)
 {
+    return aft_model_forward_progress(m, logits, tokens, B, T, NULL, err);
+}
+
+aft_status aft_model_forward_progress(const aft_model *m, float *logits, const int32_t *tokens, size_t B, size_t T,
+                                      aft_progress *progress, aft_error *err)
+{
     const size_t D = m->info.d_model, F = m->info.d_ff, V = m->info.n_vocab;
     size_t N;
     if (!aft_mul_ok(B, T, &N) || N > INT_MAX)
@@ -591,6 +598,9 @@ aft_status aft_model_forward(const aft_model *m, float *logits, const int32_t *t
     aft_status st = bad_token(m, tokens, T, B, T, 0, err);
     if (st) return st;
     const int ref = m->impl == AFT_IMPL_REFERENCE;
+    /* N rows a layer, which each layer counts (N <= INT_MAX, layers <=
+     * MAX_LAYERS: no overflow) */
+    aft_progress_plan(progress, N * m->info.n_layers);
     float *x = aft_alloc_array(N, D * sizeof(float)), *z = aft_alloc_array(N, D * sizeof(float));
     float *y = aft_alloc_array(N, D * sizeof(float)), *h = aft_alloc_array(N, F * sizeof(float));
     if (!x || !z || !y || !h) {
@@ -604,9 +614,10 @@ aft_status aft_model_forward(const aft_model *m, float *logits, const int32_t *t
         const mlayer *L = &m->layers[l];
         aft_config cfg = L->cfg;
         cfg.impl = m->impl;
+        cfg.progress = progress;   /* the layer counts its rows, taken on above */
         norm(z, x, L->ln1_w, L->ln1_b, N, D, AFT_LAYERNORM_EPS);
         aft_error e2;
-        if ((st = aft_layer_forward(y, z, &L->attn.p, &cfg, B, T, &e2))) {
+        if ((st = aft_layer_forward_counted(y, z, &L->attn.p, &cfg, B, T, &e2))) {
             st = aft_fail(err, st, "layer %zu: %s", l, e2.msg);
             goto done;
         }

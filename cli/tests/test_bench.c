@@ -1,7 +1,7 @@
 /* test_bench.c - `aft bench`: the JSON lines and the table it prints for a
  * sweep, the phases of the fastest run, --impl both against the float64
  * reference, --no-ceiling, the peak memory being the configuration's own,
- * and its usage errors.
+ * its usage errors, and --plot's needs checked before anything is timed.
  *
  * bench runs each configuration in a child, started through
  * /proc/self/exe; under valgrind that names valgrind's own binary, so these
@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "aft.h"
 #include "harness.h"
@@ -324,6 +325,49 @@ static void test_usage_errors(void **state)
     }
 }
 
+/* --plot's format, directory and gnuplot are checked before the ceiling or
+ * any configuration is timed: one line, nothing on stdout, no file */
+static void test_plot_checked_first(void **state)
+{
+    (void)state;
+    char *dir = harness_mkdtemp();
+    assert_non_null(dir);
+    char *svg = harness_path(dir, "t.svg"), *txt = harness_path(dir, "t.txt");
+    const char *old = getenv("PATH");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("PATH", dir, 1);   /* a PATH without gnuplot */
+    const struct {
+        const char *file;
+        int exit_code;
+        const char *says;
+    } cases[] = {
+        {svg, 1, "gnuplot"},
+        {txt, 2, ".svg or .png"},
+        {"/nonexistent-aft-dir/t.svg", 1, "cannot write there"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        harness_result r;
+        double t0 = aft_now_ms();
+        assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "64,128", "--d-model", "16", "--variant", "full,local",
+                                     "--repeat", "1", "--plot", cases[i].file),
+                         0);
+        double ms = aft_now_ms() - t0;
+        if (r.exit_code != cases[i].exit_code || r.out_len != 0 || !strstr(r.err, cases[i].says) ||
+            harness_count_lines(r.err) != 1)
+            fail_msg("--plot %s: exit %d, stdout '%s', stderr '%s'", cases[i].file, r.exit_code, r.out, r.err);
+        print_message("--plot %s: refused after %.0f ms\n", cases[i].file, ms);
+        harness_result_free(&r);
+    }
+    if (saved) setenv("PATH", saved, 1);
+    else unsetenv("PATH");
+    free(saved);
+    assert_int_equal(access(svg, F_OK), -1);   /* no plot was begun */
+    free(svg);
+    free(txt);
+    harness_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_grad),
         cmocka_unit_test(test_blas_core),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_plot_checked_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -532,6 +532,9 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
                 size_t i0 = row0 + b * rows, i1 = i0 + rows < row1 ? i0 + rows : row1;
                 if (fused) dense_block_fused(&jb, i0, i1, &sc, out, rhs, npan);
                 else dense_block(&jb, h, i0, i1, &sc, out);
+                /* the block's rows, a head's share of them: one add a block */
+                size_t n = i1 - i0;
+                aft_progress_done(ws->progress, n * (h + 1) / H - n * h / H);
             }
         }
         free(sc.wblk); free(sc.acc); free(sc.tmp); free(sc.mrow); free(sc.wrow);

@@ -375,6 +375,9 @@ aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *
                     #pragma omp atomic write
                     failed = 1;
                 }
+                /* the block's rows, a head's share of them: one add a block */
+                size_t nr = i1 - i0;
+                aft_progress_done(ws->progress, nr * (h + 1) / H - nr * h / H);
             }
         }
         #pragma omp barrier

@@ -86,9 +86,13 @@ static aft_status fast_kernel(float *out, const float *q, const float *k, const 
         if (m && bias->mask_batched) m += b0 * T * (sp->mask_ld ? sp->mask_ld : T);
         return per_batch(out, q, k, v, sp, B, m, bias->mask_batched, 0, err);
     }
-    if (sp->zero_bias && !sp->causal) return aft_op_simple(out, q, k, v, B, sp, err);
-    if (aft_spec_on_grid(sp)) return aft_op_grid(out, q, k, v, B, sp->C, sp, err);
-    return aft_op_band(out, q, k, v, B, sp, err);
+    /* per_batch's kernels count their rows themselves; these are counted
+     * when done (O(T s C): none is long for its rows) */
+    aft_status st = sp->zero_bias && !sp->causal ? aft_op_simple(out, q, k, v, B, sp, err)
+                    : aft_spec_on_grid(sp)       ? aft_op_grid(out, q, k, v, B, sp->C, sp, err)
+                                                 : aft_op_band(out, q, k, v, B, sp, err);
+    if (st == AFT_OK) aft_progress_done(sp->progress, B * T);
+    return st;
 }
 
 size_t aft_batch_groups(int threads, size_t B, size_t T)
@@ -145,8 +149,11 @@ static aft_status run_all(float *out, const float *q, const float *k, const floa
         return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     aft_opspec sp = *sp_in;
     /* the grid kernel reads keys of one channel per head where they are */
-    if (kc != C && !reference && !sp.bias->mask && aft_spec_on_grid(&sp))
-        return aft_op_grid(out, q, k, v, B, kc, &sp, err);
+    if (kc != C && !reference && !sp.bias->mask && aft_spec_on_grid(&sp)) {
+        aft_status st = aft_op_grid(out, q, k, v, B, kc, &sp, err);
+        if (st == AFT_OK) aft_progress_done(sp.progress, B * T);
+        return st;
+    }
     float *kwide = NULL;
     if (kc != C) {
         size_t ch = C / kc;
@@ -169,14 +176,29 @@ aft_status aft_op_run(float *out, const float *q, const float *k, const float *v
     return run_all(out, q, k, v, sp, B, kc, 0, err);
 }
 
-aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,
-                          const aft_bias *bias, const aft_config *cfg,
-                          size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+/* take: the rows go on cfg's counter's total here (else the caller's) */
+static aft_status op_forward(float *out, const float *q, const float *k, const float *v, const aft_bias *bias,
+                             const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc, int take,
+                             aft_error *err)
 {
     aft_opspec sp;
     aft_status st = aft_spec_settle(&sp, bias, cfg, B, T, C, kc, err);
     if (st) return st;
+    sp.progress = take && C > 0 ? aft_progress_plan(cfg->progress, B * T) : cfg->progress;
     return run_all(out, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);
+}
+
+aft_status aft_op_forward(float *out, const float *q, const float *k, const float *v,
+                          const aft_bias *bias, const aft_config *cfg,
+                          size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+{
+    return op_forward(out, q, k, v, bias, cfg, B, T, C, kc, 1, err);
+}
+
+aft_status aft_op_forward_counted(float *out, const float *q, const float *k, const float *v, const aft_bias *bias,
+                                  const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc, aft_error *err)
+{
+    return op_forward(out, q, k, v, bias, cfg, B, T, C, kc, 0, err);
 }
 
 /* ---- the backward pass: the kernels as run_kernel picks them */
@@ -212,8 +234,11 @@ static aft_status fast_grad(const aft_grad_io *io, const float *q, const float *
         }
         return st;
     }
-    if (sp->zero_bias && !sp->causal) return aft_op_simple_grad(&iob, q, k, v, B, sp, err);
-    return aft_op_band_grad(&iob, q, k, v, B, sp, err);
+    /* the full kernel counts its rows itself; these are counted when done */
+    aft_status st = sp->zero_bias && !sp->causal ? aft_op_simple_grad(&iob, q, k, v, B, sp, err)
+                                                 : aft_op_band_grad(&iob, q, k, v, B, sp, err);
+    if (st == AFT_OK) aft_progress_done(sp->progress, B * T);
+    return st;
 }
 
 /* Groups of whole sequences, one a thread, as the forward's: every group
@@ -331,6 +356,7 @@ aft_status aft_op_backward(float *dq, float *dk, float *dv, const aft_bias_grad 
     aft_opspec sp;
     aft_status st = aft_spec_settle(&sp, bias, cfg, B, T, C, kc, err);
     if (st) return st;
+    if (C > 0) sp.progress = aft_progress_plan(cfg->progress, B * T);
     aft_grad_io io = {.dq = dq, .dk = dk, .dv = dv, .lddq = C, .lddk = kc, .lddv = C, .dout = dout, .out = out};
     if (dbias) io.db = *dbias;
     return aft_op_grad_run(&io, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);

@@ -14,6 +14,11 @@
 aft_status aft_op_run(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp,
                       size_t B, size_t kc, aft_error *err);
 
+/* aft_op_forward for a caller that took the rows on cfg->progress itself
+ * (aft_progress_plan): they are counted as done, not taken on again */
+aft_status aft_op_forward_counted(float *out, const float *q, const float *k, const float *v, const aft_bias *bias,
+                                  const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc, aft_error *err);
+
 /* ---- the operator a chunk of rows at a time
  *
  * What a caller holding part of a sequence can do: AFT_ROWS_CAUSAL (the

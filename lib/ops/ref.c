@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 // out, q, k, v: (T, C) of one batch   mask: (T, T), 1 = visible, or NULL
+// Each row done advances ws->progress by 1.
 // For each (t, c): M = max over visible t' of k[t',c] + w[t,t']; subtracting it
 // makes every exponent <= 0, so nothing overflows and the largest term is 1,
 // so the denominator cannot underflow to 0.
@@ -42,6 +43,7 @@ aft_status aft_op_reference(float *out, const float *q, const float *k, const fl
                 out[t * C + c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
             }
         }
+        aft_progress_done(ws->progress, 1);   /* a row: O(T C) work, one add */
     }
     free(wrow);
     free(wd);

@@ -103,7 +103,8 @@ static double dsig(double q)
 
 /* The loops, on contiguous float64 arrays: q, k, v, dout, dq, dk, dv, out
  * (B, T, C) (out may be NULL), keys one per channel; acc the bias
- * gradient. The mask from sp->bias, (T, T) or (B, T, T). */
+ * gradient. The mask from sp->bias, (T, T) or (B, T, T). Each row done
+ * advances sp->progress by 1. */
 static aft_status ref_grad(double *dq, double *dk, double *dv, double *out, const double *dout, const double *q,
                            const double *k, const double *v, size_t B, const aft_opspec *sp, ref_acc *acc,
                            aft_error *err)
@@ -159,6 +160,7 @@ static aft_status ref_grad(double *dq, double *dk, double *dv, double *out, cons
                 }
             }
             for (size_t h = 0; h < H; h++) acc_row(acc, sp, h, t, dw + h * T);
+            aft_progress_done(sp->progress, 1);   /* a row: O(T C) work, one add */
         }
     }
     free(wrow); free(wd); free(dw);

@@ -39,6 +39,13 @@ typedef struct {
     size_t grid_h, grid_w;  /* a grid of grid_h x grid_w rows in raster order
                              * (T = grid_h * grid_w); 0, 0: a 1-D sequence.
                              * Only local's and conv's w depend on it. */
+    aft_progress *progress; /* the caller's counter, advanced by rows as they
+                             * finish: set by the entry point that took the
+                             * rows on (aft_progress_plan), NULL from
+                             * aft_spec_settle; the reference and full
+                             * kernels advance it themselves, op.c after the
+                             * others, the layer's chunked paths a chunk at a
+                             * time */
 } aft_opspec;
 
 /* Checks the arguments and settles cfg against bias and the sizes (the rules
