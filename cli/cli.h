@@ -296,6 +296,16 @@ aft_tensor cli_output_shaped(float *data, size_t rank, int tbd, size_t B, size_t
  * or EXIT_DATA after reporting */
 int cli_write_json(aft_out *out, const char *cmd, struct cJSON *j);
 
+/* a byte count for a message, in the unit that shows it: "512 B", "1 KiB",
+ * "1.5 MiB", "3.2 GiB" (one decimal, left out where it is 0); use .s within
+ * the expression: printf("%s", cli_bytes_text(n).s) */
+typedef struct {
+    char s[32];
+} cli_size_text;
+cli_size_text cli_bytes_text(size_t bytes);
+/* the noun for a count: one when n is 1, else many ("1 value", "2 values") */
+const char *cli_noun(size_t n, const char *one, const char *many);
+
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);
 /* a tensor's shape as "2, 3", for messages (cut short to fit cap) */

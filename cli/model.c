@@ -149,8 +149,8 @@ int cli_model_open(const cli_model_opts *o, aft_model **out)
     /* the float32 copy and the products' packed copy of each matrix */
     size_t wb = weights_bytes(f), need = wb > SIZE_MAX / 2 ? SIZE_MAX : 2 * wb;
     if (need > limit) {
-        cli_error(o->cmd, "the model needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
-                  o->max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        cli_error(o->cmd, "the model needs about %s but %s %s", cli_bytes_text(need).s,
+                  o->max_memory ? "--max-memory allows" : "only", cli_bytes_text(limit).s);
         aft_st_close(f);
         free(vocab);
         return EXIT_DATA;
@@ -359,8 +359,8 @@ static int check_memory(const struct model_opts *o, const struct model_run *r)
         need = SIZE_MAX;
     size_t limit = o->m.max_memory ? o->m.max_memory : aft_available_memory();
     if (limit && need > limit) {
-        cli_error("model", "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
-                  o->m.max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        cli_error("model", "this run needs about %s but %s %s", cli_bytes_text(need).s,
+                  o->m.max_memory ? "--max-memory allows" : "only", cli_bytes_text(limit).s);
         return EXIT_DATA;
     }
     return 0;

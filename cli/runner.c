@@ -454,8 +454,8 @@ int runner_check_memory_for(const struct run_opts *o, const struct run *r, size_
     if (over) need = SIZE_MAX;
     size_t limit = o->max_memory ? o->max_memory : aft_available_memory();
     if (limit && need > limit) {
-        cli_error(r->cmd, "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
-                  o->max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        cli_error(r->cmd, "this run needs about %s but %s %s", cli_bytes_text(need).s,
+                  o->max_memory ? "--max-memory allows" : "only", cli_bytes_text(limit).s);
         return EXIT_DATA;
     }
     return 0;
