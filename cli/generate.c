@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* ---------------------------------------------------------------- options */
 
@@ -103,9 +102,10 @@ const cli_command cli_generate_command = {
              "                    [--seed N] [--greedy] [options]\n"
              "\n"
              "Prints the prompt, then each token of labml's autoregressive AFT model as it\n"
-             "is produced. The prompt is encoded in one pass; each new token costs one step\n"
-             "of every layer's state. Past the model's context (labml's 256 positions) the\n"
-             "most recent half is kept, encoded again, and generation carries on.\n",
+             "is produced, and a newline at the end when the text does not end with one.\n"
+             "The prompt is encoded in one pass; each new token costs one step of every\n"
+             "layer's state. Past the model's context (labml's 256 positions) the most\n"
+             "recent half is kept, encoded again, and generation carries on.\n",
     .options = options,
     .more = CLI_MODEL_MORE,
     .unknown = "unknown argument '%s'",   /* generate takes no operands */
@@ -164,8 +164,9 @@ static int generate(const struct gen_opts *o, struct gen_run *r)
         cli_error("generate", "%s", err.msg);
         return EXIT_DATA;
     }
-    /* a terminal's prompt starts on a line of its own; a pipe gets the text exactly */
-    if (!r->ends_newline && isatty(STDOUT_FILENO)) putchar('\n');
+    /* text ends with a newline, on a terminal, in a file and down a pipe
+     * alike (a write error shows in cli_finish_stdout) */
+    if (!r->ends_newline) putchar('\n');
     return 0;
 }
 
