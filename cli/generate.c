@@ -219,11 +219,6 @@ static int load(const struct gen_opts *o, struct gen_run *r)
     int rc = cli_model_open(&o->m, &r->model);
     if (rc) return rc;
     r->info = aft_model_get_info(r->model);
-    if (!r->info->has_vocab) {
-        cli_error(NULL, "%s: no metadata 'vocab' (the characters of the token ids): give --vocab FILE",
-                  o->m.weights);
-        return EXIT_DATA;
-    }
     aft_error err;
     if (aft_model_tokenize(r->model, &r->prompt, &r->n_prompt, o->prompt, strlen(o->prompt), &err) != AFT_OK) {
         cli_error("generate", "--prompt: %s", err.msg);
@@ -234,7 +229,7 @@ static int load(const struct gen_opts *o, struct gen_run *r)
 
 int cmd_generate(int argc, char **argv)
 {
-    struct gen_opts o = {.m = {.cmd = "generate", .threads = 1}, .n = 200, .temperature = 1.0};
+    struct gen_opts o = {.m = {.cmd = "generate", .threads = 1, .need_vocab = 1}, .n = 200, .temperature = 1.0};
     int rc = cli_parse_options(&cli_generate_command, argc, argv, &o);
     if (rc) return rc < 0 ? cli_finish_stdout("generate") : rc;
     if ((rc = check_options(&o))) return rc;

@@ -519,7 +519,10 @@ static void test_completion_words(void **state)
     (void)state;
     ASSERT_COMPLETES("run\n", dir, "aft", "ru");
     ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "co");
-    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nbench\nhelp\n", dir, "aft", "");
+    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nencode\ndecode\nbench\nhelp\n", dir, "aft",
+                     "");
+    ASSERT_COMPLETES("decode\n", dir, "aft", "de");
+    ASSERT_COMPLETES("--text-file\n", dir, "aft", "encode", "--te");
     ASSERT_COMPLETES("generate\n", dir, "aft", "ge");
     ASSERT_COMPLETES("btd\ntbd\n", dir, "aft", "model", "--layout", "");
     ASSERT_COMPLETES("--temperature\n--top-k\n--threads\n--timing\n", dir, "aft", "generate", "--t");
@@ -545,7 +548,8 @@ static void test_completion_words(void **state)
 static void test_completion_matches_help(void **state)
 {
     (void)state;
-    static const char *const cmds[] = {"info", "run", "mask", "compare", "convert", "model", "generate", "bench"};
+    static const char *const cmds[] = {"info",     "run",    "mask",   "compare", "convert", "model",
+                                       "generate", "encode", "decode", "bench"};
     for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
         char *opts = COMPLETE(dir, "aft", cmds[c], "-");
         harness_result r;
@@ -613,6 +617,8 @@ static void test_completion_files(void **state)
     ASSERT_COMPLETES("x.npy\n", cwd, "aft", "convert", "w", "=", "x");
     ASSERT_COMPLETES("model.safetensors\n", cwd, "aft", "generate", "--weights", "m");
     ASSERT_COMPLETES("x.npy\n", cwd, "aft", "model", "--weights", "model.safetensors", "x");
+    ASSERT_COMPLETES("x.npy\n", cwd, "aft", "decode", "--weights", "model.safetensors", "x");
+    ASSERT_COMPLETES("model.safetensors\n", cwd, "aft", "encode", "--text-file", "m");
     /* tensor names come from `aft info --json`, run as the completed command */
     const char *bin = harness_aft_bin();
     ASSERT_COMPLETES("blocks.0.wq\nblocks.0.wk\n", cwd, bin, "compare", "model.safetensors", ":", "blocks");
