@@ -85,6 +85,12 @@ static inline bool aft_is_control(uint32_t cp)
     return cp < 0x20 || cp == 0x7f || (cp >= 0x80 && cp < 0xa0);
 }
 
+/* a count's noun in a message: one when n is 1, else many ("1 byte", "2 bytes") */
+static inline const char *aft_noun(unsigned long long n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
+}
+
 /* threads 0 (every core) as a count >= 1 */
 int aft_threads_or_all(int threads);
 

@@ -1,7 +1,9 @@
 /*
  * test_messages.c - how messages print numbers: sizes in the unit that
  * shows them (cli_bytes_text, and the --max-memory refusals of aft run and
- * aft model that use it), and a count's noun in the singular for one.
+ * aft model that use it), and a count's noun in the singular for one
+ * ("1 non-finite value", "1 byte", "1 dimension"), in the CLI's messages
+ * and the library's.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,11 +113,99 @@ static void test_memory_refusals(void **state)
     free(x);
 }
 
+/* ------------------------------------------------------------------ counts */
+
+/* x [1, 4, 3] float32 with n (0, 1 or 2) non-finite entries, at path */
+static void write_nonfinite(const char *path, int n)
+{
+    float x[12] = {0};
+    if (n > 0) x[5] = NAN;
+    if (n > 1) x[6] = INFINITY;
+    aft_tensor t = harness_tensor(AFT_F32, x, 3, (size_t[]){1, 4, 3});
+    aft_error err;
+    if (aft_npy_write(path, &t, &err) != AFT_OK) fail_msg("%s", err.msg);
+}
+
+static void test_nonfinite_counts(void **state)
+{
+    (void)state;
+    char *one = harness_path(dir, "nan1.npy"), *two = harness_path(dir, "nan2.npy"), *out = harness_path(dir, "o.npy");
+    char *g = harness_path(dir, "g.safetensors");
+    write_nonfinite(one, 1);
+    write_nonfinite(two, 2);
+    char *want = fmt("aft run: warning: %s holds 1 non-finite value (NaN or inf); outputs it reaches will be NaN\n", one);
+    expect_stderr(ARGS("run", "--variant", "simple", one, "-o", out), 0, want);
+    free(want);
+    want = fmt("aft: %s: 1 non-finite value (NaN or inf); --strict refuses it\n", one);
+    expect_stderr(ARGS("run", "--variant", "simple", "--strict", one, "-o", out), 1, want);
+    free(want);
+    want = fmt("aft run: warning: %s holds 2 non-finite values (NaN or inf); outputs they reach will be NaN\n", two);
+    expect_stderr(ARGS("run", "--variant", "simple", two, "-o", out), 0, want);
+    free(want);
+    want = fmt("aft: %s: 2 non-finite values (NaN or inf); --strict refuses them\n", two);
+    expect_stderr(ARGS("run", "--variant", "simple", "--strict", two, "-o", out), 1, want);
+    free(want);
+    /* aft grad's dY */
+    float dy[12] = {0};
+    dy[0] = NAN;
+    aft_tensor t = harness_tensor(AFT_F32, dy, 3, (size_t[]){1, 4, 3});
+    aft_error err;
+    assert_int_equal(aft_npy_write(two, &t, &err), AFT_OK);
+    write_nonfinite(one, 0);
+    want = fmt("aft grad: warning: %s holds 1 non-finite value (NaN or inf); gradients it reaches will be NaN\n", two);
+    expect_stderr(ARGS("grad", "--variant", "simple", one, "--grad-output", two, "-o", g), 0, want);
+    free(want);
+    want = fmt("aft: %s: 1 non-finite value (NaN or inf); --strict refuses it\n", two);
+    expect_stderr(ARGS("grad", "--variant", "simple", "--strict", one, "--grad-output", two, "-o", g), 1, want);
+    free(want);
+    free(g);
+    free(out);
+    free(two);
+    free(one);
+}
+
+/* a file of one byte, one byte too many, one dimension */
+static void test_one_of_a_noun(void **state)
+{
+    (void)state;
+    char *npy = harness_path(dir, "one.npy"), *st = harness_path(dir, "one.safetensors"), *out = harness_path(dir, "o.npy");
+    assert_int_equal(harness_write_file(npy, "\x93", 1), 0);
+    char *want = fmt("aft: %s: file ends inside the .npy preamble (1 byte)\n", npy);
+    expect_stderr(ARGS("info", npy), 1, want);
+    free(want);
+    assert_int_equal(harness_write_file(st, "{", 1), 0);
+    want = fmt("aft: %s: file is 1 byte, too short for the 8-byte header size\n", st);
+    expect_stderr(ARGS("info", st), 1, want);
+    free(want);
+    /* a vector [5] and a byte after its data */
+    float v[5] = {0};
+    aft_tensor t = harness_tensor(AFT_F32, v, 1, (size_t[]){5});
+    aft_error err;
+    assert_int_equal(aft_npy_write(npy, &t, &err), AFT_OK);
+    want = fmt("aft: %s: the input must be [B, T, D], [T, D] or a grid [B, H, W, D]; it has 1 dimension\n", npy);
+    expect_stderr(ARGS("run", "--variant", "simple", npy, "-o", out), 1, want);
+    free(want);
+    char *data;
+    size_t len;
+    assert_int_equal(harness_read_file(npy, &data, &len), 0);
+    data[len] = '\0';   /* the terminator harness_read_file leaves is the extra byte */
+    assert_int_equal(harness_write_file(npy, data, len + 1), 0);
+    free(data);
+    want = fmt("aft: %s: 1 trailing byte after the data\n", npy);
+    expect_stderr(ARGS("info", npy), 1, want);
+    free(want);
+    free(out);
+    free(st);
+    free(npy);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bytes_text),
         cmocka_unit_test(test_memory_refusals),
+        cmocka_unit_test(test_nonfinite_counts),
+        cmocka_unit_test(test_one_of_a_noun),
     };
     return cmocka_run_group_tests_name("cli messages", tests, setup, teardown);
 }
