@@ -802,9 +802,9 @@ static void print_generate_header(const bench_opts *o, const aft_model_info *in)
     if (in->context != SIZE_MAX) snprintf(ctx, sizeof ctx, "%zu", in->context);
     char win[32] = "";
     if (in->window) snprintf(win, sizeof win, " S=%zu", in->window);
-    printf("# %s: %zu layers, %s%s, d_model %zu, d_ff %zu, vocabulary %zu, context %s; greedy after a prompt of %d "
-           "tokens\n", o->weights, in->n_layers, aft_variant_name(in->variant), win, in->d_model, in->d_ff, in->n_vocab,
-           ctx, CLI_BENCH_PROMPT);
+    printf("# %s: %zu %s, %s%s, d_model %zu, d_ff %zu, vocabulary %zu, context %s; greedy after a prompt of %d "
+           "tokens\n", o->weights, in->n_layers, cli_noun(in->n_layers, "layer", "layers"),
+           aft_variant_name(in->variant), win, in->d_model, in->d_ff, in->n_vocab, ctx, CLI_BENCH_PROMPT);
     printf("%7s %10s %10s %9s %10s %9s %9s\n", "tokens", "ms", "min ms", "ttft ms", "tokens/s", "us/token",
            "peak MiB");
     fflush(stdout);
@@ -832,7 +832,7 @@ static int generate_sweep(const bench_opts *o, const char *self)
         int failed = generate_child(self, o, o->seq[i], label, &line, &peak) != 0 || !(j = cJSON_Parse(line));
         if (tty) fputs("\r\033[K", stderr);
         if (failed) {
-            cli_error("bench", "--generate of %zu tokens failed", o->seq[i]);
+            cli_error("bench", "--generate of %zu %s failed", o->seq[i], cli_noun(o->seq[i], "token", "tokens"));
             free(line);
             rc = EXIT_DATA;
             continue;

@@ -19,6 +19,8 @@ int cmd_convert(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_model(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_encode(int argc, char **argv);
+int cmd_decode(int argc, char **argv);
 
 /* Messages have one shape (README.md, man/aft.1 DIAGNOSTICS): one line on
  * stderr, "aft CMD: [FILE: ]what is wrong" ("aft: " when no command was
@@ -92,7 +94,8 @@ int cli_set_string(const cli_option *opt, void *opts, const char *value);
 /* the option tables, for the tests that check the help, the man page and
  * the completion against them */
 extern const cli_command cli_info_command, cli_run_command, cli_grad_command, cli_mask_command, cli_compare_command,
-    cli_convert_command, cli_model_command, cli_generate_command, cli_bench_command;
+    cli_convert_command, cli_model_command, cli_generate_command, cli_encode_command, cli_decode_command,
+    cli_bench_command;
 
 /* strict number parsing: whole string, no sign for unsigned, range checked.
  * Return 0 on success, -1 otherwise. */
@@ -174,9 +177,10 @@ void cli_params_free(cli_params *sp);
 
 /* ---------------------------------------------------------------- the model (model.c)
  *
- * What aft model, aft generate and aft bench --generate share: the options
- * that load labml's model (aft.h, "the model"), kept in a cli_model_opts
- * inside each command's options struct, and the step that loads it. */
+ * What aft model, aft generate, aft encode, aft decode and aft bench
+ * --generate share: the options that load labml's model (aft.h, "the
+ * model"), kept in a cli_model_opts inside each command's options struct,
+ * the step that loads it, and the reader of token ids. */
 typedef struct {
     const char *cmd;          /* "model", "generate" or "bench", for messages */
     const char *weights;      /* --weights FILE */
@@ -188,7 +192,9 @@ typedef struct {
     int strict;               /* --strict: a tensor the model does not use is an
                                * error (else a warning) */
     int no_warning;           /* say nothing of such tensors (aft bench's
-                               * children: the parent has) */
+                               * children: the parent has; aft encode and
+                               * aft decode, which read the vocabulary only) */
+    int need_vocab;           /* refuse a model without a vocabulary */
 } cli_model_opts;
 
 /* the help after the options of aft model and aft generate: what --weights
@@ -217,12 +223,26 @@ int cli_model_set_strict(const cli_option *opt, void *opts, const char *v);
  * machine has: 0, or EXIT_DATA after reporting "aft: FILE: ..." (FILE the
  * weights, or --vocab's file when its list is what is wrong). Tensors the
  * model does not use: "aft CMD: warning: FILE: unexpected tensor ...", or
- * under --strict an error. */
+ * under --strict an error. With need_vocab, a model without a vocabulary
+ * (no metadata 'vocab', no --vocab) is refused, pointing to --vocab. */
 int cli_model_open(const cli_model_opts *o, aft_model **out);
 
 /* the model's file and sizes (variant, window, layers, widths, vocabulary,
  * context) into the JSON object j, for --timing and bench's rows */
 void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info *in);
+
+/* token ids read from a .npy */
+typedef struct {
+    int32_t *ids;   /* (B, T), batch-major; malloc'd */
+    size_t B, T;
+    size_t rank;    /* the file's: 1 ([T]) or 2 ([B, T] or [T, B]) */
+} cli_tokens;
+
+/* FILE ('-': stdin), a .npy of integers of any integer dtype, [T] or
+ * [B, T] ([T, B] when tbd), each in [0, V), into out: 0, or EXIT_DATA
+ * after reporting "aft: FILE: ..." naming the token, the dtype or the rank
+ * (CMD: the command, for an out-of-memory message) */
+int cli_tokens_read(const char *cmd, const char *file, size_t V, int tbd, cli_tokens *out);
 
 /* the trained model the source tree ships, relative to it */
 #define CLI_SHIPPED_MODEL "testdata/model/labml_aft_fortunes.safetensors"
@@ -315,6 +335,16 @@ aft_tensor cli_output_shaped(float *data, size_t rank, int tbd, size_t B, size_t
 /* --timing's JSON: j printed to out, then deleted (NULL: out of memory); 0,
  * or EXIT_DATA after reporting */
 int cli_write_json(aft_out *out, const char *cmd, struct cJSON *j);
+
+/* a byte count for a message, in the unit that shows it: "512 B", "1 KiB",
+ * "1.5 MiB", "3.2 GiB" (one decimal, left out where it is 0); use .s within
+ * the expression: printf("%s", cli_bytes_text(n).s) */
+typedef struct {
+    char s[32];
+} cli_size_text;
+cli_size_text cli_bytes_text(size_t bytes);
+/* the noun for a count: one when n is 1, else many ("1 value", "2 values") */
+const char *cli_noun(size_t n, const char *one, const char *many);
 
 /* flush and close stdout; reports a failed write and returns EXIT_DATA */
 int cli_finish_stdout(const char *cmd);

@@ -221,6 +221,29 @@ int cli_parse_grid(const char *s, size_t *h, size_t *w)
     return 0;
 }
 
+cli_size_text cli_bytes_text(size_t bytes)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB"};
+    cli_size_text t;
+    double v = (double)bytes;
+    size_t u = 0;
+    /* the next unit up once the number would show as 1024.0 */
+    while (u < 3 && v >= 1023.95) {
+        v /= 1024.0;
+        u++;
+    }
+    int n = snprintf(t.s, sizeof t.s, u ? "%.1f" : "%.0f", v);
+    if (n >= 2 && n < (int)sizeof t.s && strcmp(t.s + n - 2, ".0") == 0) t.s[n - 2] = '\0';
+    size_t len = strlen(t.s);
+    snprintf(t.s + len, sizeof t.s - len, " %s", unit[u]);
+    return t;
+}
+
+const char *cli_noun(size_t n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
+}
+
 /* "2, 3" for messages */
 void cli_shape_text(const aft_tensor *t, char *buf, size_t cap)
 {

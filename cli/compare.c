@@ -371,7 +371,7 @@ static void print_files_text(const operand *a, const operand *b, const pair *pai
     puts(titles[CELLS]);
     for (size_t i = 0; i < n; i++) print_row(&pairs[i], w);
     if (not_close)
-        printf("not close (%zu of %zu tensors)\n", not_close, n);
+        printf("not close (%zu of %zu %s)\n", not_close, n, cli_noun(n, "tensor", "tensors"));
     else
         puts("close");
 }

@@ -104,9 +104,10 @@ const cli_command cli_generate_command = {
              "                    [--seed N] [--greedy] [options]\n"
              "\n"
              "Prints the prompt, then each token of labml's autoregressive AFT model as it\n"
-             "is produced. The prompt is encoded in one pass; each new token costs one step\n"
-             "of every layer's state. Past the model's context (labml's 256 positions) the\n"
-             "most recent half is kept, encoded again, and generation carries on.\n",
+             "is produced, and a newline at the end when the text does not end with one.\n"
+             "The prompt is encoded in one pass; each new token costs one step of every\n"
+             "layer's state. Past the model's context (labml's 256 positions) the most\n"
+             "recent half is kept, encoded again, and generation carries on.\n",
     .options = options,
     .more = CLI_MODEL_MORE,
     .unknown = "unknown argument '%s'",   /* generate takes no operands */
@@ -173,8 +174,9 @@ static int generate(const struct gen_opts *o, struct gen_run *r)
         cli_error("generate", "%s", err.msg);
         return EXIT_DATA;
     }
-    /* a terminal's prompt starts on a line of its own; a pipe gets the text exactly */
-    if (!r->ends_newline && isatty(STDOUT_FILENO)) putchar('\n');
+    /* text ends with a newline, on a terminal, in a file and down a pipe
+     * alike (a write error shows in cli_finish_stdout) */
+    if (!r->ends_newline) putchar('\n');
     return 0;
 }
 
@@ -226,11 +228,6 @@ static int load(const struct gen_opts *o, struct gen_run *r)
     int rc = cli_model_open(&o->m, &r->model);
     if (rc) return rc;
     r->info = aft_model_get_info(r->model);
-    if (!r->info->has_vocab) {
-        cli_error(NULL, "%s: no metadata 'vocab' (the characters of the token ids): give --vocab FILE",
-                  o->m.weights);
-        return EXIT_DATA;
-    }
     aft_error err;
     if (aft_model_tokenize(r->model, &r->prompt, &r->n_prompt, o->prompt, strlen(o->prompt), &err) != AFT_OK) {
         cli_error("generate", "--prompt: %s", err.msg);
@@ -241,7 +238,7 @@ static int load(const struct gen_opts *o, struct gen_run *r)
 
 int cmd_generate(int argc, char **argv)
 {
-    struct gen_opts o = {.m = {.cmd = "generate", .threads = 1}, .n = 200, .temperature = 1.0};
+    struct gen_opts o = {.m = {.cmd = "generate", .threads = 1, .need_vocab = 1}, .n = 200, .temperature = 1.0};
     int rc = cli_parse_options(&cli_generate_command, argc, argv, &o);
     if (rc) return rc < 0 ? cli_finish_stdout("generate") : rc;
     if ((rc = check_options(&o))) return rc;

@@ -94,11 +94,12 @@ static int load_dy(const struct run_opts *o, const struct run *r, size_t X, floa
     if (!rc && aft_count_nonfinite(*dy, n)) {
         size_t bad = aft_count_nonfinite(*dy, n);
         if (o->strict) {
-            cli_error(NULL, "%s: %zu non-finite values (NaN or inf); --strict refuses them", o->grad_output, bad);
+            cli_error(NULL, "%s: %zu non-finite %s (NaN or inf); --strict refuses %s", o->grad_output, bad,
+                      cli_noun(bad, "value", "values"), cli_noun(bad, "it", "them"));
             rc = EXIT_DATA;
         } else {
-            cli_error(o->cmd, "warning: %s holds %zu non-finite values (NaN or inf); gradients they reach will be "
-                      "NaN", o->grad_output, bad);
+            cli_error(o->cmd, "warning: %s holds %zu non-finite %s (NaN or inf); gradients %s will be NaN",
+                      o->grad_output, bad, cli_noun(bad, "value", "values"), cli_noun(bad, "it reaches", "they reach"));
         }
     }
     return rc;

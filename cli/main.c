@@ -25,6 +25,8 @@ static const struct cmd commands[] = {
     {"convert", cmd_convert, "pack, extract and change the dtype of tensors"},
     {"model", cmd_model, "run labml's AFT language model on token ids: its logits"},
     {"generate", cmd_generate, "generate text with labml's AFT language model"},
+    {"encode", cmd_encode, "text to the model's token ids, for aft model"},
+    {"decode", cmd_decode, "the model's token ids back to text"},
     {"bench", cmd_bench, "time the layer over sizes and variants, or the model generating text"},
 };
 

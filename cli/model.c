@@ -1,7 +1,8 @@
 /* model.c - aft model: labml's autoregressive AFT model (aft.h, "the
  * model") on token ids, writing its logits; and what aft model, aft
- * generate and aft bench --generate share: the options that load a model
- * and the step that loads it (cli.h, "the model").
+ * generate, aft encode, aft decode and aft bench --generate share: the
+ * options that load a model, the step that loads it, and the reader of a
+ * .npy of token ids (cli.h, "the model").
  *
  * cmd_model reads as its steps: parse the options, load the model, load
  * the tokens and check them against it, check the memory, compute, write. */
@@ -149,8 +150,8 @@ int cli_model_open(const cli_model_opts *o, aft_model **out)
     /* the float32 copy and the products' packed copy of each matrix */
     size_t wb = weights_bytes(f), need = wb > SIZE_MAX / 2 ? SIZE_MAX : 2 * wb;
     if (need > limit) {
-        cli_error(o->cmd, "the model needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
-                  o->max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        cli_error(o->cmd, "the model needs about %s but %s %s", cli_bytes_text(need).s,
+                  o->max_memory ? "--max-memory allows" : "only", cli_bytes_text(limit).s);
         aft_st_close(f);
         free(vocab);
         return EXIT_DATA;
@@ -165,7 +166,15 @@ int cli_model_open(const cli_model_opts *o, aft_model **out)
         cli_report_file(NULL, theirs ? o->vocab : o->weights, err.msg);
         return EXIT_DATA;
     }
-    return unused_tensors(o, out);
+    int rc = unused_tensors(o, out);
+    if (rc) return rc;
+    if (o->need_vocab && !aft_model_get_info(*out)->has_vocab) {
+        cli_error(NULL, "%s: no metadata 'vocab' (the characters of the token ids): give --vocab FILE", o->weights);
+        aft_model_free(*out);
+        *out = NULL;
+        return EXIT_DATA;
+    }
+    return 0;
 }
 
 const char *cli_shipped_model(char *buf, size_t cap)
@@ -192,6 +201,79 @@ void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info
     cJSON_AddNumberToObject(j, "n_vocab", (double)in->n_vocab);
     if (in->context == SIZE_MAX) cJSON_AddNullToObject(j, "context");
     else cJSON_AddNumberToObject(j, "context", (double)in->context);
+}
+
+/* ---------------------------------------------------------------- token ids */
+
+/* one integer of any integer dtype, as int64 (u64 above INT64_MAX: -1,
+ * outside every vocabulary anyway) */
+static int64_t int_at(const aft_tensor *t, size_t i)
+{
+    const void *d = t->data;
+    switch (t->dtype) {
+    case AFT_U8: return ((const uint8_t *)d)[i];
+    case AFT_I8: return ((const int8_t *)d)[i];
+    case AFT_I16: return ((const int16_t *)d)[i];
+    case AFT_U16: return ((const uint16_t *)d)[i];
+    case AFT_I32: return ((const int32_t *)d)[i];
+    case AFT_U32: return ((const uint32_t *)d)[i];
+    case AFT_I64: return ((const int64_t *)d)[i];
+    case AFT_U64: return ((const uint64_t *)d)[i] > (uint64_t)INT64_MAX ? -1 : (int64_t)((const uint64_t *)d)[i];
+    default: return -1;
+    }
+}
+
+int cli_tokens_read(const char *cmd, const char *file, size_t V, int tbd, cli_tokens *out)
+{
+    memset(out, 0, sizeof *out);
+    aft_error err;
+    aft_tensor t;
+    if (aft_npy_read(file, &t, NULL, &err) != AFT_OK) {
+        cli_report_file(NULL, file, err.msg);
+        return EXIT_DATA;
+    }
+    int rc = EXIT_DATA;
+    if (aft_dtype_is_float(t.dtype) || t.dtype == AFT_BOOL) {
+        cli_error(NULL, "%s: tokens have dtype %s; they must be integers (token ids)", cli_display_name(file),
+                  aft_dtype_name(t.dtype));
+        goto done;
+    }
+    if (t.ndim != 1 && t.ndim != 2) {
+        cli_error(NULL, "%s: tokens must be [T] or [B, T]%s; they have %zu dimensions", cli_display_name(file),
+                  tbd ? " ([T, B] with --layout tbd)" : "", t.ndim);
+        goto done;
+    }
+    out->rank = t.ndim;
+    size_t d0 = t.shape[0], d1 = t.ndim == 2 ? t.shape[1] : 1;
+    out->B = t.ndim == 1 ? 1 : tbd ? d1 : d0;
+    out->T = t.ndim == 1 ? d0 : tbd ? d0 : d1;
+    if (!(out->ids = malloc(t.nelem * sizeof(int32_t) + 1))) {
+        cli_error(cmd, "out of memory for %zu tokens", t.nelem);
+        goto done;
+    }
+    for (size_t i = 0; i < t.nelem; i++) {
+        int64_t v = int_at(&t, i);
+        if (v < 0 || (uint64_t)v >= V) {
+            if (t.ndim == 1)
+                cli_error(NULL, "%s: token %" PRId64 " at [%zu] is outside the vocabulary [0, %zu)",
+                          cli_display_name(file), v, i, V);
+            else
+                cli_error(NULL, "%s: token %" PRId64 " at [%zu, %zu] is outside the vocabulary [0, %zu)",
+                          cli_display_name(file), v, i / d1, i % d1, V);
+            goto done;
+        }
+        /* the file's [T, B] to [B, T] */
+        size_t at = t.ndim == 2 && tbd ? (i % d1) * d0 + i / d1 : i;
+        out->ids[at] = (int32_t)v;
+    }
+    rc = 0;
+done:
+    aft_tensor_free(&t);
+    if (rc) {
+        free(out->ids);
+        out->ids = NULL;
+    }
+    return rc;
 }
 
 /* ---------------------------------------------------------------- aft model: options */
@@ -268,80 +350,23 @@ struct model_run {
     float *logits;      /* (B, T, V), batch-major */
 };
 
-/* one integer of any integer dtype, as int64 (u64 above INT64_MAX: -1,
- * outside every vocabulary anyway) */
-static int64_t int_at(const aft_tensor *t, size_t i)
-{
-    const void *d = t->data;
-    switch (t->dtype) {
-    case AFT_U8: return ((const uint8_t *)d)[i];
-    case AFT_I8: return ((const int8_t *)d)[i];
-    case AFT_I16: return ((const int16_t *)d)[i];
-    case AFT_U16: return ((const uint16_t *)d)[i];
-    case AFT_I32: return ((const int32_t *)d)[i];
-    case AFT_U32: return ((const uint32_t *)d)[i];
-    case AFT_I64: return ((const int64_t *)d)[i];
-    case AFT_U64: return ((const uint64_t *)d)[i] > (uint64_t)INT64_MAX ? -1 : (int64_t)((const uint64_t *)d)[i];
-    default: return -1;
-    }
-}
-
-/* TOKENS: integers [T] or [B, T] (tbd: [T, B]), each in [0, V), into
- * r->tokens batch-major */
+/* TOKENS into r, no longer than the model reads at once */
 static int load_tokens(const struct model_opts *o, struct model_run *r)
 {
-    const char *file = o->tokens;
-    aft_error err;
-    aft_tensor t;
-    if (aft_npy_read(file, &t, NULL, &err) != AFT_OK) {
-        cli_report_file(NULL, file, err.msg);
-        return EXIT_DATA;
-    }
-    int rc = EXIT_DATA;
-    const size_t V = r->info->n_vocab;
-    if (aft_dtype_is_float(t.dtype) || t.dtype == AFT_BOOL) {
-        cli_error(NULL, "%s: tokens have dtype %s; they must be integers (token ids)", cli_display_name(file),
-                  aft_dtype_name(t.dtype));
-        goto done;
-    }
-    if (t.ndim != 1 && t.ndim != 2) {
-        cli_error(NULL, "%s: tokens must be [T] or [B, T]%s; they have %zu dimensions", cli_display_name(file),
-                  o->tbd ? " ([T, B] with --layout tbd)" : "", t.ndim);
-        goto done;
-    }
-    r->rank = t.ndim;
-    size_t d0 = t.shape[0], d1 = t.ndim == 2 ? t.shape[1] : 1;
-    r->B = t.ndim == 1 ? 1 : o->tbd ? d1 : d0;
-    r->T = t.ndim == 1 ? d0 : o->tbd ? d0 : d1;
-    if (!(r->tokens = malloc(t.nelem * sizeof(int32_t) + 1))) {
-        cli_error("model", "out of memory for %zu tokens", t.nelem);
-        goto done;
-    }
-    for (size_t i = 0; i < t.nelem; i++) {
-        int64_t v = int_at(&t, i);
-        if (v < 0 || (uint64_t)v >= V) {
-            if (t.ndim == 1)
-                cli_error(NULL, "%s: token %" PRId64 " at [%zu] is outside the vocabulary [0, %zu)",
-                          cli_display_name(file), v, i, V);
-            else
-                cli_error(NULL, "%s: token %" PRId64 " at [%zu, %zu] is outside the vocabulary [0, %zu)",
-                          cli_display_name(file), v, i / d1, i % d1, V);
-            goto done;
-        }
-        /* the file's [T, B] to [B, T] */
-        size_t at = t.ndim == 2 && o->tbd ? (i % d1) * d0 + i / d1 : i;
-        r->tokens[at] = (int32_t)v;
-    }
+    cli_tokens tk;
+    int rc = cli_tokens_read("model", o->tokens, r->info->n_vocab, o->tbd, &tk);
+    if (rc) return rc;
+    r->tokens = tk.ids;
+    r->B = tk.B;
+    r->T = tk.T;
+    r->rank = tk.rank;
     if (r->T > r->info->context) {
         cli_error(NULL, "%s: %zu tokens a sequence, but the model reads at most %zu at once (the rows of '%s'); "
-                  "aft generate streams on past that", cli_display_name(file), r->T, r->info->context,
+                  "aft generate streams on past that", cli_display_name(o->tokens), r->T, r->info->context,
                   r->info->context_from ? r->info->context_from : "?");
-        goto done;
+        return EXIT_DATA;
     }
-    rc = 0;
-done:
-    aft_tensor_free(&t);
-    return rc;
+    return 0;
 }
 
 /* refuse, with both numbers, a run the machine cannot hold: the logits,
@@ -359,8 +384,8 @@ static int check_memory(const struct model_opts *o, const struct model_run *r)
         need = SIZE_MAX;
     size_t limit = o->m.max_memory ? o->m.max_memory : aft_available_memory();
     if (limit && need > limit) {
-        cli_error("model", "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
-                  o->m.max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        cli_error("model", "this run needs about %s but %s %s", cli_bytes_text(need).s,
+                  o->m.max_memory ? "--max-memory allows" : "only", cli_bytes_text(limit).s);
         return EXIT_DATA;
     }
     return 0;

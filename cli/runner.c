@@ -164,8 +164,8 @@ static int load_activation(const char *file, const char *what, const aft_tensor 
         return EXIT_DATA;
     }
     if (t->ndim < 2 || t->ndim > 4) {
-        cli_error(NULL, "%s: %s must be [B, T, D], [T, D] or a grid [B, H, W, D]; it has %zu dimensions", file,
-                  what, t->ndim);
+        cli_error(NULL, "%s: %s must be [B, T, D], [T, D] or a grid [B, H, W, D]; it has %zu %s", file, what,
+                  t->ndim, cli_noun(t->ndim, "dimension", "dimensions"));
         return EXIT_DATA;
     }
     if (t->ndim == 4 && tbd) {
@@ -358,10 +358,11 @@ static int settle(const struct run_opts *o, struct run *r)
     }
     if (r->bare && r->KC != r->C && !(r->cfg.variant == AFT_CONV && r->KC == r->cfg.heads)) {
         if (o->cfg.variant == AFT_CONV)
-            cli_error(NULL, "%s: 'k' has %zu channels; conv needs %zu (one per value channel) or %zu (one per head)",
-                      o->input, r->KC, r->C, r->cfg.heads);
+            cli_error(NULL, "%s: 'k' has %zu %s; conv needs %zu (one per value channel) or %zu (one per head)",
+                      o->input, r->KC, cli_noun(r->KC, "channel", "channels"), r->C, r->cfg.heads);
         else
-            cli_error(NULL, "%s: 'k' has %zu channels but 'q' and 'v' have %zu", o->input, r->KC, r->C);
+            cli_error(NULL, "%s: 'k' has %zu %s but 'q' and 'v' have %zu", o->input, r->KC,
+                      cli_noun(r->KC, "channel", "channels"), r->C);
         return EXIT_DATA;
     }
     if (aft_bias_reach(b, r->cfg.variant) < r->T) {
@@ -430,12 +431,13 @@ int runner_check_values(const struct run_opts *o, const struct run *r)
     const char *where = bad_in ? o->input : o->weights_path;
     size_t nbad = bad_in ? bad_in : bad_w;
     if (nbad && o->strict) {
-        cli_error(NULL, "%s: %zu non-finite values (NaN or inf); --strict refuses them", where, nbad);
+        cli_error(NULL, "%s: %zu non-finite %s (NaN or inf); --strict refuses %s", where, nbad,
+                  cli_noun(nbad, "value", "values"), cli_noun(nbad, "it", "them"));
         return EXIT_DATA;
     }
     if (nbad)
-        cli_error(r->cmd, "warning: %s holds %zu non-finite values (NaN or inf); outputs they reach will be NaN", where,
-                  nbad);
+        cli_error(r->cmd, "warning: %s holds %zu non-finite %s (NaN or inf); outputs %s will be NaN", where, nbad,
+                  cli_noun(nbad, "value", "values"), cli_noun(nbad, "it reaches", "they reach"));
     return 0;
 }
 
@@ -452,8 +454,8 @@ int runner_check_memory_for(const struct run_opts *o, const struct run *r, size_
     if (over) need = SIZE_MAX;
     size_t limit = o->max_memory ? o->max_memory : aft_available_memory();
     if (limit && need > limit) {
-        cli_error(r->cmd, "this run needs about %.1f MiB but %s %.1f MiB", (double)need / 1048576.0,
-                  o->max_memory ? "--max-memory allows" : "only", (double)limit / 1048576.0);
+        cli_error(r->cmd, "this run needs about %s but %s %s", cli_bytes_text(need).s,
+                  o->max_memory ? "--max-memory allows" : "only", cli_bytes_text(limit).s);
         return EXIT_DATA;
     }
     return 0;

@@ -269,7 +269,8 @@ static int read_header(const struct run_opts *o, plan *pl)
         return EXIT_DATA;
     }
     if (h.ndim < 2 || h.ndim > 3) {
-        cli_error(NULL, "%s: the input must be [B, T, D] or [T, D]; it has %zu dimensions", o->input, h.ndim);
+        cli_error(NULL, "%s: the input must be [B, T, D] or [T, D]; it has %zu %s", o->input, h.ndim,
+                  cli_noun(h.ndim, "dimension", "dimensions"));
         return EXIT_DATA;
     }
     if (info.fortran_order && h.nelem > 0) {
@@ -400,14 +401,15 @@ static int check_values(shard *sh, const struct run_opts *o, const plan *pl, con
     unsigned long long nbad = all ? all : bad_w;
     if (nbad && o->strict) {
         if (sh->rank == 0) {
-            cli_error(NULL, "%s: %llu non-finite values (NaN or inf); --strict refuses them", where, nbad);
+            cli_error(NULL, "%s: %llu non-finite %s (NaN or inf); --strict refuses %s", where, nbad,
+                      cli_noun(nbad, "value", "values"), cli_noun(nbad, "it", "them"));
             return EXIT_DATA;
         }
         return 0;
     }
     if (nbad && sh->rank == 0)
-        fprintf(stderr, "aft run: warning: %s holds %llu non-finite values (NaN or inf); outputs they reach will be "
-                "NaN\n", where, nbad);
+        fprintf(stderr, "aft run: warning: %s holds %llu non-finite %s (NaN or inf); outputs %s will be NaN\n", where,
+                nbad, cli_noun(nbad, "value", "values"), cli_noun(nbad, "it reaches", "they reach"));
     return 0;
 }
 

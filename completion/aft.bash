@@ -9,7 +9,7 @@
 # bash-completion loads it on demand; or source it from ~/.bashrc. It needs
 # nothing from the bash-completion package.
 
-_aft_commands="info run grad mask compare convert model generate bench help"
+_aft_commands="info run grad mask compare convert model generate encode decode bench help"
 
 # the options of subcommand $1
 _aft_options()
@@ -30,6 +30,8 @@ _aft_options()
                 "-q --quiet -h --help" ;;
     generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
                    "--timing --max-memory --strict -q --quiet -h --help" ;;
+    encode) echo "--weights --text-file -o --output --vocab --max-memory -q --quiet -h --help" ;;
+    decode) echo "--weights --vocab --max-memory -q --quiet -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
                 "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid --grad" \
                 "--generate --weights -q --quiet -h --help" ;;
@@ -45,7 +47,8 @@ _aft_value()
     grad:--mask | grad:--weights | grad:-o | grad:--output | grad:--timing | grad:--grad-output | grad:--dy | \
     run:--mask | run:--weights | run:-o | run:--output | run:--timing | run:--state-in | run:--state-out | mask:-o | \
     convert:-o | convert:--output | bench:--plot | bench:--weights | model:--weights | model:-o | model:--output | \
-    generate:--weights | generate:--vocab | generate:--timing) echo file ;;
+    generate:--weights | generate:--vocab | generate:--timing | encode:--weights | encode:--text-file | \
+    encode:-o | encode:--output | encode:--vocab | decode:--weights | decode:--vocab) echo file ;;
     run:--variant | grad:--variant) echo "list:full local simple conv" ;;
     run:--layout | grad:--layout | model:--layout) echo "list:btd tbd" ;;
     run:--impl | grad:--impl | model:--impl) echo "list:fast reference" ;;
@@ -62,7 +65,7 @@ _aft_value()
     grad:--seed | grad:--d-hidden | grad:--repeat | grad:--threads | grad:--max-memory | grad:--grid | \
     model:--window | model:--threads | model:--max-memory | generate:--prompt | generate:-n | \
     generate:--temperature | generate:--top-k | generate:--seed | generate:--window | generate:--threads | \
-    generate:--max-memory) echo none ;;
+    generate:--max-memory | encode:--max-memory | decode:--max-memory) echo none ;;
     *) echo flag ;;
     esac
 }
@@ -166,7 +169,7 @@ _aft()
         COMPREPLY=($(compgen -W "$(_aft_options "$cmd")" -- "$cur"))
     else
         case $cmd in
-        info | run | grad | model) _aft_files "$cur" ;;
+        info | run | grad | model | decode) _aft_files "$cur" ;;
         compare | convert)
             # NAME=INPUT (convert): complete INPUT after the first '='
             local name=""

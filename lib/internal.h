@@ -104,6 +104,12 @@ static inline size_t aft_progress_seen(const aft_progress *p)
     return p ? __atomic_load_n(&p->done, __ATOMIC_RELAXED) : 0;
 }
 
+/* a count's noun in a message: one when n is 1, else many ("1 byte", "2 bytes") */
+static inline const char *aft_noun(unsigned long long n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
+}
+
 /* threads 0 (every core) as a count >= 1 */
 int aft_threads_or_all(int threads);
 

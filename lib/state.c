@@ -381,7 +381,8 @@ aft_status aft_state_seed(aft_state *s, size_t pos, const float *sums, const flo
     if (pos > INT_MAX) return aft_fail(err, AFT_ERR_ARG, "position %zu exceeds the supported range", pos);
     if (pos > aft_bias_reach(&s->bias, s->sp.variant))
         return aft_fail(err, AFT_ERR_ARG, "position %zu is past the position bias's Tmax = %zu", pos, s->bias.tmax);
-    if (nk && !kv) return aft_fail(err, AFT_ERR_ARG, "a state at position %zu needs K, V of its last %zu rows", pos, nk);
+    if (nk && !kv) return aft_fail(err, AFT_ERR_ARG, "a state at position %zu needs K, V of its last %zu %s", pos, nk,
+                                   aft_noun(nk, "row", "rows"));
     if (pos > nk && !sums && !poisoned)
         return aft_fail(err, AFT_ERR_ARG, "a state at position %zu needs the key sums of rows [0, %zu)", pos, pos - nk);
     for (size_t q = 0; q < B && sums && !poisoned && pos > nk; q++) {

@@ -189,8 +189,8 @@ aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_v
         if ((st = find_one(f, prefix, stems[r], ".weight", roles[r], 1, &wt[r], w->names[r], err))) goto fail;
         if ((st = find_one(f, prefix, stems[r], ".bias", broles[r], 0, &bt[r], bnames[r], err))) goto fail;
         if (!is_matrix(wt[r])) {
-            st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be a matrix (out, in); it has %zu dimensions",
-                          w->names[r], wt[r]->ndim);
+            st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be a matrix (out, in); it has %zu %s",
+                          w->names[r], wt[r]->ndim, aft_noun(wt[r]->ndim, "dimension", "dimensions"));
             goto fail;
         }
     }

@@ -30,6 +30,15 @@ INSTALL      ?= install
 # the version in lib/aft.h, for aft.pc
 AFT_VERSION_STRING = $(shell sed -n 's/^\#define AFT_VERSION "\(.*\)"$$/\1/p' lib/aft.h)
 
+# the OpenBLAS aft links, as the Makefile finds it (PKG_ENV: the OpenMP
+# build where it is installed), with the Makefile's run path for it; and the
+# libraries that OpenBLAS needs besides when linked statically (its
+# Libs.private), for aft.pc
+PC_BLAS_LIBS = $(strip $(shell $(PKG_ENV) pkg-config --libs openblas) \
+    $(if $(wildcard $(BLAS_OMP)/libopenblas.so),$(BLAS_RPATH)))
+PC_BLAS_LIBS_PRIVATE = $(strip $(filter-out $(shell $(PKG_ENV) pkg-config --libs openblas), \
+    $(shell $(PKG_ENV) pkg-config --static --libs openblas)))
+
 # every file install writes, as uninstall removes them
 INSTALLED_FILES = "$(DESTDIR)$(BINDIR)/aft" "$(DESTDIR)$(LIBDIR)/libaft.a" \
     "$(DESTDIR)$(INCLUDEDIR)/aft.h" "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc" \
@@ -46,6 +55,7 @@ install: all
 	$(INSTALL) -m 644 completion/aft.bash "$(DESTDIR)$(BASHCOMPDIR)/aft"
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(AFT_VERSION_STRING)|g' \
+	    -e 's|@BLAS_LIBS@|$(PC_BLAS_LIBS)|g' -e 's|@BLAS_LIBS_PRIVATE@|$(PC_BLAS_LIBS_PRIVATE)|g' \
 	    mk/aft.pc.in > "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp"
 	chmod 644 "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp"
 	mv -f "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp" "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc"

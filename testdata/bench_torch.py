@@ -46,9 +46,15 @@ pair of measurements can land one side in a slow moment.
 
 Beside both times the default mode prints the machine's floor for each
 layer: its useful FLOPs (the four projections and the AFT sums over the
-visible pairs) at the measured 2048^3 torch.mm rate, or its bytes (x, y, the
-weights, full's T x T bias) at a measured copy rate, whichever takes longer;
-aft/floor is how far aft is from it.
+visible pairs) at the 2048^3 torch.mm rate, or its bytes (x, y, the
+weights, full's T x T bias) at the copy rate, whichever takes longer;
+aft/floor is how far aft is from it.  A shared machine's rate drifts, and a
+floor set by a rate measured in a slow moment is no floor (aft once came in
+at 0.4x it), so the rate is the highest of several measured in the same run:
+before the cases and in every torch round, after its timing (or alone, for
+a case torch skips); the copy rate the higher of one before and one after.
+The table, printed once the last rate is in, names the rate it used, the
+lowest and the first.
 
 Before timing, each case is checked once at --check-len (default 256): the
 torch module's state dict (position bias set to randn * 0.5 so it matters) is
@@ -252,15 +258,10 @@ def _worker_setup(spec):
     return torch
 
 
-def worker_env(spec):
-    torch = _worker_setup(spec)
-    info, _ = _openblas_info()
-    cfg = torch.__config__.show()
-    m = re.search(r"BLAS_INFO=([^,\s]+)", cfg)
-    blas_info = "BLAS_INFO=" + (m.group(1) if m else "?")
-    cap = next((line.split(":", 1)[1].strip() for line in cfg.splitlines()
-                if "CPU capability usage" in line), "?")
-    n = spec.get("matmul_n", 2048)
+def _mm_gflops(torch, n):
+    """GFLOP/s of an n^3 float32 torch.mm, the best of 3 after one untimed:
+    the rate the floor is set by (a moment's rate: the caller keeps the
+    highest of several)."""
     a = torch.randn(n, n)
     b = torch.randn(n, n)
     with torch.no_grad():
@@ -270,10 +271,23 @@ def worker_env(spec):
             t0 = time.perf_counter()
             torch.mm(a, b)
             best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def worker_env(spec):
+    torch = _worker_setup(spec)
+    info, _ = _openblas_info()
+    cfg = torch.__config__.show()
+    m = re.search(r"BLAS_INFO=([^,\s]+)", cfg)
+    blas_info = "BLAS_INFO=" + (m.group(1) if m else "?")
+    cap = next((line.split(":", 1)[1].strip() for line in cfg.splitlines()
+                if "CPU capability usage" in line), "?")
+    n = spec.get("matmul_n", 2048)
+    gflops = _mm_gflops(torch, n)
     info.update(torch_version=torch.__version__, torch_blas_info=blas_info,
                 torch_cpu_capability=cap, torch_threads=torch.get_num_threads(),
                 mkl=torch.backends.mkl.is_available(),
-                matmul_n=n, matmul_gflops=2.0 * n ** 3 / best / 1e9,
+                matmul_n=n, matmul_gflops=gflops,
                 env_OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE"))
     return info
 
@@ -292,9 +306,21 @@ def worker_bench(spec):
             times.append((time.perf_counter() - t0) * 1e3)
             del y
     info, _ = _openblas_info()
-    return {"ms_min": min(times), "ms_median": statistics.median(times),
-            "ms_all": times, "rss_after_import": base, "rss_peak": _maxrss_bytes(),
-            "blas_core": info.get("core")}
+    peak = _maxrss_bytes()
+    res = {"ms_min": min(times), "ms_median": statistics.median(times),
+           "ms_all": times, "rss_after_import": base, "rss_peak": peak,
+           "blas_core": info.get("core")}
+    if spec.get("matmul_n"):
+        # the floor's rate, measured again in this round (its arrays after
+        # the peak was read, so they do not count in it)
+        res["matmul_gflops"] = _mm_gflops(torch, spec["matmul_n"])
+    return res
+
+
+def worker_mm(spec):
+    """The floor's rate alone, where no torch round measured it."""
+    torch = _worker_setup(spec)
+    return {"matmul_gflops": _mm_gflops(torch, spec["matmul_n"])}
 
 
 def worker_check(spec):
@@ -729,7 +755,7 @@ def worker_generate(spec):
 
 
 def worker_main(spec):
-    fn = {"env": worker_env, "bench": worker_bench, "check": worker_check,
+    fn = {"env": worker_env, "bench": worker_bench, "mm": worker_mm, "check": worker_check,
           "stream_check": worker_stream_check, "stream_bench": worker_stream_bench,
           "grid_prepare": worker_grid_prepare, "grid_bench": worker_grid_bench,
           "grad_prepare": worker_grad_prepare, "grad_bench": worker_grad_bench,
@@ -1022,11 +1048,13 @@ def bench_round(args, case, T, d, row):
         spec = {"task": "bench", "case": case, "T": T, "d_model": args.d_model,
                 "d_hidden": args.d_hidden if case != "labml-local" else args.d_model,
                 "window": args.window, "seed": args.seed,
-                "warmup": args.warmup, "repeat": args.repeat}
+                "warmup": args.warmup, "repeat": args.repeat, "matmul_n": args.matmul_n}
         r, err = run_worker(args, spec, args.torch_coretype)
         if r is None:
             row["torch_error"] = err
         else:
+            if r.get("matmul_gflops"):
+                row.setdefault("matmul_gflops_seen", []).append(r["matmul_gflops"])
             keep_min("torch_ms", r["ms_min"])
             row.setdefault("torch_ms_all", []).extend(r["ms_all"])
             row["torch_ms_median"] = statistics.median(row["torch_ms_all"])
@@ -1077,9 +1105,9 @@ def grad_flop_ratio(args, case, T):
 def case_floor(args, case, T, mm_gflops, copy_gbs):
     """The machine's floor for one layer: its useful FLOPs (the four
     projections, 2 N d h each, and the AFT sums, 4 h a visible (t, t')
-    pair: numerator and denominator) at the measured 2048^3 torch.mm rate,
-    and its bytes (x, y, the weights and a T x T bias once) at the measured
-    copy rate; the larger of the two times, in ms."""
+    pair: numerator and denominator) at mm_gflops (the 2048^3 torch.mm
+    rate), and its bytes (x, y, the weights and a T x T bias once) at
+    copy_gbs; the larger of the two times, in ms."""
     d = args.d_model
     h = d if case == "labml-local" else args.d_hidden
     proj, op = layer_flops(args, case, T)
@@ -1106,15 +1134,21 @@ def copy_rate(args):
 
 
 def bench(args, out, tmp, mm_gflops=None):
+    """Each case timed at each T, torch and aft taking turns, then the table.
+    The floor's matmul rate is the highest of every measurement in the run:
+    print_env's before the cases (mm_gflops), one after every torch round
+    (in its worker), and one alone after a case whose torch side did not
+    run; its copy rate the higher of one before and one after the cases.
+    A floor is a bound only at the machine's best rate: one measured in a
+    slow moment put aft under it (aft / floor 0.4x). The table comes once
+    every rate is in, so every row's floor is at the same rate."""
     import numpy as np
     rows = []
-    copy_gbs = copy_rate(args) if mm_gflops else None
+    rates = [mm_gflops] if mm_gflops else []
+    copies = [copy_rate(args)] if mm_gflops else []
     hdr = (f"{'case':<12} {'T':>6} {'torch ms':>12} {'aft ms':>9} {'speed-up':>9} {'floor ms':>9} "
            f"{'aft/floor':>9}  {'torch peak RSS (+ over import)':<32} {'aft peak RSS':>12}")
     if not out.json:
-        if mm_gflops:
-            print(f"\nfloor: the layer's FLOPs at {mm_gflops:.1f} GFLOP/s (the 2048^3 torch.mm above) "
-                  f"or its bytes at {copy_gbs:.1f} GB/s (a 256 MiB copy), the larger")
         print(f"\n{args.rounds} rounds, torch and aft taking turns; torch: best of "
               f"{args.repeat} after {args.warmup} warm-up; aft: compute_min_ms of --repeat "
               f"{args.repeat}; best round of each; d_model {args.d_model}, "
@@ -1127,9 +1161,7 @@ def bench(args, out, tmp, mm_gflops=None):
                 args, opts + ["--seed", str(args.seed), "--repeat", str(args.repeat)],
                 ["x.npy", "-o", f"y_{case}.npy"]))
             print(f"  {case:<12} {cmd}")
-        print(f"  (x.npy: [1, T, {args.d_model}] float32, standard normal)")
-        print(hdr)
-        print("-" * len(hdr))
+        print(f"  (x.npy: [1, T, {args.d_model}] float32, standard normal)", flush=True)
     rng = np.random.default_rng(args.seed)
     for T in args.seq_len:
         d = os.path.join(tmp, f"T{T}")
@@ -1150,15 +1182,41 @@ def bench(args, out, tmp, mm_gflops=None):
             if "torch_ms" in row and "aft_ms" in row and row["aft_ms"] > 0:
                 row["speedup"] = row["torch_ms"] / row["aft_ms"]
             if mm_gflops:
-                row["floor_ms"] = case_floor(args, case, T, mm_gflops, copy_gbs)
-                if "aft_ms" in row:
-                    row["aft_over_floor"] = row["aft_ms"] / row["floor_ms"]
+                if not row.get("matmul_gflops_seen"):
+                    r, _ = run_worker(args, {"task": "mm", "matmul_n": args.matmul_n}, args.torch_coretype)
+                    if r:
+                        row["matmul_gflops_seen"] = [r["matmul_gflops"]]
+                rates.extend(row.get("matmul_gflops_seen", []))
             rows.append(row)
-            if out.json:
-                print(json.dumps(row), flush=True)
-            else:
-                print(fmt_row(row), flush=True)
+            if not out.json:   # the table waits for the last rate: progress meanwhile
+                print(f"  measured {case} T={T}: torch {row.get('torch_ms', 0):.2f} ms, "
+                      f"aft {row.get('aft_ms', 0):.2f} ms", file=sys.stderr, flush=True)
         shutil.rmtree(d, ignore_errors=True)
+    if mm_gflops:
+        copies.append(copy_rate(args))
+        best, copy_gbs = max(rates), max(copies)
+        for row in rows:
+            row["floor_ms"] = case_floor(args, row["case"], row["T"], best, copy_gbs)
+            if "aft_ms" in row:
+                row["aft_over_floor"] = row["aft_ms"] / row["floor_ms"]
+    if out.json:
+        if mm_gflops:
+            print(json.dumps({"type": "floor", "matmul_n": args.matmul_n, "matmul_gflops": best,
+                              "matmul_gflops_seen": rates, "copy_gbs": copy_gbs, "copy_gbs_seen": copies}),
+                  flush=True)
+        for row in rows:
+            print(json.dumps(row), flush=True)
+    else:
+        if mm_gflops:
+            print(f"\nfloor: the layer's FLOPs at {best:.1f} GFLOP/s, the highest of the {len(rates)} "
+                  f"{args.matmul_n}^3 torch.mm rates measured in this run (before the cases and after "
+                  f"each torch round: lowest {min(rates):.1f}, first {rates[0]:.1f}), or its bytes at "
+                  f"{copy_gbs:.1f} GB/s (the faster of {len(copies)} 256 MiB copies, before and after), "
+                  f"the larger")
+        print(hdr)
+        print("-" * len(hdr))
+        for row in rows:
+            print(fmt_row(row), flush=True)
     return rows
 
 

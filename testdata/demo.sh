@@ -48,7 +48,6 @@ echo "== greedy text, against PyTorch's greedy decoding of the same model ($M/gr
 echo "\$ aft generate --weights $W --prompt 'It is ' -n 200 --greedy"
 "$AFT" generate --weights "$W" --prompt 'It is ' -n 200 --greedy > "$OUT/greedy.txt"
 cat "$OUT/greedy.txt"
-echo
 # the first run of greedy.json: prompt 'It is ', 200 characters, no JSON escapes
 want="It is $(sed -n 's/^   "text": "\(.*\)",$/\1/p' "$M/greedy.json" | head -n 1)"
 if [ "$(cat "$OUT/greedy.txt")" = "$want" ]; then
@@ -61,7 +60,6 @@ echo
 echo "== sampled: temperature 0.8, seed 1, 400 characters (past the model's 256: it keeps the last 128 and goes on)"
 echo "\$ aft generate --weights $W --prompt 'Q:' -n 400 --temperature 0.8 --seed 1 --timing timing.json"
 "$AFT" generate --weights "$W" --prompt 'Q:' -n 400 --temperature 0.8 --seed 1 --timing "$OUT/gen.json"
-echo
 echo
 echo "== timing"
 grep -E '"(prompt_tokens|generated_tokens|time_to_first_token_ms|tokens_per_s|threads)"' "$OUT/gen.json"

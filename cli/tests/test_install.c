@@ -221,6 +221,95 @@ static const char program[] =
     "    return 0;\n"
     "}\n";
 
+/* ---------------------------------------------------------------- the README's example */
+
+/* The lines of the indented (Markdown code) block of text that starts at
+ * or before p and holds p, each without its four spaces; the block's end
+ * (the line after it) into *end. malloc'd. */
+static char *code_block(const char *text, const char *p, const char **end)
+{
+    /* back to the block's first line: past blank lines and indented ones */
+    const char *start = p;
+    while (start > text) {
+        const char *prev = start - 1;   /* the '\n' ending the line before */
+        const char *ls = prev;
+        while (ls > text && ls[-1] != '\n') ls--;
+        if (!(prev == ls || strncmp(ls, "    ", 4) == 0)) break;
+        start = ls;
+    }
+    while (*start == '\n') start++;
+    char *out = malloc(strlen(start) + 1);
+    assert_non_null(out);
+    size_t n = 0;
+    const char *line = start;
+    while (*line) {
+        const char *e = strchr(line, '\n');
+        size_t len = e ? (size_t)(e - line) : strlen(line);
+        if (len > 0 && strncmp(line, "    ", 4) != 0) break;   /* prose: the block ended */
+        if (len > 4) {
+            memcpy(out + n, line + 4, len - 4);
+            n += len - 4;
+        }
+        out[n++] = '\n';
+        line = e ? e + 1 : line + len;
+    }
+    while (n > 1 && out[n - 1] == '\n' && out[n - 2] == '\n') n--;   /* trailing blank lines */
+    out[n] = '\0';
+    *end = line;
+    return out;
+}
+
+/* README.md's library example: the C program (the code block that includes
+ * "aft.h") and the shell lines that build and run it (the next block) */
+static void readme_example(char **prog, char **script)
+{
+    char *path = at(root, "README.md"), *text;
+    assert_int_equal(harness_read_file(path, &text, NULL), 0);
+    const char *inc = strstr(text, "\n    #include \"aft.h\"\n"), *end;
+    if (!inc) fail_msg("%s has no indented C block that includes \"aft.h\"", path);
+    *prog = code_block(text, inc + 1, &end);
+    const char *next = strstr(end, "\n    ");
+    assert_non_null(next);
+    *script = code_block(text, next + 1, &end);
+    if (!strstr(*script, "pkg-config --cflags --libs aft"))
+        fail_msg("the block after the README's example does not build it with pkg-config:\n%s", *script);
+    free(text);
+    free(path);
+}
+
+/* Builds and runs the README's example as its own lines say, in a new
+ * directory under work/ that sees the repository's testdata/, with env's
+ * pkg-config settings and the installed aft first on PATH: once with
+ * `pkg-config --libs`, once with `pkg-config --static --libs`. */
+static void run_readme_example(const char *work, const char *env, const char *bindir)
+{
+    char *prog, *script;
+    readme_example(&prog, &script);
+    static const char *const modes[] = {"", "--static "};
+    for (int m = 0; m < 2; m++) {
+        char *cwd = at(work, m ? "readme_static" : "readme");
+        assert_int_equal(mkdir(cwd, 0777), 0);
+        char *src = at(cwd, "prog.c"), *data = at(root, "testdata"), *link = at(cwd, "testdata");
+        assert_int_equal(harness_write_file(src, prog, strlen(prog)), 0);
+        assert_int_equal(symlink(data, link), 0);
+        /* the script with --static after pkg-config in the static round */
+        char lines[8192];
+        const char *cut = strstr(script, "pkg-config --cflags");
+        size_t head = (size_t)(cut - script) + strlen("pkg-config ");
+        snprintf(lines, sizeof lines, "%.*s%s%s", (int)head, script, modes[m], script + head);
+        char *out = SH_OK("cd %s && PATH=%s:\"$PATH\" %s sh -ex -c %s", q(cwd), q(bindir), env, q(lines));
+        /* aft compare said close (and exited 0, as sh -e requires) */
+        if (!strstr(out, "\nclose\n")) fail_msg("the README's example:\n%s", out);
+        free(out);
+        free(link);
+        free(data);
+        free(src);
+        free(cwd);
+    }
+    free(script);
+    free(prog);
+}
+
 /* ---------------------------------------------------------------- tests */
 
 /* make install copies ./aft and lib/libaft.a, which `make test` builds
@@ -299,6 +388,11 @@ static void test_install_uninstall(void **state)
         free(exe);
     }
 
+    /* and the README's example, as the README builds and runs it */
+    char *bindir = at(prefix, "bin");
+    run_readme_example(dir, env, bindir);
+    free(bindir);
+
     /* uninstall removes exactly what install wrote */
     char *other = at(prefix, "bin/other-tool");
     assert_int_equal(harness_write_file(other, "x", 1), 0);
@@ -344,6 +438,21 @@ static void test_destdir(void **state)
     assert_null(strstr(text, stage));
     assert_null(strstr(text, "@"));
     free(text);
+
+    /* the README's example through pkg-config from the staged tree:
+     * PKG_CONFIG_SYSROOT_DIR puts the stage before every path aft.pc names */
+    char *pcdir = at(base, "lib/pkgconfig"), *bindir = at(base, "bin"), *work = at(dir, "staged"), env[8192];
+    assert_int_equal(mkdir(work, 0777), 0);
+    snprintf(env, sizeof env, "PKG_CONFIG_PATH=%s PKG_CONFIG_SYSROOT_DIR=%s", q(pcdir), q(stage));
+    out = SH_OK("%s pkg-config --libs aft", env);
+    char want[4096];
+    snprintf(want, sizeof want, "-L%s/opt/aft/lib -laft", stage);
+    if (!strstr(out, want)) fail_msg("--libs lacks %s: %s", want, out);
+    free(out);
+    run_readme_example(work, env, bindir);
+    free(work);
+    free(bindir);
+    free(pcdir);
 
     out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a uninstall DESTDIR=%s PREFIX=/opt/aft",
                 q(root), q(stage));
@@ -410,7 +519,10 @@ static void test_completion_words(void **state)
     (void)state;
     ASSERT_COMPLETES("run\n", dir, "aft", "ru");
     ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "co");
-    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nbench\nhelp\n", dir, "aft", "");
+    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nencode\ndecode\nbench\nhelp\n", dir, "aft",
+                     "");
+    ASSERT_COMPLETES("decode\n", dir, "aft", "de");
+    ASSERT_COMPLETES("--text-file\n", dir, "aft", "encode", "--te");
     ASSERT_COMPLETES("generate\n", dir, "aft", "ge");
     ASSERT_COMPLETES("btd\ntbd\n", dir, "aft", "model", "--layout", "");
     ASSERT_COMPLETES("--temperature\n--top-k\n--threads\n--timing\n", dir, "aft", "generate", "--t");
@@ -436,7 +548,8 @@ static void test_completion_words(void **state)
 static void test_completion_matches_help(void **state)
 {
     (void)state;
-    static const char *const cmds[] = {"info", "run", "mask", "compare", "convert", "model", "generate", "bench"};
+    static const char *const cmds[] = {"info",     "run",    "mask",   "compare", "convert", "model",
+                                       "generate", "encode", "decode", "bench"};
     for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
         char *opts = COMPLETE(dir, "aft", cmds[c], "-");
         harness_result r;
@@ -504,6 +617,8 @@ static void test_completion_files(void **state)
     ASSERT_COMPLETES("x.npy\n", cwd, "aft", "convert", "w", "=", "x");
     ASSERT_COMPLETES("model.safetensors\n", cwd, "aft", "generate", "--weights", "m");
     ASSERT_COMPLETES("x.npy\n", cwd, "aft", "model", "--weights", "model.safetensors", "x");
+    ASSERT_COMPLETES("x.npy\n", cwd, "aft", "decode", "--weights", "model.safetensors", "x");
+    ASSERT_COMPLETES("model.safetensors\n", cwd, "aft", "encode", "--text-file", "m");
     /* tensor names come from `aft info --json`, run as the completed command */
     const char *bin = harness_aft_bin();
     ASSERT_COMPLETES("blocks.0.wq\nblocks.0.wk\n", cwd, bin, "compare", "model.safetensors", ":", "blocks");

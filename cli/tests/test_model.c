@@ -201,7 +201,8 @@ static void test_greedy_vs_torch(void **state)
         char n[32];
         snprintf(n, sizeof n, "%d", n_new);
         char *got = GENERATE("--weights", w, "--prompt", prompt, "-n", n, "--greedy");
-        char *expect = fmt("%s%s", prompt, want);
+        /* and the newline that ends the text */
+        char *expect = fmt("%s%s%s", prompt, want, want[0] && want[strlen(want) - 1] == '\n' ? "" : "\n");
         if (strcmp(got, expect) != 0) fail_msg("greedy from '%s':\n got  %s\n want %s", prompt, got, expect);
         free(got);
         free(expect);
@@ -225,10 +226,12 @@ static void test_sampling(void **state)
     assert_string_equal(a, b);   /* reproducible for a seed */
     assert_string_not_equal(a, c);
     assert_true(strncmp(a, "The ", 4) == 0);
-    /* n characters of the vocabulary after the prompt: count UTF-8 characters */
-    size_t chars = 0;
+    /* n characters of the vocabulary after the prompt (count UTF-8
+     * characters), then a newline, unless the last of them was one */
+    size_t chars = 0, len = strlen(a), want = 4 + (size_t)atoi(n);
     for (const unsigned char *p = (const unsigned char *)a; *p; p++) chars += (*p & 0xC0) != 0x80;
-    assert_int_equal(chars, 4 + (size_t)atoi(n));
+    assert_true(len > 0 && a[len - 1] == '\n');
+    assert_true(chars == want + 1 || chars == want);
     /* the threads change nothing */
     char *d = GENERATE("--weights", w, "--prompt", "The ", "-n", n, "--temperature", "0.8", "--seed", "7",
                        "--threads", "2");
@@ -239,9 +242,13 @@ static void test_sampling(void **state)
     char *k1 = GENERATE("--weights", w, "--prompt", "The ", "-n", "60", "--top-k", "1", "--seed", "5");
     assert_string_equal(g, t0);
     assert_string_equal(g, k1);
-    /* -n 0: the prompt alone */
+    /* -n 0: the prompt alone, ended by a newline (a pipe's text too); a
+     * prompt that ends with one gets no other */
     char *z = GENERATE("--weights", w, "--prompt", "The ", "-n", "0");
-    assert_string_equal(z, "The ");
+    assert_string_equal(z, "The \n");
+    free(z);
+    z = GENERATE("--weights", w, "--prompt", "The\n", "-n", "0");
+    assert_string_equal(z, "The\n");
     free(a); free(b); free(c); free(d); free(g); free(t0); free(k1); free(z);
     free(w);
 }
@@ -452,8 +459,8 @@ static void test_other_variants(void **state)
         char *g = i == 1 ? GENERATE("--weights", w, "--vocab", vocab, "--prompt", "abc ", "-n", "100", "--greedy",
                                     "--timing", t)
                          : GENERATE("--weights", w, "--prompt", "abc ", "-n", "100", "--greedy", "--timing", t);
-        assert_int_equal(strlen(g), 104);
-        assert_true(strspn(g, "abcdefghij ") == 104);
+        assert_int_equal(strlen(g), 105);   /* the text and its newline (not in this vocabulary) */
+        assert_true(strspn(g, "abcdefghij ") == 104 && g[104] == '\n');
         char *text;
         assert_int_equal(harness_read_file(t, &text, NULL), 0);
         cJSON *j = cJSON_Parse(text);

@@ -811,14 +811,16 @@ static aft_status parse_image(const unsigned char *buf, size_t len, int check_da
         }
     }
     if (len < NPY_MAGIC_LEN + 2)
-        return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu bytes)", len);
+        return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu %s)", len,
+                        aft_noun(len, "byte", "bytes"));
     int major = buf[6], minor = buf[7];
     if (!((major == 1 || major == 2 || major == 3) && minor == 0))
         return aft_fail(err, AFT_ERR_FORMAT, "unknown .npy version %d.%d", major, minor);
 
     /* header length: 2 bytes little-endian in 1.0, 4 bytes in 2.0 and 3.0 */
     size_t lenbytes = major == 1 ? 2 : 4, prefix = 8 + lenbytes;
-    if (len < prefix) return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu bytes)", len);
+    if (len < prefix) return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu %s)", len,
+                                      aft_noun(len, "byte", "bytes"));
     size_t hlen = 0;
     for (size_t i = lenbytes; i-- > 0;) hlen = hlen << 8 | buf[8 + i];
     /* numpy's limit counts characters: the bytes of a 1.0 or 2.0 header,
@@ -884,9 +886,11 @@ static aft_status parse_image(const unsigned char *buf, size_t len, int check_da
      * allocation, so a tiny file claiming a huge shape costs nothing */
     size_t have = len - data_off;
     if (check_data && have < nbytes)
-        return aft_fail(err, AFT_ERR_FORMAT, "data truncated: header promises %zu bytes, file holds %zu", nbytes, have);
+        return aft_fail(err, AFT_ERR_FORMAT, "data truncated: header promises %zu %s, file holds %zu", nbytes,
+                        aft_noun(nbytes, "byte", "bytes"), have);
     if (check_data && have > nbytes)
-        return aft_fail(err, AFT_ERR_FORMAT, "%zu trailing bytes after the data", have - nbytes);
+        return aft_fail(err, AFT_ERR_FORMAT, "%zu trailing %s after the data", have - nbytes,
+                        aft_noun(have - nbytes, "byte", "bytes"));
 
     H->major = major;
     H->minor = minor;
@@ -1119,10 +1123,11 @@ static aft_status peek(const char *path, int check_data, aft_tensor *out, aft_np
         if (!st && check_data && cut != len) {
             size_t have = fsize - H.data_off;
             if (have < H.nbytes)
-                st = aft_fail(err, AFT_ERR_FORMAT, "data truncated: header promises %zu bytes, file holds %zu",
-                              H.nbytes, have);
+                st = aft_fail(err, AFT_ERR_FORMAT, "data truncated: header promises %zu %s, file holds %zu",
+                              H.nbytes, aft_noun(H.nbytes, "byte", "bytes"), have);
             else if (have > H.nbytes)
-                st = aft_fail(err, AFT_ERR_FORMAT, "%zu trailing bytes after the data", have - H.nbytes);
+                st = aft_fail(err, AFT_ERR_FORMAT, "%zu trailing %s after the data", have - H.nbytes,
+                              aft_noun(have - H.nbytes, "byte", "bytes"));
         }
         if (!st) {
             set_tensor(out, &H, NULL, NULL);
@@ -1181,8 +1186,8 @@ aft_status aft_npy_read_f32(const char *path, size_t first, size_t n, float *dst
             }
             if (r == 0) {
                 st = aft_fail(err, AFT_ERR_FORMAT, "data truncated: element %zu of %zu is past the end of the file "
-                              "(header promises %zu bytes, file holds %zu)", first + i + got / size, H.nelem,
-                              H.nbytes, (size_t)at + got - H.data_off);
+                              "(header promises %zu %s, file holds %zu)", first + i + got / size, H.nelem,
+                              H.nbytes, aft_noun(H.nbytes, "byte", "bytes"), (size_t)at + got - H.data_off);
                 break;
             }
             got += (size_t)r;

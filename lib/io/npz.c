@@ -184,8 +184,9 @@ static aft_status find_directory(zreader *Z)
     const unsigned char *b = Z->b;
     size_t size = Z->size;
     if (size < END_SIZE)
-        return aft_fail(Z->err, AFT_ERR_FORMAT, "zip archive of %zu bytes is truncated: no end of central directory record",
-                        size);
+        return aft_fail(Z->err, AFT_ERR_FORMAT,
+                        "zip archive of %zu %s is truncated: no end of central directory record",
+                        size, aft_noun(size, "byte", "bytes"));
     /* the end record: its signature, then a comment running exactly to the
      * end of the file */
     size_t end = SIZE_MAX;
@@ -229,17 +230,20 @@ static aft_status find_directory(zreader *Z)
         return aft_fail(Z->err, AFT_ERR_FORMAT, "multi-disk zip archives are not supported");
     if (cd_off > cd_end || cd_size > cd_end - cd_off)
         return aft_fail(Z->err, AFT_ERR_FORMAT,
-                        "truncated central directory: the end record puts %llu bytes at offset %llu, "
+                        "truncated central directory: the end record puts %llu %s at offset %llu, "
                         "but the end record starts at %zu",
-                        (unsigned long long)cd_size, (unsigned long long)cd_off, cd_end);
+                        (unsigned long long)cd_size, aft_noun(cd_size, "byte", "bytes"), (unsigned long long)cd_off,
+                        cd_end);
     if (cd_off + cd_size != cd_end)
         return aft_fail(Z->err, AFT_ERR_FORMAT,
-                        "%llu bytes between the central directory and the end record (data before the archive?)",
-                        (unsigned long long)(cd_end - cd_off - cd_size));
+                        "%llu %s between the central directory and the end record (data before the archive?)",
+                        (unsigned long long)(cd_end - cd_off - cd_size),
+                        aft_noun(cd_end - cd_off - cd_size, "byte", "bytes"));
     if (n > cd_size / CENTRAL_SIZE)
         return aft_fail(Z->err, AFT_ERR_FORMAT,
-                        "truncated central directory: %llu entries cannot fit in its %llu bytes",
-                        (unsigned long long)n, (unsigned long long)cd_size);
+                        "truncated central directory: %llu %s cannot fit in its %llu %s",
+                        (unsigned long long)n, aft_noun(n, "entry", "entries"), (unsigned long long)cd_size,
+                        aft_noun(cd_size, "byte", "bytes"));
     Z->cd_off = (size_t)cd_off;
     Z->cd_end = cd_end;
     Z->count = n;
@@ -346,13 +350,15 @@ static aft_status read_entry(zreader *Z, size_t *pos, zmember *m)
         return member_fail(m, Z->err, AFT_ERR_FORMAT,
                            "compression method %u (only stored and deflated members can be read)", m->method);
     if (m->method == METHOD_STORED && m->csize != m->usize)
-        return member_fail(m, Z->err, AFT_ERR_FORMAT, "stored, but its sizes differ (%llu bytes compressed, %llu not)",
-                           (unsigned long long)m->csize, (unsigned long long)m->usize);
+        return member_fail(m, Z->err, AFT_ERR_FORMAT, "stored, but its sizes differ (%llu %s compressed, %llu not)",
+                           (unsigned long long)m->csize, aft_noun(m->csize, "byte", "bytes"),
+                           (unsigned long long)m->usize);
     if (m->method == METHOD_DEFLATED && m->usize > DEFLATE_MAX_RATIO &&
         (m->usize - DEFLATE_MAX_RATIO) / DEFLATE_MAX_RATIO > m->csize)
         return member_fail(m, Z->err, AFT_ERR_FORMAT,
-                           "declares %llu bytes inflated from %llu, more than deflate can make (a zip bomb?)",
-                           (unsigned long long)m->usize, (unsigned long long)m->csize);
+                           "declares %llu %s inflated from %llu, more than deflate can make (a zip bomb?)",
+                           (unsigned long long)m->usize, aft_noun(m->usize, "byte", "bytes"),
+                           (unsigned long long)m->csize);
     return AFT_OK;
 }
 
@@ -385,16 +391,17 @@ static aft_status read_local(zreader *Z, zmember *m)
         if (r != 0) return member_fail(m, Z->err, AFT_ERR_FORMAT, "its zip64 sizes are missing from its local header");
         if (csize != m->csize || usize != m->usize)
             return member_fail(m, Z->err, AFT_ERR_FORMAT,
-                               "its local header says %llu bytes (%llu compressed), the central directory %llu (%llu)",
-                               (unsigned long long)usize, (unsigned long long)csize, (unsigned long long)m->usize,
+                               "its local header says %llu %s (%llu compressed), the central directory %llu (%llu)",
+                               (unsigned long long)usize, aft_noun(usize, "byte", "bytes"), (unsigned long long)csize,
+                               (unsigned long long)m->usize,
                                (unsigned long long)m->csize);
         if (crc != m->crc)
             return member_fail(m, Z->err, AFT_ERR_FORMAT, "its local header says CRC-32 %08llx, the central directory %08x",
                                (unsigned long long)crc, m->crc);
     }
     if (m->csize > Z->cd_off - data)
-        return member_fail(m, Z->err, AFT_ERR_FORMAT, "its %llu bytes run past the start of the central directory",
-                           (unsigned long long)m->csize);
+        return member_fail(m, Z->err, AFT_ERR_FORMAT, "its %llu %s past the start of the central directory",
+                           (unsigned long long)m->csize, aft_noun(m->csize, "byte runs", "bytes run"));
     m->data = data;
     return AFT_OK;
 }
@@ -432,18 +439,20 @@ static aft_status inflate_member(const zreader *Z, const zmember *m, unsigned ch
         }
         int r = inflate(&z, Z_NO_FLUSH);
         if (full && z.avail_out == 0) {
-            st = member_fail(m, Z->err, AFT_ERR_FORMAT, "inflates past its declared size of %llu bytes",
-                             (unsigned long long)m->usize);
+            st = member_fail(m, Z->err, AFT_ERR_FORMAT, "inflates past its declared size of %llu %s",
+                             (unsigned long long)m->usize, aft_noun(m->usize, "byte", "bytes"));
             break;
         }
         if (r == Z_STREAM_END) {
             size_t made = (size_t)m->usize - out_left - (full ? 0 : z.avail_out);
             if (made != m->usize)
-                st = member_fail(m, Z->err, AFT_ERR_FORMAT, "inflates to %zu bytes, short of the %llu declared", made,
+                st = member_fail(m, Z->err, AFT_ERR_FORMAT, "inflates to %zu %s, short of the %llu declared", made,
+                                 aft_noun(made, "byte", "bytes"),
                                  (unsigned long long)m->usize);
             else if (z.avail_in + in_left)
-                st = member_fail(m, Z->err, AFT_ERR_FORMAT, "%zu of its %llu compressed bytes follow the end of the data",
-                                 (size_t)z.avail_in + in_left, (unsigned long long)m->csize);
+                st = member_fail(m, Z->err, AFT_ERR_FORMAT, "%zu of its %llu compressed %s the end of the data",
+                                 (size_t)z.avail_in + in_left, (unsigned long long)m->csize,
+                                 z.avail_in + in_left == 1 ? "bytes follows" : "bytes follow");
             break;
         }
         if (r == Z_DATA_ERROR) {
@@ -457,8 +466,8 @@ static aft_status inflate_member(const zreader *Z, const zmember *m, unsigned ch
         if (r == Z_BUF_ERROR || (r == Z_OK && z.avail_in == 0 && in_left == 0 && z.avail_out > 0)) {
             /* no progress: the input ran out before the stream's end */
             if (z.avail_in == 0 && in_left == 0) {
-                st = member_fail(m, Z->err, AFT_ERR_FORMAT, "its deflate data is cut short (%llu compressed bytes)",
-                                 (unsigned long long)m->csize);
+                st = member_fail(m, Z->err, AFT_ERR_FORMAT, "its deflate data is cut short (%llu compressed %s)",
+                                 (unsigned long long)m->csize, aft_noun(m->csize, "byte", "bytes"));
                 break;
             }
         } else if (r != Z_OK) {
@@ -505,8 +514,10 @@ static aft_status load_member(const zreader *Z, const zmember *m, size_t max_byt
         if ((st = aft_npy_view_size(data, (size_t)m->usize, &copy, &npy_err)) != AFT_OK)
             return member_fail(m, Z->err, st, "%s", npy_err.msg);
         if (copy > max_bytes - *used)
-            return member_fail(m, Z->err, AFT_ERR_NOMEM, "needs %zu bytes, past the memory limit of %zu bytes (%zu taken before it)",
-                               copy, max_bytes, *used);
+            return member_fail(m, Z->err, AFT_ERR_NOMEM,
+                               "needs %zu %s, past the memory limit of %zu %s (%zu taken before it)",
+                               copy, aft_noun(copy, "byte", "bytes"), max_bytes, aft_noun(max_bytes, "byte", "bytes"),
+                               *used);
         *used += copy;
         if ((st = aft_npy_view_mem(data, (size_t)m->usize, t, NULL, &npy_err)) != AFT_OK)
             return member_fail(m, Z->err, st, "%s", npy_err.msg);
@@ -515,14 +526,17 @@ static aft_status load_member(const zreader *Z, const zmember *m, size_t max_byt
 
     /* deflated: the declared size is checked before anything is allocated */
     if (m->usize > max_bytes - *used)
-        return member_fail(m, Z->err, AFT_ERR_NOMEM, "inflates to %llu bytes, past the memory limit of %zu bytes (%zu taken before it)",
-                           (unsigned long long)m->usize, max_bytes, *used);
+        return member_fail(m, Z->err, AFT_ERR_NOMEM,
+                           "inflates to %llu %s, past the memory limit of %zu %s (%zu taken before it)",
+                           (unsigned long long)m->usize, aft_noun(m->usize, "byte", "bytes"), max_bytes,
+                           aft_noun(max_bytes, "byte", "bytes"), *used);
     if (m->usize > SIZE_MAX - 1)
-        return member_fail(m, Z->err, AFT_ERR_NOMEM, "inflates to %llu bytes, more than memory can hold",
-                           (unsigned long long)m->usize);
+        return member_fail(m, Z->err, AFT_ERR_NOMEM, "inflates to %llu %s, more than memory can hold",
+                           (unsigned long long)m->usize, aft_noun(m->usize, "byte", "bytes"));
     unsigned char *buf = aft_alloc_array((size_t)m->usize, 1);
     if (!buf)
-        return member_fail(m, Z->err, AFT_ERR_NOMEM, "out of memory for its %llu bytes", (unsigned long long)m->usize);
+        return member_fail(m, Z->err, AFT_ERR_NOMEM, "out of memory for its %llu %s", (unsigned long long)m->usize,
+                           aft_noun(m->usize, "byte", "bytes"));
     *used += (size_t)m->usize;
     if ((st = inflate_member(Z, m, buf)) != AFT_OK) {
         free(buf);
@@ -539,8 +553,9 @@ static aft_status load_member(const zreader *Z, const zmember *m, size_t max_byt
     }
     if (copy > max_bytes - *used) {
         free(buf);
-        return member_fail(m, Z->err, AFT_ERR_NOMEM, "needs %zu bytes more, past the memory limit of %zu bytes (%zu taken)",
-                           copy, max_bytes, *used);
+        return member_fail(m, Z->err, AFT_ERR_NOMEM, "needs %zu %s more, past the memory limit of %zu %s (%zu taken)",
+                           copy, aft_noun(copy, "byte", "bytes"), max_bytes, aft_noun(max_bytes, "byte", "bytes"),
+                           *used);
     }
     *used += copy;
     if ((st = aft_npy_read_owned(buf, (size_t)m->usize, t, NULL, &npy_err)) != AFT_OK)   /* buf consumed */
@@ -600,7 +615,8 @@ aft_status aft_npz_parse(aft_st_file *f, size_t max_bytes, aft_error *err)
         if ((st = read_entry(&Z, &pos, &m[i]))) goto done;
     }
     if (pos != Z.cd_end) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "central directory holds %zu bytes after its %zu entries", Z.cd_end - pos, n);
+        st = aft_fail(err, AFT_ERR_FORMAT, "central directory holds %zu %s after its %zu %s", Z.cd_end - pos,
+                      aft_noun(Z.cd_end - pos, "byte", "bytes"), n, aft_noun(n, "entry", "entries"));
         goto done;
     }
     for (size_t i = 0; i < n; i++)
@@ -717,8 +733,8 @@ static aft_status close_member(aft_npz_writer *w, aft_error *err)
     w->open = 0;
     if (w->got != e->size) {
         w->failed = 1;
-        return aft_fail(err, AFT_ERR_ARG, "member '%s': %llu bytes written of the %llu announced", shown(e->name, b),
-                        (unsigned long long)w->got, (unsigned long long)e->size);
+        return aft_fail(err, AFT_ERR_ARG, "member '%s': %llu %s written of the %llu announced", shown(e->name, b),
+                        (unsigned long long)w->got, aft_noun(w->got, "byte", "bytes"), (unsigned long long)e->size);
     }
     if (w->crc != e->crc) {
         w->failed = 1;
@@ -789,8 +805,8 @@ aft_status aft_npz_writer_write(aft_npz_writer *w, const void *p, size_t n, aft_
     if (n > e->size - w->got) {
         char b[80];
         w->failed = 1;
-        return aft_fail(err, AFT_ERR_ARG, "member '%s': more than the %llu bytes announced", shown(e->name, b),
-                        (unsigned long long)e->size);
+        return aft_fail(err, AFT_ERR_ARG, "member '%s': more than the %llu %s announced", shown(e->name, b),
+                        (unsigned long long)e->size, aft_noun(e->size, "byte", "bytes"));
     }
     w->crc = aft_crc32(w->crc, p, n);
     w->got += n;

@@ -302,12 +302,14 @@ static aft_status parse_entry(const cJSON *obj, st_entry *e, size_t data_size, a
         return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets [%zu, %zu] end before they begin",
                         nm, e->begin, e->end);
     if (e->end - e->begin != nbytes)
-        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets [%zu, %zu] hold %zu bytes but shape %s of %s needs %zu",
-                        nm, e->begin, e->end, e->end - e->begin,
+        return aft_fail(err, AFT_ERR_FORMAT,
+                        "tensor '%s': data_offsets [%zu, %zu] hold %zu %s but shape %s of %s needs %zu",
+                        nm, e->begin, e->end, e->end - e->begin, aft_noun(e->end - e->begin, "byte", "bytes"),
                         fmt_shape(sb, sizeof sb, t->shape, ndim), aft_dtype_name(t->dtype), nbytes);
     if (e->end > data_size)
-        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets [%zu, %zu] run past the end of the data buffer (%zu bytes)",
-                        nm, e->begin, e->end, data_size);
+        return aft_fail(err, AFT_ERR_FORMAT,
+                        "tensor '%s': data_offsets [%zu, %zu] run past the end of the data buffer (%zu %s)",
+                        nm, e->begin, e->end, data_size, aft_noun(data_size, "byte", "bytes"));
     return AFT_OK;
 }
 
@@ -392,7 +394,8 @@ static aft_status parse(aft_st_file *f, aft_error *err)
     if (!AFT_HOST_LITTLE)
         return aft_fail(err, AFT_ERR_FORMAT, "safetensors data is little-endian and this is a big-endian build (not supported)");
     if (size < 8)
-        return aft_fail(err, AFT_ERR_FORMAT, "file is %zu bytes, too short for the 8-byte header size", size);
+        return aft_fail(err, AFT_ERR_FORMAT, "file is %zu %s, too short for the 8-byte header size", size,
+                        aft_noun(size, "byte", "bytes"));
 
     uint64_t n64 = 0;
     for (int i = 7; i >= 0; i--) n64 = n64 << 8 | b[i];
@@ -401,8 +404,8 @@ static aft_status parse(aft_st_file *f, aft_error *err)
                         (unsigned long long)n64, (unsigned long long)ST_MAX_HEADER);
     size_t hlen = (size_t)n64;
     if (hlen > size - 8)
-        return aft_fail(err, AFT_ERR_FORMAT, "header size %zu runs past the end of the file (%zu bytes)",
-                        hlen, size);
+        return aft_fail(err, AFT_ERR_FORMAT, "header size %zu runs past the end of the file (%zu %s)",
+                        hlen, size, aft_noun(size, "byte", "bytes"));
     const unsigned char *h = b + 8;
     size_t data_size = size - 8 - hlen;
     const unsigned char *data = h + hlen;
@@ -499,11 +502,13 @@ static aft_status parse(aft_st_file *f, aft_error *err)
     }
     if (expect != data_size) {
         if (ntensors == 0)
-            st = aft_fail(err, AFT_ERR_FORMAT, "data buffer holds %zu bytes but the header lists no tensors (trailing bytes)",
-                          data_size);
+            st = aft_fail(err, AFT_ERR_FORMAT,
+                          "data buffer holds %zu %s but the header lists no tensors (trailing bytes)",
+                          data_size, aft_noun(data_size, "byte", "bytes"));
         else
-            st = aft_fail(err, AFT_ERR_FORMAT, "data buffer holds %zu bytes but the tensors end at %zu (%zu trailing bytes)",
-                          data_size, expect, data_size - expect);
+            st = aft_fail(err, AFT_ERR_FORMAT, "data buffer holds %zu %s but the tensors end at %zu (%zu trailing %s)",
+                          data_size, aft_noun(data_size, "byte", "bytes"), expect, data_size - expect,
+                          aft_noun(data_size - expect, "byte", "bytes"));
         goto done;
     }
 

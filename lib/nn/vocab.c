@@ -40,7 +40,8 @@ aft_status aft_vocab_parse(aft_vocab *v, const char *json, const char *what, siz
     }
     size_t n = (size_t)cJSON_GetArraySize(arr);
     if (n != n_expected) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "%s lists %zu tokens but the model has %zu", what, n, n_expected);
+        st = aft_fail(err, AFT_ERR_FORMAT, "%s lists %zu %s but the model has %zu", what, n,
+                      aft_noun(n, "token", "tokens"), n_expected);
         goto done;
     }
     v->key = strdup(what);

@@ -65,8 +65,8 @@ static aft_status settle_conv(aft_config *cfg, const aft_bias *bias, size_t C, s
         /* a shared row says nothing of the heads; keys of one channel a head do */
         if (cfg->heads == 0) cfg->heads = rows == 1 && kc != C && kc > 0 ? kc : rows;
         if (rows > 1 && cfg->heads != rows)
-            return aft_fail(err, AFT_ERR_ARG, "%zu heads but '%s' has %zu rows (one per head)", cfg->heads, name,
-                            rows);
+            return aft_fail(err, AFT_ERR_ARG, "%zu %s but '%s' has %zu %s (one per head)", cfg->heads,
+                            aft_noun(cfg->heads, "head", "heads"), name, rows, aft_noun(rows, "row", "rows"));
         return AFT_OK;
     }
     if (cfg->window == AFT_WINDOW_FROM_BIAS)
@@ -127,15 +127,16 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
     if (!aft_mul3_ok(B, T, C, &n) || !aft_mul_ok(n, 2 * sizeof(float), &n))
         return aft_fail(err, AFT_ERR_ARG, "sizes B = %zu, T = %zu, C = %zu overflow", B, T, C);
     if (cfg->grid_w && T != cfg->grid_h * cfg->grid_w)
-        return aft_fail(err, AFT_ERR_ARG, "a grid of %zu x %zu holds %zu tokens, but T = %zu", cfg->grid_h,
-                        cfg->grid_w, cfg->grid_h * cfg->grid_w, T);
+        return aft_fail(err, AFT_ERR_ARG, "a grid of %zu x %zu holds %zu %s, but T = %zu", cfg->grid_h,
+                        cfg->grid_w, cfg->grid_h * cfg->grid_w, aft_noun(cfg->grid_h * cfg->grid_w, "token", "tokens"),
+                        T);
     if (cfg->variant == AFT_CONV) {
         if (C % H != 0)
             return aft_fail(err, AFT_ERR_ARG, "conv: %zu heads do not divide the %zu hidden channels", H, C);
         if (kc != C && kc != H)
             return aft_fail(err, AFT_ERR_ARG,
-                            "conv: keys have %zu channels; expected %zu (one per value channel) or %zu (one per head)",
-                            kc, C, H);
+                            "conv: keys have %zu %s; expected %zu (one per value channel) or %zu (one per head)",
+                            kc, aft_noun(kc, "channel", "channels"), C, H);
         if ((bias->kind != AFT_BIAS_CONV || !bias->conv) && cfg->grid_w)
             return aft_fail(err, AFT_ERR_ARG,
                             "conv: needs a per-head position bias of shape (heads, 2*window-1, 2*window-1)");
@@ -143,7 +144,8 @@ static aft_status check_args(const aft_bias *bias, const aft_config *cfg, size_t
             return aft_fail(err, AFT_ERR_ARG, "conv: needs a per-head position bias of shape (heads, 2*window-1)");
     } else {
         if (kc != C)
-            return aft_fail(err, AFT_ERR_ARG, "keys have %zu channels but values have %zu", kc, C);
+            return aft_fail(err, AFT_ERR_ARG, "keys have %zu %s but values have %zu", kc,
+                            aft_noun(kc, "channel", "channels"), C);
         if (bias->kind == AFT_BIAS_CONV && cfg->variant != AFT_SIMPLE)
             return aft_fail(err, AFT_ERR_ARG, "a per-head (conv) bias needs the conv variant");
     }

@@ -700,12 +700,12 @@ static void test_data_size_mismatch(void **state)
     const char *d = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
     refused_dict(d, 23, "data truncated: header promises 24 bytes, file holds 23");
     refused_dict(d, 0, "data truncated: header promises 24 bytes, file holds 0");
-    refused_dict(d, 25, "1 trailing bytes after the data");
+    refused_dict(d, 25, "1 trailing byte after the data");
     refused_dict(d, 4096, "4072 trailing bytes after the data");
     refused_dict("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", 0,
                  "data truncated: header promises 4 bytes, file holds 0");
     refused_dict("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 3), }", 1,
-                 "1 trailing bytes after the data");
+                 "1 trailing byte after the data");
 }
 
 /* a tiny file claiming a huge array must fail on the size check, before
