@@ -1,11 +1,14 @@
 # mk/widths.mk - the kernel tests at vector widths other than this machine's.
 #
-#   make test-widths   builds lib/ and the tests of the kernels and of the
-#                      exponential (lib_test_op, lib_test_numerics,
-#                      lib_test_grid) for x86-64-v2 (SSE4.2: vectors of 4
-#                      floats) and x86-64-v3 (AVX2: 8 floats) into
-#                      build/width-LEVEL/, and runs
-#                      those this CPU can execute
+#   make test-widths   builds lib/ and the tests of the forward kernels
+#                      (lib_ops/: the rules, the dispatch, full, the band,
+#                      simple, grids), of the projections
+#                      (lib_nn/test_linear), of the layer around them
+#                      (lib_test_layer, lib_test_layer_chunks) and of the
+#                      exponential (lib_test_numerics) for x86-64-v2 (SSE4.2:
+#                      vectors of 4 floats) and x86-64-v3 (AVX2: 8 floats)
+#                      into build/width-LEVEL/, and runs those this CPU can
+#                      execute
 #
 # The normal build is -march=native, and the kernels' vector width and
 # register tiles follow from the CPU they are built for (aft_vf in
@@ -17,7 +20,8 @@
 # are included in name order).
 
 WIDTH_LEVELS := x86-64-v2 x86-64-v3
-WIDTH_PROGS  := lib_test_op lib_test_numerics lib_test_grid
+WIDTH_PROGS  := $(addprefix lib_ops/,test_spec test_op test_full test_local_conv test_simple test_grid) \
+                lib_nn/test_linear lib_test_layer lib_test_layer_chunks lib_test_numerics
 CPU_LEVEL    := build/cpu-level
 
 $(CPU_LEVEL): mk/cpu-level.c
