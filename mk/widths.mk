@@ -4,10 +4,11 @@
 #                      (lib_ops/: the rules, the dispatch, full, the band,
 #                      simple, grids), of the projections
 #                      (lib_nn/test_linear), of the layer around them
-#                      (lib_test_layer, lib_test_layer_chunks) and of the
-#                      exponential (lib_test_numerics) for x86-64-v2 (SSE4.2:
-#                      vectors of 4 floats) and x86-64-v3 (AVX2: 8 floats)
-#                      into build/width-LEVEL/, and runs those this CPU can
+#                      (lib_test_layer, lib_test_layer_chunks), of the
+#                      exponential (lib_test_numerics) and of the streaming
+#                      stores (lib_test_util) for x86-64-v2 (SSE4.2: vectors
+#                      of 4 floats) and x86-64-v3 (AVX2: 8 floats) into
+#                      build/width-LEVEL/, and runs those this CPU can
 #                      execute
 #
 # The normal build is -march=native, and the kernels' vector width and
@@ -21,7 +22,7 @@
 
 WIDTH_LEVELS := x86-64-v2 x86-64-v3
 WIDTH_PROGS  := $(addprefix lib_ops/,test_spec test_op test_full test_local_conv test_simple test_grid) \
-                lib_nn/test_linear lib_test_layer lib_test_layer_chunks lib_test_numerics
+                lib_nn/test_linear lib_test_layer lib_test_layer_chunks lib_test_numerics lib_test_util
 CPU_LEVEL    := build/cpu-level
 
 $(CPU_LEVEL): mk/cpu-level.c
