@@ -2,7 +2,7 @@
 #
 #   make test-widths   builds lib/ and the tests of the forward kernels
 #                      (lib_ops/: the rules, the dispatch, full, the band,
-#                      simple, grids), of the projections
+#                      simple, grids, the running sums), of the projections
 #                      (lib_nn/test_linear), of the layer around them
 #                      (lib_test_layer, lib_test_layer_chunks), of the
 #                      exponential (lib_test_numerics) and of the streaming
@@ -21,7 +21,7 @@
 # are included in name order).
 
 WIDTH_LEVELS := x86-64-v2 x86-64-v3
-WIDTH_PROGS  := $(addprefix lib_ops/,test_spec test_op test_full test_local_conv test_simple test_grid) \
+WIDTH_PROGS  := $(addprefix lib_ops/,test_spec test_op test_full test_local_conv test_simple test_grid test_sums) \
                 lib_nn/test_linear lib_test_layer lib_test_layer_chunks lib_test_numerics lib_test_util
 CPU_LEVEL    := build/cpu-level
 
