@@ -24,6 +24,11 @@ WIDTH_LEVELS := x86-64-v2 x86-64-v3
 WIDTH_PROGS  := $(addprefix lib_ops/,test_spec test_op test_full test_local_conv test_simple test_grid test_sums) \
                 lib_nn/test_linear lib_test_layer lib_test_layer_chunks lib_test_numerics lib_test_util
 CPU_LEVEL    := build/cpu-level
+# lib_ops/test_op also holds the backward's tables (every variant through
+# aft_op_backward); the backward kernels' tests do not run at other widths,
+# so there it runs its forward tests only (each program's environment:
+# WIDTH_ENV_PROGRAM)
+WIDTH_ENV_lib_ops/test_op := TEST_OP_FILTER='test_op_*'
 
 $(CPU_LEVEL): mk/cpu-level.c
 	@mkdir -p $(@D)
@@ -39,7 +44,7 @@ build/width-$(1)/runs/%.result: build/width-$(1)/tests/% $(CPU_LEVEL)
 	    echo "this CPU cannot run $(1) code" > $$(@:.result=.log); echo "skipped" > $$@; \
 	else \
 	    s=$$$$(date +%s); \
-	    if AFT_TESTDATA=$(CURDIR)/testdata ./$$< > $$(@:.result=.log) 2>&1; then r=passed; else r=FAILED; fi; \
+	    if env $$(WIDTH_ENV_$$*) AFT_TESTDATA=$(CURDIR)/testdata ./$$< > $$(@:.result=.log) 2>&1; then r=passed; else r=FAILED; fi; \
 	    echo "$$$$r $$$$(( $$$$(date +%s) - s )) s" > $$@; \
 	fi
 endef
