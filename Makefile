@@ -43,10 +43,20 @@ LIB_SRC := $(wildcard lib/*.c $(LIB_ROOMS:%=lib/%/*.c))
 LIB_OBJ := $(LIB_SRC:lib/%.c=build/lib/%.o)
 CLI_SRC := $(wildcard cli/*.c)
 CLI_OBJ := $(CLI_SRC:cli/%.c=build/cli/%.o)
-LIBTEST_SRC := $(wildcard lib/tests/test_*.c)
+# the tests mirror the code: lib/tests/ROOM/test_NAME.c tests lib/ROOM/NAME.c
+# and builds to build/tests/lib_ROOM/test_NAME; lib/tests/common/ holds the
+# lib tests' shared helpers (and the test of their float64 reference)
+TEST_ROOMS  := common $(LIB_ROOMS)
+LIBTEST_SRC := $(wildcard lib/tests/test_*.c $(TEST_ROOMS:%=lib/tests/%/test_*.c))
 CLITEST_SRC := $(wildcard cli/tests/test_*.c)
 TEST_BIN := $(LIBTEST_SRC:lib/tests/%.c=build/tests/lib_%) $(CLITEST_SRC:cli/tests/%.c=build/tests/cli_%)
-TEST_HELP_SRC := $(filter-out $(LIBTEST_SRC) $(CLITEST_SRC),$(wildcard lib/tests/*.c cli/tests/*.c))
+TEST_HELP_SRC := $(filter-out $(LIBTEST_SRC) $(CLITEST_SRC),$(wildcard lib/tests/common/*.c cli/tests/*.c))
+TEST_HELP_HDR := $(wildcard lib/tests/common/*.h cli/tests/*.h)
+# the helpers are compiled once, into build/tests/help/, and linked into
+# every test program of their side
+LIBTEST_HELP_OBJ := $(patsubst %.c,build/tests/help/%.o,$(filter lib/tests/%,$(TEST_HELP_SRC)))
+CLITEST_HELP_OBJ := $(patsubst %.c,build/tests/help/%.o,$(filter cli/tests/%,$(TEST_HELP_SRC)))
+TEST_INC := -Ilib/tests/common -Icli/tests -Icli -Ilib
 
 .PHONY: all deps test demo clean check-deps
 all: aft lib/libaft.a
@@ -76,17 +86,21 @@ lib/libaft.a: $(LIB_OBJ)
 aft: $(CLI_OBJ) lib/libaft.a
 	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) lib/libaft.a $(LDLIBS_ALL) $(if $(MPI_FOUND),$(MPI_LIBS))
 
-build/tests/lib_%: lib/tests/%.c $(TEST_HELP_SRC) lib/libaft.a lib/aft.h
+build/tests/help/%.o: %.c $(TEST_HELP_HDR) lib/aft.h
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Ilib/tests -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(filter lib/tests/%,$(TEST_HELP_SRC)) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) $(shell pkg-config --cflags cmocka) -c $< -o $@
+
+build/tests/lib_%: lib/tests/%.c $(LIBTEST_HELP_OBJ) $(TEST_HELP_HDR) lib/libaft.a lib/aft.h
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Ilib/tests/common -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(LIBTEST_HELP_OBJ) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL)
 
 # the CLI tests also link the CLI's objects but main (the option tables, the
 # numpy-style printer), to check them directly
 CLI_TEST_OBJ = $(filter-out build/cli/main.o,$(CLI_OBJ))
 
-build/tests/cli_%: cli/tests/%.c $(TEST_HELP_SRC) aft
+build/tests/cli_%: cli/tests/%.c $(CLITEST_HELP_OBJ) $(TEST_HELP_HDR) aft
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Icli/tests -Icli -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(filter cli/tests/%,$(TEST_HELP_SRC)) $(CLI_TEST_OBJ) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL) $(if $(MPI_FOUND),$(MPI_LIBS))
+	$(CC) $(ALL_CFLAGS) -Icli/tests -Icli -Ilib $(shell pkg-config --cflags cmocka) -o $@ $< $(CLITEST_HELP_OBJ) $(CLI_TEST_OBJ) lib/libaft.a $(shell pkg-config --libs cmocka) $(LDLIBS_ALL) $(if $(MPI_FOUND),$(MPI_LIBS))
 
 # Each test binary prints cmocka's summary; the last line sums them up.
 test: deps

@@ -7,8 +7,8 @@
 #   make test-valgrind   builds into build/valgrind/ and runs the CLI test
 #                        programs with AFT_BIN = fuzz/valgrind-aft.sh (every aft
 #                        run under memcheck), and the format tests
-#                        (lib_test_npy, lib_test_npz, lib_test_safetensors)
-#                        under memcheck
+#                        (lib_io/test_npy, test_npz, test_safetensors,
+#                        test_detect) under memcheck
 #
 # Both build from the same sources as the main Makefile (its LIB_SRC, CLI_SRC,
 # test lists, warnings and FPFLAGS) into their own directories under build/
@@ -24,8 +24,9 @@ SAN_PKG_LIBS   = $(shell pkg-config --libs cmocka 2>/dev/null)
 
 # ---------------------------------------------------------------- shared rules
 
-# san_build(DIR, FLAGS): DIR/libaft.a, DIR/aft and DIR/tests/{lib,cli}_test_*
-# compiled with FLAGS (used for compiling and linking).
+# san_build(DIR, FLAGS): DIR/libaft.a, DIR/aft and the test programs
+# DIR/tests/lib_ROOM/test_* and DIR/tests/cli_test_* (their helpers once, in
+# DIR/tests/help/) compiled with FLAGS (used for compiling and linking).
 define san_build
 $(1)/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $$(@D)
@@ -42,15 +43,19 @@ $(1)/libaft.a: $$(LIB_SRC:lib/%.c=$(1)/lib/%.o)
 $(1)/aft: $$(CLI_SRC:cli/%.c=$(1)/cli/%.o) $(1)/libaft.a
 	$$(SAN_CC) $(2) -o $$@ $$^ $$(LDLIBS_ALL)
 
-$(1)/tests/lib_%: lib/tests/%.c $$(TEST_HELP_SRC) $(1)/libaft.a lib/aft.h
+$(1)/tests/help/%.o: %.c $$(TEST_HELP_HDR) lib/aft.h
 	@mkdir -p $$(@D)
-	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib/tests -Ilib $$(PKG_CFLAGS) $$(SAN_PKG_CFLAGS) \
-	    -o $$@ $$< $$(filter lib/tests/%,$$(TEST_HELP_SRC)) $(1)/libaft.a $$(SAN_PKG_LIBS) $$(LDLIBS_ALL)
+	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp $$(TEST_INC) $$(PKG_CFLAGS) $$(SAN_PKG_CFLAGS) -c $$< -o $$@
 
-$(1)/tests/cli_%: cli/tests/%.c $$(TEST_HELP_SRC) $$(filter-out $(1)/cli/main.o,$$(CLI_SRC:cli/%.c=$(1)/cli/%.o)) $(1)/libaft.a lib/aft.h
+$(1)/tests/lib_%: lib/tests/%.c $$(LIBTEST_HELP_OBJ:build/tests/%=$(1)/tests/%) $$(TEST_HELP_HDR) $(1)/libaft.a lib/aft.h
+	@mkdir -p $$(@D)
+	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib/tests/common -Ilib $$(PKG_CFLAGS) $$(SAN_PKG_CFLAGS) \
+	    -o $$@ $$< $$(LIBTEST_HELP_OBJ:build/tests/%=$(1)/tests/%) $(1)/libaft.a $$(SAN_PKG_LIBS) $$(LDLIBS_ALL)
+
+$(1)/tests/cli_%: cli/tests/%.c $$(CLITEST_HELP_OBJ:build/tests/%=$(1)/tests/%) $$(TEST_HELP_HDR) $$(filter-out $(1)/cli/main.o,$$(CLI_SRC:cli/%.c=$(1)/cli/%.o)) $(1)/libaft.a lib/aft.h
 	@mkdir -p $$(@D)
 	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Icli/tests -Icli -Ilib $$(PKG_CFLAGS) $$(SAN_PKG_CFLAGS) \
-	    -o $$@ $$< $$(filter cli/tests/%,$$(TEST_HELP_SRC)) $$(filter-out $(1)/cli/main.o,$$(CLI_SRC:cli/%.c=$(1)/cli/%.o)) \
+	    -o $$@ $$< $$(CLITEST_HELP_OBJ:build/tests/%=$(1)/tests/%) $$(filter-out $(1)/cli/main.o,$$(CLI_SRC:cli/%.c=$(1)/cli/%.o)) \
 	    $(1)/libaft.a $$(SAN_PKG_LIBS) $$(LDLIBS_ALL)
 endef
 
@@ -94,7 +99,8 @@ define san_check_logs
 endef
 
 # the longest-running programs first, so parallel runs end together
-SAN_SLOW_FIRST = %/cli_test_stream %/cli_test_model %/cli_test_run %/cli_test_malformed %/lib_test_op
+SAN_SLOW_FIRST = %/cli_test_stream %/cli_test_model %/cli_test_run %/cli_test_malformed %/lib_test_slice \
+                 %/lib_test_state %/lib_ops/test_op %/lib_test_model
 san_order = $(filter $(SAN_SLOW_FIRST),$(1)) $(filter-out $(SAN_SLOW_FIRST),$(1))
 
 .PHONY: test-asan test-valgrind sanitize-deps
@@ -102,7 +108,7 @@ san_order = $(filter $(SAN_SLOW_FIRST),$(1)) $(filter-out $(SAN_SLOW_FIRST),$(1)
 # ---------------------------------------------------------------- test-asan
 
 ASAN_DIR   := build/asan
-# -O2: lib_test_op's float64 reference kernels run 8x faster than at -O1
+# -O2: the operator tests' float64 reference kernels run 8x faster than at -O1
 # (21 s against 3 min), and with frame pointers kept the reports' stacks stay
 # readable; $(ARCH) (native) keeps the normal build's vector code paths
 ASAN_FLAGS := -O2 -g $(ARCH) -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -136,11 +142,11 @@ VG_DIR   := build/valgrind
 VG_FLAGS := -O2 -g
 $(eval $(call san_build,$(VG_DIR),$(VG_FLAGS)))
 # Under valgrind: the CLI tests (every aft run they make, the malformed
-# corpus included) and the format tests. lib_test_op is left out: its float64
-# reference kernels take tens of minutes under memcheck; `make test-asan`
-# covers it.
+# corpus included) and the format tests. The operator's tests (lib_ops/) are
+# left out: their float64 reference kernels take tens of minutes under
+# memcheck; `make test-asan` covers them.
 VG_CLI_TESTS = $(call san_cli_tests,$(VG_DIR))
-VG_LIB_TESTS = $(VG_DIR)/tests/lib_test_npy $(VG_DIR)/tests/lib_test_npz $(VG_DIR)/tests/lib_test_safetensors
+VG_LIB_TESTS = $(addprefix $(VG_DIR)/tests/lib_io/,test_npy test_npz test_safetensors test_detect)
 VG_RESULTS   = $(patsubst $(VG_DIR)/tests/%,$(VG_DIR)/runs/%.result,$(call san_order,$(VG_CLI_TESTS) $(VG_LIB_TESTS)))
 
 # AFT_TEST_QUICK=1: fewer cases of the same paths (harness_quick()):

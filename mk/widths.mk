@@ -1,11 +1,15 @@
 # mk/widths.mk - the kernel tests at vector widths other than this machine's.
 #
-#   make test-widths   builds lib/ and the tests of the kernels and of the
-#                      exponential (lib_test_op, lib_test_numerics,
-#                      lib_test_grid) for x86-64-v2 (SSE4.2: vectors of 4
-#                      floats) and x86-64-v3 (AVX2: 8 floats) into
-#                      build/width-LEVEL/, and runs
-#                      those this CPU can execute
+#   make test-widths   builds lib/ and the tests of the forward kernels
+#                      (lib_ops/: the rules, the dispatch, full, the band,
+#                      simple, grids, the running sums), of the projections
+#                      (lib_nn/test_linear), of the layer around them
+#                      (lib_test_layer, lib_test_layer_chunks), of the
+#                      exponential (lib_test_numerics) and of the streaming
+#                      stores (lib_test_util) for x86-64-v2 (SSE4.2: vectors
+#                      of 4 floats) and x86-64-v3 (AVX2: 8 floats) into
+#                      build/width-LEVEL/, and runs those this CPU can
+#                      execute
 #
 # The normal build is -march=native, and the kernels' vector width and
 # register tiles follow from the CPU they are built for (aft_vf in
@@ -17,8 +21,14 @@
 # are included in name order).
 
 WIDTH_LEVELS := x86-64-v2 x86-64-v3
-WIDTH_PROGS  := lib_test_op lib_test_numerics lib_test_grid
+WIDTH_PROGS  := $(addprefix lib_ops/,test_spec test_op test_full test_local_conv test_simple test_grid test_sums) \
+                lib_nn/test_linear lib_test_layer lib_test_layer_chunks lib_test_numerics lib_test_util
 CPU_LEVEL    := build/cpu-level
+# lib_ops/test_op also holds the backward's tables (every variant through
+# aft_op_backward); the backward kernels' tests do not run at other widths,
+# so there it runs its forward tests only (each program's environment:
+# WIDTH_ENV_PROGRAM)
+WIDTH_ENV_lib_ops/test_op := TEST_OP_FILTER='test_op_*'
 
 $(CPU_LEVEL): mk/cpu-level.c
 	@mkdir -p $(@D)
@@ -34,7 +44,7 @@ build/width-$(1)/runs/%.result: build/width-$(1)/tests/% $(CPU_LEVEL)
 	    echo "this CPU cannot run $(1) code" > $$(@:.result=.log); echo "skipped" > $$@; \
 	else \
 	    s=$$$$(date +%s); \
-	    if AFT_TESTDATA=$(CURDIR)/testdata ./$$< > $$(@:.result=.log) 2>&1; then r=passed; else r=FAILED; fi; \
+	    if env $$(WIDTH_ENV_$$*) AFT_TESTDATA=$(CURDIR)/testdata ./$$< > $$(@:.result=.log) 2>&1; then r=passed; else r=FAILED; fi; \
 	    echo "$$$$r $$$$(( $$$$(date +%s) - s )) s" > $$@; \
 	fi
 endef

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes the .npy fixtures for lib/tests/test_npy.c into testdata/npy/.
+"""Writes the .npy fixtures for lib/tests/io/test_npy.c into testdata/npy/.
 
 Run from anywhere: ./testdata/make_npy_fixtures.py  (Debian's python3 with numpy).
 The outputs are committed, so the C tests never need Python.

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes the .npz fixtures under testdata/npz/ for lib/tests/test_npz.c and
+"""Writes the .npz fixtures under testdata/npz/ for lib/tests/io/test_npz.c and
 the CLI tests, each checked with np.load; the outputs are committed, so the C
 tests never need Python.
 
@@ -31,7 +31,7 @@ element's C-order flat index i), which test_npy.c and test_npz.c recompute.
                     stored member each holding numpy's .npy bytes
   writer_zip64_expect.npz  the same two members as zip64.npz, laid out as
                     aft's writer does when it is told to use zip64 records
-                    everywhere (lib/tests/test_npz.c forces it)
+                    everywhere (lib/tests/io/test_npz.c forces it)
   qkv.npz           np.savez_compressed of q, k, v (f4 (2, 5, 4)) for the bare
                     operator; y_simple.npy its output for --variant simple,
                     computed here in float64: sigmoid(q) * sum_t' softmax_t'(k)

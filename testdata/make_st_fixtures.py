@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Writes the .safetensors fixtures under testdata/st/ used by
-lib/tests/test_safetensors.c, and checks files written by aft's own writer
+lib/tests/io/test_safetensors.c, and checks files written by aft's own writer
 with an independent reader.
 
     testdata/make_st_fixtures.py              write the fixtures, then check

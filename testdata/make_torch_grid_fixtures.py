@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Make (or, with --check, verify) the PyTorch fixtures of AFT on 2-D grids,
-testdata/torch/grid_*/, which lib/tests/test_grid.c reads.
+testdata/torch/grid_*/, which lib/tests/ops/test_grid.c reads.
 
 Run with Debian's interpreter, which has torch and numpy:
 

@@ -1,4 +1,5 @@
-/* harness.c - run the aft binary under test with pipes and a timeout; temp files. */
+/* harness.c - run the aft binary under test with pipes and a timeout; a
+ * group's temporary directory; temp files. */
 #include "harness.h"
 
 #include <errno.h>
@@ -6,6 +7,7 @@
 #include <ftw.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,6 +298,59 @@ char *harness_mkdtemp(void)
         return NULL;
     }
     return path;
+}
+
+/* the group's temporary directory (harness_setup) */
+static char *group_dir;
+
+int harness_setup(void **state)
+{
+    (void)state;
+    group_dir = harness_mkdtemp();
+    return group_dir ? 0 : -1;
+}
+
+int harness_teardown(void **state)
+{
+    (void)state;
+    int rc = group_dir ? harness_rmtree(group_dir) : 0;
+    free(group_dir);
+    group_dir = NULL;
+    return rc;
+}
+
+const char *harness_dir(void)
+{
+    return group_dir;
+}
+
+char *harness_tmp(const char *name)
+{
+    if (!group_dir) {
+        fprintf(stderr, "harness: %s: no temporary directory (harness_setup not run)\n", name);
+        return NULL;
+    }
+    return harness_path(group_dir, name);
+}
+
+char *harness_fmt(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        complain("vasprintf");
+        return NULL;
+    }
+    return s;
+}
+
+int harness_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
 }
 
 char *harness_path(const char *dir, const char *name)

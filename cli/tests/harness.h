@@ -76,6 +76,24 @@ size_t harness_count_lines(const char *s);
 /* A new empty directory under $TMPDIR (or /tmp), malloc'd path. */
 char *harness_mkdtemp(void);
 
+/* The temporary directory of a group of tests, as cmocka's group fixtures:
+ *
+ *     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
+ *
+ * harness_setup makes it (harness_mkdtemp); harness_teardown removes it and
+ * everything in it. Both return 0 or -1. A group that writes fixtures of
+ * its own calls them from its own setup and teardown. In between,
+ * harness_dir() is its path and harness_tmp(name) a malloc'd path in it. */
+int harness_setup(void **state);
+int harness_teardown(void **state);
+const char *harness_dir(void);
+char *harness_tmp(const char *name);
+
+/* A malloc'd string as printf would format it; NULL if out of memory. */
+char *harness_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* 1 if path names something that exists (stat succeeds), else 0. */
+int harness_exists(const char *path);
+
 /* a tensor header over caller-owned data (C order; nelem and nbytes from the
  * shape), for writing fixtures with aft_npy_write / aft_st_write */
 aft_tensor harness_tensor(aft_dtype dt, const void *data, size_t ndim, const size_t *shape);

@@ -17,29 +17,11 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir;   /* temp dir for this run's files */
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = harness_rmtree(dir);
-    free(dir);
-    dir = NULL;
-    return rc;
-}
-
-/* writes dir/name as a .npy and returns its malloc'd path */
+/* writes name, in the temporary directory, as a .npy and returns its malloc'd path */
 static char *npy(const char *name, aft_dtype dt, const void *data, size_t ndim,
                  const size_t *shape)
 {
-    char *path = harness_path(dir, name);
+    char *path = harness_tmp(name);
     aft_tensor t = harness_tensor(dt, data, ndim, shape);
     aft_error err = {{0}};
     if (aft_npy_write(path, &t, &err) != AFT_OK) fail_msg("writing %s: %s", path, err.msg);
@@ -330,8 +312,8 @@ static void test_shape_mismatch(void **state)
 static void test_safetensors_operand(void **state)
 {
     (void)state;
-    char *st = harness_path(dir, "m.safetensors");
-    char *one = harness_path(dir, "one.safetensors");
+    char *st = harness_tmp("m.safetensors");
+    char *one = harness_tmp("one.safetensors");
     static const double other[6] = {9, 9, 9, 9, 9, 9};
     aft_tensor ts[2] = {harness_tensor(AFT_F32, base, 2, (size_t[]){2, 3}),
                         harness_tensor(AFT_F64, other, 2, (size_t[]){2, 3})};
@@ -387,7 +369,7 @@ static void test_safetensors_operand(void **state)
 static void test_safetensors_split(void **state)
 {
     (void)state;
-    char *sub = harness_path(dir, "d.safetensors:x");
+    char *sub = harness_tmp("d.safetensors:x");
     assert_int_equal(mkdir(sub, 0700), 0);
     char *st = harness_path(sub, "m.safetensors");
     aft_tensor t = harness_tensor(AFT_F32, base, 2, (size_t[]){2, 3});
@@ -497,11 +479,11 @@ static const named grads[4] = {
     {"pos_bias", pb, 2, {2, 2}},
 };
 
-/* writes the n tensors to dir/name, a .npz if the name says so, else a
- * .safetensors; returns the malloc'd path */
+/* writes the n tensors to name in the temporary directory, a .npz if the
+ * name says so, else a .safetensors; returns the malloc'd path */
 static char *tensors_file(const char *name, const named *ts, size_t n)
 {
-    char *path = harness_path(dir, name);
+    char *path = harness_tmp(name);
     aft_tensor t[8];
     const char *names[8];
     assert_true(n <= 8);
@@ -867,7 +849,7 @@ static void test_missing_file(void **state)
 {
     (void)state;
     char *a = npy23("present.npy", base);
-    char *gone = harness_path(dir, "gone.npy");
+    char *gone = harness_tmp("gone.npy");
     harness_result r;
     COMPARE(&r, a, gone);
     assert_int_equal(r.exit_code, 1);
@@ -922,5 +904,5 @@ int main(void)
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_help),
     };
-    return cmocka_run_group_tests_name("cli compare", tests, setup, teardown);
+    return cmocka_run_group_tests_name("cli compare", tests, harness_setup, harness_teardown);
 }

@@ -20,35 +20,17 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir;   /* temp dir for this run's files */
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = harness_rmtree(dir);
-    free(dir);
-    dir = NULL;
-    return rc;
-}
-
 /* ---------------------------------------------------------------- helpers */
 
-/* dir/name, malloc'd */
+/* name in the temporary directory, malloc'd */
 static char *in_dir(const char *name)
 {
-    char *p = harness_path(dir, name);
+    char *p = harness_tmp(name);
     assert_non_null(p);
     return p;
 }
 
-/* writes dir/name as a .npy; returns its malloc'd path */
+/* writes name, in the temporary directory, as a .npy; returns its malloc'd path */
 static char *npy(const char *name, aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
 {
     char *path = in_dir(name);
@@ -965,10 +947,10 @@ static void test_errors(void **state)
     free(bf);
 }
 
-/* 1 if dir holds a leftover temporary (NAME.tmp.PID.N) */
+/* 1 if the temporary directory holds a leftover temporary (NAME.tmp.PID.N) */
 static int has_tmp_files(void)
 {
-    DIR *dp = opendir(dir);
+    DIR *dp = opendir(harness_dir());
     assert_non_null(dp);
     struct dirent *e;
     int found = 0;
@@ -1060,5 +1042,5 @@ int main(void)
         cmocka_unit_test(test_atomic),
         cmocka_unit_test(test_help),
     };
-    return cmocka_run_group_tests_name("cli convert", tests, setup, teardown);
+    return cmocka_run_group_tests_name("cli convert", tests, harness_setup, harness_teardown);
 }

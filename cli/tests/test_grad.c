@@ -22,26 +22,9 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir;
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = harness_rmtree(dir);
-    free(dir);
-    return rc;
-}
-
 static char *tmp(const char *name)
 {
-    char *p = harness_path(dir, name);
+    char *p = harness_tmp(name);
     assert_non_null(p);
     return p;
 }
@@ -532,5 +515,5 @@ int main(void)
         cmocka_unit_test(test_npz_and_timing),
         cmocka_unit_test(test_refusals),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }

@@ -14,7 +14,6 @@
 #include "harness.h"
 
 /* the fixture files, written once into a temp dir by the group setup */
-static char *dir;
 static char *p_x;       /* x.npy: F32 (2, 3) */
 static char *p_be;      /* be.npy: big-endian I16 (2, 3) stored in Fortran order */
 static char *p_u8;      /* bytes.npy: U8 (5), descr '|u1' */
@@ -46,18 +45,16 @@ static int write_raw_npy(const char *path, const char *dict, const void *data, s
 
 static int setup(void **state)
 {
-    (void)state;
     aft_error err = {{0}};
-    dir = harness_mkdtemp();
-    if (!dir) return -1;
-    p_x = harness_path(dir, "x.npy");
-    p_be = harness_path(dir, "be.npy");
-    p_u8 = harness_path(dir, "bytes.npy");
-    p_model = harness_path(dir, "model.safetensors");
-    p_odd = harness_path(dir, "odd.safetensors");
-    p_sniff_npy = harness_path(dir, "array-data");
-    p_sniff_st = harness_path(dir, "weights-data");
-    p_bad = harness_path(dir, "bad.npy");
+    if (harness_setup(state) != 0) return -1;
+    p_x = harness_tmp("x.npy");
+    p_be = harness_tmp("be.npy");
+    p_u8 = harness_tmp("bytes.npy");
+    p_model = harness_tmp("model.safetensors");
+    p_odd = harness_tmp("odd.safetensors");
+    p_sniff_npy = harness_tmp("array-data");
+    p_sniff_st = harness_tmp("weights-data");
+    p_bad = harness_tmp("bad.npy");
 
     aft_tensor x = harness_tensor(AFT_F32, x_vals, 2, (size_t[]){2, 3});
     if (aft_npy_write(p_x, &x, &err) != AFT_OK) goto fail;
@@ -98,28 +95,14 @@ fail:
 
 static int teardown(void **state)
 {
-    (void)state;
-    int rc = dir ? harness_rmtree(dir) : 0;
-    char **all[] = {&dir, &p_x, &p_be, &p_u8, &p_model, &p_odd, &p_sniff_npy,
+    int rc = harness_teardown(state);
+    char **all[] = {&p_x, &p_be, &p_u8, &p_model, &p_odd, &p_sniff_npy,
                     &p_sniff_st, &p_bad, &x_bytes};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         free(*all[i]);
         *all[i] = NULL;
     }
     return rc;
-}
-
-/* asprintf that fails the test instead of returning -1 */
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    char *s = NULL;
-    int n = vasprintf(&s, f, ap);
-    va_end(ap);
-    assert_true(n >= 0);
-    return s;
 }
 
 /* a successful run: exit 0, nothing on stderr */
@@ -185,10 +168,10 @@ static void test_npy_text(void **state)
     (void)state;
     harness_result r;
     run_ok(&r, (const char *[]){"info", p_x, NULL});
-    char *want = fmt("%s: npy 1.0, little-endian, C order\n"
-                     "  name  dtype  shape   bytes\n"
-                     "  x     F32    [2, 3]     24\n",
-                     p_x);
+    char *want = harness_fmt("%s: npy 1.0, little-endian, C order\n"
+                             "  name  dtype  shape   bytes\n"
+                             "  x     F32    [2, 3]     24\n",
+                             p_x);
     assert_string_equal(r.out, want);
     free(want);
     harness_result_free(&r);
@@ -236,7 +219,7 @@ static void test_npy_big_endian_fortran(void **state)
     harness_result_free(&r);
 
     run_ok(&r, (const char *[]){"info", p_be, NULL});
-    char *want = fmt("%s: npy 1.0, big-endian, Fortran order\n", p_be);
+    char *want = harness_fmt("%s: npy 1.0, big-endian, Fortran order\n", p_be);
     assert_true(strncmp(r.out, want, strlen(want)) == 0);
     free(want);
     harness_result_free(&r);
@@ -266,15 +249,15 @@ static void test_safetensors_text(void **state)
     (void)state;
     harness_result r;
     run_ok(&r, (const char *[]){"info", p_model, NULL});
-    char *want = fmt("%s: safetensors, 3 tensors, 2 metadata entries\n"
-                     "  name         dtype  shape   bytes\n"
-                     "  to_q.weight  F32    [4, 3]     48\n"
-                     "  to_q.bias    F64    [3]        24\n"
-                     "  scale        F64    []          8\n"
-                     "  metadata:\n"
-                     "    format = pt\n"
-                     "    note = made by test_info\n",
-                     p_model);
+    char *want = harness_fmt("%s: safetensors, 3 tensors, 2 metadata entries\n"
+                             "  name         dtype  shape   bytes\n"
+                             "  to_q.weight  F32    [4, 3]     48\n"
+                             "  to_q.bias    F64    [3]        24\n"
+                             "  scale        F64    []          8\n"
+                             "  metadata:\n"
+                             "    format = pt\n"
+                             "    note = made by test_info\n",
+                             p_model);
     assert_string_equal(r.out, want);
     free(want);
     harness_result_free(&r);
@@ -357,7 +340,7 @@ static void test_several_files_text(void **state)
     (void)state;
     harness_result r;
     run_ok(&r, (const char *[]){"info", p_x, p_model, NULL});
-    char *second = fmt("\n\n%s: safetensors", p_model);
+    char *second = harness_fmt("\n\n%s: safetensors", p_model);
     assert_non_null(strstr(r.out, second));
     free(second);
     harness_result_free(&r);
@@ -369,7 +352,7 @@ static void check_one_error_line(const harness_result *r, const char *file, cons
     assert_int_equal(r->exit_code, 1);
     assert_int_equal(harness_count_lines(r->err), 1);
     assert_int_equal(r->err[r->err_len - 1], '\n');
-    char *prefix = fmt("aft info: %s: ", file);
+    char *prefix = harness_fmt("aft info: %s: ", file);
     if (strncmp(r->err, prefix, strlen(prefix)) != 0)
         fail_msg("stderr '%s' does not start with '%s'", r->err, prefix);
     /* something after the prefix, and it names the problem */
@@ -430,8 +413,8 @@ static void test_stops_at_first_bad_file(void **state)
 static void test_missing_file(void **state)
 {
     (void)state;
-    char *missing = harness_path(dir, "nope.npy");
-    char *missing2 = harness_path(dir, "nope");
+    char *missing = harness_tmp("nope.npy");
+    char *missing2 = harness_tmp("nope");
     harness_result r;
     assert_int_equal(HARNESS_RUN(&r, "info", missing), 0);
     check_one_error_line(&r, missing, "cannot open");
@@ -448,7 +431,7 @@ static void test_missing_file(void **state)
 static void test_unknown_format(void **state)
 {
     (void)state;
-    char *junk = harness_path(dir, "junk.txt");
+    char *junk = harness_tmp("junk.txt");
     assert_int_equal(harness_write_file(junk, "hello, world\n", 13), 0);
     harness_result r;
     assert_int_equal(HARNESS_RUN(&r, "info", junk), 0);

@@ -22,24 +22,20 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir;    /* temp dir: the prefix and the test program */
 static char *root;   /* the repository */
 
 static int setup(void **state)
 {
-    (void)state;
-    dir = harness_mkdtemp();
+    int rc = harness_setup(state);
     char *up = harness_path(harness_testdata(), "..");
     root = up ? realpath(up, NULL) : NULL;
     free(up);
-    return dir && root ? 0 : -1;
+    return rc == 0 && root ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
-    (void)state;
-    int rc = harness_rmtree(dir);
-    free(dir);
+    int rc = harness_teardown(state);
     free(root);
     return rc;
 }
@@ -333,7 +329,7 @@ static void test_install_uninstall(void **state)
 {
     (void)state;
     need_built_files();
-    char *prefix = at(dir, "prefix");
+    char *prefix = at(harness_dir(), "prefix");
     char *out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a install PREFIX=%s",
                       q(root), q(prefix));
     /* nothing was compiled: install only copies */
@@ -373,16 +369,16 @@ static void test_install_uninstall(void **state)
     free(out);
 
     /* a program built with plain --libs and with --static --libs runs */
-    char *src = at(dir, "prog.c");
+    char *src = at(harness_dir(), "prog.c");
     assert_int_equal(harness_write_file(src, program, sizeof program - 1), 0);
     const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
     static const char *const modes[] = {"", "--static"};
     for (int m = 0; m < 2; m++) {
-        char *exe = at(dir, m ? "prog_static" : "prog");
+        char *exe = at(harness_dir(), m ? "prog_static" : "prog");
         out = SH_OK("cd %s && %s -std=c11 -o %s %s $(%s pkg-config %s --cflags --libs aft)",
-                    q(dir), cc, q(exe), q(src), env, modes[m]);
+                    q(harness_dir()), cc, q(exe), q(src), env, modes[m]);
         free(out);
-        out = SH_OK("cd %s && %s", q(dir), q(exe));
+        out = SH_OK("cd %s && %s", q(harness_dir()), q(exe));
         assert_string_equal(out, "ok\n");
         free(out);
         free(exe);
@@ -390,7 +386,7 @@ static void test_install_uninstall(void **state)
 
     /* and the README's example, as the README builds and runs it */
     char *bindir = at(prefix, "bin");
-    run_readme_example(dir, env, bindir);
+    run_readme_example(harness_dir(), env, bindir);
     free(bindir);
 
     /* uninstall removes exactly what install wrote */
@@ -419,7 +415,7 @@ static void test_destdir(void **state)
 {
     (void)state;
     need_built_files();
-    char *stage = at(dir, "stage");
+    char *stage = at(harness_dir(), "stage");
     char *out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a install DESTDIR=%s PREFIX=/opt/aft",
                       q(root), q(stage));
     free(out);
@@ -441,7 +437,7 @@ static void test_destdir(void **state)
 
     /* the README's example through pkg-config from the staged tree:
      * PKG_CONFIG_SYSROOT_DIR puts the stage before every path aft.pc names */
-    char *pcdir = at(base, "lib/pkgconfig"), *bindir = at(base, "bin"), *work = at(dir, "staged"), env[8192];
+    char *pcdir = at(base, "lib/pkgconfig"), *bindir = at(base, "bin"), *work = at(harness_dir(), "staged"), env[8192];
     assert_int_equal(mkdir(work, 0777), 0);
     snprintf(env, sizeof env, "PKG_CONFIG_PATH=%s PKG_CONFIG_SYSROOT_DIR=%s", q(pcdir), q(stage));
     out = SH_OK("%s pkg-config --libs aft", env);
@@ -517,30 +513,30 @@ static int has_line(const char *list, const char *line)
 static void test_completion_words(void **state)
 {
     (void)state;
-    ASSERT_COMPLETES("run\n", dir, "aft", "ru");
-    ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "co");
-    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nencode\ndecode\nbench\nhelp\n", dir, "aft",
+    ASSERT_COMPLETES("run\n", harness_dir(), "aft", "ru");
+    ASSERT_COMPLETES("compare\nconvert\n", harness_dir(), "aft", "co");
+    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nencode\ndecode\nbench\nhelp\n", harness_dir(), "aft",
                      "");
-    ASSERT_COMPLETES("decode\n", dir, "aft", "de");
-    ASSERT_COMPLETES("--text-file\n", dir, "aft", "encode", "--te");
-    ASSERT_COMPLETES("generate\n", dir, "aft", "ge");
-    ASSERT_COMPLETES("btd\ntbd\n", dir, "aft", "model", "--layout", "");
-    ASSERT_COMPLETES("--temperature\n--top-k\n--threads\n--timing\n", dir, "aft", "generate", "--t");
-    ASSERT_COMPLETES("", dir, "aft", "generate", "--prompt", "");   /* free text: nothing to offer */
-    ASSERT_COMPLETES("--help\n--version\n--quiet\n", dir, "aft", "--");
-    ASSERT_COMPLETES("compare\nconvert\n", dir, "aft", "help", "co");
-    ASSERT_COMPLETES("--dtype\n", dir, "aft", "convert", "--dt");
-    ASSERT_COMPLETES("f32\nf16\nbf16\nf64\n", dir, "aft", "convert", "--dtype", "");
-    ASSERT_COMPLETES("bf16\n", dir, "aft", "convert", "-o", "x.safetensors", "--dtype", "b");
-    ASSERT_COMPLETES("local\n", dir, "aft", "run", "--variant", "l");
-    ASSERT_COMPLETES("btd\ntbd\n", dir, "aft", "run", "--layout", "");
-    ASSERT_COMPLETES("fast\nreference\nboth\n", dir, "aft", "bench", "--impl", "");
-    ASSERT_COMPLETES("full,local\n", dir, "aft", "bench", "--variant", "full,lo");
+    ASSERT_COMPLETES("decode\n", harness_dir(), "aft", "de");
+    ASSERT_COMPLETES("--text-file\n", harness_dir(), "aft", "encode", "--te");
+    ASSERT_COMPLETES("generate\n", harness_dir(), "aft", "ge");
+    ASSERT_COMPLETES("btd\ntbd\n", harness_dir(), "aft", "model", "--layout", "");
+    ASSERT_COMPLETES("--temperature\n--top-k\n--threads\n--timing\n", harness_dir(), "aft", "generate", "--t");
+    ASSERT_COMPLETES("", harness_dir(), "aft", "generate", "--prompt", "");   /* free text: nothing to offer */
+    ASSERT_COMPLETES("--help\n--version\n--quiet\n", harness_dir(), "aft", "--");
+    ASSERT_COMPLETES("compare\nconvert\n", harness_dir(), "aft", "help", "co");
+    ASSERT_COMPLETES("--dtype\n", harness_dir(), "aft", "convert", "--dt");
+    ASSERT_COMPLETES("f32\nf16\nbf16\nf64\n", harness_dir(), "aft", "convert", "--dtype", "");
+    ASSERT_COMPLETES("bf16\n", harness_dir(), "aft", "convert", "-o", "x.safetensors", "--dtype", "b");
+    ASSERT_COMPLETES("local\n", harness_dir(), "aft", "run", "--variant", "l");
+    ASSERT_COMPLETES("btd\ntbd\n", harness_dir(), "aft", "run", "--layout", "");
+    ASSERT_COMPLETES("fast\nreference\nboth\n", harness_dir(), "aft", "bench", "--impl", "");
+    ASSERT_COMPLETES("full,local\n", harness_dir(), "aft", "bench", "--variant", "full,lo");
     /* "--format=j": bash splits at '=', so the word is "j" */
-    ASSERT_COMPLETES("json\n", dir, "aft", "mask", "--format", "=", "j");
-    ASSERT_COMPLETES("npy\nnpz\nsafetensors\n", dir, "aft", "convert", "--format", "");
-    ASSERT_COMPLETES("", dir, "aft", "run", "--threads", "");   /* a number: nothing to offer */
-    ASSERT_COMPLETES("--equal-nan\n", dir, "aft", "compare", "--e");
+    ASSERT_COMPLETES("json\n", harness_dir(), "aft", "mask", "--format", "=", "j");
+    ASSERT_COMPLETES("npy\nnpz\nsafetensors\n", harness_dir(), "aft", "convert", "--format", "");
+    ASSERT_COMPLETES("", harness_dir(), "aft", "run", "--threads", "");   /* a number: nothing to offer */
+    ASSERT_COMPLETES("--equal-nan\n", harness_dir(), "aft", "compare", "--e");
 }
 
 /* Every subcommand's options as the completion lists them are exactly the
@@ -551,7 +547,7 @@ static void test_completion_matches_help(void **state)
     static const char *const cmds[] = {"info",     "run",    "mask",   "compare", "convert", "model",
                                        "generate", "encode", "decode", "bench"};
     for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
-        char *opts = COMPLETE(dir, "aft", cmds[c], "-");
+        char *opts = COMPLETE(harness_dir(), "aft", cmds[c], "-");
         harness_result r;
         assert_int_equal(HARNESS_RUN(&r, cmds[c], "--help"), 0);
         if (r.exit_code != 0) fail_msg("aft %s --help: exit %d: %s", cmds[c], r.exit_code, r.err);
@@ -592,7 +588,7 @@ static void test_completion_matches_help(void **state)
 static void test_completion_files(void **state)
 {
     (void)state;
-    char *cwd = at(dir, "files");
+    char *cwd = at(harness_dir(), "files");
     assert_int_equal(mkdir(cwd, 0777), 0);
     const float f[2] = {1, 2};
     aft_tensor ts[3];

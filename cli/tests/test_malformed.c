@@ -61,7 +61,6 @@ typedef struct {
 static mcase *cases;
 static size_t ncases;
 static char *corpus_dir;   /* $AFT_TESTDATA/malformed */
-static char *dir;          /* temp dir: x.npy and the -o target */
 static char *x_path, *out_path, *out_st_path;
 static int quick;
 
@@ -132,11 +131,10 @@ static int setup(void **state)
 {
     (void)state;
     quick = harness_quick();
-    dir = harness_mkdtemp();
-    if (!dir) return -1;
-    x_path = harness_path(dir, "x.npy");
-    out_path = harness_path(dir, "out.npy");
-    out_st_path = harness_path(dir, "out.safetensors");
+    if (harness_setup(state) != 0) return -1;
+    x_path = harness_tmp("x.npy");
+    out_path = harness_tmp("out.npy");
+    out_st_path = harness_tmp("out.safetensors");
     if (!x_path || !out_path || !out_st_path) return -1;
     /* a valid input for `aft run --weights FILE x.npy`: X as [T, D] = [4, 8] */
     float x[32];
@@ -153,13 +151,11 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    (void)state;
-    int rc = dir ? harness_rmtree(dir) : 0;
-    free(dir);
+    int rc = harness_teardown(state);
     free(x_path);
     free(out_path);
     free(out_st_path);
-    dir = x_path = out_path = out_st_path = NULL;
+    x_path = out_path = out_st_path = NULL;
     return rc;
 }
 
@@ -170,13 +166,14 @@ static void describe(char *buf, size_t cap, const char *const *args)
     for (size_t i = 0; args[i] && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, " %s", args[i]);
 }
 
-/* Names of the entries of dir other than x.npy, comma-separated (empty when
- * there are none): whatever a failed run left behind. With remove set they
- * are deleted too, so the next case starts from a clean directory. */
+/* Names of the entries of the temporary directory other than x.npy,
+ * comma-separated (empty when there are none): whatever a failed run left
+ * behind. With remove set they are deleted too, so the next case starts
+ * from a clean directory. */
 static void leftovers(char *buf, size_t cap, int remove_them)
 {
     buf[0] = '\0';
-    DIR *d = opendir(dir);
+    DIR *d = opendir(harness_dir());
     assert_non_null(d);
     size_t n = 0;
     for (struct dirent *e; (e = readdir(d));) {
@@ -186,7 +183,7 @@ static void leftovers(char *buf, size_t cap, int remove_them)
             continue;
         if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", e->d_name);
         if (remove_them) {
-            char *p = harness_path(dir, e->d_name);
+            char *p = harness_tmp(e->d_name);
             if (p) remove(p);
             free(p);
         }
@@ -327,7 +324,7 @@ static void expect_sane_outcome(const char *const *args)
 static void test_run_empty_input_of_huge_width(void **state)
 {
     (void)state;
-    char *path = harness_path(dir, "wide.npy");
+    char *path = harness_tmp("wide.npy");
     assert_non_null(path);
     aft_tensor t = {.dtype = AFT_F32, .ndim = 2, .shape = {0, (size_t)1 << 32}, .nelem = 0, .nbytes = 0};
     aft_error err;

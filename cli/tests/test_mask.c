@@ -15,24 +15,6 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir;   /* temp dir for -o outputs */
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = dir ? harness_rmtree(dir) : 0;
-    free(dir);
-    dir = NULL;
-    return rc;
-}
-
 /* entries in a directory, not counting . and .. */
 static size_t count_entries(const char *path)
 {
@@ -276,7 +258,7 @@ static void test_output_file(void **state)
     (void)state;
     static const char *formats[3] = {"text", "npy", "json"};
     for (int f = 0; f < 3; f++) {
-        char *sub = harness_path(dir, formats[f]);
+        char *sub = harness_tmp(formats[f]);
         assert_int_equal(mkdir(sub, 0700), 0);
         char *path = harness_path(sub, "mask.out");
         harness_result r, s;
@@ -362,7 +344,7 @@ static void test_usage_errors(void **state)
 static void test_usage_error_writes_nothing(void **state)
 {
     (void)state;
-    char *path = harness_path(dir, "never.txt");
+    char *path = harness_tmp("never.txt");
     expect_usage_error((const char *[]){"mask", "--len", "0", "--window", "2", "-o", path, NULL}, "--len");
     struct stat sb;
     assert_int_equal(stat(path, &sb), -1);
@@ -394,5 +376,5 @@ int main(void)
         cmocka_unit_test(test_usage_error_writes_nothing),
         cmocka_unit_test(test_help),
     };
-    return cmocka_run_group_tests_name("cli mask", tests, setup, teardown);
+    return cmocka_run_group_tests_name("cli mask", tests, harness_setup, harness_teardown);
 }

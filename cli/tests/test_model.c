@@ -35,42 +35,12 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir;   /* temp dir for every input and output */
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = dir ? harness_rmtree(dir) : 0;
-    free(dir);
-    dir = NULL;
-    return rc;
-}
-
 /* ------------------------------------------------------------------ helpers */
 
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    char *s = NULL;
-    int n = vasprintf(&s, f, ap);
-    va_end(ap);
-    assert_true(n >= 0);
-    return s;
-}
-
-static char *tmp(const char *name) { return harness_path(dir, name); }
+static char *tmp(const char *name) { return harness_tmp(name); }
 
 /* a file of testdata/model, malloc'd */
-static char *shipped(const char *name) { return fmt("%s/model/%s", harness_testdata(), name); }
+static char *shipped(const char *name) { return harness_fmt("%s/model/%s", harness_testdata(), name); }
 
 static char *ckpt(void) { return shipped("labml_aft_fortunes.safetensors"); }
 
@@ -202,7 +172,7 @@ static void test_greedy_vs_torch(void **state)
         snprintf(n, sizeof n, "%d", n_new);
         char *got = GENERATE("--weights", w, "--prompt", prompt, "-n", n, "--greedy");
         /* and the newline that ends the text */
-        char *expect = fmt("%s%s%s", prompt, want, want[0] && want[strlen(want) - 1] == '\n' ? "" : "\n");
+        char *expect = harness_fmt("%s%s%s", prompt, want, want[0] && want[strlen(want) - 1] == '\n' ? "" : "\n");
         if (strcmp(got, expect) != 0) fail_msg("greedy from '%s':\n got  %s\n want %s", prompt, got, expect);
         free(got);
         free(expect);
@@ -572,7 +542,7 @@ static void expect_stderr(const char *const *args, int code, const char *want)
 /* expect_stderr of the one line "aft CMD: what" (CMD: args[0]) */
 static void expect_message(const char *const *args, int code, const char *what)
 {
-    char *want = fmt("aft %s: %s", args[0], what);
+    char *want = harness_fmt("aft %s: %s", args[0], what);
     expect_stderr(args, code, want);
     free(want);
 }
@@ -601,7 +571,7 @@ static void test_layers_alike(void **state)
     char *out = tmp("alike_logits.npy"), *ref = tmp("alike_ref.npy"), *want;
     /* the file: layer 1 without the bias every other layer has */
     rewrite(p, "encoder.layers.1.feed_forward.layer2.bias", NULL, 0, 0, 0);
-    want = fmt("%s: missing tensor 'encoder.layers.1.feed_forward.layer2.bias', which layer 0 has\n", p);
+    want = harness_fmt("%s: missing tensor 'encoder.layers.1.feed_forward.layer2.bias', which layer 0 has\n", p);
     expect_message(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
     expect_message(ARGS("generate", "--weights", p, "--prompt", "It", "-n", "3"), 1, want);
     free(want);
@@ -617,19 +587,19 @@ static void test_layers_alike(void **state)
     expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, "");
     /* a bias the query and value have and the key lacks */
     rewrite(p, "encoder.layers.2.self_attn.key.bias", NULL, 0, 0, 0);
-    want = fmt("%s: missing tensor 'encoder.layers.2.self_attn.key.bias' beside "
+    want = harness_fmt("%s: missing tensor 'encoder.layers.2.self_attn.key.bias' beside "
                "'encoder.layers.2.self_attn.query.bias': a layer has a bias for every projection, for none, or for "
                "its output alone\n", p);
     expect_message(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
     free(want);
     /* shapes: one that does not fit, one unlike layer 0's */
     rewrite(p, NULL, "generator.projection.weight", 100, 128, 0);
-    want = fmt("%s: 'generator.projection.weight' (the logits' projection (n_vocab, d_model)) is [100, 128] but "
+    want = harness_fmt("%s: 'generator.projection.weight' (the logits' projection (n_vocab, d_model)) is [100, 128] but "
                "must be [113, 128]\n", p);
     expect_message(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
     free(want);
     write_small(p, AFT_FULL, 1, 20);
-    want = fmt("%s: 'encoder.layers.1.self_attn.pos_bias' is [20, 20] but layer 0's is [30, 30]\n", p);
+    want = harness_fmt("%s: 'encoder.layers.1.self_attn.pos_bias' is [20, 20] but layer 0's is [30, 30]\n", p);
     expect_message(ARGS("model", "--weights", p, seq, "-o", out), 1, want);
     expect_message(ARGS("generate", "--weights", p, "--prompt", "abc"), 1, want);
     free(want);
@@ -640,20 +610,20 @@ static void test_layers_alike(void **state)
     assert_int_equal(r.exit_code, 0);
     harness_result_free(&r);
     rewrite_with(p, NULL, NULL, 0, 0, "encoder.layers.0.feed_forward.linear_v.weight", 0);
-    want = fmt("aft model: warning: %s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which the "
-               "model does not use\n", p);
+    want = harness_fmt("aft model: warning: %s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', "
+                       "which the model does not use\n", p);
     expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, want);
     same_file(out, ref);
     free(want);
-    want = fmt("%s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which the model does not "
+    want = harness_fmt("%s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which the model does not "
                "use; --strict refuses it\n", p);
     expect_message(ARGS("model", "--weights", p, "--strict", seq, "-o", out), 1, want);
     expect_message(ARGS("generate", "--weights", p, "--prompt", "It", "--strict"), 1, want);
     free(want);
     assert_int_equal(HARNESS_RUN(&r, "generate", "--weights", p, "--prompt", "It is ", "-n", "40", "--greedy"), 0);
     char *text = GENERATE("--weights", w, "--prompt", "It is ", "-n", "40", "--greedy");
-    want = fmt("aft generate: warning: %s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which "
-               "the model does not use\n", p);
+    want = harness_fmt("aft generate: warning: %s: unexpected tensor "
+                       "'encoder.layers.0.feed_forward.linear_v.weight', which the model does not use\n", p);
     assert_int_equal(r.exit_code, 0);
     assert_string_equal(r.err, want);
     assert_string_equal(r.out, text);
@@ -747,5 +717,5 @@ int main(void)
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_bench_generate),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }

@@ -34,7 +34,6 @@
 
 #include "harness.h"
 
-static char *dir;        /* this program's files */
 static int have_mpi;     /* mpirun runs and aft was built with MPI */
 static char tag[64];     /* AFT_MPI_TEST_TAG of every rank this program starts */
 
@@ -90,7 +89,7 @@ static void mpi_result_free(mpi_result *r)
 static void mpirun_aft(mpi_result *res, int np, int kill_rank, double kill_after, const char *const *args)
 {
     memset(res, 0, sizeof *res);
-    char *errpath = harness_path(dir, "mpirun.err"), npbuf[16];
+    char *errpath = harness_tmp("mpirun.err"), npbuf[16];
     snprintf(npbuf, sizeof npbuf, "%d", np);
     const char *argv[64];
     int n = 0;
@@ -217,7 +216,7 @@ static float *randf(rng *r, size_t n, double scale)
 
 static char *write_npy(const char *name, const float *x, size_t ndim, const size_t *shape)
 {
-    char *path = harness_path(dir, name);
+    char *path = harness_tmp(name);
     aft_tensor t = harness_tensor(AFT_F32, x, ndim, shape);
     aft_error err;
     assert_int_equal(aft_npy_write(path, &t, &err), AFT_OK);
@@ -265,7 +264,7 @@ static char *make_weights(const char *name, aft_variant v, size_t D, size_t C, s
         pb = randf(&r, heads * (2 * S - 1), 250.0);
         ts[n++] = harness_tensor(AFT_F32, pb, 2, s2);
     }
-    char *path = harness_path(dir, name);
+    char *path = harness_tmp(name);
     aft_error err;
     assert_int_equal(aft_st_write(path, names, ts, n, NULL, 0, &err), AFT_OK);
     for (int i = 0; i < 4; i++) {
@@ -315,7 +314,7 @@ static int outputs_agree(const char *a, const char *b, const char *what)
  * returns the failures */
 static int compare_runs(const char *what, const char *input, const char *const *opts, int with_n)
 {
-    char *one = harness_path(dir, "one.npy"), *many = harness_path(dir, "many.npy");
+    char *one = harness_tmp("one.npy"), *many = harness_tmp("many.npy");
     const char *args[40];
     int n = 0, failures = 0;
     args[n++] = "run";
@@ -476,8 +475,8 @@ static void test_cost_model(void **state)
     const size_t D = 8, S = 16;
     double sent[2][2][3];   /* [band, full][T, 2T][rank] */
     for (int T2 = 0; T2 < 2; T2++) {
-        char *x = make_input("c.npy", 1, T2 ? 800 : 400, D, 7), *y = harness_path(dir, "c_out.npy");
-        char *tj = harness_path(dir, "c.json");
+        char *x = make_input("c.npy", 1, T2 ? 800 : 400, D, 7), *y = harness_tmp("c_out.npy");
+        char *tj = harness_tmp("c.json");
         for (int full = 0; full < 2; full++) {
             const char *args[] = {"run", "--variant", full ? "full" : "local", "--window", "16", "--causal", x,
                                   "-o", y, "--timing", tj, NULL};
@@ -513,7 +512,7 @@ static void test_cost_model(void **state)
 /* no output, no temporary beside it */
 static void assert_no_output(const char *name)
 {
-    DIR *d = opendir(dir);
+    DIR *d = opendir(harness_dir());
     struct dirent *e;
     assert_non_null(d);
     while ((e = readdir(d)))
@@ -538,7 +537,7 @@ static void test_rows_cut_short(void **state)
 {
     (void)state;
     skip_without_mpi();
-    char *x = make_input("cut.npy", 1, 100, 8, 8), *y = harness_path(dir, "cut_out.npy");
+    char *x = make_input("cut.npy", 1, 100, 8, 8), *y = harness_tmp("cut_out.npy");
     struct stat sb;
     assert_int_equal(stat(x, &sb), 0);
     assert_int_equal(truncate(x, sb.st_size - 20 * 8 * 4), 0);   /* rows 80 to 99 gone */
@@ -563,7 +562,7 @@ static void test_rank_killed(void **state)
     (void)state;
     skip_without_mpi();
     /* full over 24000 rows: seconds of work, so the kill lands mid-run */
-    char *x = make_input("kill.npy", 1, 24000, 64, 9), *y = harness_path(dir, "kill_out.npy");
+    char *x = make_input("kill.npy", 1, 24000, 64, 9), *y = harness_tmp("kill_out.npy");
     const char *args[] = {"run", "--variant", "full", "--threads", "1", x, "-o", y, NULL};
     mpi_result r;
     mpirun_aft(&r, 2, 1, 0.5, args);
@@ -601,7 +600,7 @@ static char *rewrite_weights(const char *src, const char *drop, const char *extr
         names[n] = extra;
         ts[n++] = harness_tensor(AFT_F32, three, 1, (size_t[]){3});
     }
-    char *path = harness_path(dir, dst);
+    char *path = harness_tmp(dst);
     assert_int_equal(aft_st_write(path, names, ts, n, NULL, 0, &err), AFT_OK);
     aft_st_close(f);
     return path;
@@ -614,7 +613,7 @@ static void test_weights_checked(void **state)
 {
     (void)state;
     skip_without_mpi();
-    char *x = make_input("wc.npy", 1, 40, 8, 11), *y = harness_path(dir, "wc_out.npy");
+    char *x = make_input("wc.npy", 1, 40, 8, 11), *y = harness_tmp("wc_out.npy");
     char *w = make_weights("wc_w.safetensors", AFT_LOCAL, 8, 8, 64, 1, 0);
     char *extra = rewrite_weights(w, NULL, "norm.weight", "wc_extra.safetensors");
     char *nobias = rewrite_weights(w, "value.bias", NULL, "wc_nobias.safetensors");
@@ -676,15 +675,14 @@ static void test_refused(void **state)
 
 static int setup(void **state)
 {
-    (void)state;
-    dir = harness_mkdtemp();
+    harness_setup(state);
     snprintf(tag, sizeof tag, "%ld", (long)getpid());
     setenv("AFT_MPI_TEST_TAG", tag, 1);
     /* CI runs as root; Open MPI refuses that unless told */
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     /* one probe: mpirun there, and an aft that knows MPI */
-    char *x = make_input("probe.npy", 1, 4, 2, 0), *y = harness_path(dir, "probe_out.npy");
+    char *x = make_input("probe.npy", 1, 4, 2, 0), *y = harness_tmp("probe_out.npy");
     const char *args[] = {"run", "--variant", "simple", x, "-o", y, NULL};
     mpi_result r;
     mpirun_aft(&r, 1, -1, 0, args);
@@ -700,9 +698,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    (void)state;
-    harness_rmtree(dir);
-    free(dir);
+    harness_teardown(state);
     return 0;
 }
 

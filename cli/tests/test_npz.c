@@ -19,23 +19,6 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir;
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = harness_rmtree(dir);
-    free(dir);
-    return rc;
-}
-
 /* testdata/SUB/NAME, in rotating buffers */
 static const char *td(const char *sub, const char *name)
 {
@@ -51,7 +34,7 @@ static const char *tmp(const char *name)
     static char bufs[8][1024];
     static int k;
     char *b = bufs[k++ & 7];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
+    snprintf(b, sizeof bufs[0], "%s/%s", harness_dir(), name);
     return b;
 }
 
@@ -100,11 +83,6 @@ static void assert_close(const char *what, const aft_tensor *got, const aft_tens
             fail_msg("%s: element %zu: %.9g, want %.9g", what, i, (double)g[i], (double)w[i]);
     free(g);
     free(w);
-}
-
-static int file_exists(const char *p)
-{
-    return access(p, F_OK) == 0;
 }
 
 /* ---------------------------------------------------------------- aft info */
@@ -206,7 +184,7 @@ static void test_run_bare(void **state)
     remove(tmp("bare.npy"));
     EXPECT_ERROR("savez.npz: no tensor 'q'; a .npz INPUT holds q, k and v", "run", td("npz", "savez.npz"), "-o",
                  tmp("bare.npy"));
-    assert_false(file_exists(tmp("bare.npy")));
+    assert_false(harness_exists(tmp("bare.npy")));
 }
 
 /* ---------------------------------------------------------------- aft compare */
@@ -343,7 +321,7 @@ static void test_convert_both_ways(void **state)
     assert_int_equal(aft_st_write(tmp("bf.safetensors"), names, &t, 1, NULL, 0, &err), AFT_OK);
     EXPECT_ERROR("tensor 'w' is BF16, which .npz cannot hold; add --dtype f32", "convert", "-o", tmp("bf.npz"),
                  tmp("bf.safetensors"));
-    assert_false(file_exists(tmp("bf.npz")));
+    assert_false(harness_exists(tmp("bf.npz")));
     RUN(&r, 0, "convert", "--dtype", "f32", "-o", tmp("bf.npz"), tmp("bf.safetensors"));
     harness_result_free(&r);
     t.dtype = AFT_F32;
@@ -354,7 +332,7 @@ static void test_convert_both_ways(void **state)
     RUN(&r, 2, "convert", "-o", tmp("slash.npz"), tmp("slash.safetensors"));
     assert_non_null(strstr(r.err, "key 'model/layer.w': '/' in a key (members are keys, not paths)"));
     harness_result_free(&r);
-    assert_false(file_exists(tmp("slash.npz")));
+    assert_false(harness_exists(tmp("slash.npz")));
     char renamed[1100];
     snprintf(renamed, sizeof renamed, "w=%s", tmp("slash.safetensors"));
     RUN(&r, 0, "convert", "-o", tmp("slash.npz"), renamed);
@@ -376,14 +354,14 @@ static void test_max_memory(void **state)
     EXPECT_ERROR(want, "compare", "--max-memory", "100", td("npz", "savez_compressed.npz:f4"),
                  td("npy", "v1_C_le_f4.npy"));
     EXPECT_ERROR(want, "convert", "--max-memory=100", "-o", tmp("mm.safetensors"), z);
-    assert_false(file_exists(tmp("mm.safetensors")));
+    assert_false(harness_exists(tmp("mm.safetensors")));
     /* the members' sizes add up: q fits in 500 bytes, q and k do not */
     EXPECT_ERROR("member 'k.npy': inflates to 288 bytes, past the memory limit of 500 bytes (288 taken before it)",
                  "run", "--max-memory", "500", "--variant", "simple", td("npz", "qkv.npz"), "-o", tmp("mm.npy"));
-    assert_false(file_exists(tmp("mm.npy")));
+    assert_false(harness_exists(tmp("mm.npy")));
     EXPECT_ERROR("past the memory limit of 1024 bytes", "run", "--max-memory", "1K", "--weights",
                  td("npz", "weights_rish_full_deflated.npz"), td("torch/rish_full", "x.npy"), "-o", tmp("mm.npy"));
-    assert_false(file_exists(tmp("mm.npy")));
+    assert_false(harness_exists(tmp("mm.npy")));
     /* enough memory: fine */
     harness_result r;
     RUN(&r, 0, "info", "--max-memory", "1M", z);
@@ -409,7 +387,7 @@ static void test_wrong_format(void **state)
     assert_non_null(strstr(r.err, "not a .npy file: this is a .npz archive"));
     harness_result_free(&r);
     free(bytes);
-    assert_false(file_exists(tmp("o.npy")));
+    assert_false(harness_exists(tmp("o.npy")));
     /* a .npy where named tensors must be */
     EXPECT_ERROR("v1_C_le_f4.npy: not a .safetensors or .npz file: this is a .npy file (one array)", "run",
                  "--weights", td("npy", "v1_C_le_f4.npy"), td("torch/rish_full", "x.npy"), "-o", tmp("o.npy"));
@@ -431,7 +409,7 @@ static void test_wrong_format(void **state)
     EXPECT_ERROR("w.bin: not a .npy, .npz or .safetensors file", "run", tmp("w.bin"), "-o", tmp("o.npy"));
     EXPECT_ERROR("w.bin: not a .npy, .npz or .safetensors file", "compare", tmp("w.bin"), tmp("w.bin"));
     EXPECT_ERROR("w.bin: not a .npy, .npz or .safetensors file", "convert", "-o", tmp("o.npy"), tmp("w.bin"));
-    assert_false(file_exists(tmp("o.npy")));
+    assert_false(harness_exists(tmp("o.npy")));
 }
 
 int main(void)
@@ -447,5 +425,5 @@ int main(void)
         cmocka_unit_test(test_max_memory),
         cmocka_unit_test(test_wrong_format),
     };
-    return cmocka_run_group_tests_name("cli npz", tests, setup, teardown);
+    return cmocka_run_group_tests_name("cli npz", tests, harness_setup, harness_teardown);
 }

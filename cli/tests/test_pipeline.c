@@ -13,15 +13,14 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir, *x_path, *ref_path, *other_path, *big_path;
+static char *x_path, *ref_path, *other_path, *big_path;
 
 static int setup(void **state)
 {
-    (void)state;
-    dir = harness_mkdtemp();
-    x_path = harness_path(dir, "x.npy");
-    ref_path = harness_path(dir, "ref.npy");
-    other_path = harness_path(dir, "other.npy");
+    harness_setup(state);
+    x_path = harness_tmp("x.npy");
+    ref_path = harness_tmp("ref.npy");
+    other_path = harness_tmp("other.npy");
     float x[2 * 7 * 6];
     for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) x[i] = (float)((i * 37) % 11) / 5.0f - 1.0f;
     aft_tensor t = {.dtype = AFT_F32, .ndim = 3, .shape = {2, 7, 6}, .nelem = 84, .nbytes = sizeof x, .data = x};
@@ -32,7 +31,7 @@ static int setup(void **state)
     float *big = calloc(nb, sizeof(float));
     if (!big) return -1;
     aft_tensor tb = {.dtype = AFT_F32, .ndim = 2, .shape = {16384, 64}, .nelem = nb, .nbytes = nb * 4, .data = big};
-    big_path = harness_path(dir, "big.npy");
+    big_path = harness_tmp("big.npy");
     int bad = aft_npy_write(big_path, &tb, &err) != AFT_OK;
     free(big);
     if (bad) return -1;
@@ -48,9 +47,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    (void)state;
-    harness_rmtree(dir);
-    free(dir); free(x_path); free(ref_path); free(other_path); free(big_path);
+    harness_teardown(state);
+    free(x_path); free(ref_path); free(other_path); free(big_path);
     return 0;
 }
 
@@ -78,8 +76,8 @@ static void test_run_into_compare(void **state)
     snprintf(s, sizeof s, "\"$AFT\" run --variant local --window 3 %s | \"$AFT\" compare - %s", x_path, other_path);
     assert_int_equal(pipeline(s), 1);
     /* the producer fails: pipefail reports it even though compare reads nothing */
-    snprintf(s, sizeof s, "\"$AFT\" run --variant local --window 3 %s/missing.npy | \"$AFT\" compare - %s", dir,
-             ref_path);
+    snprintf(s, sizeof s, "\"$AFT\" run --variant local --window 3 %s/missing.npy | \"$AFT\" compare - %s",
+             harness_dir(), ref_path);
     assert_int_not_equal(pipeline(s), 0);
     /* the consumer stops early: aft reports the closed pipe with status 1 */
     snprintf(s, sizeof s, "\"$AFT\" run --variant simple %s | head -c 10", big_path);

@@ -43,41 +43,10 @@
 #include "cli.h"
 #include "harness.h"
 
-static char *dir;   /* temp dir for every input and output */
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = dir ? harness_rmtree(dir) : 0;
-    free(dir);
-    dir = NULL;
-    return rc;
-}
-
 /* ------------------------------------------------------------------ small helpers */
 
-/* asprintf that fails the test instead of returning -1 */
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    char *s = NULL;
-    int n = vasprintf(&s, f, ap);
-    va_end(ap);
-    assert_true(n >= 0);
-    return s;
-}
-
 /* a file in the temp dir, malloc'd */
-static char *tmp(const char *name) { return harness_path(dir, name); }
+static char *tmp(const char *name) { return harness_tmp(name); }
 
 static void write_npy(const char *path, aft_dtype dt, const void *data, size_t ndim, const size_t *shape)
 {
@@ -285,12 +254,6 @@ static int same_file(const char *a, const char *b)
     return same;
 }
 
-static int file_exists(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
-
 /* ------------------------------------------------------------------ the float64 model */
 
 /* How w[t,t'] and visibility are made. Entries not set are off. */
@@ -427,7 +390,7 @@ static double *model_layer(const float *x, const layer_w *L, const model *m, siz
 
 static char *case_file(const char *name, const char *file)
 {
-    return fmt("%s/torch/%s/%s", harness_testdata(), name, file);
+    return harness_fmt("%s/torch/%s/%s", harness_testdata(), name, file);
 }
 
 /* Runs `aft run --weights W LINE X -o OUT` where LINE is one line of an args
@@ -473,7 +436,7 @@ static void check_line(const char *name, const char *weights, const char *line, 
     aft_tensor got, want;
     read_out(out, &got);
     read_out(want_path, &want);
-    char *what = fmt("%s: %s %s on %s vs %s", name, weights, line, xfile, ref);
+    char *what = harness_fmt("%s: %s %s on %s vs %s", name, weights, line, xfile, ref);
     assert_close_f(what, &got, &want);
     /* the output keeps the input's layout and rank */
     check_shape(&got, want.ndim, want.shape);
@@ -498,7 +461,7 @@ static void test_torch_case(void **state)
     free(text);
 
     p = case_file(name, "args_alt.txt");
-    if (file_exists(p)) {
+    if (harness_exists(p)) {
         size_t lines = 0;
         assert_int_equal(harness_read_file(p, &text, NULL), 0);
         char *save = NULL;
@@ -521,15 +484,15 @@ static const char *const known_cases[] = {"labml_local", "labml_local_extreme", 
 static void test_torch_other_cases(void **state)
 {
     (void)state;
-    char *top = fmt("%s/torch", harness_testdata());
+    char *top = harness_fmt("%s/torch", harness_testdata());
     DIR *d = opendir(top);
     assert_non_null(d);
     const struct dirent *e;
     size_t known = 0;
     while ((e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.') continue;
-        char *args = fmt("%s/%s/args.txt", top, e->d_name);
-        int is_case = file_exists(args);
+        char *args = harness_fmt("%s/%s/args.txt", top, e->d_name);
+        int is_case = harness_exists(args);
         free(args);
         if (!is_case) continue;
         int listed = 0;
@@ -582,7 +545,7 @@ static void test_torch_weight_dtypes(void **state)
     (void)state;
     static const char *dts[3] = {"f16", "bf16", "f64"};
     for (int i = 0; i < 3; i++) {
-        char *w = fmt("weights_%s.safetensors", dts[i]), *y = fmt("y_%s.npy", dts[i]);
+        char *w = harness_fmt("weights_%s.safetensors", dts[i]), *y = harness_fmt("y_%s.npy", dts[i]);
         check_line("rish_full", w, "--variant full --layout btd", "x.npy", y);
         free(w);
         free(y);
@@ -607,7 +570,7 @@ static void test_torch_input_encodings(void **state)
     static const char *xs[4] = {"x.npy", "x_be.npy", "x_fortran.npy", "x_f64.npy"};
     char *outs[4];
     for (int i = 0; i < 4; i++) {
-        char *x = case_file("rish_full", xs[i]), *o = fmt("enc_%d.npy", i);
+        char *x = case_file("rish_full", xs[i]), *o = harness_fmt("enc_%d.npy", i);
         outs[i] = tmp(o);
         run_line("rish_full", "weights.safetensors", "--variant full --layout btd", x, outs[i]);
         free(x);
@@ -768,7 +731,7 @@ static void test_impl_reference_vs_fast(void **state)
         OPTS("--variant", "simple", "--causal"),
     };
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
-        char *what = fmt("fast vs reference, config %zu (%s %s)", c, configs[c][0], configs[c][1]);
+        char *what = harness_fmt("fast vs reference, config %zu (%s %s)", c, configs[c][0], configs[c][1]);
         check_fast_vs_reference(configs[c], x, fast, ref, tj, 2, 33, 12, what);
         free(what);
     }
@@ -790,7 +753,7 @@ static void test_long_sequence_chunks(void **state)
         OPTS("--variant", "conv", "--window", "5", "--heads", "2"),
     };
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
-        char *what = fmt("T = 2100, fast vs reference, config %zu (%s %s)", c, configs[c][0], configs[c][1]);
+        char *what = harness_fmt("T = 2100, fast vs reference, config %zu (%s %s)", c, configs[c][0], configs[c][1]);
         check_fast_vs_reference(configs[c], x, fast, ref, NULL, 1, 2100, 8, what);
         free(what);
     }
@@ -1461,7 +1424,7 @@ static void test_mask_errors(void **state)
     /* a missing mask file */
     char *none = tmp("me_none.npy");
     expect_data_error((const char *const[]){"run", "--mask", none, x, "-o", out, NULL}, WANTS(none));
-    assert_false(file_exists(out));
+    assert_false(harness_exists(out));
     free(x); free(out); free(p77); free(p366); free(p6); free(p67); free(pi); free(pf); free(pb); free(none);
 }
 
@@ -1770,7 +1733,7 @@ static void expect_stderr(const char *const *args, int code, const char *want)
 /* expect_stderr of the one line "aft CMD: what" (CMD: args[0]) */
 static void expect_message(const char *const *args, int code, const char *what)
 {
-    char *want = fmt("aft %s: %s", args[0], what);
+    char *want = harness_fmt("aft %s: %s", args[0], what);
     expect_stderr(args, code, want);
     free(want);
 }
@@ -1804,15 +1767,16 @@ static void test_weights_strict(void **state)
     /* an unexpected tensor: a warning, the same output; --strict refuses it */
     e[n] = (st_entry){"norm.weight", junk, 1, {3}};
     write_st(extra, e, n + 1);
-    char *want = fmt("aft run: warning: %s: unexpected tensor 'norm.weight', which the layer does not use\n", extra);
+    char *want = harness_fmt("aft run: warning: %s: unexpected tensor 'norm.weight', which the layer does not use\n",
+                             extra);
     expect_stderr(ARGV("run", "--weights", extra, x, "-o", out), 0, want);
     assert_same_file(out, ref);
     free(want);
-    want = fmt("aft grad: warning: %s: unexpected tensor 'norm.weight', which the layer does not use\n", extra);
+    want = harness_fmt("aft grad: warning: %s: unexpected tensor 'norm.weight', which the layer does not use\n", extra);
     expect_stderr(ARGV("grad", "--weights", extra, x, "-o", gout), 0, want);
     assert_same_file(gout, gref);
     free(want);
-    want = fmt("%s: unexpected tensor 'norm.weight', which the layer does not use; --strict refuses it\n",
+    want = harness_fmt("%s: unexpected tensor 'norm.weight', which the layer does not use; --strict refuses it\n",
                extra);
     expect_message(ARGV("run", "--weights", extra, "--strict", x, "-o", out), 1, want);
     expect_message(ARGV("grad", "--strict", "--weights", extra, x, "-o", gout), 1, want);
@@ -1820,7 +1784,7 @@ static void test_weights_strict(void **state)
     /* two of them */
     e[n + 1] = (st_entry){"norm.bias", junk, 1, {3}};
     write_st(extra, e, n + 2);
-    want = fmt("%s: unexpected tensor 'norm.weight' (and 1 more), which the layer does not use; --strict "
+    want = harness_fmt("%s: unexpected tensor 'norm.weight' (and 1 more), which the layer does not use; --strict "
                "refuses them\n", extra);
     expect_message(ARGV("run", "--weights", extra, "--strict", x, "-o", out), 1, want);
     free(want);
@@ -1835,8 +1799,8 @@ static void test_weights_strict(void **state)
     write_st(p, e, m);
     run_opts(OPTS("--weights", p, "--prefix", "blocks.0.attn."), x, out);
     assert_same_file(out, ref);
-    want = fmt("aft run: warning: %s: unexpected tensor 'blocks.1.attn.norm.weight', which the layer does not use\n",
-               p);
+    want = harness_fmt("aft run: warning: %s: unexpected tensor 'blocks.1.attn.norm.weight', which the layer does not "
+                       "use\n", p);
     expect_stderr(ARGV("run", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", out), 0, want);
     assert_same_file(out, ref);
     free(want);
@@ -1847,7 +1811,7 @@ static void test_weights_strict(void **state)
     m += layer_entries(e + m, more, &r, "blocks.1.attn.", labml_stems, 1);
     e[m++] = (st_entry){"blocks.1.attn.pos_bias", pb, 2, {tmax, tmax}};
     write_st(p, e, m);
-    want = fmt("%s: missing tensor 'blocks.1.attn.query.bias', which the layer 'blocks.0.attn.' has\n", p);
+    want = harness_fmt("%s: missing tensor 'blocks.1.attn.query.bias', which the layer 'blocks.0.attn.' has\n", p);
     expect_message(ARGV("run", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", out), 1, want);
     expect_message(ARGV("grad", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", gout), 1, want);
     free(want);
@@ -1862,7 +1826,7 @@ static void test_weights_strict(void **state)
     for (size_t i = 0; i < n; i++)
         if (strcmp(e[i].name, "value.bias") != 0) e[m++] = e[i];
     write_st(p, e, m);
-    want = fmt("%s: missing tensor 'value.bias' beside 'query.bias': a layer has a bias for every projection, "
+    want = harness_fmt("%s: missing tensor 'value.bias' beside 'query.bias': a layer has a bias for every projection, "
                "for none, or for its output alone\n", p);
     expect_message(ARGV("run", "--weights", p, x, "-o", out), 1, want);
     expect_message(ARGV("grad", "--weights", p, x, "-o", gout), 1, want);
@@ -1875,7 +1839,7 @@ static void test_weights_strict(void **state)
         if (strcmp(e[i].name, "key.bias") == 0) e[i].shape[0] = 3;
     p = tmp("ws_keybias.safetensors");
     write_st(p, e, n);
-    want = fmt("%s: 'key.bias' must have shape [4] to match 'key.weight'\n", p);
+    want = harness_fmt("%s: 'key.bias' must have shape [4] to match 'key.weight'\n", p);
     expect_message(ARGV("run", "--weights", p, x, "-o", out), 1, want);
     free(want);
     free(p);
@@ -1933,7 +1897,7 @@ static void expect_usage_error(const char *const *args, const char *what, const 
         assert_non_null(strstr(first, what));
         free(first);
     }
-    if (out) assert_false(file_exists(out));
+    if (out) assert_false(harness_exists(out));
     harness_result_free(&r);
 }
 
@@ -2174,7 +2138,7 @@ static void test_terminal_with_output(void **state)
     if (code != 0) fprintf(stderr, "exit %d, stderr: %s\n", code, err);
     assert_int_equal(code, 0);
     assert_int_equal(tty_bytes, 0);
-    assert_true(file_exists(out));
+    assert_true(harness_exists(out));
     /* "-o -" asks for the .npy on standard output, terminal or not */
     assert_int_equal(run_on_pty((const char *const[]){"run", x, "-o", "-", NULL}, &code, err, sizeof err, tty,
                                 sizeof tty, &tty_bytes), 0);
@@ -2376,7 +2340,7 @@ static void test_input_errors(void **state)
     expect_data_error((const char *const[]){"run", none, "-o", out, NULL}, WANTS(none));
     expect_data_error((const char *const[]){"run", bad, "-o", out, NULL}, WANTS(bad));
     expect_data_error((const char *const[]){"run", st, "-o", out, NULL}, WANTS(st, "'q'"));
-    assert_false(file_exists(out));
+    assert_false(harness_exists(out));
     free(out); free(p1); free(p4); free(pi); free(none); free(bad); free(st);
 }
 
@@ -2428,5 +2392,5 @@ int main(void)
         cmocka_unit_test(test_atomic_output),
         cmocka_unit_test(test_input_errors),
     };
-    return cmocka_run_group_tests_name("cli run", tests, setup, teardown);
+    return cmocka_run_group_tests_name("cli run", tests, harness_setup, harness_teardown);
 }

@@ -24,15 +24,13 @@
 
 static const char precious[] = "an earlier result that must survive\n";
 
-static char *dir, *x_path, *out_path;
+static char *x_path, *out_path;
 
 static int setup(void **state)
 {
-    (void)state;
-    dir = harness_mkdtemp();
-    if (!dir) return -1;
-    x_path = harness_path(dir, "x.npy");
-    out_path = harness_path(dir, "out.npy");
+    if (harness_setup(state) != 0) return -1;
+    x_path = harness_tmp("x.npy");
+    out_path = harness_tmp("out.npy");
     /* T = 2500, D = 32: the float64 reference of full takes seconds */
     size_t T = 2500, D = 32;
     float *x = malloc(T * D * sizeof(float));
@@ -47,9 +45,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    (void)state;
-    harness_rmtree(dir);
-    free(dir); free(x_path); free(out_path);
+    harness_teardown(state);
+    free(x_path); free(out_path);
     return 0;
 }
 
@@ -81,10 +78,10 @@ static pid_t start(const char *const *args)
     return start_with(args, 0);
 }
 
-/* names in dir other than the input, the output and the FIFO */
+/* names in the temporary directory other than the input, the output and the FIFO */
 static int stray_files(void)
 {
-    DIR *d = opendir(dir);
+    DIR *d = opendir(harness_dir());
     int n = 0;
     for (struct dirent *e; (e = readdir(d));)
         if (strstr(e->d_name, ".tmp.")) n++;
@@ -158,7 +155,7 @@ static pid_t start_blocked_on_fifo(const char *fifo, int ignore_int)
 static void test_sigint_with_a_temporary_open(void **state)
 {
     (void)state;
-    char *fifo = harness_path(dir, "timing.fifo");
+    char *fifo = harness_tmp("timing.fifo");
     pid_t pid = start_blocked_on_fifo(fifo, 0);
     kill(pid, SIGINT);
     int st;
@@ -174,7 +171,7 @@ static void test_sigint_with_a_temporary_open(void **state)
 static void test_ignored_sigint_stays_ignored(void **state)
 {
     (void)state;
-    char *fifo = harness_path(dir, "timing2.fifo");
+    char *fifo = harness_tmp("timing2.fifo");
     pid_t pid = start_blocked_on_fifo(fifo, 1);
     kill(pid, SIGINT);
     sleep_ms(200);

@@ -11,7 +11,6 @@
  * the kernels only ever call aft_expf inside such loops. aft_expf_nonpos,
  * for x <= 0 and never NaN, must give aft_expf's bits on all such x. And
  * aft_max_f32, the vector maximum, skips NaNs as a plain loop does.
- * aft_zero_stream zeroes exactly its n floats from any float-aligned start.
  */
 #include <float.h>
 #include <math.h>
@@ -203,30 +202,6 @@ static void test_max_skips_nan(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* every start within a 64-byte line and every length to past a few
- * vectors: the n floats are 0, the floats either side untouched */
-static void test_zero_stream_exact(void **state)
-{
-    (void)state;
-    enum { PAD = 20, MAXN = 100 };
-    static float buf[PAD + MAXN + PAD + 16];
-    int bad = 0;
-    for (size_t start = 0; start < 16; start++)
-        for (size_t n = 0; n <= MAXN; n++) {
-            const size_t len = sizeof buf / sizeof buf[0];
-            for (size_t i = 0; i < len; i++) buf[i] = 1.0f + (float)i;
-            float *p = buf + PAD + start;
-            aft_zero_stream(p, n);
-            for (size_t i = 0; i < len; i++) {
-                int inside = buf + i >= p && buf + i < p + n;
-                float want = inside ? 0.0f : 1.0f + (float)i;
-                if (!(buf[i] == want) && bad++ < 5)
-                    fprintf(stderr, "start %zu, n %zu: buf[%zu] = %g, want %g\n", start, n, i, buf[i], want);
-            }
-        }
-    assert_int_equal(bad, 0);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -235,7 +210,6 @@ int main(void)
         cmocka_unit_test(test_expf_monotone),
         cmocka_unit_test(test_expf_nonpos_same_bits),
         cmocka_unit_test(test_max_skips_nan),
-        cmocka_unit_test(test_zero_stream_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,8 +6,14 @@
  *  - the names used (names[]: weights, position bias, biases);
  *  - tensors under the prefix that are none of a layer's: counted and the
  *    first named (as messages show names), for aft_weights_load and for
- *    aft_bias_load alike; local_mask and tensors outside the prefix are not.
- * The files are written here, in a temporary directory. */
+ *    aft_bias_load alike; local_mask and tensors outside the prefix are not;
+ *  - a grid's conv bias, (heads, 2S-1, 2S-1) or one (2S-1, 2S-1) square,
+ *    gives the window and heads; without the grid the 3-D bias is refused
+ *    and the square read as a 1-D (heads, 2S-1) bias; shapes that are not a
+ *    grid's bias are refused, naming the shape wanted; local on a grid
+ *    reads (Tmax, Tmax) as on a sequence.
+ * The files are written here, in temporary directories. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +29,7 @@
 #include "rng.h"
 
 enum { D = 4, C = 6, TM = 8, MAXT = 64 };
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 static char tmpdir[] = "/tmp/aft_test_weights_XXXXXX";
 static char path[128];
@@ -237,12 +244,140 @@ static int teardown(void **state)
     return 0;
 }
 
+/* ---------------------------------------------------------------- loading a grid's bias */
+
+static char grid_tmpdir[64];
+
+static int setup_tmp(void **state)
+{
+    (void)state;
+    snprintf(grid_tmpdir, sizeof grid_tmpdir, "/tmp/aft_test_grid_XXXXXX");
+    return mkdtemp(grid_tmpdir) ? 0 : -1;
+}
+
+static int teardown_tmp(void **state)
+{
+    (void)state;
+    DIR *d = opendir(grid_tmpdir);
+    if (d) {
+        const struct dirent *e;
+        char p[512];
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.') {
+                snprintf(p, sizeof p, "%s/%s", grid_tmpdir, e->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(grid_tmpdir);
+    return 0;
+}
+
+static int contains_ci(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (const char *p = hay; *p; p++)
+        if (strncasecmp(p, needle, n) == 0) return 1;
+    return 0;
+}
+
+/* a layer's weights (D = C = 4, key of kc channels) and a position bias of
+ * the given shape, written to grid_tmpdir/name; opened */
+static aft_st_file *layer_file(const char *name, const size_t *bshape, size_t bdims, size_t kc)
+{
+    static float wq[16], wk[16], wv[16], wo[16], pb[4 * 7 * 7];
+    for (size_t i = 0; i < N_OF(pb); i++) pb[i] = (float)i * 0.01f;
+    aft_tensor t[5];
+    memset(t, 0, sizeof t);
+    const float *data[5] = {wq, wk, wv, wo, pb};
+    for (int i = 0; i < 5; i++) {
+        t[i].dtype = AFT_F32;
+        t[i].data = data[i];
+        t[i].ndim = i < 4 ? 2 : bdims;
+        t[i].shape[0] = i == 1 ? kc : 4;
+        t[i].shape[1] = 4;
+        if (i == 4)
+            for (size_t j = 0; j < bdims; j++) t[i].shape[j] = bshape[j];
+        t[i].nelem = 1;
+        for (size_t j = 0; j < t[i].ndim; j++) t[i].nelem *= t[i].shape[j];
+        t[i].nbytes = t[i].nelem * sizeof(float);
+    }
+    const char *names[5] = {"to_q.weight", "to_k.weight", "to_v.weight", "project.weight", "pos_bias"};
+    char file[128];
+    snprintf(file, sizeof file, "%s/%s", grid_tmpdir, name);
+    aft_error err = {{0}};
+    if (aft_st_write(file, names, t, 5, NULL, 0, &err) != AFT_OK) fail_msg("writing %s: %s", file, err.msg);
+    aft_st_file *f = NULL;
+    if (aft_st_open(file, &f, &err) != AFT_OK) fail_msg("opening %s: %s", file, err.msg);
+    return f;
+}
+
+static void test_grid_weights(void **state)
+{
+    (void)state;
+    aft_error err = {{0}};
+    aft_weights w;
+    /* (heads, 2S-1, 2S-1): per head; the window and heads come from it */
+    aft_st_file *f = layer_file("per_head.safetensors", (const size_t[]){4, 5, 5}, 3, 4);
+    assert_int_equal(aft_weights_load_grid(f, "", AFT_CONV, 1, &w, &err), AFT_OK);
+    assert_int_equal(w.conv_window, 3);
+    assert_int_equal(w.conv_heads, 4);
+    assert_true(w.p.bias.conv_2d && w.p.bias.conv_len == 5 && w.p.bias.conv_rows == 4);
+    assert_true(w.p.bias.conv[5 * 5 + 2] == 27 * 0.01f);   /* head 1, row 0, column 2: entry 27 */
+    aft_config cfg = {0};
+    cfg.variant = AFT_CONV;
+    cfg.window = AFT_WINDOW_FROM_BIAS;
+    cfg.grid_h = 2;
+    cfg.grid_w = 3;
+    assert_int_equal(aft_config_settle(&cfg, &w.p.bias, 4, 4, &err), AFT_OK);
+    assert_int_equal(cfg.window, 3);
+    assert_int_equal(cfg.heads, 4);
+    aft_weights_free(&w);
+    /* without the grid the 3-D bias is refused, naming the grid */
+    assert_int_not_equal(aft_weights_load(f, "", AFT_CONV, &w, &err), AFT_OK);
+    assert_true(contains_ci(err.msg, "grid"));
+    aft_st_close(f);
+
+    /* (2S-1, 2S-1): one square for every head */
+    f = layer_file("shared.safetensors", (const size_t[]){7, 7}, 2, 4);
+    assert_int_equal(aft_bias_load_grid(f, "", AFT_CONV, 1, &w, &err), AFT_OK);
+    assert_int_equal(w.conv_window, 4);
+    assert_int_equal(w.conv_heads, 1);
+    assert_true(w.p.bias.conv_2d && w.p.bias.conv_rows == 1);
+    aft_weights_free(&w);
+    /* without the grid the same tensor is a (heads = 7, 2S-1 = 7) 1-D bias */
+    assert_int_equal(aft_bias_load(f, "", AFT_CONV, &w, &err), AFT_OK);
+    assert_true(!w.p.bias.conv_2d && w.p.bias.conv_rows == 7);
+    aft_weights_free(&w);
+    aft_st_close(f);
+
+    /* not square, 1-D, even: refused on a grid */
+    const size_t shapes[][3] = {{4, 5, 0}, {5, 0, 0}, {4, 4, 4}, {2, 5, 3}};
+    const size_t dims[] = {2, 1, 3, 3};
+    for (size_t i = 0; i < N_OF(dims); i++) {
+        char name[32];
+        snprintf(name, sizeof name, "bad%zu.safetensors", i);
+        f = layer_file(name, shapes[i], dims[i], 4);
+        memset(&err, 0, sizeof err);
+        assert_int_not_equal(aft_weights_load_grid(f, "", AFT_CONV, 1, &w, &err), AFT_OK);
+        if (!contains_ci(err.msg, "2*window-1, 2*window-1")) fail_msg("bias %zu: \"%s\"", i, err.msg);
+        aft_st_close(f);
+    }
+    /* local on a grid reads (Tmax, Tmax) as on a sequence */
+    f = layer_file("local.safetensors", (const size_t[]){7, 7}, 2, 4);
+    assert_int_equal(aft_weights_load_grid(f, "", AFT_LOCAL, 1, &w, &err), AFT_OK);
+    assert_true(w.p.bias.kind == AFT_BIAS_DENSE && w.p.bias.tmax == 7);
+    aft_weights_free(&w);
+    aft_st_close(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bias_sets),
         cmocka_unit_test(test_peers),
         cmocka_unit_test(test_unexpected),
+        cmocka_unit_test_setup_teardown(test_grid_weights, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1128,6 +1128,57 @@ static void test_write_refusals(void **state)
     }
 }
 
+/* ---------------------------------------------------------------- reading a range */
+
+/* elements of a .npy by range: every dtype numpy writes for floats, both
+ * byte orders, a file cut short */
+static void test_npy_range(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/aft_slice_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/x.npy", dir);
+    double vals[30];
+    for (int i = 0; i < 30; i++) vals[i] = i * 0.5 - 3.0;
+    aft_tensor t = {.dtype = AFT_F64, .ndim = 2, .shape = {10, 3}, .nelem = 30, .nbytes = sizeof vals, .data = vals};
+    aft_error err;
+    assert_int_equal(aft_npy_write(path, &t, &err), AFT_OK);
+    float got[7];
+    assert_int_equal(aft_npy_read_f32(path, 12, 7, got, &err), AFT_OK);
+    for (int i = 0; i < 7; i++) assert_true(got[i] == (float)vals[12 + i]);
+    assert_int_equal(aft_npy_read_f32(path, 25, 6, got, &err), AFT_ERR_ARG);
+    /* big-endian float32, written by hand */
+    const char *hdr = "{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }";
+    unsigned char buf[256];
+    size_t hl = 128 - 10;
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)hl; buf[9] = 0;
+    memset(buf + 10, ' ', hl);
+    memcpy(buf + 10, hdr, strlen(hdr));
+    buf[127] = '\n';
+    for (int i = 0; i < 4; i++) {
+        float f = (float)i + 0.25f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        for (int k = 0; k < 4; k++) buf[128 + 4 * i + k] = (unsigned char)(u >> (24 - 8 * k));
+    }
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(buf, 1, 128 + 12, fp), 128 + 12);   /* the last element cut off */
+    fclose(fp);
+    aft_tensor h;
+    assert_int_equal(aft_npy_peek(path, &h, NULL, &err), AFT_ERR_FORMAT);
+    assert_int_equal(aft_npy_peek_header(path, &h, NULL, &err), AFT_OK);
+    assert_int_equal(h.shape[0], 4);
+    assert_int_equal(aft_npy_read_f32(path, 1, 2, got, &err), AFT_OK);
+    assert_true(got[0] == 1.25f && got[1] == 2.25f);
+    assert_int_equal(aft_npy_read_f32(path, 2, 2, got, &err), AFT_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "data truncated"));
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1160,6 +1211,7 @@ int main(void)
         cmocka_unit_test(test_write_fp),
         cmocka_unit_test(test_header_alone),
         cmocka_unit_test(test_write_refusals),
+        cmocka_unit_test(test_npy_range),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

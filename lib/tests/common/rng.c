@@ -58,3 +58,10 @@ float *randf(rng *r, size_t n, double scale)
     for (size_t i = 0; i < n; i++) x[i] = (float)(scale * rng_sym(r));
     return x;
 }
+
+double *randd(rng *r, size_t n, double scale)
+{
+    double *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = scale * rng_sym(r);
+    return x;
+}

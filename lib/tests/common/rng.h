@@ -20,6 +20,8 @@ double rng_normal(rng *r);
 float on_grid(double x, double step);
 /* n floats uniform in [-scale, scale) */
 float *randf(rng *r, size_t n, double scale);
+/* n doubles uniform in [-scale, scale) */
+double *randd(rng *r, size_t n, double scale);
 /* malloc and calloc that fail the test when out of memory (never NULL) */
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);

@@ -1,15 +1,18 @@
 /*
- * test_grid.c - AFT-local and AFT-conv on 2-D grids (aft_config.grid_h,
- * grid_w; aft_bias.conv_2d): the operator and the layer against the float64
- * reference in ref_aft.c (its grid window written from the definition), for
- * both cfg.impl = AFT_IMPL_FAST and AFT_IMPL_REFERENCE; the reference itself
- * against other formulations; thread counts; causality with a later NaN;
- * the settle rules and their messages; the loader's grid biases; and the
- * PyTorch fixtures in testdata/torch/grid_* (a module written from the
- * paper's formula with torch.nn.functional.conv2d, groups = channels; see
- * testdata/make_torch_grid_fixtures.py).
+ * test_grid.c - AFT-local and AFT-conv on 2-D grids (lib/ops/grid.c;
+ * aft_config.grid_h, grid_w; aft_bias.conv_2d): the operator against the
+ * float64 reference in ref_aft.c (its grid window written from the
+ * definition), for both cfg.impl = AFT_IMPL_FAST and AFT_IMPL_REFERENCE; the
+ * reference itself against other formulations; thread counts; causality
+ * with a later NaN; the PyTorch fixtures in testdata/torch/grid_* (a module
+ * written from the paper's formula with torch.nn.functional.conv2d, groups =
+ * channels; see testdata/make_torch_grid_fixtures.py), through the layer;
+ * and the backward against finite differences and its reference. (The
+ * grid's rules and messages are tested with the other rules, in
+ * test_op.c; the layer on a grid in test_layer.c; the loader's grid biases
+ * in test_weights.c.)
  *
- * Pass criterion for a comparison, as in test_op.c: every output finite and
+ * Pass criterion for a comparison, as in opcheck.h: every output finite and
  *   max |out - ref| <= 2e-5 * max(1, max |ref|),
  * and a (b, t) with nothing visible exactly 0. Extreme inputs (keys up to
  * +-500, biases up to +-250) sit on a grid of 2^-8 so that K + w is exact in
@@ -30,28 +33,15 @@
 #include <cmocka.h>
 
 #include "aft.h"
+#include "cases.h"
 #include "files.h"
+#include "gradcheck.h"
 #include "ref_aft.h"
 #include "rng.h"
 
 #define TOL_REL 2e-5
-#define MAX_REPORTS 12
-#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---------------------------------------------------------------- cases */
-
-typedef enum { MASK_NONE, MASK_SHARED, MASK_BATCHED, MASK_CAUSAL } mask_mode;
-static const char *const mask_names[] = {"none", "TxT", "BxTxT", "TxT-causal"};
-
-typedef enum {
-    VALS_NORMAL,     /* q, k ~ N(0,1), v, w ~ U[-1,1] */
-    VALS_WIDE,       /* k ~ U[-500,500], w ~ U[-250,250], q ~ U[-100,100] */
-    VALS_ONE_HUGE,   /* k = +500 at one token, -500 elsewhere; w ~ U[-250,250] */
-    VALS_ADVERSE,    /* per key channel, for one query t*: k = 375 - w[t*, t']/2,
-                      * so the largest key sits where w is most negative */
-} vals_mode;
-static const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial"};
-static const char *const kind_names[] = {"none", "dense", "factored", "seeded", "conv"};
 
 typedef struct {
     aft_variant variant;     /* AFT_LOCAL or AFT_CONV */
@@ -93,7 +83,7 @@ static void describe(char *buf, size_t n, const grid_case *c, size_t kc)
 /* each entry visible with probability 0.7, rows with (t + b) % 5 == 2 fully
  * invisible; MASK_CAUSAL: exactly t' <= t (the library then runs the grid
  * kernel, causal) */
-static uint8_t *make_mask(rng *r, size_t nb, size_t T, int causal_only)
+static uint8_t *make_grid_mask(rng *r, size_t nb, size_t T, int causal_only)
 {
     uint8_t *m = xmalloc(nb * T * T);
     for (size_t b = 0; b < nb; b++)
@@ -175,7 +165,7 @@ static void build_case(case_data *d, const grid_case *c)
         break;
     }
     if (c->mask != MASK_NONE) {
-        d->mask = make_mask(&r, c->mask == MASK_BATCHED ? B : 1, T, c->mask == MASK_CAUSAL);
+        d->mask = make_grid_mask(&r, c->mask == MASK_BATCHED ? B : 1, T, c->mask == MASK_CAUSAL);
         d->bias.mask = d->mask;
         d->bias.mask_batched = c->mask == MASK_BATCHED;
     }
@@ -195,6 +185,9 @@ static void build_case(case_data *d, const grid_case *c)
                 float *kk = &d->k[(b * T + t2) * d->kc + j];
                 switch (c->vals) {
                 case VALS_NORMAL:
+                case VALS_RISING:        /* the other tests' modes: normal keys here */
+                case VALS_BEYOND_KEY:
+                case VALS_BEYOND_BIAS:
                     *kk = (float)rng_normal(&r);
                     break;
                 case VALS_WIDE:
@@ -230,8 +223,6 @@ static int row_has_visible(const case_data *d, size_t b, size_t t)
         if (ref_aft_visible(&d->bias, &d->rcfg, b, d->T, t, t2)) return 1;
     return 0;
 }
-
-static const char *impl_name(aft_impl impl) { return impl == AFT_IMPL_FAST ? "fast" : "reference"; }
 
 /* compares out with ref: finite, rows with nothing visible exactly 0, within
  * tolerance; returns 1 on a failure (printed while *reports < MAX_REPORTS) */
@@ -699,339 +690,6 @@ static void test_grid_full_simple(void **state)
     free(q); free(k); free(v); free(w); free(y0); free(y1);
 }
 
-/* ---------------------------------------------------------------- the layer */
-
-/* aft_layer_forward with the grid in the configuration against the float64
- * layer reference: local (dense, seeded), conv (keys per head and per
- * channel, a shared square), causal or not, with projection biases or
- * without, both impls */
-static void test_grid_layer(void **state)
-{
-    (void)state;
-    int fails = 0, cases = 0;
-    for (int variant = 0; variant < 4; variant++)
-        for (int causal = 0; causal <= 1; causal++)
-            for (int with_b = 0; with_b <= 1; with_b++) {
-                const size_t B = 1 + (size_t)with_b, H = 5 + (size_t)causal, W = 7, T = H * W, D = 10, C = 12;
-                const size_t nh = variant == 3 ? 1 : 4, S = 2 + (size_t)(variant % 2);
-                const size_t KC = variant == 2 ? nh : C;
-                rng r = {4000 + (uint64_t)cases};
-                float *x = randf(&r, B * T * D, 1.0), *wq = randf(&r, C * D, 0.4), *wk = randf(&r, KC * D, 0.4),
-                      *wv = randf(&r, C * D, 0.4), *wo = randf(&r, D * C, 0.4), *bq = randf(&r, C, 0.2),
-                      *bk = randf(&r, KC, 0.2), *bv = randf(&r, C, 0.2), *bo = randf(&r, D, 0.2);
-                size_t tmax = T + 1, len = 2 * S - 1;
-                float *dense = randf(&r, tmax * tmax, 1.0), *sq = randf(&r, nh * len * len, 1.0);
-                aft_params p = {0};
-                p.d_model = D;
-                p.d_hidden = C;
-                p.k_out = KC;
-                p.wq = wq; p.wk = wk; p.wv = wv; p.wo = wo;
-                if (with_b) {
-                    p.bq = bq; p.bk = bk; p.bv = bv; p.bo = bo;
-                }
-                aft_config cfg = {0};
-                cfg.causal = causal;
-                cfg.threads = 1 + cases % 3;
-                cfg.grid_h = H;
-                cfg.grid_w = W;
-                cfg.window = S;
-                if (variant == 0 || variant == 1) {
-                    cfg.variant = AFT_LOCAL;
-                    p.bias.kind = variant == 0 ? AFT_BIAS_DENSE : AFT_BIAS_SEEDED;
-                    p.bias.dense = dense;
-                    p.bias.tmax = tmax;
-                    p.bias.seed = 17;
-                    p.bias.scale = 1.0f;
-                } else {
-                    cfg.variant = AFT_CONV;
-                    cfg.heads = 4;
-                    p.bias.kind = AFT_BIAS_CONV;
-                    p.bias.conv = sq;
-                    p.bias.conv_2d = 1;
-                    p.bias.conv_len = len;
-                    p.bias.conv_rows = nh;
-                }
-                double *ref = xmalloc(B * T * D * sizeof *ref);
-                aft_config rc = cfg;
-                rc.heads = cfg.variant == AFT_CONV ? 4 : 0;
-                assert_int_equal(ref_aft_layer(ref, x, &p, &rc, B, T), 0);
-                float *y = xmalloc(B * T * D * sizeof *y);
-                for (int impl = 0; impl <= 1; impl++) {
-                    cfg.impl = impl ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST;
-                    for (size_t i = 0; i < B * T * D; i++) y[i] = NAN;
-                    aft_error err = {{0}};
-                    aft_status st = aft_layer_forward(y, x, &p, &cfg, B, T, &err);
-                    double maxref = 0, maxerr = 0;
-                    for (size_t i = 0; i < B * T * D; i++) {
-                        maxref = fmax(maxref, fabs(ref[i]));
-                        double e = fabs((double)y[i] - ref[i]);
-                        if (!(e <= maxerr)) maxerr = e;
-                    }
-                    if (st != AFT_OK || !(maxerr <= TOL_REL * fmax(1.0, maxref))) {
-                        print_message("FAIL layer %s variant %d causal %d biases %d: status %d (%s), max err %.3g\n",
-                                      impl ? "reference" : "fast", variant, causal, with_b, (int)st, err.msg, maxerr);
-                        fails++;
-                    }
-                }
-                free(x); free(wq); free(wk); free(wv); free(wo); free(bq); free(bk); free(bv); free(bo);
-                free(dense); free(sq); free(ref); free(y);
-                cases++;
-            }
-    finish(fails, cases);
-}
-
-/* ---------------------------------------------------------------- rules and messages */
-
-static int contains_ci(const char *hay, const char *needle)
-{
-    size_t n = strlen(needle);
-    for (const char *p = hay; *p; p++)
-        if (strncasecmp(p, needle, n) == 0) return 1;
-    return 0;
-}
-
-/* refused with a one-line message naming one of words (';'-separated) */
-static int refused(const char *what, aft_status st, const aft_error *err, const char *words)
-{
-    if (st == AFT_OK) {
-        print_message("FAIL %s: accepted\n", what);
-        return 0;
-    }
-    if (!err->msg[0] || strchr(err->msg, '\n')) {
-        print_message("FAIL %s: message empty or more than a line: \"%s\"\n", what, err->msg);
-        return 0;
-    }
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", words);
-    for (char *save = NULL, *w = strtok_r(buf, ";", &save); w; w = strtok_r(NULL, ";", &save))
-        if (contains_ci(err->msg, w)) return 1;
-    print_message("FAIL %s: message does not name the problem (%s): \"%s\"\n", what, words, err->msg);
-    return 0;
-}
-
-static void test_grid_errors(void **state)
-{
-    (void)state;
-    static float q[2 * 12 * 8], k[2 * 12 * 8], v[2 * 12 * 8], out[2 * 12 * 8], sq[2 * 25], line[2 * 5],
-        dense[12 * 12];
-    const size_t H = 3, W = 4, T = 12, C = 8;
-    aft_bias cb = {0};
-    cb.kind = AFT_BIAS_CONV;
-    cb.conv = sq;
-    cb.conv_2d = 1;
-    cb.conv_len = 5;
-    cb.conv_rows = 2;
-    cb.name = "pos_bias";
-    aft_config cfg = {0};
-    cfg.variant = AFT_CONV;
-    cfg.window = AFT_WINDOW_FROM_BIAS;
-    cfg.grid_h = H;
-    cfg.grid_w = W;
-    cfg.threads = 1;
-    aft_error err = {{0}};
-    int bad = 0;
-    bad += aft_op_forward(out, q, k, v, &cb, &cfg, 2, T, C, 2, &err) != AFT_OK;
-    if (bad) print_message("FAIL a valid grid conv was refused: %s\n", err.msg);
-    aft_config c2 = cfg;
-    c2.grid_w = 0;
-    bad += !refused("grid 3 x 0", aft_op_forward(out, q, k, v, &cb, &c2, 2, T, C, 2, &err), &err, "grid");
-    c2 = cfg;
-    bad += !refused("T != H W", aft_op_forward(out, q, k, v, &cb, &c2, 2, 11, C, 2, &err), &err, "grid;T = 11");
-    c2 = cfg;
-    c2.grid_h = SIZE_MAX / 2;
-    bad += !refused("grid overflow", aft_op_forward(out, q, k, v, &cb, &c2, 2, T, C, 2, &err), &err, "overflow");
-    c2 = cfg;
-    c2.grid_h = c2.grid_w = 0;
-    bad += !refused("2-D bias without a grid", aft_op_forward(out, q, k, v, &cb, &c2, 2, T, C, 2, &err), &err,
-                    "grid");
-    aft_bias b1 = cb;
-    b1.conv = line;
-    b1.conv_2d = 0;
-    bad += !refused("1-D bias on a grid", aft_op_forward(out, q, k, v, &b1, &cfg, 2, T, C, 2, &err), &err, "2-D");
-    aft_bias b2 = cb;
-    b2.conv_len = 4;
-    bad += !refused("even square", aft_op_forward(out, q, k, v, &b2, &cfg, 2, T, C, 2, &err), &err,
-                    "2*window-1");
-    c2 = cfg;
-    c2.window = 2;
-    bad += !refused("window 2 vs a bias of 3", aft_op_forward(out, q, k, v, &cb, &c2, 2, T, C, 2, &err), &err,
-                    "window");
-    aft_bias db = {0};
-    db.kind = AFT_BIAS_DENSE;
-    db.dense = dense;
-    db.tmax = 11;
-    aft_config lc = cfg;
-    lc.variant = AFT_LOCAL;
-    lc.window = 2;
-    bad += !refused("dense Tmax < H W", aft_op_forward(out, q, k, v, &db, &lc, 2, T, C, C, &err), &err, "tmax");
-    aft_bias none = {0};
-    aft_config cc = cfg;
-    cc.window = 2;
-    cc.heads = 2;
-    bad += !refused("conv without a bias", aft_op_forward(out, q, k, v, &none, &cc, 2, T, C, C, &err), &err,
-                    "2*window-1, 2*window-1");
-
-    /* the streaming state runs sequences only */
-    aft_state *s = NULL;
-    aft_config sc = cfg;
-    sc.causal = 1;
-    bad += !refused("state on a grid", aft_state_new_op(&s, &cb, &sc, 1, C, 2, &err), &err, "grid");
-    assert_null(s);
-    static float wts[8 * 8 * 4];
-    aft_params p = {0};
-    p.d_model = 8;
-    p.d_hidden = 8;
-    p.k_out = 2;
-    p.wq = p.wk = p.wv = p.wo = wts;
-    p.bias = cb;
-    bad += !refused("layer state on a grid", aft_state_new(&s, &p, &sc, 1, &err), &err, "grid");
-    assert_null(s);
-    /* the layer passes the grid's rules on */
-    static float x[12 * 8], y[12 * 8];
-    bad += !refused("layer T != H W", aft_layer_forward(y, x, &p, &cfg, 1, 11, &err), &err, "grid");
-    if (bad) fail_msg("%d checks of the grid's rules failed", bad);
-}
-
-/* the scratch estimate for a grid: bounded by a few copies of one
- * sequence's channels per thread, and no T x T array */
-static void test_grid_workspace(void **state)
-{
-    (void)state;
-    aft_config cfg = {0};
-    cfg.variant = AFT_CONV;
-    cfg.window = 6;
-    cfg.threads = 2;
-    cfg.grid_h = 56;
-    cfg.grid_w = 56;
-    const size_t T = 56 * 56, C = 192;
-    size_t bytes = aft_workspace_bytes(&cfg, 8, T, 192, C, 32);
-    assert_true(bytes > 0 && bytes != SIZE_MAX);
-    assert_true(bytes < (size_t)2 * 3 * T * C * sizeof(float) + 8 * T * C * sizeof(float));
-    assert_true(bytes < T * T * sizeof(float));
-    cfg.variant = AFT_LOCAL;
-    bytes = aft_workspace_bytes(&cfg, 8, T, 192, C, 0);
-    assert_true(bytes > 0 && bytes < T * T * sizeof(float) + 4 * 8 * T * C * sizeof(float));
-}
-
-/* ---------------------------------------------------------------- loading a grid's bias */
-
-static char tmpdir[64];
-
-static int setup_tmp(void **state)
-{
-    (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/aft_test_grid_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int teardown_tmp(void **state)
-{
-    (void)state;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        const struct dirent *e;
-        char p[512];
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-    return 0;
-}
-
-/* a layer's weights (D = C = 4, key of kc channels) and a position bias of
- * the given shape, written to tmpdir/name; opened */
-static aft_st_file *layer_file(const char *name, const size_t *bshape, size_t bdims, size_t kc)
-{
-    static float wq[16], wk[16], wv[16], wo[16], pb[4 * 7 * 7];
-    for (size_t i = 0; i < N_OF(pb); i++) pb[i] = (float)i * 0.01f;
-    aft_tensor t[5];
-    memset(t, 0, sizeof t);
-    const float *data[5] = {wq, wk, wv, wo, pb};
-    for (int i = 0; i < 5; i++) {
-        t[i].dtype = AFT_F32;
-        t[i].data = data[i];
-        t[i].ndim = i < 4 ? 2 : bdims;
-        t[i].shape[0] = i == 1 ? kc : 4;
-        t[i].shape[1] = 4;
-        if (i == 4)
-            for (size_t j = 0; j < bdims; j++) t[i].shape[j] = bshape[j];
-        t[i].nelem = 1;
-        for (size_t j = 0; j < t[i].ndim; j++) t[i].nelem *= t[i].shape[j];
-        t[i].nbytes = t[i].nelem * sizeof(float);
-    }
-    const char *names[5] = {"to_q.weight", "to_k.weight", "to_v.weight", "project.weight", "pos_bias"};
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    aft_error err = {{0}};
-    if (aft_st_write(path, names, t, 5, NULL, 0, &err) != AFT_OK) fail_msg("writing %s: %s", path, err.msg);
-    aft_st_file *f = NULL;
-    if (aft_st_open(path, &f, &err) != AFT_OK) fail_msg("opening %s: %s", path, err.msg);
-    return f;
-}
-
-static void test_grid_weights(void **state)
-{
-    (void)state;
-    aft_error err = {{0}};
-    aft_weights w;
-    /* (heads, 2S-1, 2S-1): per head; the window and heads come from it */
-    aft_st_file *f = layer_file("per_head.safetensors", (const size_t[]){4, 5, 5}, 3, 4);
-    assert_int_equal(aft_weights_load_grid(f, "", AFT_CONV, 1, &w, &err), AFT_OK);
-    assert_int_equal(w.conv_window, 3);
-    assert_int_equal(w.conv_heads, 4);
-    assert_true(w.p.bias.conv_2d && w.p.bias.conv_len == 5 && w.p.bias.conv_rows == 4);
-    assert_true(w.p.bias.conv[5 * 5 + 2] == 27 * 0.01f);   /* head 1, row 0, column 2: entry 27 */
-    aft_config cfg = {0};
-    cfg.variant = AFT_CONV;
-    cfg.window = AFT_WINDOW_FROM_BIAS;
-    cfg.grid_h = 2;
-    cfg.grid_w = 3;
-    assert_int_equal(aft_config_settle(&cfg, &w.p.bias, 4, 4, &err), AFT_OK);
-    assert_int_equal(cfg.window, 3);
-    assert_int_equal(cfg.heads, 4);
-    aft_weights_free(&w);
-    /* without the grid the 3-D bias is refused, naming the grid */
-    assert_int_not_equal(aft_weights_load(f, "", AFT_CONV, &w, &err), AFT_OK);
-    assert_true(contains_ci(err.msg, "grid"));
-    aft_st_close(f);
-
-    /* (2S-1, 2S-1): one square for every head */
-    f = layer_file("shared.safetensors", (const size_t[]){7, 7}, 2, 4);
-    assert_int_equal(aft_bias_load_grid(f, "", AFT_CONV, 1, &w, &err), AFT_OK);
-    assert_int_equal(w.conv_window, 4);
-    assert_int_equal(w.conv_heads, 1);
-    assert_true(w.p.bias.conv_2d && w.p.bias.conv_rows == 1);
-    aft_weights_free(&w);
-    /* without the grid the same tensor is a (heads = 7, 2S-1 = 7) 1-D bias */
-    assert_int_equal(aft_bias_load(f, "", AFT_CONV, &w, &err), AFT_OK);
-    assert_true(!w.p.bias.conv_2d && w.p.bias.conv_rows == 7);
-    aft_weights_free(&w);
-    aft_st_close(f);
-
-    /* not square, 1-D, even: refused on a grid */
-    const size_t shapes[][3] = {{4, 5, 0}, {5, 0, 0}, {4, 4, 4}, {2, 5, 3}};
-    const size_t dims[] = {2, 1, 3, 3};
-    for (size_t i = 0; i < N_OF(dims); i++) {
-        char name[32];
-        snprintf(name, sizeof name, "bad%zu.safetensors", i);
-        f = layer_file(name, shapes[i], dims[i], 4);
-        memset(&err, 0, sizeof err);
-        assert_int_not_equal(aft_weights_load_grid(f, "", AFT_CONV, 1, &w, &err), AFT_OK);
-        if (!contains_ci(err.msg, "2*window-1, 2*window-1")) fail_msg("bias %zu: \"%s\"", i, err.msg);
-        aft_st_close(f);
-    }
-    /* local on a grid reads (Tmax, Tmax) as on a sequence */
-    f = layer_file("local.safetensors", (const size_t[]){7, 7}, 2, 4);
-    assert_int_equal(aft_weights_load_grid(f, "", AFT_LOCAL, 1, &w, &err), AFT_OK);
-    assert_true(w.p.bias.kind == AFT_BIAS_DENSE && w.p.bias.tmax == 7);
-    aft_weights_free(&w);
-    aft_st_close(f);
-}
-
 /* ---------------------------------------------------------------- the PyTorch fixtures */
 
 /* each case: how aft runs it (the window and heads of conv come from the bias) */
@@ -1146,6 +804,113 @@ static void test_grid_torch(void **state)
     assert_int_equal(found, N_OF(torch_cases));
 }
 
+/* ---------------------------------------------------------------- the backward */
+
+/* loss = sum dout * y in double through the test reference (grid-aware) */
+static double grid_loss(const double *q, const double *k, const double *v, const aft_bias *b, const aft_config *cfg,
+                        size_t B, size_t T, size_t C, size_t kc, const float *dout, double *y)
+{
+    assert_int_equal(ref_aft_op_d(y, q, k, v, b, cfg, B, T, C, kc), 0);
+    double s = 0.0;
+    for (size_t i = 0; i < B * T * C; i++) s += y[i] * (double)dout[i];
+    return s;
+}
+
+/* Local (dense bias) and conv (a 2-D bias per head, or one shared square,
+ * keys of one channel a head or a value channel) on grids, causal or not:
+ * the reference backward against central differences of the test
+ * reference, and the fast backward against the reference backward. */
+static void test_grad_grid(void **state)
+{
+    (void)state;
+    typedef struct { aft_variant v; size_t gh, gw, S, heads, shared_keys, one_square; } gc;
+    const gc cs[] = {{AFT_LOCAL, 3, 4, 2, 1, 0, 0}, {AFT_CONV, 4, 3, 2, 2, 0, 0}, {AFT_CONV, 3, 3, 2, 2, 1, 1},
+                     {AFT_CONV, 2, 5, 3, 3, 1, 0}};
+    int fails = 0, reports = 0;
+    for (size_t i = 0; i < N_OF(cs); i++)
+        for (int causal = 0; causal <= 1; causal++) {
+            const gc *c = &cs[i];
+            const size_t B = 2, T = c->gh * c->gw, C = 6, kc = c->shared_keys ? c->heads : C, n = B * T * C,
+                         nk = B * T * kc, len = 2 * c->S - 1, rows = c->one_square ? 1 : c->heads;
+            rng r = {900 + i * 2 + (uint64_t)causal};
+            float *q = xmalloc(n * 4), *k = xmalloc(nk * 4), *v = xmalloc(n * 4), *dout = xmalloc(n * 4);
+            for (size_t j = 0; j < n; j++) {
+                q[j] = (float)rng_normal(&r);
+                v[j] = (float)rng_sym(&r);
+                dout[j] = (float)rng_sym(&r);
+            }
+            for (size_t j = 0; j < nk; j++) k[j] = (float)rng_normal(&r);
+            size_t nb = c->v == AFT_LOCAL ? T * T : rows * len * len;
+            float *bw = xmalloc(nb * 4);
+            for (size_t j = 0; j < nb; j++) bw[j] = (float)rng_sym(&r);
+            aft_bias bias = {0};
+            if (c->v == AFT_LOCAL) {
+                bias.kind = AFT_BIAS_DENSE;
+                bias.dense = bw;
+                bias.tmax = T;
+            } else {
+                bias = (aft_bias){.kind = AFT_BIAS_CONV, .conv = bw, .conv_len = len, .conv_rows = rows, .conv_2d = 1};
+            }
+            aft_config cfg = {.variant = c->v, .window = c->S, .heads = c->heads, .causal = causal, .threads = 1,
+                              .grid_h = c->gh, .grid_w = c->gw};
+            float *g[2][4];
+            for (int m = 0; m < 2; m++) {
+                g[m][0] = xcalloc(n, 4); g[m][1] = xcalloc(nk, 4); g[m][2] = xcalloc(n, 4); g[m][3] = xcalloc(nb, 4);
+                aft_config cm = cfg;
+                cm.impl = m ? AFT_IMPL_FAST : AFT_IMPL_REFERENCE;
+                aft_bias_grad db = {0};
+                if (c->v == AFT_LOCAL) db.dense = g[m][3];
+                else db.conv = g[m][3];
+                aft_error err = {{0}};
+                if (aft_op_backward(g[m][0], g[m][1], g[m][2], &db, NULL, dout, q, k, v, &bias, &cm, B, T, C, kc,
+                                    &err) != AFT_OK)
+                    fail_msg("grid case %zu: %s", i, err.msg);
+            }
+            char what[96];
+            snprintf(what, sizeof what, "grid %zu (%zux%zu S=%zu) causal=%d", i, c->gh, c->gw, c->S, causal);
+            /* finite differences of the double reference, each input in turn */
+            double *qd = xmalloc(n * 8), *kd = xmalloc(nk * 8), *vd = xmalloc(n * 8), *y = xmalloc(n * 8);
+            double *fd = xmalloc((n > nb ? n : nb) * 8);
+            for (size_t j = 0; j < n; j++) { qd[j] = q[j]; vd[j] = v[j]; }
+            for (size_t j = 0; j < nk; j++) kd[j] = k[j];
+            double *ins[3] = {qd, kd, vd};
+            size_t lens[3] = {n, nk, n};
+            const char *names[4] = {"dq", "dk", "dv", "dbias"};
+            for (int a = 0; a < 3; a++) {
+                for (size_t j = 0; j < lens[a]; j++) {
+                    double x0 = ins[a][j], h = 1e-5;
+                    ins[a][j] = x0 + h;
+                    double lp = grid_loss(qd, kd, vd, &bias, &cfg, B, T, C, kc, dout, y);
+                    ins[a][j] = x0 - h;
+                    double lm = grid_loss(qd, kd, vd, &bias, &cfg, B, T, C, kc, dout, y);
+                    ins[a][j] = x0;
+                    fd[j] = (lp - lm) / (2 * h);
+                }
+                fails += grad_compare(names[a], g[0][a], fd, lens[a], GRAD_FD_TOL, what, &reports);
+            }
+            for (size_t j = 0; j < nb; j++) {
+                float x0 = bw[j], h = 0x1p-10f;
+                bw[j] = x0 + h;
+                double lp = grid_loss(qd, kd, vd, &bias, &cfg, B, T, C, kc, dout, y);
+                bw[j] = x0 - h;
+                double lm = grid_loss(qd, kd, vd, &bias, &cfg, B, T, C, kc, dout, y);
+                bw[j] = x0;
+                fd[j] = (lp - lm) / (2.0 * (double)h);
+            }
+            fails += grad_compare(names[3], g[0][3], fd, nb, GRAD_FD_TOL_BIAS, what, &reports);
+            /* the fast backward against the reference's */
+            const size_t all[4] = {n, nk, n, nb};
+            for (int a = 0; a < 4; a++) {
+                for (size_t j = 0; j < all[a]; j++) fd[j] = g[0][a][j];
+                fails += grad_compare(names[a], g[1][a], fd, all[a], GRAD_TOL_REL, what, &reports);
+            }
+            for (int m = 0; m < 2; m++)
+                for (int a = 0; a < 4; a++) free(g[m][a]);
+            free(q); free(k); free(v); free(dout); free(bw); free(qd); free(kd); free(vd); free(y); free(fd);
+        }
+    grad_finish(fails, (int)(2 * N_OF(cs)));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1157,11 +922,8 @@ int main(void)
         cmocka_unit_test(test_grid_threads),
         cmocka_unit_test(test_grid_causal_later_value),
         cmocka_unit_test(test_grid_full_simple),
-        cmocka_unit_test(test_grid_layer),
-        cmocka_unit_test(test_grid_errors),
-        cmocka_unit_test(test_grid_workspace),
-        cmocka_unit_test_setup_teardown(test_grid_weights, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_grid_torch),
+        cmocka_unit_test(test_grad_grid),
     };
     const char *filter = getenv("TEST_GRID_FILTER");
     if (filter && *filter) cmocka_set_test_filter(filter);

@@ -1,0 +1,31 @@
+/* cases.c - the operator's tests' shared description of a case (cases.h) */
+#include "cases.h"
+
+const char *const mask_names[] = {"none", "TxT", "BxTxT", "TxT-causal"};
+const char *const vals_names[] = {"normal", "wide", "one-huge-key", "adversarial", "rising",
+                                  "one-key-beyond-tame", "one-bias-beyond-tame"};
+const char *const kind_names[] = {"none", "dense", "factored", "seeded", "conv"};
+
+const size_t small_T[4] = {1, 7, 33, 130};
+const size_t grid_BC[4][2] = {{1, 5}, {3, 12}, {1, 12}, {3, 5}};
+
+const char *impl_name(aft_impl impl)
+{
+    return impl == AFT_IMPL_FAST ? "fast" : "reference";
+}
+
+uint8_t *make_mask(rng *r, size_t nb, size_t T)
+{
+    uint8_t *m = xmalloc(nb * T * T);
+    for (size_t b = 0; b < nb; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t t2 = 0; t2 < T; t2++)
+                m[(b * T + t) * T + t2] =
+                    (t + b) % 5 == 2 ? 0 : (uint8_t)(rng_unif(r) < 0.7);
+    return m;
+}
+
+int grid_threads(int n)
+{
+    return n % 4 == 0 ? 0 : 1;
+}
