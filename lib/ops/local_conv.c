@@ -281,7 +281,7 @@ band_row_out(float *restrict yr, unsigned char *restrict redo, const float *rest
 
 /* Keys whose exp(k - mk) a block already holds join a running sum with one
  * stabiliser st as that times g = exp(mk - st), no exponential per entry,
- * while mk is at most JUMP above st (why: band_task, at its left part).
+ * while mk is at most JUMP above st (why: left_plan).
  * Returns whether they may; then g is set. */
 static int band_factor_scale(float *restrict g, const float *restrict mk, const float *restrict st, size_t n)
 {
