@@ -137,8 +137,8 @@ static inline void add_exact(float *restrict st, float *restrict s0, float *rest
 /* Keys rows [j0, j1) (stepping by dir) are about to join a running sum whose
  * exact maximum is smax. Returns 1 if one stabiliser for all of them keeps
  * every intermediate sum within JUMP nats of it; sets nst to that stabiliser. */
-static int plan_block(float *restrict nst, float *restrict first, const float *smax,
-                      const float *k, size_t ldk, long j0, long j1, long dir, size_t n)
+__attribute__((noinline)) static int plan_block(float *restrict nst, float *restrict first, const float *smax,
+                                                const float *k, size_t ldk, long j0, long j1, long dir, size_t n)
 {
     for (size_t c = 0; c < n; c++) { nst[c] = smax[c]; first[c] = smax[c]; }
     for (long j = j0; j != j1; j += dir) {
@@ -186,9 +186,9 @@ _Static_assert(EKB % BCH == 0, "a step's channels lie in one block");
 // sets jt where the rows left out do not see them. Under causality those
 // band rows are later than the rows left out, and 0 * inf or 0 * NaN from a
 // later value would otherwise reach an earlier row.
-static inline void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
-                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t jt,
-                             size_t cw, size_t bs)
+__attribute__((noinline)) static void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
+                                                const float *restrict ek, const float *restrict ekv, size_t nw,
+                                                size_t jt, size_t cw, size_t bs)
 {
     size_t c = 0;
     for (; c + BCH <= cw; c += BCH) {
@@ -283,7 +283,8 @@ band_row_out(float *restrict yr, unsigned char *restrict redo, const float *rest
  * stabiliser st as that times g = exp(mk - st), no exponential per entry,
  * while mk is at most JUMP above st (why: left_plan).
  * Returns whether they may; then g is set. */
-static int band_factor_scale(float *restrict g, const float *restrict mk, const float *restrict st, size_t n)
+__attribute__((noinline)) static int band_factor_scale(float *restrict g, const float *restrict mk,
+                                                       const float *restrict st, size_t n)
 {
     for (size_t c = 0; c < n; c++)
         if (mk[c] - st[c] > JUMP) return 0;
@@ -310,6 +311,16 @@ typedef struct {
     int have_right;         /* not causal: sc->rin holds the keys from r1 + s on; else none */
 } band_args;
 
+/* Where the steps below are compiled (measured against the kernel before
+ * it was cut into steps, T = 4096, C = 256, local and conv, causal or not,
+ * keys with jumps: each within 2%): band_task with its blocks' set-up
+ * (right_snapshots, left_plan, block_rows inlined), each segment's rows in
+ * segment_groups (band_group, group_weights, band_row_out inlined); not
+ * inlined, as GCC chose before, plan_block, band_sums, band_factor_scale
+ * and right_block (whose exponentials, inside band_task, GCC stopped
+ * inlining: add_exact took 20% longer on keys that jump), and
+ * block_factors. */
+
 /* A block of rows [i0, i1) (at most BAND_ROWS) and the band rows [lob, hib)
  * they read, whose factors exp(k - mk) sc->ek and sc->ekv hold (bs floats a
  * block of EKB channels; lob == hib: none) */
@@ -327,7 +338,7 @@ typedef struct {
  * 1). Keys [lob, hib) have their band factors in sc->ek, sc->ekv with the
  * maximum sc->mk: with one stabiliser they join as ek exp(mk - st), as in
  * the left part (left_plan). */
-static void right_block(const band_args *a, const row_block *b, int store)
+__attribute__((noinline)) static void right_block(const band_args *a, const row_block *b, int store)
 {
     band_scratch *sc = a->sc;
     const float *k = a->k, *v = a->v;
@@ -388,7 +399,7 @@ static void right_snapshots(const band_args *a)
 /* The block's band factors exp(k - mk) into sc->ek, sc->ekv, mk (sc->mk)
  * the block's key maximum per channel. Returns whether no key is +inf or
  * NaN (the fall-back kernel meets them). */
-static int block_factors(const band_args *a, const row_block *b)
+__attribute__((noinline)) static int block_factors(const band_args *a, const row_block *b)
 {
     band_scratch *sc = a->sc;
     const float *k = a->k, *v = a->v;
@@ -446,7 +457,8 @@ static void left_plan(const band_args *a, row_block *b)
 /* The band weights of the gn rows from t0: row i's w (sc->w + i 2s), its
  * band maximum r (sc->r[i]) and exp(w - r) into column i of sc->ew, whose
  * row j is band row ulo + j */
-static void group_weights(const band_args *a, size_t t0, size_t gn, size_t ulo)
+static inline __attribute__((always_inline)) void group_weights(const band_args *a, size_t t0, size_t gn,
+                                                                size_t ulo)
 {
     const aft_opspec *ws = a->ws;
     band_scratch *sc = a->sc;
@@ -527,7 +539,8 @@ static void row_exact(const band_args *a, size_t t, const float *w, const float 
  * once (they share most band rows, so each row of ek/ekv loaded feeds
  * GROUP rows' sums), then row by row the left key joining, the output,
  * and the exact recomputation where den underflowed */
-static void band_group(const band_args *a, const row_block *b, size_t t0, size_t t1, const float *rst)
+static inline __attribute__((always_inline)) void band_group(const band_args *a, const row_block *b, size_t t0,
+                                                             size_t t1, const float *rst)
 {
     const aft_opspec *ws = a->ws;
     band_scratch *sc = a->sc;
@@ -575,11 +588,26 @@ static void band_group(const band_args *a, const row_block *b, size_t t0, size_t
     }
 }
 
+/* The rows [g0, g1) of a segment of block b, GROUP at a time (band_group).
+ * A function of its own, with its own copies of the task's and block's
+ * arguments (which it then keeps in registers), so that the rows' loops
+ * are compiled apart from the block's set-up: inlined into band_task,
+ * band_row_out's loop spilled differently and ran 2-5% slower (local, T =
+ * 4096, C = 256), and band_group as the function a call for each group
+ * cost up to 8% where a block holds few channels (conv's heads). */
+__attribute__((noinline)) static void segment_groups(const band_args *args, const row_block *blk, size_t g0, size_t g1,
+                                                     const float *rst)
+{
+    const band_args task = *args, *a = &task;
+    const row_block bk = *blk, *b = &bk;
+    for (size_t t0 = g0; t0 < g1; t0 += GROUP) band_group(a, b, t0, g1 - t0 < GROUP ? g1 : t0 + GROUP, rst);
+}
+
 /* The rows of block b in segments that share all stabilisers: the whole
  * block (b->fixed), or single rows, whose left key joins exactly first.
  * A segment's factors bring the band (mk), left (pst) and right (rst)
  * parts to their largest, zc, each row's then in groups (band_group). */
-static void block_rows(const band_args *a, const row_block *b)
+static inline __attribute__((always_inline)) void block_rows(const band_args *a, const row_block *b)
 {
     band_scratch *sc = a->sc;
     const size_t ldk = a->ws->ldk, ldv = a->ws->ldv, s = a->s, cw = a->cw, i0 = b->i0, i1 = b->i1;
@@ -598,8 +626,7 @@ static void block_rows(const band_args *a, const row_block *b)
             sc->fp[c] = scale_down(pst[c], zc);
             sc->fs[c] = causal ? 0.0f : scale_down(rst[c], zc);
         }
-        for (size_t t0 = g0; t0 < g1; t0 += GROUP)
-            band_group(a, b, t0, g1 - t0 < GROUP ? g1 : t0 + GROUP, rst);
+        segment_groups(a, b, g0, g1, rst);
         g0 = g1;
     }
 }
@@ -612,8 +639,11 @@ static void block_rows(const band_args *a, const row_block *b)
  * one starts from sc->rin (the keys from r1 + s on), else from nothing.
  * Returns 0 when a key the band blocks read (every key of the rows among
  * them) is +inf or NaN, 1 otherwise. */
-static int band_task(const band_args *a)
+static int band_task(const band_args *args)
 {
+    /* a copy of its own: through args every field would be read again
+     * after each call the steps make */
+    const band_args task = *args, *a = &task;
     band_scratch *sc = a->sc;
     const size_t T = a->ws->T, s = a->s, cw = a->cw, r0 = a->r0, r1 = a->r1;
     const int causal = a->ws->causal;
