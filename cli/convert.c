@@ -308,6 +308,69 @@ static char *stem(const char *path)
     return strndup(base, n);
 }
 
+/* "out of memory", and the exit status for it */
+static int oom(void)
+{
+    cli_error(cmd, "out of memory");
+    return EXIT_DATA;
+}
+
+/* load_spec for a .npy or standard input: its one tensor, whole now, or
+ * its header alone for a .safetensors output from a regular file */
+static int load_npy(job *j, const spec *s, int to_st, int *stdin_used)
+{
+    aft_error err = {{0}};
+    const char *file = s->file;
+    item *it = new_item(j);
+    if (!it) return oom();
+    it->file = file;
+    struct stat sb;
+    int regular = s->kind == SRC_NPY && stat(file, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (s->kind == SRC_STDIN) {
+        if (*stdin_used) return cli_usage_error(cmd, "standard input ('-') can be read only once");
+        *stdin_used = 1;
+    }
+    if (to_st && regular) {
+        /* the header now, the data when its turn comes */
+        aft_tensor head;
+        if (aft_npy_peek(file, &head, NULL, &err) != AFT_OK) {
+            report_file(file, err.msg);
+            return EXIT_DATA;
+        }
+        take_shape(it, &head);
+    } else {
+        if (aft_npy_read(file, &it->held, NULL, &err) != AFT_OK) {
+            report_file(file, err.msg);
+            return EXIT_DATA;
+        }
+        it->src = &it->held;
+        take_shape(it, &it->held);
+    }
+    if (to_st && !(it->name = s->name ? strdup(s->name) : stem(file))) return oom();
+    return 0;
+}
+
+/* every tensor of f, and its metadata, into a .safetensors */
+static int load_whole(job *j, aft_st_file *f, const char *file)
+{
+    for (size_t i = 0; i < aft_st_count(f); i++) {
+        item *it = new_item(j);
+        if (!it) return oom();
+        const char *name;
+        it->file = file;
+        it->src = aft_st_get(f, i, &name);
+        it->tname = name;
+        take_shape(it, it->src);
+        if (!(it->name = strdup(name))) return oom();
+    }
+    for (size_t i = 0; i < aft_st_metadata_count(f); i++) {
+        const char *k, *v;
+        aft_st_metadata(f, i, &k, &v);
+        if (put_meta(j, k, v) != 0) return oom();
+    }
+    return 0;
+}
+
 /* Opens what spec s names and adds its tensors to the job. For a .npy the
  * whole file is read now for a .npy output, standard input or a pipe;
  * otherwise only its header is, and the data when it is written. Returns 0,
@@ -317,36 +380,7 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
     aft_error err = {{0}};
     char msg[512];
     const char *file = s->file;
-
-    if (s->kind == SRC_NPY || s->kind == SRC_STDIN) {
-        item *it = new_item(j);
-        if (!it) goto oom;
-        it->file = file;
-        struct stat sb;
-        int regular = s->kind == SRC_NPY && stat(file, &sb) == 0 && S_ISREG(sb.st_mode);
-        if (s->kind == SRC_STDIN) {
-            if (*stdin_used) return cli_usage_error(cmd, "standard input ('-') can be read only once");
-            *stdin_used = 1;
-        }
-        if (to_st && regular) {
-            /* the header now, the data when its turn comes */
-            aft_tensor head;
-            if (aft_npy_peek(file, &head, NULL, &err) != AFT_OK) {
-                report_file(file, err.msg);
-                return EXIT_DATA;
-            }
-            take_shape(it, &head);
-        } else {
-            if (aft_npy_read(file, &it->held, NULL, &err) != AFT_OK) {
-                report_file(file, err.msg);
-                return EXIT_DATA;
-            }
-            it->src = &it->held;
-            take_shape(it, &it->held);
-        }
-        if (to_st && !(it->name = s->name ? strdup(s->name) : stem(file))) goto oom;
-        return 0;
-    }
+    if (s->kind == SRC_NPY || s->kind == SRC_STDIN) return load_npy(j, s, to_st, stdin_used);
 
     aft_st_file *f;
     if (aft_st_open_limit(file, cli_memory_limit(max_memory), &f, &err) != AFT_OK) {
@@ -356,7 +390,7 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
     aft_st_file **files = realloc(j->files, (j->nfiles + 1) * sizeof *files);
     if (!files) {
         aft_st_close(f);
-        goto oom;
+        return oom();
     }
     j->files = files;
     j->files[j->nfiles++] = f;
@@ -378,37 +412,16 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
         }
         t = aft_st_get(f, 0, NULL);
     }
-    if (t) {
-        item *it = new_item(j);
-        if (!it) goto oom;
-        it->file = file;
-        it->tname = s->tname ? s->tname : NULL;
-        it->src = t;
-        take_shape(it, t);
-        if (to_st && !(it->name = strdup(s->name ? s->name : s->tname))) goto oom;
-        if (!s->tname) aft_st_get(f, 0, &it->tname);
-        return 0;
-    }
-    /* a whole file into a .safetensors: every tensor, and the metadata */
-    for (size_t i = 0; i < count; i++) {
-        item *it = new_item(j);
-        if (!it) goto oom;
-        const char *name;
-        it->file = file;
-        it->src = aft_st_get(f, i, &name);
-        it->tname = name;
-        take_shape(it, it->src);
-        if (!(it->name = strdup(name))) goto oom;
-    }
-    for (size_t i = 0; i < aft_st_metadata_count(f); i++) {
-        const char *k, *v;
-        aft_st_metadata(f, i, &k, &v);
-        if (put_meta(j, k, v) != 0) goto oom;
-    }
+    if (!t) return load_whole(j, f, file);   /* a whole file into a .safetensors */
+    item *it = new_item(j);
+    if (!it) return oom();
+    it->file = file;
+    it->tname = s->tname ? s->tname : NULL;
+    it->src = t;
+    take_shape(it, t);
+    if (to_st && !(it->name = strdup(s->name ? s->name : s->tname))) return oom();
+    if (!s->tname) aft_st_get(f, 0, &it->tname);
     return 0;
-oom:
-    cli_error(cmd, "out of memory");
-    return EXIT_DATA;
 }
 
 /* "'w' in a.safetensors" or "a.npy", for messages about one tensor */

@@ -640,57 +640,66 @@ static int write_at(int fd, const void *p, size_t n, off_t off)
     return 0;
 }
 
-/* The output: rank 0 opens the temporary beside -o's file and writes the
- * header (and sets the file's size); every rank then writes its rows at
- * their offsets. *yout: rank 0's temporary, committed by the caller. */
-static int write_rows(shard *sh, const struct run_opts *o, const plan *pl, aft_out *yout)
+/* the output's .npy header (hdr, cap bytes; its length hlen) for the whole
+ * array, [B, T, D] ([T, B, D] with tbd) or [T, D], and its data's bytes */
+static int rows_header(const plan *pl, char *hdr, size_t cap, size_t *hlen, size_t *nbytes)
 {
-    double t = aft_now_ms();
-    const size_t B = pl->B, T = pl->T, D = pl->D, n = pl->n;
+    const size_t B = pl->B, T = pl->T, D = pl->D;
     aft_error err;
-    char hdr[4096];
-    size_t hlen = 0;
     aft_tensor yt = cli_output_shaped(NULL, pl->rank2 ? 2 : 3, pl->tbd, B, T, 0, 0, D);
-    int rc = 0;
-    if (aft_npy_header(&yt, hdr, sizeof hdr, &hlen, &err) != AFT_OK) {
+    *nbytes = yt.nbytes;
+    if (aft_npy_header(&yt, hdr, cap, hlen, &err) != AFT_OK) {
         cli_error("run", "%s", err.msg);
-        rc = EXIT_DATA;
+        return EXIT_DATA;
     }
-    /* rank 0: the temporary, its header and size */
-    long tmplen = 0;
-    char *tmp = NULL;
-    if (!rc && sh->rank == 0) {
-        if (aft_out_open(yout, o->out_path, &err) != AFT_OK) {
-            cli_error(NULL, "%s", err.msg);
-            rc = EXIT_DATA;
-        } else if (yout->direct || !yout->tmp) {
-            cli_error(NULL, "%s: under MPI the output must be a regular file", o->out_path);
-            rc = EXIT_DATA;
-        } else if (fwrite(hdr, 1, hlen, yout->fp) != hlen || fflush(yout->fp) != 0 ||
-                   ftruncate(fileno(yout->fp), (off_t)(hlen + yt.nbytes)) != 0) {
-            cli_error(NULL, "%s: %s", o->out_path, strerror(errno));
-            rc = EXIT_DATA;
-        } else {
-            tmp = yout->tmp;
-            tmplen = (long)strlen(tmp) + 1;
-        }
+    return 0;
+}
+
+/* rank 0: the temporary beside -o's file (yout), its header (hdr, hlen
+ * bytes) and its size; *tmp its name */
+static int open_temporary(const struct run_opts *o, aft_out *yout, const char *hdr, size_t hlen, size_t nbytes,
+                          char **tmp)
+{
+    aft_error err;
+    if (aft_out_open(yout, o->out_path, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
     }
-    sh->t_write += aft_now_ms() - t;
-    if ((rc = agree(sh, rc))) return rc;
+    if (yout->direct || !yout->tmp) {
+        cli_error(NULL, "%s: under MPI the output must be a regular file", o->out_path);
+        return EXIT_DATA;
+    }
+    if (fwrite(hdr, 1, hlen, yout->fp) != hlen || fflush(yout->fp) != 0 ||
+        ftruncate(fileno(yout->fp), (off_t)(hlen + nbytes)) != 0) {
+        cli_error(NULL, "%s: %s", o->out_path, strerror(errno));
+        return EXIT_DATA;
+    }
+    *tmp = yout->tmp;
+    return 0;
+}
+
+/* rank 0's temporary's name (tmp there) on every rank: rank 0's own, a
+ * copy elsewhere */
+static char *share_name(shard *sh, char *tmp)
+{
     double tc = aft_now_ms();
+    long tmplen = sh->rank == 0 ? (long)strlen(tmp) + 1 : 0;
     MPI_Bcast(&tmplen, 1, MPI_LONG, 0, sh->comm);
     char *name = sh->rank == 0 ? tmp : malloc((size_t)tmplen);
     if (!name) MPI_Abort(MPI_COMM_WORLD, EXIT_DATA);
     MPI_Bcast(name, (int)tmplen, MPI_CHAR, 0, sh->comm);
     sh->t_comm += aft_now_ms() - tc;
-    t = aft_now_ms();
-    int fd = sh->rank == 0 ? fileno(yout->fp) : open(name, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) {
-        cli_error(NULL, "%s: cannot open the output's temporary %s: %s", o->out_path, name, strerror(errno));
-        rc = EXIT_DATA;
-    }
+    return name;
+}
+
+/* this rank's rows of Y into fd at their offsets, after the header's hlen
+ * bytes */
+static int put_rows(int fd, const struct run_opts *o, const plan *pl, size_t hlen)
+{
+    const size_t B = pl->B, T = pl->T, D = pl->D, n = pl->n;
+    int rc = 0;
     float *rows = NULL;
-    if (!rc && pl->tbd && n) {   /* (B, n, D) to [n, B, D]: one range */
+    if (pl->tbd && n) {   /* (B, n, D) to [n, B, D]: one range */
         rows = malloc(B * n * D * sizeof(float));
         if (!rows) {
             cli_error("run", "out of memory writing %zu rows", n * B);
@@ -701,26 +710,57 @@ static int write_rows(shard *sh, const struct run_opts *o, const plan *pl, aft_o
             if (write_at(fd, rows, B * n * D * sizeof(float), (off_t)(hlen + pl->t0 * B * D * sizeof(float))) != 0)
                 rc = EXIT_DATA;
         }
-    } else if (!rc) {
+    } else {
         for (size_t b = 0; b < B && !rc && n; b++)
             if (write_at(fd, pl->y + b * n * D, n * D * sizeof(float),
                          (off_t)(hlen + (b * T + pl->t0) * D * sizeof(float))) != 0)
                 rc = EXIT_DATA;
     }
-    if (rc == EXIT_DATA && fd >= 0 && !rows && pl->tbd && n) rc = EXIT_DATA;
-    if (rc && fd >= 0) cli_error(NULL, "%s: writing rows %zu to %zu: %s", o->out_path, pl->t0, pl->t1, strerror(errno));
+    if (rc) cli_error(NULL, "%s: writing rows %zu to %zu: %s", o->out_path, pl->t0, pl->t1, strerror(errno));
+    free(rows);
+    return rc;
+}
+
+/* a rank but 0: its rows on the disk and fd closed (rc: how it went so
+ * far) */
+static int close_rows(int fd, const char *out_path, int rc)
+{
+    if (fd >= 0 && (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) && !rc) {
+        cli_error(NULL, "%s: %s", out_path, strerror(errno));
+        rc = EXIT_DATA;
+    }
+    if (fd >= 0 && close(fd) != 0 && !rc) {
+        cli_error(NULL, "%s: %s", out_path, strerror(errno));
+        rc = EXIT_DATA;
+    }
+    return rc;
+}
+
+/* The output: rank 0 opens the temporary beside -o's file and writes the
+ * header (and sets the file's size); every rank then writes its rows at
+ * their offsets. *yout: rank 0's temporary, committed by the caller. */
+static int write_rows(shard *sh, const struct run_opts *o, const plan *pl, aft_out *yout)
+{
+    double t = aft_now_ms();
+    char hdr[4096];
+    size_t hlen = 0, nbytes = 0;
+    int rc = rows_header(pl, hdr, sizeof hdr, &hlen, &nbytes);
+    char *tmp = NULL;
+    if (!rc && sh->rank == 0) rc = open_temporary(o, yout, hdr, hlen, nbytes, &tmp);
+    sh->t_write += aft_now_ms() - t;
+    if ((rc = agree(sh, rc))) return rc;
+    char *name = share_name(sh, tmp);
+    t = aft_now_ms();
+    int fd = sh->rank == 0 ? fileno(yout->fp) : open(name, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        cli_error(NULL, "%s: cannot open the output's temporary %s: %s", o->out_path, name, strerror(errno));
+        rc = EXIT_DATA;
+    }
+    if (!rc) rc = put_rows(fd, o, pl, hlen);
     if (sh->rank != 0) {
-        if (fd >= 0 && (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) && !rc) {
-            cli_error(NULL, "%s: %s", o->out_path, strerror(errno));
-            rc = EXIT_DATA;
-        }
-        if (fd >= 0 && close(fd) != 0 && !rc) {
-            cli_error(NULL, "%s: %s", o->out_path, strerror(errno));
-            rc = EXIT_DATA;
-        }
+        rc = close_rows(fd, o->out_path, rc);
         free(name);
     }
-    free(rows);
     sh->t_write += aft_now_ms() - t;
     return agree(sh, rc);
 }
@@ -772,6 +812,71 @@ static int write_timing(shard *sh, const struct run_opts *o, const plan *pl, con
 
 /* ---------------------------------------------------------------- the command */
 
+/* the parameters (every rank maps the weights, or makes the seeded ones),
+ * this rank's rows of X and its rows of the mask */
+static int read_inputs(shard *sh, const struct run_opts *o, plan *pl, struct run *r)
+{
+    r->B = pl->B;
+    r->T = pl->T;
+    r->D = pl->D;
+    r->in_rank = pl->rank2 ? 2 : 3;
+    r->cfg = o->cfg;
+    cli_kernels_from_env(&r->cfg);
+    double t = aft_now_ms();
+    int rc = runner_get_params(o, r);
+    if (!rc) rc = read_rows(o, pl);
+    if (!rc) rc = read_mask(o, pl, r);
+    sh->t_read += aft_now_ms() - t;
+    return rc;
+}
+
+/* the path (the streaming state under causality without a mask, else a
+ * slice with its halo), Y's rows, the state, and the key sums' type */
+static int choose_path(shard *sh, const struct run_opts *o, plan *pl, const struct run *r, aft_state **state)
+{
+    aft_error err;
+    int rc = 0;
+    pl->C = r->C;
+    sh->C = r->C;
+    MPI_Type_contiguous((int)(4 * r->C), MPI_FLOAT, &sh->sums_t);
+    MPI_Type_commit(&sh->sums_t);
+    /* the path, and the rows of K | V it needs */
+    pl->causal = r->cfg.causal;
+    pl->stream = r->cfg.causal && !o->mask_path;
+    pl->y = malloc(pl->B * pl->n * pl->D * sizeof(float) + 1);
+    if (!pl->y) {
+        cli_error("run", "out of memory for %zu rows of Y", pl->B * pl->n);
+        rc = EXIT_DATA;
+    } else if (pl->stream) {
+        if (aft_state_new(state, r->p, &r->cfg, pl->B, &err) != AFT_OK) rc = EXIT_DATA;
+        else pl->halo = aft_state_keep(*state);
+    } else if (aft_layer_slice_halo(r->p, &r->cfg, pl->T, &pl->halo, &err) != AFT_OK) {
+        rc = EXIT_DATA;
+    }
+    if (rc && pl->y) cli_error("run", "%s", err.msg);
+    return rc;
+}
+
+/* --timing (rank 0, a temporary too), then the output into place */
+static int finish_outputs(shard *sh, const struct run_opts *o, const plan *pl, const struct run *r, double t_start,
+                          aft_out *yout, aft_out *tout)
+{
+    aft_error err;
+    int rc, trc = 0;
+    if (sh->rank == 0 && o->timing_path && aft_out_open(tout, o->timing_path, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        trc = EXIT_DATA;
+    }
+    if ((rc = agree(sh, trc))) return rc;
+    rc = write_timing(sh, o, pl, r, t_start, tout);
+    if (!rc && sh->rank == 0 &&
+        (aft_out_commit(yout, &err) != AFT_OK || (o->timing_path && aft_out_commit(tout, &err) != AFT_OK))) {
+        cli_error(NULL, "%s", err.msg);
+        rc = EXIT_DATA;
+    }
+    return rc;
+}
+
 /* the steps after MPI is up; rank 0's output committed last */
 static int shard_main(shard *sh, const struct run_opts *o)
 {
@@ -783,7 +888,6 @@ static int shard_main(shard *sh, const struct run_opts *o)
     r.cmd = "run";
     aft_out yout = {0}, tout = {0};
     aft_state *state = NULL;
-    aft_error err;
     int rc = check_options(o);
     if (!rc) rc = read_header(o, &pl);
     if ((rc = agree(sh, rc))) goto out;
@@ -791,39 +895,9 @@ static int shard_main(shard *sh, const struct run_opts *o)
     pl.t0 = slice_at((size_t)sh->rank, pl.N, pl.T);
     pl.t1 = slice_at((size_t)sh->rank + 1, pl.N, pl.T);
     pl.n = pl.t1 - pl.t0;
-    /* the parameters: every rank maps the weights, or makes the seeded ones */
-    r.B = pl.B;
-    r.T = pl.T;
-    r.D = pl.D;
-    r.in_rank = pl.rank2 ? 2 : 3;
-    r.cfg = o->cfg;
-    cli_kernels_from_env(&r.cfg);
-    double t = aft_now_ms();
-    rc = runner_get_params(o, &r);
-    if (!rc) rc = read_rows(o, &pl);
-    if (!rc) rc = read_mask(o, &pl, &r);
-    sh->t_read += aft_now_ms() - t;
-    if ((rc = agree(sh, rc))) goto out;
+    if ((rc = agree(sh, read_inputs(sh, o, &pl, &r)))) goto out;
     if ((rc = agree(sh, check_values(sh, o, &pl, &r)))) goto out;
-    pl.C = r.C;
-    sh->C = r.C;
-    MPI_Type_contiguous((int)(4 * r.C), MPI_FLOAT, &sh->sums_t);
-    MPI_Type_commit(&sh->sums_t);
-    /* the path, and the rows of K | V it needs */
-    pl.causal = r.cfg.causal;
-    pl.stream = r.cfg.causal && !o->mask_path;
-    pl.y = malloc(pl.B * pl.n * pl.D * sizeof(float) + 1);
-    if (!pl.y) {
-        cli_error("run", "out of memory for %zu rows of Y", pl.B * pl.n);
-        rc = EXIT_DATA;
-    } else if (pl.stream) {
-        if (aft_state_new(&state, r.p, &r.cfg, pl.B, &err) != AFT_OK) rc = EXIT_DATA;
-        else pl.halo = aft_state_keep(state);
-    } else if (aft_layer_slice_halo(r.p, &r.cfg, pl.T, &pl.halo, &err) != AFT_OK) {
-        rc = EXIT_DATA;
-    }
-    if (rc && pl.y) cli_error("run", "%s", err.msg);
-    if ((rc = agree(sh, rc))) goto out;
+    if ((rc = agree(sh, choose_path(sh, o, &pl, &r, &state)))) goto out;
     need_of(&pl, (size_t)sh->rank, &pl.lo, &pl.hi);
     if (!pl.stream && pl.halo != 0 && pl.n) {   /* the slice's own rows are among those held */
         if (pl.lo > pl.t0) pl.lo = pl.t0;
@@ -832,19 +906,7 @@ static int shard_main(shard *sh, const struct run_opts *o)
     rc = pl.stream ? compute_stream(sh, &pl, &r, state) : compute_slice(sh, &pl, &r);
     if ((rc = agree(sh, rc))) goto out;
     if ((rc = write_rows(sh, o, &pl, &yout))) goto out;
-    /* --timing (rank 0, a temporary too), then the output into place */
-    int trc = 0;
-    if (sh->rank == 0 && o->timing_path && aft_out_open(&tout, o->timing_path, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        trc = EXIT_DATA;
-    }
-    if ((rc = agree(sh, trc))) goto out;
-    rc = write_timing(sh, o, &pl, &r, t_start, &tout);
-    if (!rc && sh->rank == 0 &&
-        (aft_out_commit(&yout, &err) != AFT_OK || (o->timing_path && aft_out_commit(&tout, &err) != AFT_OK))) {
-        cli_error(NULL, "%s", err.msg);
-        rc = EXIT_DATA;
-    }
+    rc = finish_outputs(sh, o, &pl, &r, t_start, &yout, &tout);
 out:
     rc = agree_final(sh, rc);
     if (yout.fp) aft_out_abort(&yout);

@@ -224,6 +224,55 @@ static int cmp_size(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* slice_band's points into pt (room for 2 nch + 2): a0, a1, and each of
+ * the nch chunks' first held row and (without causality) its window's end,
+ * sorted, without repeats. Returns how many. */
+static size_t slice_points(const slice_args *a, size_t *pt, size_t chunk, size_t nch, size_t halo, int causal)
+{
+    size_t npt = 0;
+    pt[npt++] = a->a0;
+    pt[npt++] = a->a1;
+    for (size_t j = 0; j < nch; j++) {
+        size_t R0 = a->t0 + j * chunk, len = a->t1 - R0 < chunk ? a->t1 - R0 : chunk;
+        pt[npt++] = R0 - (R0 < halo ? R0 : halo);
+        if (!causal) pt[npt++] = R0 + len + halo < a->T ? R0 + len + halo : a->T;
+    }
+    qsort(pt, npt, sizeof *pt, cmp_size);
+    size_t u = 1;
+    for (size_t i = 1; i < npt; i++)
+        if (pt[i] != pt[u - 1]) pt[u++] = pt[i];
+    return u;
+}
+
+/* Sequence b's key sums at the npt points (its held K | V in kvb): suf[i]
+ * the sums of piece [pt[i], pt[i+1]) first, then of [pt[i], a1) and
+ * `right`; pre[i]: `left` and [a0, pt[i]). Returns 0 when a key of +inf
+ * or NaN is among them (then pre is not made). */
+static int slice_key_sums(const slice_args *a, size_t b, const float *kvb, const size_t *pt, size_t npt, size_t C,
+                          float *pre, float *suf, float *scr)
+{
+    int bad = 0;
+    for (size_t i = 0; i + 1 < npt; i++) {
+        float *r = suf + i * 4 * C;
+        bad |= aft_sums_of_rows(kvb, 2 * C, kvb + C, 2 * C, pt[i] - a->a0, pt[i + 1] - a->a0, C, r, r + C,
+                                r + 2 * C, scr);
+        memcpy(r + 3 * C, r, C * sizeof(float));
+    }
+    const float *lb = a->left ? a->left + b * 4 * C : NULL, *rb = a->right ? a->right + b * 4 * C : NULL;
+    if ((lb && !aft_key_sums_ok(lb, C)) || (rb && !aft_key_sums_ok(rb, C))) bad = 1;
+    if (bad) return 0;
+    if (lb) memcpy(pre, lb, 4 * C * sizeof(float));
+    else aft_sums_empty(pre, C);
+    for (size_t i = 1; i < npt; i++) {
+        memcpy(pre + i * 4 * C, pre + (i - 1) * 4 * C, 4 * C * sizeof(float));
+        aft_sums_merge(pre + i * 4 * C, suf + (i - 1) * 4 * C, C);
+    }
+    if (rb) memcpy(suf + (npt - 1) * 4 * C, rb, 4 * C * sizeof(float));
+    else aft_sums_empty(suf + (npt - 1) * 4 * C, C);
+    for (size_t i = npt - 1; i-- > 0;) aft_sums_merge(suf + i * 4 * C, suf + (i + 1) * 4 * C, C);
+    return 1;
+}
+
 /* The band (local, conv; causal simple), as the layer's streamed path
  * without causality does it for a whole sequence: the held keys cut into
  * pieces at each chunk's held rows' start and window's end, the pieces'
@@ -255,48 +304,14 @@ static int slice_band(const slice_args *a, slice_prep *s, aft_status *st, aft_er
         *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a slice's chunks of %zu rows", chunk);
         ret = -1;
     }
-    /* the points: a0, a1, and each chunk's first held row and (without
-     * causality) its window's end */
-    if (ok) {
-        pt[npt++] = a->a0;
-        pt[npt++] = a->a1;
-        for (size_t j = 0; j < nch; j++) {
-            size_t R0 = a->t0 + j * chunk, len = a->t1 - R0 < chunk ? a->t1 - R0 : chunk;
-            pt[npt++] = R0 - (R0 < halo ? R0 : halo);
-            if (!causal) pt[npt++] = R0 + len + halo < T ? R0 + len + halo : T;
-        }
-        qsort(pt, npt, sizeof *pt, cmp_size);
-        size_t u = 1;
-        for (size_t i = 1; i < npt; i++)
-            if (pt[i] != pt[u - 1]) pt[u++] = pt[i];
-        npt = u;
-    }
+    if (ok) npt = slice_points(a, pt, chunk, nch, halo, causal);
     for (size_t b = 0; b < a->B && ret == 1; b++) {
         const float *kvb = a->kv + b * held * 2 * C;
-        /* suf[i]: the sums of piece [pt[i], pt[i+1]) first, then of
-         * [pt[i], a1) and `right`; pre[i]: `left` and [a0, pt[i]) */
-        int bad = 0;
-        for (size_t i = 0; i + 1 < npt; i++) {
-            float *r = suf + i * 4 * C;
-            bad |= aft_sums_of_rows(kvb, 2 * C, kvb + C, 2 * C, pt[i] - a->a0, pt[i + 1] - a->a0, C, r, r + C,
-                                    r + 2 * C, scr);
-            memcpy(r + 3 * C, r, C * sizeof(float));
-        }
-        const float *lb = a->left ? a->left + b * 4 * C : NULL, *rb = a->right ? a->right + b * 4 * C : NULL;
-        if ((lb && !aft_key_sums_ok(lb, C)) || (rb && !aft_key_sums_ok(rb, C))) bad = 1;
-        if (bad) {   /* a key of +inf or NaN reaches every row of this sequence */
+        if (!slice_key_sums(a, b, kvb, pt, npt, C, pre, suf, scr)) {
+            /* a key of +inf or NaN reaches every row of this sequence */
             fill_nan(a->y + b * n * D, n * D);
             continue;
         }
-        if (lb) memcpy(pre, lb, 4 * C * sizeof(float));
-        else aft_sums_empty(pre, C);
-        for (size_t i = 1; i < npt; i++) {
-            memcpy(pre + i * 4 * C, pre + (i - 1) * 4 * C, 4 * C * sizeof(float));
-            aft_sums_merge(pre + i * 4 * C, suf + (i - 1) * 4 * C, C);
-        }
-        if (rb) memcpy(suf + (npt - 1) * 4 * C, rb, 4 * C * sizeof(float));
-        else aft_sums_empty(suf + (npt - 1) * 4 * C, C);
-        for (size_t i = npt - 1; i-- > 0;) aft_sums_merge(suf + i * 4 * C, suf + (i + 1) * 4 * C, C);
         int rows_ok = 1;
         #pragma omp parallel num_threads(nt) reduction(&:rows_ok)
         {

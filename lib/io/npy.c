@@ -793,12 +793,12 @@ typedef struct {
     char descr[16];
 } npy_head;
 
-/* Checks a .npy image of len bytes and reads what its header says. Nothing
- * is allocated from the file's numbers: the data must be exactly the bytes
- * the header promises before anyone allocates for it. */
-static aft_status parse_image(const unsigned char *buf, size_t len, int check_data, npy_head *H, aft_error *err)
+/* The preamble of a .npy image of len bytes: magic, version (major),
+ * header length (hlen, its first byte at prefix) and where the data starts
+ * (data_off <= len) */
+static aft_status parse_preamble(const unsigned char *buf, size_t len, int *major, size_t *prefix, size_t *hlen,
+                                 size_t *data_off, aft_error *err)
 {
-    memset(H, 0, sizeof *H);
     /* magic and version */
     if (len == 0 || memcmp(buf, NPY_MAGIC, len < NPY_MAGIC_LEN ? len : NPY_MAGIC_LEN) != 0) {
         switch (aft_format_detect(buf, len)) {
@@ -813,34 +813,43 @@ static aft_status parse_image(const unsigned char *buf, size_t len, int check_da
     if (len < NPY_MAGIC_LEN + 2)
         return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu %s)", len,
                         aft_noun(len, "byte", "bytes"));
-    int major = buf[6], minor = buf[7];
-    if (!((major == 1 || major == 2 || major == 3) && minor == 0))
-        return aft_fail(err, AFT_ERR_FORMAT, "unknown .npy version %d.%d", major, minor);
+    int mj = buf[6], minor = buf[7];
+    if (!((mj == 1 || mj == 2 || mj == 3) && minor == 0))
+        return aft_fail(err, AFT_ERR_FORMAT, "unknown .npy version %d.%d", mj, minor);
 
     /* header length: 2 bytes little-endian in 1.0, 4 bytes in 2.0 and 3.0 */
-    size_t lenbytes = major == 1 ? 2 : 4, prefix = 8 + lenbytes;
-    if (len < prefix) return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu %s)", len,
-                                      aft_noun(len, "byte", "bytes"));
-    size_t hlen = 0;
-    for (size_t i = lenbytes; i-- > 0;) hlen = hlen << 8 | buf[8 + i];
+    size_t lenbytes = mj == 1 ? 2 : 4, pre = 8 + lenbytes;
+    if (len < pre) return aft_fail(err, AFT_ERR_FORMAT, "file ends inside the .npy preamble (%zu %s)", len,
+                        aft_noun(len, "byte", "bytes"));
+    size_t hl = 0;
+    for (size_t i = lenbytes; i-- > 0;) hl = hl << 8 | buf[8 + i];
     /* numpy's limit counts characters: the bytes of a 1.0 or 2.0 header,
      * the UTF-8 characters of a 3.0 one (counted when they are there) */
-    size_t chars = hlen;
-    if (major == 3 && hlen > NPY_MAX_HEADER && hlen <= len - prefix) {
+    size_t chars = hl;
+    if (mj == 3 && hl > NPY_MAX_HEADER && hl <= len - pre) {
         chars = 0;
-        for (size_t i = 0; i < hlen; i++) chars += (buf[prefix + i] & 0xc0) != 0x80;
+        for (size_t i = 0; i < hl; i++) chars += (buf[pre + i] & 0xc0) != 0x80;
     }
     if (chars > NPY_MAX_HEADER)
-        return aft_fail(err, AFT_ERR_FORMAT, "header of %zu bytes is over the %d-byte limit", hlen, NPY_MAX_HEADER);
-    size_t data_off;
-    if (!aft_add_ok(prefix, hlen, &data_off) || data_off > len)
+        return aft_fail(err, AFT_ERR_FORMAT, "header of %zu bytes is over the %d-byte limit", hl, NPY_MAX_HEADER);
+    if (!aft_add_ok(pre, hl, data_off) || *data_off > len)
         return aft_fail(err, AFT_ERR_FORMAT,
-                        "header extends past the end of the file: needs %zu bytes, file holds %zu", prefix + hlen, len);
+                        "header extends past the end of the file: needs %zu bytes, file holds %zu", pre + hl, len);
+    *major = mj;
+    *prefix = pre;
+    *hlen = hl;
+    return AFT_OK;
+}
 
-    /* the dict: numpy pads it with spaces and ends it with '\n', but reads
-     * any header Python parses as the dict literal */
-    hfields h;
-    memset(&h, 0, sizeof h);
+/* The header's dict (hlen bytes at prefix) into h, its descr into H's dt,
+ * little, order and descr. numpy pads it with spaces and ends it with '\n',
+ * but reads any header Python parses as the dict literal. Then what Python
+ * refuses before it parses: a NUL byte, and in 3.0 headers text that is
+ * not UTF-8. */
+static aft_status parse_dict(const unsigned char *buf, size_t prefix, size_t hlen, int major, hfields *h,
+                             npy_head *H, aft_error *err)
+{
+    memset(h, 0, sizeof *h);
     hparser P = {.s = buf + prefix, .pos = 0, .end = hlen, .base = prefix, .major = major, .key = K_NONE,
                  .err = err};
     P.cap = hlen + 1;
@@ -849,24 +858,37 @@ static aft_status parse_image(const unsigned char *buf, size_t len, int check_da
     aft_status st;
     if (!P.nodes || !P.arena) {
         st = aft_fail(err, AFT_ERR_NOMEM, "out of memory reading a %zu-byte header", hlen);
-    } else if (!(st = parse_header(&P, &h)) && !(st = check_fields(&P, &h))) {
-        st = parse_descr(h.descr, h.descr_len, &H->dt, &H->little, &H->order, err);
+    } else if (!(st = parse_header(&P, h)) && !(st = check_fields(&P, h))) {
+        st = parse_descr(h->descr, h->descr_len, &H->dt, &H->little, &H->order, err);
         if (!st) {
-            memcpy(H->descr, h.descr, h.descr_len < sizeof H->descr ? h.descr_len : sizeof H->descr - 1);
+            memcpy(H->descr, h->descr, h->descr_len < sizeof H->descr ? h->descr_len : sizeof H->descr - 1);
         }
     }
     free(P.nodes);
     free(P.arena);
     if (st) return st;
 
-    /* what Python refuses before it parses: a NUL byte, and in 3.0 headers
-     * text that is not UTF-8 */
     const unsigned char *nul = memchr(buf + prefix, 0, hlen);
     if (nul) return aft_fail(err, AFT_ERR_FORMAT, "bad .npy header: a NUL byte at byte %zu", (size_t)(nul - buf));
     size_t ok = major == 3 ? aft_utf8_prefix(buf + prefix, hlen) : hlen;
     if (ok != hlen)
         return aft_fail(err, AFT_ERR_FORMAT, "bad .npy header: not UTF-8 at byte %zu (version 3.0 headers are UTF-8)",
                         prefix + ok);
+    return AFT_OK;
+}
+
+/* Checks a .npy image of len bytes and reads what its header says. Nothing
+ * is allocated from the file's numbers: the data must be exactly the bytes
+ * the header promises before anyone allocates for it. */
+static aft_status parse_image(const unsigned char *buf, size_t len, int check_data, npy_head *H, aft_error *err)
+{
+    memset(H, 0, sizeof *H);
+    int major = 0;
+    size_t prefix = 0, hlen = 0, data_off = 0;
+    aft_status st = parse_preamble(buf, len, &major, &prefix, &hlen, &data_off, err);
+    if (st) return st;
+    hfields h;
+    if ((st = parse_dict(buf, prefix, hlen, major, &h, H, err))) return st;
     size_t size = aft_dtype_size(H->dt);
 
     /* element and byte counts. Zero dimensions make the array empty, but the
@@ -893,7 +915,7 @@ static aft_status parse_image(const unsigned char *buf, size_t len, int check_da
                         aft_noun(have - nbytes, "byte", "bytes"));
 
     H->major = major;
-    H->minor = minor;
+    H->minor = buf[7];
     H->hlen = hlen;
     H->data_off = data_off;
     H->fortran = h.fortran;

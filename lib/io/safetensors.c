@@ -211,21 +211,14 @@ static int cmp_offsets(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-/* Reads one tensor entry {"dtype", "shape", "data_offsets"} into e and
- * checks that its byte range holds exactly what dtype and shape need and
- * lies inside the data buffer. Nothing is allocated from these numbers. */
-static aft_status parse_entry(const cJSON *obj, st_entry *e, size_t data_size, aft_error *err)
+/* tensor nm's keys: exactly one each of dtype, shape and data_offsets */
+static aft_status entry_keys(const cJSON *obj, const char *nm, const cJSON **dtype, const cJSON **shape,
+                             const cJSON **offs, aft_error *err)
 {
-    char nb[96], sb[160];
-    const char *nm = show(e->name, nb);
-    if (!cJSON_IsObject(obj))
-        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' is not a JSON object", nm);
-
-    const cJSON *dtype = NULL, *shape = NULL, *offs = NULL;
     for (const cJSON *it = obj->child; it; it = it->next) {
-        const cJSON **slot = strcmp(it->string, "dtype") == 0 ? &dtype
-                           : strcmp(it->string, "shape") == 0 ? &shape
-                           : strcmp(it->string, "data_offsets") == 0 ? &offs : NULL;
+        const cJSON **slot = strcmp(it->string, "dtype") == 0 ? dtype
+                           : strcmp(it->string, "shape") == 0 ? shape
+                           : strcmp(it->string, "data_offsets") == 0 ? offs : NULL;
         char kb[96];
         if (!slot)
             return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has an unknown key '%s'",
@@ -234,11 +227,33 @@ static aft_status parse_entry(const cJSON *obj, st_entry *e, size_t data_size, a
             return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has key '%s' twice", nm, it->string);
         *slot = it;
     }
-    if (!dtype) return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has no 'dtype'", nm);
-    if (!shape) return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has no 'shape'", nm);
-    if (!offs) return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has no 'data_offsets'", nm);
+    if (!*dtype) return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has no 'dtype'", nm);
+    if (!*shape) return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has no 'shape'", nm);
+    if (!*offs) return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has no 'data_offsets'", nm);
+    return AFT_OK;
+}
 
-    aft_tensor *t = &e->t;
+/* entry k of tensor nm's array `what` (shape, data_offsets) as a size */
+static aft_status entry_size(const cJSON *it, const char *nm, const char *what, size_t k, size_t *out,
+                             aft_error *err)
+{
+    int r = json_size(it, out);
+    if (r == -1 && cJSON_IsNumber(it))
+        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': %s entry %zu (%.17g) is not a non-negative integer",
+                        nm, what, k, it->valuedouble);
+    if (r == -1)
+        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': %s entry %zu is not a number", nm, what, k);
+    if (r == -2)
+        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': %s entry %zu (%.17g) is 2^53 or more",
+                        nm, what, k, it->valuedouble);
+    return AFT_OK;
+}
+
+/* tensor nm's dtype and shape into t, and its element and byte counts,
+ * checked: an overflow is an error, never a wrap */
+static aft_status entry_shape(const cJSON *dtype, const cJSON *shape, const char *nm, aft_tensor *t, aft_error *err)
+{
+    char sb[160];
     memset(t, 0, sizeof *t);
     if (!cJSON_IsString(dtype))
         return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': dtype is not a string", nm);
@@ -256,19 +271,11 @@ static aft_status parse_entry(const cJSON *obj, st_entry *e, size_t data_size, a
                         nm, ndim, AFT_MAX_DIMS);
     size_t k = 0;
     for (const cJSON *it = shape->child; it; it = it->next, k++) {
-        int r = json_size(it, &t->shape[k]);
-        if (r == -1 && cJSON_IsNumber(it))
-            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': shape entry %zu (%.17g) is not a non-negative integer",
-                            nm, k, it->valuedouble);
-        if (r == -1)
-            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': shape entry %zu is not a number", nm, k);
-        if (r == -2)
-            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': shape entry %zu (%.17g) is 2^53 or more",
-                            nm, k, it->valuedouble);
+        aft_status st = entry_size(it, nm, "shape", k, &t->shape[k], err);
+        if (st != AFT_OK) return st;
     }
     t->ndim = ndim;
 
-    /* element and byte counts, checked: an overflow is an error, never a wrap */
     size_t nelem = 1;
     for (k = 0; k < ndim; k++)
         if (!aft_mul_ok(nelem, t->shape[k], &nelem))
@@ -280,32 +287,40 @@ static aft_status parse_entry(const cJSON *obj, st_entry *e, size_t data_size, a
                         nm, fmt_shape(sb, sizeof sb, t->shape, ndim), aft_dtype_name(t->dtype));
     t->nelem = nelem;
     t->nbytes = nbytes;
+    return AFT_OK;
+}
+
+/* Reads one tensor entry {"dtype", "shape", "data_offsets"} into e and
+ * checks that its byte range holds exactly what dtype and shape need and
+ * lies inside the data buffer. Nothing is allocated from these numbers. */
+static aft_status parse_entry(const cJSON *obj, st_entry *e, size_t data_size, aft_error *err)
+{
+    char nb[96], sb[160];
+    const char *nm = show(e->name, nb);
+    if (!cJSON_IsObject(obj))
+        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' is not a JSON object", nm);
+
+    const cJSON *dtype = NULL, *shape = NULL, *offs = NULL;
+    aft_status st = entry_keys(obj, nm, &dtype, &shape, &offs, err);
+    if (st != AFT_OK) return st;
+    aft_tensor *t = &e->t;
+    if ((st = entry_shape(dtype, shape, nm, t, err)) != AFT_OK) return st;
+    const size_t nbytes = t->nbytes;
 
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
         return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets is not a [begin, end] pair", nm);
-    size_t be[2];
-    k = 0;
-    for (const cJSON *it = offs->child; it; it = it->next, k++) {
-        int r = json_size(it, &be[k]);
-        if (r == -1 && cJSON_IsNumber(it))
-            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets entry %zu (%.17g) is not a non-negative integer",
-                            nm, k, it->valuedouble);
-        if (r == -1)
-            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets entry %zu is not a number", nm, k);
-        if (r == -2)
-            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets entry %zu (%.17g) is 2^53 or more",
-                            nm, k, it->valuedouble);
-    }
+    size_t be[2], k = 0;
+    for (const cJSON *it = offs->child; it; it = it->next, k++)
+        if ((st = entry_size(it, nm, "data_offsets", k, &be[k], err)) != AFT_OK) return st;
     e->begin = be[0];
     e->end = be[1];
     if (e->begin > e->end)
         return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets [%zu, %zu] end before they begin",
                         nm, e->begin, e->end);
     if (e->end - e->begin != nbytes)
-        return aft_fail(err, AFT_ERR_FORMAT,
-                        "tensor '%s': data_offsets [%zu, %zu] hold %zu %s but shape %s of %s needs %zu",
+        return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s': data_offsets [%zu, %zu] hold %zu %s but shape %s of %s needs %zu",
                         nm, e->begin, e->end, e->end - e->begin, aft_noun(e->end - e->begin, "byte", "bytes"),
-                        fmt_shape(sb, sizeof sb, t->shape, ndim), aft_dtype_name(t->dtype), nbytes);
+                        fmt_shape(sb, sizeof sb, t->shape, t->ndim), aft_dtype_name(t->dtype), nbytes);
     if (e->end > data_size)
         return aft_fail(err, AFT_ERR_FORMAT,
                         "tensor '%s': data_offsets [%zu, %zu] run past the end of the data buffer (%zu %s)",
@@ -385,9 +400,10 @@ nomem:
     return aft_fail(err, AFT_ERR_NOMEM, "out of memory keeping %zu names", f->n);
 }
 
-/* Validates f->bytes[0..size) and fills the tensor table. On failure the
- * caller frees f with aft_st_close. */
-static aft_status parse(aft_st_file *f, aft_error *err)
+/* The file's frame: the 8-byte header size, the header h (hlen bytes) and
+ * the data buffer after it (data_size bytes) */
+static aft_status parse_frame(const aft_st_file *f, const unsigned char **h, size_t *hlen, size_t *data_size,
+                              aft_error *err)
 {
     const unsigned char *b = f->bytes;
     size_t size = f->size;
@@ -402,58 +418,149 @@ static aft_status parse(aft_st_file *f, aft_error *err)
     if (n64 > ST_MAX_HEADER)
         return aft_fail(err, AFT_ERR_FORMAT, "header size %llu exceeds the limit of %llu bytes",
                         (unsigned long long)n64, (unsigned long long)ST_MAX_HEADER);
-    size_t hlen = (size_t)n64;
-    if (hlen > size - 8)
+    *hlen = (size_t)n64;
+    if (*hlen > size - 8)
         return aft_fail(err, AFT_ERR_FORMAT, "header size %zu runs past the end of the file (%zu %s)",
-                        hlen, size, aft_noun(size, "byte", "bytes"));
-    const unsigned char *h = b + 8;
-    size_t data_size = size - 8 - hlen;
-    const unsigned char *data = h + hlen;
+                        *hlen, size, aft_noun(size, "byte", "bytes"));
+    *h = b + 8;
+    *data_size = size - 8 - *hlen;
+    return AFT_OK;
+}
 
+/* The header h (hlen bytes) checked (UTF-8, the lexer's rules: lx) and
+ * parsed: *root, the tree of *text, a copy of it the caller frees with
+ * the tree */
+static aft_status parse_json(const unsigned char *h, size_t hlen, st_lex *lx, char **text, cJSON **root,
+                             aft_error *err)
+{
     size_t ok = aft_utf8_prefix(h, hlen);
     if (ok != hlen)
         return aft_fail(err, AFT_ERR_FORMAT, "header is not valid UTF-8 (byte %zu)", ok);
-    st_lex lx;
-    aft_status st = lex_header(h, hlen, &lx, err);
+    aft_status st = lex_header(h, hlen, lx, err);
     if (st != AFT_OK) return st;
 
     /* cJSON wants a NUL-terminated string; parsing a private copy also keeps
      * it from ever reading past the header, whatever the input holds */
-    char *text = malloc(hlen + 1);
-    if (!text) return aft_fail(err, AFT_ERR_NOMEM, "out of memory copying a %zu-byte header", hlen);
-    memcpy(text, h, hlen);
-    text[hlen] = '\0';
+    char *t = malloc(hlen + 1);
+    if (!t) return aft_fail(err, AFT_ERR_NOMEM, "out of memory copying a %zu-byte header", hlen);
+    memcpy(t, h, hlen);
+    t[hlen] = '\0';
     const char *end = NULL;
     /* require_null_terminated: only whitespace may follow the object (the
      * lexer refused NUL bytes, so the terminator is the one we added) */
-    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
-    if (!root) {
-        size_t at = end && end >= text && end <= text + hlen ? (size_t)(end - text) : 0;
-        free(text);
+    cJSON *r = cJSON_ParseWithOpts(t, &end, 1);
+    if (!r) {
+        size_t at = end && end >= t && end <= t + hlen ? (size_t)(end - t) : 0;
+        free(t);
         return aft_fail(err, AFT_ERR_FORMAT, "header is not valid JSON (near byte %zu)", at);
     }
+    *text = t;
+    *root = r;
+    return AFT_OK;
+}
+
+/* __metadata__ (at most once: *meta, NULL if none), and the tensors'
+ * count */
+static aft_status header_parts(const cJSON *root, const cJSON **meta, size_t *ntensors, aft_error *err)
+{
+    if (!cJSON_IsObject(root)) return aft_fail(err, AFT_ERR_FORMAT, "header is not a JSON object");
+    *ntensors = 0;
+    *meta = NULL;
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (strcmp(it->string, ST_METADATA) != 0) { (*ntensors)++; continue; }
+        if (*meta) return aft_fail(err, AFT_ERR_FORMAT, "header has '__metadata__' twice");
+        *meta = it;
+    }
+    return AFT_OK;
+}
+
+/* duplicate names: cJSON keeps both entries; sorting finds them in n log
+ * n, and the sorted order is kept for aft_st_find */
+static aft_status check_names(st_named *sorted, size_t n, aft_error *err)
+{
+    char nb[96];
+    qsort(sorted, n, sizeof *sorted, cmp_named);
+    for (size_t k = 1; k < n; k++)
+        if (strcmp(sorted[k - 1].name, sorted[k].name) == 0)
+            return aft_fail(err, AFT_ERR_FORMAT, "tensor name '%s' appears twice", show(sorted[k].name, nb));
+    return AFT_OK;
+}
+
+/* the byte ranges, sorted (entries into file order), must tile the data
+ * buffer exactly: each starts where the previous ended, the first at 0,
+ * the last at its end */
+static aft_status check_tiling(st_entry *entries, size_t n, size_t data_size, aft_error *err)
+{
+    char nb[96], nb2[96];
+    qsort(entries, n, sizeof *entries, cmp_offsets);
+    size_t expect = 0;
+    for (size_t k = 0; k < n; k++) {
+        const st_entry *e = &entries[k];
+        if (e->begin != expect) {
+            const char *kind = e->begin > expect ? "hole" : "overlap";
+            if (k == 0)
+                return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' starts at %zu but the data buffer starts at 0 (%s)",
+                                show(e->name, nb), e->begin, kind);
+            return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' starts at %zu but the previous tensor '%s' ends at %zu (%s)",
+                            show(e->name, nb), e->begin, show(entries[k - 1].name, nb2), expect, kind);
+        }
+        expect = e->end;
+    }
+    if (expect != data_size) {
+        if (n == 0)
+            return aft_fail(err, AFT_ERR_FORMAT,
+                            "data buffer holds %zu %s but the header lists no tensors (trailing bytes)",
+                            data_size, aft_noun(data_size, "byte", "bytes"));
+        return aft_fail(err, AFT_ERR_FORMAT, "data buffer holds %zu %s but the tensors end at %zu (%zu trailing %s)",
+                        data_size, aft_noun(data_size, "byte", "bytes"), expect, data_size - expect,
+                        aft_noun(data_size - expect, "byte", "bytes"));
+    }
+    return AFT_OK;
+}
+
+/* the handle: f's tensors in file order pointing into data, by_name from
+ * the sorted names (pos: scratch of n) */
+static aft_status build_handle(aft_st_file *f, const st_entry *entries, const st_named *sorted, size_t *pos,
+                               const char **pairs, const unsigned char *data, size_t n, aft_error *err)
+{
+    f->n = n;
+    aft_status st = keep_strings(f, entries, pairs, err);
+    if (st != AFT_OK) return st;
+    f->tensors = aft_alloc_array(n, sizeof *f->tensors);
+    f->by_name = aft_alloc_array(n, sizeof *f->by_name);
+    if (!f->tensors || !f->by_name) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu tensors", n);
+    for (size_t k = 0; k < n; k++) {
+        f->tensors[k] = entries[k].t;
+        f->tensors[k].data = data + entries[k].begin;
+        f->tensors[k].owned = NULL;
+        pos[entries[k].index] = k;   /* header position -> file position */
+    }
+    for (size_t k = 0; k < n; k++)
+        f->by_name[k] = pos[sorted[k].index];
+    return AFT_OK;
+}
+
+/* Validates f->bytes[0..size) and fills the tensor table. On failure the
+ * caller frees f with aft_st_close. */
+static aft_status parse(aft_st_file *f, aft_error *err)
+{
+    const unsigned char *h = NULL;
+    size_t hlen = 0, data_size = 0;
+    aft_status st = parse_frame(f, &h, &hlen, &data_size, err);
+    if (st != AFT_OK) return st;
+    const unsigned char *data = h + hlen;
+    st_lex lx;
+    char *text = NULL;
+    cJSON *root = NULL;
+    if ((st = parse_json(h, hlen, &lx, &text, &root, err)) != AFT_OK) return st;
 
     st_entry *entries = NULL;
     st_named *sorted = NULL;
     size_t *pos = NULL;
     const char **pairs = NULL;
-    char nb[96], nb2[96];
-    if (!cJSON_IsObject(root)) {
-        st = aft_fail(err, AFT_ERR_FORMAT, "header is not a JSON object");
-        goto done;
-    }
-
-    /* __metadata__ (at most once), then count the tensors */
     size_t ntensors = 0;
     const cJSON *meta = NULL;
-    for (const cJSON *it = root->child; it; it = it->next) {
-        if (strcmp(it->string, ST_METADATA) != 0) { ntensors++; continue; }
-        if (meta) {
-            st = aft_fail(err, AFT_ERR_FORMAT, "header has '__metadata__' twice");
-            goto done;
-        }
-        meta = it;
-    }
+    if ((st = header_parts(root, &meta, &ntensors, err)) != AFT_OK) goto done;
     if (meta && (st = parse_metadata(meta, &pairs, &f->nmeta, err)) != AFT_OK) goto done;
 
     entries = aft_calloc_array(ntensors, sizeof *entries);
@@ -472,45 +579,8 @@ static aft_status parse(aft_st_file *f, aft_error *err)
         sorted[k] = (st_named){it->string, k};
         k++;
     }
-
-    /* duplicate names: cJSON keeps both entries; sorting finds them in
-     * n log n, and the sorted order is kept for aft_st_find */
-    qsort(sorted, ntensors, sizeof *sorted, cmp_named);
-    for (k = 1; k < ntensors; k++)
-        if (strcmp(sorted[k - 1].name, sorted[k].name) == 0) {
-            st = aft_fail(err, AFT_ERR_FORMAT, "tensor name '%s' appears twice", show(sorted[k].name, nb));
-            goto done;
-        }
-
-    /* the byte ranges, sorted, must tile the data buffer exactly: each
-     * starts where the previous ended, the first at 0, the last at its end */
-    qsort(entries, ntensors, sizeof *entries, cmp_offsets);
-    size_t expect = 0;
-    for (k = 0; k < ntensors; k++) {
-        const st_entry *e = &entries[k];
-        if (e->begin != expect) {
-            const char *kind = e->begin > expect ? "hole" : "overlap";
-            if (k == 0)
-                st = aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' starts at %zu but the data buffer starts at 0 (%s)",
-                              show(e->name, nb), e->begin, kind);
-            else
-                st = aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' starts at %zu but the previous tensor '%s' ends at %zu (%s)",
-                              show(e->name, nb), e->begin, show(entries[k - 1].name, nb2), expect, kind);
-            goto done;
-        }
-        expect = e->end;
-    }
-    if (expect != data_size) {
-        if (ntensors == 0)
-            st = aft_fail(err, AFT_ERR_FORMAT,
-                          "data buffer holds %zu %s but the header lists no tensors (trailing bytes)",
-                          data_size, aft_noun(data_size, "byte", "bytes"));
-        else
-            st = aft_fail(err, AFT_ERR_FORMAT, "data buffer holds %zu %s but the tensors end at %zu (%zu trailing %s)",
-                          data_size, aft_noun(data_size, "byte", "bytes"), expect, data_size - expect,
-                          aft_noun(data_size - expect, "byte", "bytes"));
-        goto done;
-    }
+    if ((st = check_names(sorted, ntensors, err)) != AFT_OK) goto done;
+    if ((st = check_tiling(entries, ntensors, data_size, err)) != AFT_OK) goto done;
 
     /* everything else is right; now a number like 2.0 or -0, which cJSON
      * read as a valid integer, is still not what the format allows */
@@ -520,25 +590,7 @@ static aft_status parse(aft_st_file *f, aft_error *err)
                       len, (const char *)h + lx.bad_at, lx.bad_at);
         goto done;
     }
-
-    /* build the handle: tensors in file order pointing into the data */
-    f->n = ntensors;
-    if ((st = keep_strings(f, entries, pairs, err)) != AFT_OK) goto done;
-    f->tensors = aft_alloc_array(ntensors, sizeof *f->tensors);
-    f->by_name = aft_alloc_array(ntensors, sizeof *f->by_name);
-    if (!f->tensors || !f->by_name) {
-        st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu tensors", ntensors);
-        goto done;
-    }
-    for (k = 0; k < ntensors; k++) {
-        f->tensors[k] = entries[k].t;
-        f->tensors[k].data = data + entries[k].begin;
-        f->tensors[k].owned = NULL;
-        pos[entries[k].index] = k;   /* header position -> file position */
-    }
-    for (k = 0; k < ntensors; k++)
-        f->by_name[k] = pos[sorted[k].index];
-    st = AFT_OK;
+    st = build_handle(f, entries, sorted, pos, pairs, data, ntensors, err);
 
 done:
     free(entries);

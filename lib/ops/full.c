@@ -423,33 +423,11 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
     finish_rows(jb, 0, i0, bi, tv, acc, Np, sc->wrow, out);
 }
 
-// out, q, k, v: (T, C) of one batch   mask: (T, T) or NULL; q, out and the
-// mask hold rows [q_row0, q_row1) (q_row1 0: to T)
-aft_status aft_op_full(float *out, const float *q, const float *k, const float *v,
-                        const uint8_t *mask, const aft_opspec *ws, aft_error *err)
+/* mk: (nchunk, C), each chunk of keys' maximum per channel, 0 where that
+ * is not finite */
+static void key_maxima(float *mk, const float *k, const aft_opspec *ws, size_t chunk, size_t nchunk)
 {
-    const size_t T = ws->T, C = ws->C, ldk = ws->ldk, ldv = ws->ldv;
-    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
-    const int causal = ws->causal;
-    if (T == 0 || C == 0) return AFT_OK;
-    aft_blas_one_thread();
-    const size_t chunk = causal ? CAUSAL_CHUNK : T;
-    const size_t nchunk = (T + chunk - 1) / chunk;
-    const size_t C2 = 2 * C;
-    const size_t nt = (size_t)ws->threads;
-
-    /* rhs: (T, 2C), per head [exp(k - mk) v | exp(k - mk)] so a head's two
-     * right-hand sides are adjacent columns; mk: (nchunk, C). For the fused
-     * product the same columns packed as npan panels of FNR, each (T, FNR),
-     * the last padded with zeros. */
-    const int fused = fused_ok(H, causal, ws->full_blas);
-    const size_t npan = (C2 + FNR - 1) / FNR, Np = npan * FNR;
-    float *rhs = fused ? aft_calloc_array(T, Np * sizeof(float)) : aft_alloc_array(T, C2 * sizeof(float));
-    float *mk = aft_alloc_array(nchunk, C * sizeof(float));
-    if (!rhs || !mk) {
-        free(rhs); free(mk);
-        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full-variant buffers (T = %zu, C = %zu)", T, C);
-    }
+    const size_t T = ws->T, C = ws->C, ldk = ws->ldk, nt = (size_t)ws->threads;
     #pragma omp parallel for schedule(static) num_threads((int)nt)
     for (size_t jc = 0; jc < nchunk; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < T ? j0 + chunk : T;
@@ -459,6 +437,17 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
             for (size_t c = 0; c < C; c++) m[c] = k[j * ldk + c] > m[c] ? k[j * ldk + c] : m[c];
         for (size_t c = 0; c < C; c++) m[c] = isfinite(m[c]) ? m[c] : 0.0f;
     }
+}
+
+/* The right-hand sides rhs: (T, 2C), per head of ch channels [exp(k - mk) v
+ * | exp(k - mk)], so a head's two right-hand sides are adjacent columns.
+ * fused: the same columns packed as npan panels of FNR, each (T, FNR), the
+ * last padded with zeros. Returns 0 when out of memory. */
+static int pack_rhs(float *rhs, const float *mk, const float *k, const float *v, const aft_opspec *ws, size_t H,
+                    size_t chunk, int fused, size_t npan)
+{
+    const size_t T = ws->T, C = ws->C, C2 = 2 * C, ldk = ws->ldk, ldv = ws->ldv, ch = C / H, Np = npan * FNR;
+    const size_t nt = (size_t)ws->threads;
     int no_row = 0;
     #pragma omp parallel num_threads((int)nt)
     {
@@ -487,16 +476,46 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
         }
         free(row);
     }
-    if (no_row) {
-        free(rhs); free(mk);
-        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full-variant buffers (T = %zu, C = %zu)", T, C);
-    }
+    return !no_row;
+}
 
-    /* blocks of rows, one thread each; under causality the late blocks are
-     * the large ones, so they are handed out first */
-    dense_job jb = {q, k, v, rhs, mk, mask, ws, H, ch, chunk,
-                    ws->variant == AFT_FULL && ws->bias->kind == AFT_BIAS_FACTORED};
-    /* the rows wanted: [q_row0, q_row1) */
+/* one thread's scratch for blocks of `rows` rows; returns 0 when out of
+ * memory (dense_scratch_free frees what there is) */
+static int dense_scratch_alloc(dense_scratch *sc, int fused, size_t rows, size_t T, size_t C, size_t Np)
+{
+    const size_t C2 = 2 * C;
+    if (fused) {   /* wblk: one panel; tmp: row maxima; mrow: + factors */
+        size_t prows = (rows + FMR - 1) / FMR * FMR;
+        sc->wblk = aft_alloc_array(FSUB * FMR * FKC, sizeof(float));
+        sc->acc = aft_alloc_array(prows, Np * sizeof(float));
+        sc->tmp = aft_alloc_array(prows, sizeof(float));
+        sc->mrow = aft_alloc_array(C + Np, sizeof(float));
+    } else {
+        sc->wblk = aft_alloc_array(rows, T * sizeof(float));
+        sc->acc = aft_alloc_array(rows, C2 * sizeof(float));
+        sc->tmp = aft_alloc_array(rows, C2 * sizeof(float));
+        sc->mrow = aft_alloc_array(C, sizeof(float));
+    }
+    size_t nwrow = T > C ? T : C;
+    if (fused && !FROWS && nwrow < FMR * FKC) nwrow = FMR * FKC;   /* interleaved: also one panel of w */
+    sc->wrow = aft_alloc_array(nwrow, sizeof(float));
+    return sc->wblk && sc->acc && sc->tmp && sc->mrow && sc->wrow;
+}
+
+static void dense_scratch_free(dense_scratch *sc)
+{
+    free(sc->wblk); free(sc->acc); free(sc->tmp); free(sc->mrow); free(sc->wrow);
+}
+
+/* The rows wanted, [q_row0, q_row1), in blocks, one thread each (fused:
+ * dense_block_fused, the right-hand sides packed in npan panels); under
+ * causality the late blocks are the large ones, so they are handed out
+ * first. Returns 0 when out of memory. */
+static int full_blocks(const dense_job *jb, float *out, int fused, size_t npan)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = ws->T, C = ws->C, H = jb->H, nt = (size_t)ws->threads, Np = npan * FNR;
+    const int causal = ws->causal;
     const size_t row1 = ws->q_row1 && ws->q_row1 < T ? ws->q_row1 : T;
     const size_t row0 = ws->q_row0 < row1 ? ws->q_row0 : row1, rows = aft_full_rows(T, nt);
     const size_t nblk = (row1 - row0 + rows - 1) / rows, ntask = H * nblk;
@@ -504,22 +523,7 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
     #pragma omp parallel num_threads((int)nt)
     {
         dense_scratch sc;
-        if (fused) {   /* wblk: one panel; tmp: row maxima; mrow: + factors */
-            size_t prows = (rows + FMR - 1) / FMR * FMR;
-            sc.wblk = aft_alloc_array(FSUB * FMR * FKC, sizeof(float));
-            sc.acc = aft_alloc_array(prows, Np * sizeof(float));
-            sc.tmp = aft_alloc_array(prows, sizeof(float));
-            sc.mrow = aft_alloc_array(C + Np, sizeof(float));
-        } else {
-            sc.wblk = aft_alloc_array(rows, T * sizeof(float));
-            sc.acc = aft_alloc_array(rows, C2 * sizeof(float));
-            sc.tmp = aft_alloc_array(rows, C2 * sizeof(float));
-            sc.mrow = aft_alloc_array(C, sizeof(float));
-        }
-        size_t nwrow = T > C ? T : C;
-        if (fused && !FROWS && nwrow < FMR * FKC) nwrow = FMR * FKC;   /* interleaved: also one panel of w */
-        sc.wrow = aft_alloc_array(nwrow, sizeof(float));
-        if (!sc.wblk || !sc.acc || !sc.tmp || !sc.mrow || !sc.wrow) {
+        if (!dense_scratch_alloc(&sc, fused, rows, T, C, Np)) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -530,17 +534,52 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
                 size_t h = task / nblk, b = task % nblk;
                 if (causal) b = nblk - 1 - b;
                 size_t i0 = row0 + b * rows, i1 = i0 + rows < row1 ? i0 + rows : row1;
-                if (fused) dense_block_fused(&jb, i0, i1, &sc, out, rhs, npan);
-                else dense_block(&jb, h, i0, i1, &sc, out);
+                if (fused) dense_block_fused(jb, i0, i1, &sc, out, jb->rhs, npan);
+                else dense_block(jb, h, i0, i1, &sc, out);
                 /* the block's rows, a head's share of them: one add a block */
                 size_t n = i1 - i0;
                 aft_progress_done(ws->progress, n * (h + 1) / H - n * h / H);
             }
         }
-        free(sc.wblk); free(sc.acc); free(sc.tmp); free(sc.mrow); free(sc.wrow);
+        dense_scratch_free(&sc);
     }
+    return !failed;
+}
+
+// out, q, k, v: (T, C) of one batch   mask: (T, T) or NULL; q, out and the
+// mask hold rows [q_row0, q_row1) (q_row1 0: to T)
+aft_status aft_op_full(float *out, const float *q, const float *k, const float *v,
+                        const uint8_t *mask, const aft_opspec *ws, aft_error *err)
+{
+    const size_t T = ws->T, C = ws->C;
+    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    const int causal = ws->causal;
+    if (T == 0 || C == 0) return AFT_OK;
+    aft_blas_one_thread();
+    const size_t chunk = causal ? CAUSAL_CHUNK : T;
+    const size_t nchunk = (T + chunk - 1) / chunk;
+    const size_t C2 = 2 * C;
+
+    /* rhs: (T, 2C) (pack_rhs); mk: (nchunk, C). For the fused product
+     * npan panels of FNR columns. */
+    const int fused = fused_ok(H, causal, ws->full_blas);
+    const size_t npan = (C2 + FNR - 1) / FNR, Np = npan * FNR;
+    float *rhs = fused ? aft_calloc_array(T, Np * sizeof(float)) : aft_alloc_array(T, C2 * sizeof(float));
+    float *mk = aft_alloc_array(nchunk, C * sizeof(float));
+    if (!rhs || !mk) {
+        free(rhs); free(mk);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full-variant buffers (T = %zu, C = %zu)", T, C);
+    }
+    key_maxima(mk, k, ws, chunk, nchunk);
+    if (!pack_rhs(rhs, mk, k, v, ws, H, chunk, fused, npan)) {
+        free(rhs); free(mk);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full-variant buffers (T = %zu, C = %zu)", T, C);
+    }
+    dense_job jb = {q, k, v, rhs, mk, mask, ws, H, ch, chunk,
+                    ws->variant == AFT_FULL && ws->bias->kind == AFT_BIAS_FACTORED};
+    int ok = full_blocks(&jb, out, fused, npan);
     free(rhs); free(mk);
-    if (failed)
+    if (!ok)
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full-variant buffers (T = %zu, C = %zu)", T, C);
     return AFT_OK;
 }

@@ -141,18 +141,15 @@ static void entry_exact(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_
     sc->g[k] = sc->vis[i] && !sc->redo[k] ? sc->a[k] * aft_expf((float)x) : 0.0f;
 }
 
-/* Rows [i0, i1) of head h on the calling thread. Returns 0 when out of
- * memory for the exact terms. */
-static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
-                      size_t i1)
+/* The block's E = exp(w - r) (sc->e, rows tv apart) with invisible entries
+ * 0, each row's r (sc->r) and whether it sees any key (sc->vis); M (sc->M):
+ * the block's largest key maximum over the nc chunks it sees */
+static void block_e(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t bi, size_t tv, size_t nc)
 {
     const aft_opspec *ws = jb->ws;
-    const size_t T = jb->T, C = jb->C, C2 = 2 * C, ch = jb->ch, ch2 = 2 * ch, chunk = jb->chunk;
+    const size_t T = jb->T, C = jb->C, ch = jb->ch;
     const int causal = ws->causal;
-    const size_t bi = i1 - i0, tv = causal ? i1 : T, nc = (tv + chunk - 1) / chunk;
     float *E = sc->e;
-
-    /* E = exp(w - r) with invisible entries 0 */
     for (size_t i = 0; i < bi; i++) {
         size_t t = i0 + i, nv = causal ? t + 1 : tv;
         float *er = E + i * tv;
@@ -164,13 +161,19 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
         sc->r[i] = r;
         aft_full_exp_row(er, nv, tv, r, mrow);
     }
-    /* M: the block's largest key maximum over the chunks it sees */
     for (size_t c = 0; c < ch; c++) {
         float M = -INFINITY;
         for (size_t jc = 0; jc < nc; jc++) M = jb->mk[jc * C + h * ch + c] > M ? jb->mk[jc * C + h * ch + c] : M;
         sc->M[c] = M;
     }
-    /* [num | den] = E R, each chunk brought to M */
+}
+
+/* The block's forward, [num | den] = E R into sc->acc, each of the nc
+ * chunks brought to M */
+static void block_sums(const fjob *jb, fscratch *sc, size_t h, size_t bi, size_t tv, size_t nc)
+{
+    const size_t C = jb->C, C2 = 2 * C, ch = jb->ch, ch2 = 2 * ch, chunk = jb->chunk;
+    const float *E = sc->e;
     for (size_t jc = 0; jc < nc; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
         float *dst = nc == 1 ? sc->acc : sc->tmp;
@@ -187,8 +190,14 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
             }
         }
     }
-    /* Y', the outputs, dq, a and G = a exp(r + M - L) = a / den: a vector
-     * loop a row; the entries it marks bad one at a time (entry_exact) */
+}
+
+/* Y', the outputs, dq, a and G = a exp(r + M - L) = a / den: a vector
+ * loop a row; the entries it marks bad one at a time (entry_exact) */
+static void block_entries(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t bi, size_t tv)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t C = jb->C, ch = jb->ch, ch2 = 2 * ch;
     for (size_t i = 0; i < bi; i++) {
         size_t t = i0 + i, o = t * C + h * ch;
         const float *acc = sc->acc + i * ch2;
@@ -200,6 +209,17 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
         for (size_t c = 0; c < ch && any; c++)
             if (!sc->vis[i] || redo[c]) entry_exact(jb, sc, h, i0, i, c, tv);
     }
+}
+
+/* The block's share of the backward: per chunk of keys Gp = f [G | -Y' G],
+ * H += E^T Gp (the thread's H) and, wanted, dw = E .* (Gp R^T) a block of
+ * DW_COLS columns at a time */
+static void block_backward(const fjob *jb, fscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
+                           size_t bi, size_t tv, size_t nc)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t C = jb->C, C2 = 2 * C, ch = jb->ch, ch2 = 2 * ch, chunk = jb->chunk;
+    const float *E = sc->e;
     float *H = jb->hs[tid];
     for (size_t jc = 0; jc < nc; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
@@ -229,7 +249,17 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
             }
         }
     }
-    /* the entries whose den was below e^-46, exactly */
+}
+
+/* the entries whose den was below e^-46, exactly: their terms to the
+ * thread's exact sums (made on first need) and dw. Returns 0 when out of
+ * memory for those. */
+static int block_exact(const fjob *jb, fscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
+                       size_t bi, size_t tv)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, C = jb->C, C2 = 2 * C, ch = jb->ch;
+    const int causal = ws->causal;
     for (size_t i = 0; i < bi; i++) {
         size_t t = i0 + i;
         const unsigned char *redo = sc->redo + i * ch;
@@ -259,6 +289,20 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
         if (jb->want_dw) aft_w_row_grad(ws, db, h, t, 0, tv, sc->dwrow);
     }
     return 1;
+}
+
+/* Rows [i0, i1) of head h on the calling thread. Returns 0 when out of
+ * memory for the exact terms. */
+static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, size_t tid, size_t h, size_t i0,
+                      size_t i1)
+{
+    const size_t T = jb->T, chunk = jb->chunk;
+    const size_t bi = i1 - i0, tv = jb->ws->causal ? i1 : T, nc = (tv + chunk - 1) / chunk;
+    block_e(jb, sc, h, i0, bi, tv, nc);
+    block_sums(jb, sc, h, bi, tv, nc);
+    block_entries(jb, sc, h, i0, bi, tv);
+    block_backward(jb, sc, db, tid, h, i0, bi, tv, nc);
+    return block_exact(jb, sc, db, tid, h, i0, bi, tv);
 }
 
 static int fscratch_alloc(fscratch *sc, size_t rows, size_t T, size_t ch)
@@ -291,30 +335,14 @@ static void fscratch_free(fscratch *sc)
     free(sc->dws);
 }
 
-// io's arrays, q, k, v: one batch's rows   mask: (T, T) or NULL
-aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,
-                            const uint8_t *mask, const aft_opspec *ws, aft_error *err)
+/* mk (nchunk, C) per chunk, the threads taking ranges of channels (without
+ * causality there is one chunk, which by chunks ran on one thread); then R
+ * = [exp(k - mk) v | exp(k - mk)] per head into rhs (T, 2C), by rows */
+static void grad_rhs(const fjob *jb, float *rhs, float *mk, size_t nchunk)
 {
-    const size_t T = ws->T, C = ws->C, C2 = 2 * C, nt = (size_t)ws->threads;
-    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
-    if (T == 0 || C == 0) return AFT_OK;
-    aft_blas_one_thread();
-    const size_t chunk = ws->causal ? CAUSAL_CHUNK : T, nchunk = (T + chunk - 1) / chunk;
-    fjob jb = {.ws = ws, .io = io, .q = q, .k = k, .v = v, .mask = mask, .T = T, .C = C, .H = H, .ch = ch,
-               .chunk = chunk, .rows = aft_full_rows(T, nt), .nt = nt, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
-    float *rhs = aft_alloc_array(T, C2 * sizeof(float));
-    float *mk = aft_alloc_array(nchunk, C * sizeof(float));
-    jb.hs = calloc(nt, sizeof *jb.hs);
-    jb.ds = calloc(nt, sizeof *jb.ds);
-    if (!rhs || !mk || !jb.hs || !jb.ds) {
-        free(rhs); free(mk); free(jb.hs); free(jb.ds);
-        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full backward pass (T = %zu, C = %zu)", T, C);
-    }
-    jb.rhs = rhs;
-    jb.mk = mk;
-    /* mk per chunk, the threads taking ranges of channels (without
-     * causality there is one chunk, which by chunks ran on one thread);
-     * then R = [exp(k - mk) v | exp(k - mk)] per head, by rows */
+    const aft_opspec *ws = jb->ws;
+    const float *k = jb->k, *v = jb->v;
+    const size_t T = jb->T, C = jb->C, C2 = 2 * C, H = jb->H, ch = jb->ch, chunk = jb->chunk, nt = jb->nt;
     #pragma omp parallel for schedule(static) num_threads((int)nt)
     for (size_t x = 0; x < nchunk * nt; x++) {
         size_t jc = x / nt, p = x % nt, c0 = C * p / nt, c1 = C * (p + 1) / nt;
@@ -338,7 +366,43 @@ aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *
             }
         }
     }
-    const size_t nblk = (T + jb.rows - 1) / jb.rows, ntask = H * nblk;
+}
+
+/* dv = exp(k - mk) H1 (+ exact terms), dk = exp(k - mk) (v H1 + H2) for
+ * thread tid's share of the rows, the n threads' sums added in order */
+static void grad_dv_dk(const fjob *jb, size_t tid, size_t n)
+{
+    const aft_grad_io *io = jb->io;
+    const size_t T = jb->T, C = jb->C, C2 = 2 * C, H = jb->H, ch = jb->ch;
+    size_t j0 = T * tid / n, j1 = T * (tid + 1) / n;
+    for (size_t j = j0; j < j1; j++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t c = 0; c < ch; c++) {
+                size_t cc = h * ch + c, o = j * C2 + h * 2 * ch + c;
+                float h1 = 0.0f, h2 = 0.0f, xv = 0.0f, xk = 0.0f;
+                for (size_t p = 0; p < n; p++) {
+                    h1 += jb->hs[p][o];
+                    h2 += jb->hs[p][o + ch];
+                    if (jb->ds[p]) {
+                        xv += jb->ds[p][j * C2 + cc];
+                        xk += jb->ds[p][j * C2 + C + cc];
+                    }
+                }
+                float e = jb->rhs[o + ch], x = e * h1;
+                io->dv[j * io->lddv + cc] = x + xv;
+                io->dk[j * io->lddk + cc] = x * jb->v[j * jb->ws->ldv + cc] + e * h2 + xk;
+            }
+}
+
+/* The blocks of rows over the threads (full_block), then each thread's
+ * share of dv and dk and its private bias gradient merged. Returns 0 when
+ * out of memory. */
+static int grad_blocks(const fjob *jb)
+{
+    const aft_opspec *ws = jb->ws;
+    const aft_grad_io *io = jb->io;
+    const size_t T = jb->T, C2 = 2 * jb->C, nt = jb->nt;
+    const size_t nblk = (T + jb->rows - 1) / jb->rows, ntask = jb->H * nblk;
     int failed = 0;
     #pragma omp parallel num_threads((int)nt)
     {
@@ -351,9 +415,9 @@ aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *
         fscratch sc;
         aft_bias_grad mine;
         float *priv = NULL;
-        int ok = fscratch_alloc(&sc, jb.rows, T, ch) && aft_bias_grad_private(ws, &io->db, &mine, &priv);
-        jb.hs[tid] = aft_calloc_array(T, C2 * sizeof(float));
-        if (!ok || !jb.hs[tid]) {
+        int ok = fscratch_alloc(&sc, jb->rows, T, jb->ch) && aft_bias_grad_private(ws, &io->db, &mine, &priv);
+        jb->hs[tid] = aft_calloc_array(T, C2 * sizeof(float));
+        if (!ok || !jb->hs[tid]) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -370,37 +434,19 @@ aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *
             for (size_t task = 0; task < ntask; task++) {
                 size_t h = task / nblk, b = task % nblk;
                 if (ws->causal) b = nblk - 1 - b;
-                size_t i0 = b * jb.rows, i1 = i0 + jb.rows < T ? i0 + jb.rows : T;
-                if (!full_block(&jb, &sc, &mine, tid, h, i0, i1)) {
+                size_t i0 = b * jb->rows, i1 = i0 + jb->rows < T ? i0 + jb->rows : T;
+                if (!full_block(jb, &sc, &mine, tid, h, i0, i1)) {
                     #pragma omp atomic write
                     failed = 1;
                 }
                 /* the block's rows, a head's share of them: one add a block */
                 size_t nr = i1 - i0;
-                aft_progress_done(ws->progress, nr * (h + 1) / H - nr * h / H);
+                aft_progress_done(ws->progress, nr * (h + 1) / jb->H - nr * h / jb->H);
             }
         }
         #pragma omp barrier
         if (!failed) {
-            /* dv = exp(k - mk) H1 (+ exact terms), dk = exp(k - mk) (v H1 + H2) */
-            size_t j0 = T * tid / n, j1 = T * (tid + 1) / n;
-            for (size_t j = j0; j < j1; j++)
-                for (size_t h = 0; h < H; h++)
-                    for (size_t c = 0; c < ch; c++) {
-                        size_t cc = h * ch + c, o = j * C2 + h * 2 * ch + c;
-                        float h1 = 0.0f, h2 = 0.0f, xv = 0.0f, xk = 0.0f;
-                        for (size_t p = 0; p < n; p++) {
-                            h1 += jb.hs[p][o];
-                            h2 += jb.hs[p][o + ch];
-                            if (jb.ds[p]) {
-                                xv += jb.ds[p][j * C2 + cc];
-                                xk += jb.ds[p][j * C2 + C + cc];
-                            }
-                        }
-                        float e = rhs[o + ch], x = e * h1;
-                        io->dv[j * io->lddv + cc] = x + xv;
-                        io->dk[j * io->lddk + cc] = x * v[j * ws->ldv + cc] + e * h2 + xk;
-                    }
+            grad_dv_dk(jb, tid, n);
             if (priv) {
                 #pragma omp critical(aft_full_grad_merge)
                 aft_bias_grad_merge(ws, &io->db, &mine);
@@ -409,11 +455,37 @@ aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *
         free(priv);
         fscratch_free(&sc);
     }
+    return !failed;
+}
+
+// io's arrays, q, k, v: one batch's rows   mask: (T, T) or NULL
+aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,
+                            const uint8_t *mask, const aft_opspec *ws, aft_error *err)
+{
+    const size_t T = ws->T, C = ws->C, C2 = 2 * C, nt = (size_t)ws->threads;
+    const size_t H = ws->variant == AFT_CONV && ws->heads ? ws->heads : 1, ch = C / H;
+    if (T == 0 || C == 0) return AFT_OK;
+    aft_blas_one_thread();
+    const size_t chunk = ws->causal ? CAUSAL_CHUNK : T, nchunk = (T + chunk - 1) / chunk;
+    fjob jb = {.ws = ws, .io = io, .q = q, .k = k, .v = v, .mask = mask, .T = T, .C = C, .H = H, .ch = ch,
+               .chunk = chunk, .rows = aft_full_rows(T, nt), .nt = nt, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
+    float *rhs = aft_alloc_array(T, C2 * sizeof(float));
+    float *mk = aft_alloc_array(nchunk, C * sizeof(float));
+    jb.hs = calloc(nt, sizeof *jb.hs);
+    jb.ds = calloc(nt, sizeof *jb.ds);
+    if (!rhs || !mk || !jb.hs || !jb.ds) {
+        free(rhs); free(mk); free(jb.hs); free(jb.ds);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full backward pass (T = %zu, C = %zu)", T, C);
+    }
+    jb.rhs = rhs;
+    jb.mk = mk;
+    grad_rhs(&jb, rhs, mk, nchunk);
+    int ok = grad_blocks(&jb);
     for (size_t p = 0; p < nt; p++) {
         free(jb.hs[p]);
         free(jb.ds[p]);
     }
     free(jb.hs); free(jb.ds); free(rhs); free(mk);
-    if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full backward pass (T = %zu, C = %zu)", T, C);
+    if (!ok) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the full backward pass (T = %zu, C = %zu)", T, C);
     return AFT_OK;
 }

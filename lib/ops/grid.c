@@ -417,78 +417,87 @@ static void conv_lanes(const grid_job *jb, float *kw, size_t cb, size_t n)
     }
 }
 
-/* Block bi of output row r: the band's stabiliser and factors, the left and
- * right parts (prefix and suffix sums over columns), the top and bottom
- * parts in units of exp(zc), and conv's weights for the row. */
-static void row_prep(const grid_job *jb, grid_scratch *sc, size_t bi, size_t cb, size_t n, size_t r, size_t e0)
+/* The band rows [blo, bhi] of block bi: their common stabiliser Zt (sc->zt),
+ * the largest of their row maxima, and each row's factor exp(m_row - Zt)
+ * (sc->f) */
+static void band_stabiliser(const grid_job *jb, grid_scratch *sc, size_t bi, size_t blo, size_t bhi)
 {
-    const size_t H = jb->H, W = jb->W, Se = jb->Se, Pc = jb->Pc, Wp = jb->Wp;
-    const int causal = jb->causal;
-    const size_t blo = r >= jb->Pr ? r - jb->Pr : 0, bhi = causal ? r : zmin(H - 1, r + jb->Pr);
-    const float *rm = sc->rm + bi * H * GV;
+    const float *rm = sc->rm + bi * jb->H * GV;
     float *zt = sc->zt + bi * GV, *f = sc->f + bi * jb->K2r * GV;
     for (size_t l = 0; l < GV; l++) zt[l] = -INFINITY;
     for (size_t rr = blo; rr <= bhi; rr++)
         for (size_t l = 0; l < GV; l++) zt[l] = rm[rr * GV + l] > zt[l] ? rm[rr * GV + l] : zt[l];
     for (size_t rr = blo; rr <= bhi; rr++)
         for (size_t l = 0; l < GV; l++) f[(rr - blo) * GV + l] = scale_down(rm[rr * GV + l], zt[l]);
+}
 
-    /* the band's column sums (causal: the rows above r into ss, then row r
-     * added on the way into ps), prefix sums into ps, suffix sums into ss */
+/* The left and right parts of block bi's output row r: the band's column
+ * sums over the rows [blo, vend) (causal: the rows above r into ss, then
+ * row r added on the way into ps), prefix sums into ps, suffix sums into
+ * ss; rows of ek held from e0 */
+static void column_sums(const grid_job *jb, grid_scratch *sc, size_t bi, size_t r, size_t e0, size_t blo,
+                        size_t vend)
+{
+    const size_t W = jb->W, Wp = jb->Wp;
+    const int causal = jb->causal;
+    const float *f = sc->f + bi * jb->K2r * GV;
     float *ps = sc->ps + bi * W * 2 * GV, *ss = sc->ss + bi * W * 2 * GV;
-    const float *ek = sc->ek + ((bi * jb->erows) * Wp + Pc) * 2 * GV;
-    const size_t vend = causal ? r : bhi + 1;   /* rows [blo, vend) into ss */
-    {
-        const size_t rs = Wp * 2 * GV;
-        const float *e0r = ek + (blo - e0) * rs, *er = ek + (r - e0) * rs;
-        const aft_vf fr = aft_vld(f + (r - blo) * GV);
-        /* VC columns at once: one column's sum down the rows is a chain of
-         * dependent additions from L2, VC of them side by side are not */
-        enum { VC = 4 };
-        for (size_t c0 = 0; c0 < W; c0 += VC) {
-            const size_t nc = zmin(VC, W - c0);
-            aft_vf u[VC][2];
+    const float *ek = sc->ek + ((bi * jb->erows) * Wp + jb->Pc) * 2 * GV;
+    const size_t rs = Wp * 2 * GV;
+    const float *e0r = ek + (blo - e0) * rs, *er = ek + (r - e0) * rs;
+    const aft_vf fr = aft_vld(f + (r - blo) * GV);
+    /* VC columns at once: one column's sum down the rows is a chain of
+     * dependent additions from L2, VC of them side by side are not */
+    enum { VC = 4 };
+    for (size_t c0 = 0; c0 < W; c0 += VC) {
+        const size_t nc = zmin(VC, W - c0);
+        aft_vf u[VC][2];
+        #pragma GCC unroll 8
+        for (size_t i = 0; i < VC; i++) u[i][0] = u[i][1] = (aft_vf){0};
+        for (size_t rr = blo; rr < vend; rr++) {
+            aft_vf g = aft_vld(f + (rr - blo) * GV);
+            const float *ec = e0r + (rr - blo) * rs + c0 * 2 * GV;
             #pragma GCC unroll 8
-            for (size_t i = 0; i < VC; i++) u[i][0] = u[i][1] = (aft_vf){0};
-            for (size_t rr = blo; rr < vend; rr++) {
-                aft_vf g = aft_vld(f + (rr - blo) * GV);
-                const float *ec = e0r + (rr - blo) * rs + c0 * 2 * GV;
-                #pragma GCC unroll 8
-                for (size_t i = 0; i < VC; i++) {   /* past W: the row's zero pad */
-                    u[i][0] += g * aft_vld(ec + i * 2 * GV);
-                    u[i][1] += g * aft_vld(ec + i * 2 * GV + GV);
-                }
-            }
-            for (size_t i = 0; i < nc; i++) {
-                aft_vst(ss + (c0 + i) * 2 * GV, u[i][0]);
-                aft_vst(ss + (c0 + i) * 2 * GV + GV, u[i][1]);
+            for (size_t i = 0; i < VC; i++) {   /* past W: the row's zero pad */
+                u[i][0] += g * aft_vld(ec + i * 2 * GV);
+                u[i][1] += g * aft_vld(ec + i * 2 * GV + GV);
             }
         }
-        aft_vf p0 = {0}, p1 = {0};
-        for (size_t c = 0; c < W; c++) {
-            aft_vf u0 = aft_vld(ss + c * 2 * GV), u1 = aft_vld(ss + c * 2 * GV + GV);
-            /* causal: row r's keys join the left part (they are left of c) */
-            if (causal) {
-                u0 += fr * aft_vld(er + c * 2 * GV);
-                u1 += fr * aft_vld(er + c * 2 * GV + GV);
-            }
-            p0 += u0;
-            p1 += u1;
-            aft_vst(ps + c * 2 * GV, p0);
-            aft_vst(ps + c * 2 * GV + GV, p1);
-        }
-        p0 = p1 = (aft_vf){0};
-        for (size_t c = W; c-- > 0;) {
-            p0 += aft_vld(ss + c * 2 * GV);
-            p1 += aft_vld(ss + c * 2 * GV + GV);
-            aft_vst(ss + c * 2 * GV, p0);
-            aft_vst(ss + c * 2 * GV + GV, p1);
+        for (size_t i = 0; i < nc; i++) {
+            aft_vst(ss + (c0 + i) * 2 * GV, u[i][0]);
+            aft_vst(ss + (c0 + i) * 2 * GV + GV, u[i][1]);
         }
     }
+    aft_vf p0 = {0}, p1 = {0};
+    for (size_t c = 0; c < W; c++) {
+        aft_vf u0 = aft_vld(ss + c * 2 * GV), u1 = aft_vld(ss + c * 2 * GV + GV);
+        /* causal: row r's keys join the left part (they are left of c) */
+        if (causal) {
+            u0 += fr * aft_vld(er + c * 2 * GV);
+            u1 += fr * aft_vld(er + c * 2 * GV + GV);
+        }
+        p0 += u0;
+        p1 += u1;
+        aft_vst(ps + c * 2 * GV, p0);
+        aft_vst(ps + c * 2 * GV + GV, p1);
+    }
+    p0 = p1 = (aft_vf){0};
+    for (size_t c = W; c-- > 0;) {
+        p0 += aft_vld(ss + c * 2 * GV);
+        p1 += aft_vld(ss + c * 2 * GV + GV);
+        aft_vst(ss + c * 2 * GV, p0);
+        aft_vst(ss + c * 2 * GV + GV, p1);
+    }
+}
 
-    /* top, bottom and band in units of exp(zc) */
-    const float *top = sc->top + bi * 3 * GV;
-    const float *bot = !causal && r + Se < H ? sc->bot + (bi * (H + 1) + r + Se) * 3 * GV : NULL;
+/* The top and bottom parts of block bi's output row r, and the band's
+ * factor, in units of exp(zc), zc the largest of the three stabilisers:
+ * sc->tb and sc->fe */
+static void ends_scale(const grid_job *jb, grid_scratch *sc, size_t bi, size_t r)
+{
+    const size_t H = jb->H, Se = jb->Se;
+    const float *zt = sc->zt + bi * GV, *top = sc->top + bi * 3 * GV;
+    const float *bot = !jb->causal && r + Se < H ? sc->bot + (bi * (H + 1) + r + Se) * 3 * GV : NULL;
     float *fe = sc->fe + bi * GV, *tb = sc->tb + bi * 2 * GV;
     for (size_t l = 0; l < GV; l++) {
         float bm = bot ? bot[l] : -INFINITY;
@@ -499,14 +508,19 @@ static void row_prep(const grid_job *jb, grid_scratch *sc, size_t bi, size_t cb,
         tb[l] = top[GV + l] * ft + (bot ? bot[GV + l] * fb : 0.0f);
         tb[GV + l] = top[2 * GV + l] * ft + (bot ? bot[2 * GV + l] * fb : 0.0f);
     }
-    if (!jb->conv) return;
+}
 
-    /* conv: rw, the largest weight this row's window uses (border rows use
-     * fewer of the kernel's rows), its weights exp(w - rw) made again when
-     * rw changed, and those times the band rows' f */
-    const size_t K2c = jb->K2c, K2r = jb->K2r, K = K2r * K2c;
+/* conv, block bi's output row r (band rows [blo, bhi]): rw, the largest
+ * weight this row's window uses (border rows use fewer of the kernel's
+ * rows), its weights exp(w - rw) made again when rw changed, and those
+ * times the band rows' f; fw, fz the factors of the band and of the
+ * parts outside it */
+static void conv_weights(const grid_job *jb, grid_scratch *sc, size_t bi, size_t r, size_t blo, size_t bhi)
+{
+    const size_t K2c = jb->K2c, K2r = jb->K2r, K = K2r * K2c, Pc = jb->Pc;
+    const int causal = jb->causal;
     const long dlo = (long)blo - (long)r, dhi = (long)bhi - (long)r;
-    const float *kw = sc->kw + bi * K * GV;
+    const float *kw = sc->kw + bi * K * GV, *f = sc->f + bi * K2r * GV, *fe = sc->fe + bi * GV;
     float rwn[GV];
     {
         aft_vf mx = aft_vld(kw + (size_t)(dlo + (long)jb->Pr) * K2c * GV);
@@ -541,6 +555,19 @@ static void row_prep(const grid_job *jb, grid_scratch *sc, size_t bi, size_t cb,
         fw[l] = fe[l] * aft_expf(rw[l] - zr);
         fz[l] = aft_expf(-zr);
     }
+}
+
+/* Block bi of output row r: the band's stabiliser and factors, the left and
+ * right parts (prefix and suffix sums over columns), the top and bottom
+ * parts in units of exp(zc), and conv's weights for the row. */
+static void row_prep(const grid_job *jb, grid_scratch *sc, size_t bi, size_t cb, size_t n, size_t r, size_t e0)
+{
+    const int causal = jb->causal;
+    const size_t blo = r >= jb->Pr ? r - jb->Pr : 0, bhi = causal ? r : zmin(jb->H - 1, r + jb->Pr);
+    band_stabiliser(jb, sc, bi, blo, bhi);
+    column_sums(jb, sc, bi, r, e0, blo, causal ? r : bhi + 1);
+    ends_scale(jb, sc, bi, r);
+    if (jb->conv) conv_weights(jb, sc, bi, r, blo, bhi);
 }
 
 /* ---- the window's sums: the inner loop */

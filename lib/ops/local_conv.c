@@ -137,8 +137,8 @@ static inline void add_exact(float *restrict st, float *restrict s0, float *rest
 /* Keys rows [j0, j1) (stepping by dir) are about to join a running sum whose
  * exact maximum is smax. Returns 1 if one stabiliser for all of them keeps
  * every intermediate sum within JUMP nats of it; sets nst to that stabiliser. */
-static int plan_block(float *restrict nst, float *restrict first, const float *smax,
-                      const float *k, size_t ldk, long j0, long j1, long dir, size_t n)
+__attribute__((noinline)) static int plan_block(float *restrict nst, float *restrict first, const float *smax,
+                                                const float *k, size_t ldk, long j0, long j1, long dir, size_t n)
 {
     for (size_t c = 0; c < n; c++) { nst[c] = smax[c]; first[c] = smax[c]; }
     for (long j = j0; j != j1; j += dir) {
@@ -186,9 +186,9 @@ _Static_assert(EKB % BCH == 0, "a step's channels lie in one block");
 // sets jt where the rows left out do not see them. Under causality those
 // band rows are later than the rows left out, and 0 * inf or 0 * NaN from a
 // later value would otherwise reach an earlier row.
-static inline void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
-                             const float *restrict ek, const float *restrict ekv, size_t nw, size_t jt,
-                             size_t cw, size_t bs)
+__attribute__((noinline)) static void band_sums(float *restrict b0, float *restrict b1, const float *restrict ew,
+                                                const float *restrict ek, const float *restrict ekv, size_t nw,
+                                                size_t jt, size_t cw, size_t bs)
 {
     size_t c = 0;
     for (; c + BCH <= cw; c += BCH) {
@@ -281,9 +281,10 @@ band_row_out(float *restrict yr, unsigned char *restrict redo, const float *rest
 
 /* Keys whose exp(k - mk) a block already holds join a running sum with one
  * stabiliser st as that times g = exp(mk - st), no exponential per entry,
- * while mk is at most JUMP above st (why: band_task, at its left part).
+ * while mk is at most JUMP above st (why: left_plan).
  * Returns whether they may; then g is set. */
-static int band_factor_scale(float *restrict g, const float *restrict mk, const float *restrict st, size_t n)
+__attribute__((noinline)) static int band_factor_scale(float *restrict g, const float *restrict mk,
+                                                       const float *restrict st, size_t n)
 {
     for (size_t c = 0; c < n; c++)
         if (mk[c] - st[c] > JUMP) return 0;
@@ -291,17 +292,58 @@ static int band_factor_scale(float *restrict g, const float *restrict mk, const 
     return 1;
 }
 
-/* The right part's block [i0, i1): the keys t + s (t + s < T) join the
- * running sum (sc->qst, q0, q1, qmax) as t runs i1 - 1 .. i0. With store,
- * row t's sum (keys t' >= t + s, scaled by exp(-rst)) goes to rs0, rs1 at
- * row t - i0, and its stabiliser to rst at row t - i0, or only at row 0
- * when it is the same for the whole block (then sc->right_fixed is 1).
- * Keys [lob, hib) have their band factors in sc->ek, sc->ekv (bs floats a
- * block of channels) with the maximum sc->mk (lob == hib: none): with one
- * stabiliser they join as ek exp(mk - st), as in the left part (band_task). */
-static void right_block(band_scratch *sc, const float *k, const float *v, size_t ldk, size_t ldv, size_t T,
-                        size_t s, size_t i0, size_t i1, size_t cw, int store, size_t lob, size_t hib, size_t bs)
+/* One task of the band kernel: rows [r0, r1) of a block of cw channels of
+ * head h, on the calling thread. q, k, v and out point at the block's first
+ * channel; rows are ws's (ldq, ldk, ldv and C floats apart), q's and out's
+ * counted from ws->q_row0. */
+typedef struct {
+    float *out;             /* (rows from q_row0, C): the output */
+    const float *q;         /* (rows from q_row0, ldq) */
+    const float *k, *v;     /* (T, ldk), (T, ldv) */
+    const aft_opspec *ws;   /* T, C, the strides, causality, the bias */
+    band_scratch *sc;       /* the calling thread's */
+    size_t h;               /* the head: conv's bias row */
+    size_t cw;              /* channels */
+    size_t s;               /* the band: |t' - t| < s */
+    size_t r0, r1;          /* the rows */
+    int zero_bias;          /* w = 0 in the band */
+    int have_left;          /* sc's left sum (pst, p0, p1, pmax) holds the keys before r0 - s; else none */
+    int have_right;         /* not causal: sc->rin holds the keys from r1 + s on; else none */
+} band_args;
+
+/* Where the steps below are compiled (measured against the kernel before
+ * it was cut into steps, T = 4096, C = 256, local and conv, causal or not,
+ * keys with jumps: each within 2%): band_task with its blocks' set-up
+ * (right_snapshots, left_plan, block_rows inlined), each segment's rows in
+ * segment_groups (band_group, group_weights, band_row_out inlined); not
+ * inlined, as GCC chose before, plan_block, band_sums, band_factor_scale
+ * and right_block (whose exponentials, inside band_task, GCC stopped
+ * inlining: add_exact took 20% longer on keys that jump), and
+ * block_factors. */
+
+/* A block of rows [i0, i1) (at most BAND_ROWS) and the band rows [lob, hib)
+ * they read, whose factors exp(k - mk) sc->ek and sc->ekv hold (bs floats a
+ * block of EKB channels; lob == hib: none) */
+typedef struct {
+    size_t i0, i1, lob, hib, bs;
+    int fixed;   /* one left stabiliser for the whole block, else one a row */
+    int reuse;   /* with fixed: the left keys join as ek exp(mk - pst) (sc->gl) */
+} row_block;
+
+/* The right part's block [i0, i1) of b: the keys t + s (t + s < T) join
+ * the running sum (sc->qst, q0, q1, qmax) as t runs i1 - 1 .. i0. With
+ * store, row t's sum (keys t' >= t + s, scaled by exp(-rst)) goes to rs0,
+ * rs1 at row t - i0, and its stabiliser to rst at row t - i0, or only at
+ * row 0 when it is the same for the whole block (then sc->right_fixed is
+ * 1). Keys [lob, hib) have their band factors in sc->ek, sc->ekv with the
+ * maximum sc->mk: with one stabiliser they join as ek exp(mk - st), as in
+ * the left part (left_plan). */
+__attribute__((noinline)) static void right_block(const band_args *a, const row_block *b, int store)
 {
+    band_scratch *sc = a->sc;
+    const float *k = a->k, *v = a->v;
+    const size_t ldk = a->ws->ldk, ldv = a->ws->ldv, T = a->ws->T, s = a->s, cw = a->cw;
+    const size_t i0 = b->i0, i1 = b->i1, lob = b->lob, hib = b->hib, bs = b->bs;
     float *st = sc->qst, *s0 = sc->q0, *s1 = sc->q1, *smax = sc->qmax;
     long j0 = (long)(i1 - 1 + s), j1 = (long)(i0 + s) - 1;
     if (j0 > (long)T - 1) j0 = (long)T - 1;
@@ -327,220 +369,308 @@ static void right_block(band_scratch *sc, const float *k, const float *v, size_t
     }
 }
 
-// rows [r0, r1) of channels [c0, c0 + cw); with have_left the left running
-// sum in sc (pst, p0, p1, pmax) already holds the keys before r0 - s, else
-// it starts empty; without causality, with have_right the right one starts
-// from sc->rin (the keys from r1 + s on), else from nothing. Returns 0 when
-// a key the band blocks read (every key of the rows among them) is +inf or
-// NaN, 1 otherwise.
-static int band_task(float *out, const float *q, const float *k, const float *v,
-                      const aft_opspec *ws, size_t h, size_t c0, size_t cw, size_t s,
-                      int zero_bias, band_scratch *sc, size_t r0, size_t r1, int have_left, int have_right)
+/* The right part, first pass: row t needs the keys t' >= t + s, which join
+ * as t runs backwards. One pass from r1 - 1 back to r0 keeps only the
+ * running sum at the end of each block (sc->snap); the forward pass
+ * (band_task) takes a block's rows' sums up again from there, into rs0,
+ * rs1, rst (one block, in the caches, instead of T rows of them in
+ * memory), the same sums. */
+static void right_snapshots(const band_args *a)
 {
-    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv;
-    const int causal = ws->causal;
-    k += c0; v += c0; q += c0; out += c0;   /* this task's channels */
-    /* rows of q and out are held from row q_row0 on */
-
-    /* ---- right part: row t needs the keys t' >= t + s, which join as t
-     * runs backwards. One pass from r1 - 1 back to r0 keeps only the running
-     * sum at the end of each block (sc->snap); the forward pass below takes a
-     * block's rows' sums up again from there, into rs0, rs1, rst (one block,
-     * in the caches, instead of T rows of them in memory), the same sums. */
-    if (!causal) {
-        if (have_right) {
-            memcpy(sc->qst, sc->rin, 4 * cw * sizeof(float));
-        } else {
-            for (size_t c = 0; c < cw; c++) {
-                sc->qst[c] = -INFINITY; sc->q0[c] = 0.0f; sc->q1[c] = 0.0f; sc->qmax[c] = -INFINITY;
-            }
-        }
-        size_t nblk = (r1 - r0 + BAND_ROWS - 1) / BAND_ROWS;
-        for (size_t bi = nblk; bi-- > 0;) {
-            size_t i0 = r0 + bi * BAND_ROWS, i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
-            memcpy(sc->snap + bi * 4 * cw, sc->qst, 4 * cw * sizeof(float));
-            /* the sum after the first block is not needed (a chunk of the
-             * layer's pipeline is one block: then there is no pass here) */
-            if (bi > 0) right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 0, 0, 0, 0);
+    band_scratch *sc = a->sc;
+    const size_t cw = a->cw, r0 = a->r0, r1 = a->r1;
+    if (a->have_right) {
+        memcpy(sc->qst, sc->rin, 4 * cw * sizeof(float));
+    } else {
+        for (size_t c = 0; c < cw; c++) {
+            sc->qst[c] = -INFINITY; sc->q0[c] = 0.0f; sc->q1[c] = 0.0f; sc->qmax[c] = -INFINITY;
         }
     }
+    size_t nblk = (r1 - r0 + BAND_ROWS - 1) / BAND_ROWS;
+    for (size_t bi = nblk; bi-- > 0;) {
+        size_t i0 = r0 + bi * BAND_ROWS, i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
+        memcpy(sc->snap + bi * 4 * cw, sc->qst, 4 * cw * sizeof(float));
+        /* the sum after the first block is not needed (a chunk of the
+         * layer's pipeline is one block: then there is no pass here) */
+        if (bi > 0) right_block(a, &(row_block){.i0 = i0, .i1 = i1}, 0);
+    }
+}
 
-    /* ---- left part runs forward as rows advance: row t holds t' <= t - s */
+/* The block's band factors exp(k - mk) into sc->ek, sc->ekv, mk (sc->mk)
+ * the block's key maximum per channel. Returns whether no key is +inf or
+ * NaN (the fall-back kernel meets them). */
+__attribute__((noinline)) static int block_factors(const band_args *a, const row_block *b)
+{
+    band_scratch *sc = a->sc;
+    const float *k = a->k, *v = a->v;
+    const size_t ldk = a->ws->ldk, ldv = a->ws->ldv, cw = a->cw, lob = b->lob, hib = b->hib, bs = b->bs;
+    float *mk = sc->mk;
+    int keys_ok = 1;
+    for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
+    for (size_t j = lob; j < hib; j++) {
+        const float *kr = k + j * ldk;
+        for (size_t c = 0; c < cw; c++) {
+            mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
+            keys_ok &= kr[c] < INFINITY;
+        }
+    }
+    for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
+    for (size_t j = lob; j < hib; j++) {
+        const float *kr = k + j * ldk, *vr = v + j * ldv;
+        for (size_t cb = 0; cb < cw; cb += EKB) {
+            float *e = sc->ek + cb / EKB * bs + (j - lob) * EKB, *ev = sc->ekv + cb / EKB * bs + (j - lob) * EKB;
+            size_t n = cw - cb < EKB ? cw - cb : EKB;
+            ek_row(e, ev, kr + cb, vr + cb, mk + cb, n, keys_ok);
+        }
+    }
+    return keys_ok;
+}
+
+/* The left part's plan for block b: one stabiliser for the block if the
+ * keys joining allow it, and the right part's stabiliser does not change
+ * inside the block (b->fixed; then the left sum is moved to it); and
+ * whether the joining keys' ek can be reused (b->reuse). */
+static void left_plan(const band_args *a, row_block *b)
+{
+    band_scratch *sc = a->sc;
+    const size_t s = a->s, cw = a->cw, i0 = b->i0, i1 = b->i1;
+    int fixed = 1;
+    if (i1 > s) {
+        size_t j0 = i0 > s ? i0 - s : 0, j1 = i1 - s;
+        fixed = plan_block(sc->fs, sc->first, sc->pmax, a->k, a->ws->ldk, (long)j0, (long)j1, 1, cw);
+    }
+    if (!a->ws->causal && !sc->right_fixed)
+        for (size_t t = i0 + 1; t < i1 && fixed; t++)
+            fixed = memcmp(sc->rst + (t - i0) * cw, sc->rst, cw * sizeof(float)) == 0;
+    if (fixed && i1 > s) restabilise(sc->pst, sc->p0, sc->p1, sc->fs, cw);
+    /* In a block with one left stabiliser the keys joining the left
+     * sum (but the first) are band rows of the block, whose exp(k - mk)
+     * ek holds: exp(k - pst) = ek exp(mk - pst), no exponential per
+     * entry. Only while mk is at most JUMP above pst: a key that
+     * underflowed in ek is then more than 87 - JUMP nats below pst,
+     * and the sum holds a term within JUMP of pst (plan_block), so
+     * dropping it changes nothing in float. */
+    b->fixed = fixed;
+    b->reuse = fixed && i1 > s && band_factor_scale(sc->gl, sc->mk, sc->pst, cw);
+}
+
+/* The band weights of the gn rows from t0: row i's w (sc->w + i 2s), its
+ * band maximum r (sc->r[i]) and exp(w - r) into column i of sc->ew, whose
+ * row j is band row ulo + j */
+static inline __attribute__((always_inline)) void group_weights(const band_args *a, size_t t0, size_t gn,
+                                                                size_t ulo)
+{
+    const aft_opspec *ws = a->ws;
+    band_scratch *sc = a->sc;
+    const size_t T = ws->T, s = a->s;
+    const int causal = ws->causal;
+    float *ew = sc->ew;
+    for (size_t i = 0; i < gn; i++) {
+        size_t t = t0 + i;
+        size_t lo = t + 1 >= s ? t + 1 - s : 0;
+        size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
+        size_t nw = hi - lo;
+        float *w = sc->w + i * 2 * s;
+        /* band weights exp(w - r), r the row's band maximum */
+        float r = 0.0f;
+        if (a->zero_bias) {
+            for (size_t j = 0; j < nw; j++) w[j] = 0.0f;
+        } else {
+            aft_w_row(ws, a->h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
+            r = aft_max_f32(w, nw);
+            if (!isfinite(r)) r = 0.0f;
+        }
+        sc->r[i] = r;
+        for (size_t j = 0; j < nw; j++) ew[(lo - ulo + j) * GROUP + i] = aft_expf(w[j] - r);
+    }
+}
+
+/* Row t's entries whose den underflowed (sc->redo), exactly in double: the
+ * band's terms one by one (w: its weights), the running sums (exact by
+ * construction) at their own stabilisers: the left sum's pst, the right
+ * one's rst (rs0, rs1: its sums; zeros when causal) */
+static void row_exact(const band_args *a, size_t t, const float *w, const float *rs0, const float *rs1,
+                      const float *rst, float *yr)
+{
+    const aft_opspec *ws = a->ws;
+    const band_scratch *sc = a->sc;
+    const float *k = a->k, *v = a->v, *pst = sc->pst, *p0 = sc->p0, *p1 = sc->p1;
+    const size_t T = ws->T, ldk = ws->ldk, ldv = ws->ldv, s = a->s;
+    const int causal = ws->causal;
+    const float *qr = a->q + (t - ws->q_row0) * ws->ldq;
+    size_t lo = t + 1 >= s ? t + 1 - s : 0;
+    size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
+    for (size_t c = 0; c < a->cw; c++) {
+        if (!sc->redo[c]) continue;
+        double bm = -INFINITY;
+        for (size_t j = lo; j < hi; j++) {
+            double e = (double)k[j * ldk + c] + (double)w[j - lo];
+            bm = e > bm ? e : bm;
+        }
+        double lm = p0[c] > 0.0f ? (double)pst[c] : -INFINITY;
+        double rm = !causal && rs0[c] > 0.0f ? (double)rst[c] : -INFINITY;
+        double M = bm > lm ? bm : lm;
+        M = rm > M ? rm : M;
+        double num = 0.0, den = 0.0;
+        if (M > -INFINITY) {
+            for (size_t j = lo; j < hi; j++) {
+                double e = exp((double)k[j * ldk + c] + (double)w[j - lo] - M);
+                den += e;
+                num += e * (double)v[j * ldv + c];
+            }
+            if (lm > -INFINITY) {
+                double f = exp(lm - M);
+                den += p0[c] * f;
+                num += p1[c] * f;
+            }
+            if (rm > -INFINITY) {
+                double f = exp(rm - M);
+                den += rs0[c] * f;
+                num += rs1[c] * f;
+            }
+        }
+        double sq = 1.0 / (1.0 + exp(-(double)qr[c]));
+        yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
+    }
+}
+
+/* Up to GROUP rows [t0, t1) of a segment of block b (rows sharing all
+ * stabilisers: sc->fe, fp, fs; rst the right part's): their band sums at
+ * once (they share most band rows, so each row of ek/ekv loaded feeds
+ * GROUP rows' sums), then row by row the left key joining, the output,
+ * and the exact recomputation where den underflowed */
+static inline __attribute__((always_inline)) void band_group(const band_args *a, const row_block *b, size_t t0,
+                                                             size_t t1, const float *rst)
+{
+    const aft_opspec *ws = a->ws;
+    band_scratch *sc = a->sc;
+    const float *k = a->k, *v = a->v;
+    const size_t T = ws->T, C = ws->C, ldq = ws->ldq, ldk = ws->ldk, ldv = ws->ldv, s = a->s, cw = a->cw;
+    const size_t i0 = b->i0, lob = b->lob, bs = b->bs;
+    const int causal = ws->causal, fixed = b->fixed, reuse = b->reuse;
+    float *p0 = sc->p0, *p1 = sc->p1, *pst = sc->pst;
+    size_t gn = t1 - t0;
+    size_t ulo = t0 + 1 >= s ? t0 + 1 - s : 0;
+    size_t tl = t0 + gn - 1;
+    size_t uhi = causal ? tl + 1 : (tl + s < T ? tl + s : T);
+    size_t un = uhi - ulo;
+    memset(sc->ew, 0, un * GROUP * sizeof(float));
+    group_weights(a, t0, gn, ulo);
+    /* under causality row i sees band rows up to jt - 1 + i
+     * (band_sums leaves the later ones out) */
+    size_t jt = causal ? t0 - ulo + 1 : un;
+    band_sums(sc->b0, sc->b1, sc->ew, sc->ek + (ulo - lob) * EKB, sc->ekv + (ulo - lob) * EKB, un, jt, cw, bs);
+
+    for (size_t i = 0; i < gn; i++) {
+        size_t t = t0 + i;
+        if (fixed && t >= s && reuse && t - s >= lob) {
+            add_scaled(p0, p1, sc->gl, sc->ek + (t - s - lob) * EKB, sc->ekv + (t - s - lob) * EKB, bs, cw);
+        } else if (fixed && t >= s) {
+            const float *kr = k + (t - s) * ldk;
+            add_fixed(p0, p1, pst, kr, v + (t - s) * ldv, cw);
+        }
+        float r = sc->r[i];
+        const float *b0 = sc->b0 + i * cw, *b1 = sc->b1 + i * cw;
+
+        /* everything in units of exp(zc + zr): no exponential per entry */
+        float zr = r > 0.0f ? r : 0.0f;
+        float fr = aft_expf(r - zr), fz = aft_expf(-zr);
+        const float *qr = a->q + (t - ws->q_row0) * ldq;
+        float *yr = a->out + (t - ws->q_row0) * C;
+        /* causal: no right part (zeros for the exact sums below) */
+        const float *rs0 = causal ? sc->zeros : sc->rs0 + (t - i0) * cw;
+        const float *rs1 = causal ? sc->zeros : sc->rs1 + (t - i0) * cw;
+        int any_redo = causal ? band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe, sc->fp, sc->fs,
+                                             fr, fz, cw, 0)
+                              : band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe, sc->fp, sc->fs,
+                                             fr, fz, cw, 1);
+        if (any_redo) row_exact(a, t, sc->w + i * 2 * s, rs0, rs1, rst, yr);
+    }
+}
+
+/* The rows [g0, g1) of a segment of block b, GROUP at a time (band_group).
+ * A function of its own, with its own copies of the task's and block's
+ * arguments (which it then keeps in registers), so that the rows' loops
+ * are compiled apart from the block's set-up: inlined into band_task,
+ * band_row_out's loop spilled differently and ran 2-5% slower (local, T =
+ * 4096, C = 256), and band_group as the function a call for each group
+ * cost up to 8% where a block holds few channels (conv's heads). */
+__attribute__((noinline)) static void segment_groups(const band_args *args, const row_block *blk, size_t g0, size_t g1,
+                                                     const float *rst)
+{
+    const band_args task = *args, *a = &task;
+    const row_block bk = *blk, *b = &bk;
+    for (size_t t0 = g0; t0 < g1; t0 += GROUP) band_group(a, b, t0, g1 - t0 < GROUP ? g1 : t0 + GROUP, rst);
+}
+
+/* The rows of block b in segments that share all stabilisers: the whole
+ * block (b->fixed), or single rows, whose left key joins exactly first.
+ * A segment's factors bring the band (mk), left (pst) and right (rst)
+ * parts to their largest, zc, each row's then in groups (band_group). */
+static inline __attribute__((always_inline)) void block_rows(const band_args *a, const row_block *b)
+{
+    band_scratch *sc = a->sc;
+    const size_t ldk = a->ws->ldk, ldv = a->ws->ldv, s = a->s, cw = a->cw, i0 = b->i0, i1 = b->i1;
+    const int causal = a->ws->causal;
+    const float *mk = sc->mk, *pst = sc->pst;
+    for (size_t g0 = i0; g0 < i1;) {
+        size_t g1 = b->fixed ? i1 : g0 + 1;
+        if (!b->fixed && g0 >= s) {   /* exact: join the row's left key first */
+            add_exact(sc->pst, sc->p0, sc->p1, a->k + (g0 - s) * ldk, a->v + (g0 - s) * ldv, cw);
+            for (size_t c = 0; c < cw; c++) sc->pmax[c] = pst[c];
+        }
+        const float *rst = causal ? NULL : sc->rst + (sc->right_fixed ? 0 : g0 - i0) * cw;
+        for (size_t c = 0; c < cw; c++) {
+            float zc = fmax3(mk[c], pst[c], causal ? -INFINITY : rst[c]);
+            sc->fe[c] = aft_expf(mk[c] - zc);
+            sc->fp[c] = scale_down(pst[c], zc);
+            sc->fs[c] = causal ? 0.0f : scale_down(rst[c], zc);
+        }
+        segment_groups(a, b, g0, g1, rst);
+        g0 = g1;
+    }
+}
+
+/* The task a: rows [r0, r1) of its channels, a block of BAND_ROWS rows at
+ * a time: the block's band factors, its right sums (from the first pass's
+ * snapshot), the left sum's plan, then its rows. With have_left the left
+ * running sum in sc (pst, p0, p1, pmax) already holds the keys before r0 -
+ * s, else it starts empty; without causality, with have_right the right
+ * one starts from sc->rin (the keys from r1 + s on), else from nothing.
+ * Returns 0 when a key the band blocks read (every key of the rows among
+ * them) is +inf or NaN, 1 otherwise. */
+static int band_task(const band_args *args)
+{
+    /* a copy of its own: through args every field would be read again
+     * after each call the steps make */
+    const band_args task = *args, *a = &task;
+    band_scratch *sc = a->sc;
+    const size_t T = a->ws->T, s = a->s, cw = a->cw, r0 = a->r0, r1 = a->r1;
+    const int causal = a->ws->causal;
+    if (!causal) right_snapshots(a);
+
+    /* the left part runs forward as rows advance: row t holds t' <= t - s */
     float *pst = sc->pst, *p0 = sc->p0, *p1 = sc->p1, *pmax = sc->pmax;
     int all_ok = 1;
-    if (!have_left)
+    if (!a->have_left)
         for (size_t c = 0; c < cw; c++) { pst[c] = -INFINITY; p0[c] = 0.0f; p1[c] = 0.0f; pmax[c] = -INFINITY; }
 
     for (size_t i0 = r0; i0 < r1; i0 += BAND_ROWS) {
-        size_t i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1;
-        size_t lob = i0 + 1 >= s ? i0 + 1 - s : 0;
-        size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
-        size_t bs = (hib - lob) * EKB;   /* floats per block of EKB channels in ek, ekv */
-
-        /* band factors exp(k - mk), mk the block's key maximum per channel */
-        float *mk = sc->mk;
-        int keys_ok = 1;   /* no key +inf or NaN (the fall-back kernel meets them) */
-        for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
-        for (size_t j = lob; j < hib; j++) {
-            const float *kr = k + j * ldk;
-            for (size_t c = 0; c < cw; c++) {
-                mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
-                keys_ok &= kr[c] < INFINITY;
-            }
-        }
-        for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
-        for (size_t j = lob; j < hib; j++) {
-            const float *kr = k + j * ldk, *vr = v + j * ldv;
-            for (size_t cb = 0; cb < cw; cb += EKB) {
-                float *e = sc->ek + cb / EKB * bs + (j - lob) * EKB, *ev = sc->ekv + cb / EKB * bs + (j - lob) * EKB;
-                size_t n = cw - cb < EKB ? cw - cb : EKB;
-                ek_row(e, ev, kr + cb, vr + cb, mk + cb, n, keys_ok);
-            }
-        }
+        row_block b = {.i0 = i0, .i1 = i0 + BAND_ROWS < r1 ? i0 + BAND_ROWS : r1};
+        b.lob = i0 + 1 >= s ? i0 + 1 - s : 0;
+        b.hib = causal ? b.i1 : (b.i1 + s - 1 < T ? b.i1 + s - 1 : T);
+        b.bs = (b.hib - b.lob) * EKB;
+        int keys_ok = block_factors(a, &b);
         if (!causal) {   /* this block's right sums, from its snapshot */
             memcpy(sc->qst, sc->snap + (i0 - r0) / BAND_ROWS * 4 * cw, 4 * cw * sizeof(float));
-            right_block(sc, k, v, ldk, ldv, T, s, i0, i1, cw, 1, lob, hib, bs);
+            right_block(a, &b, 1);
         }
-
-        /* one left stabiliser for the block if the keys joining allow it, and
-         * the right part's stabiliser must not change inside the block */
-        int fixed = 1;
-        if (i1 > s) {
-            size_t j0 = i0 > s ? i0 - s : 0, j1 = i1 - s;
-            fixed = plan_block(sc->fs, sc->first, pmax, k, ldk, (long)j0, (long)j1, 1, cw);
-        }
-        if (!causal && !sc->right_fixed)
-            for (size_t t = i0 + 1; t < i1 && fixed; t++)
-                fixed = memcmp(sc->rst + (t - i0) * cw, sc->rst, cw * sizeof(float)) == 0;
-        if (fixed && i1 > s) restabilise(pst, p0, p1, sc->fs, cw);
-        /* In a block with one left stabiliser the keys joining the left
-         * sum (but the first) are band rows of the block, whose exp(k - mk)
-         * ek holds: exp(k - pst) = ek exp(mk - pst), no exponential per
-         * entry. Only while mk is at most JUMP above pst: a key that
-         * underflowed in ek is then more than 87 - JUMP nats below pst,
-         * and the sum holds a term within JUMP of pst (plan_block), so
-         * dropping it changes nothing in float. */
-        int reuse = fixed && i1 > s && band_factor_scale(sc->gl, mk, pst, cw);
-
-        /* segments share all stabilisers: the whole block, or single rows */
-        for (size_t g0 = i0; g0 < i1;) {
-            size_t g1 = fixed ? i1 : g0 + 1;
-            if (!fixed && g0 >= s) {   /* exact: join the row's left key first */
-                add_exact(pst, p0, p1, k + (g0 - s) * ldk, v + (g0 - s) * ldv, cw);
-                for (size_t c = 0; c < cw; c++) pmax[c] = pst[c];
-            }
-            const float *rst = causal ? NULL : sc->rst + (sc->right_fixed ? 0 : g0 - i0) * cw;
-            for (size_t c = 0; c < cw; c++) {
-                float zc = fmax3(mk[c], pst[c], causal ? -INFINITY : rst[c]);
-                sc->fe[c] = aft_expf(mk[c] - zc);
-                sc->fp[c] = scale_down(pst[c], zc);
-                sc->fs[c] = causal ? 0.0f : scale_down(rst[c], zc);
-            }
-            for (size_t t0 = g0; t0 < g1; t0 += GROUP) {
-                /* the band sums of up to GROUP rows at once: they share most band
-                 * rows, so each row of ek/ekv loaded feeds GROUP rows' sums */
-                size_t gn = g1 - t0 < GROUP ? g1 - t0 : GROUP;
-                size_t ulo = t0 + 1 >= s ? t0 + 1 - s : 0;
-                size_t tl = t0 + gn - 1;
-                size_t uhi = causal ? tl + 1 : (tl + s < T ? tl + s : T);
-                size_t un = uhi - ulo;
-                float *ew = sc->ew;
-                memset(ew, 0, un * GROUP * sizeof(float));
-                for (size_t i = 0; i < gn; i++) {
-                    size_t t = t0 + i;
-                    size_t lo = t + 1 >= s ? t + 1 - s : 0;
-                    size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
-                    size_t nw = hi - lo;
-                    float *w = sc->w + i * 2 * s;
-                    /* band weights exp(w - r), r the row's band maximum */
-                    float r = 0.0f;
-                    if (zero_bias) {
-                        for (size_t j = 0; j < nw; j++) w[j] = 0.0f;
-                    } else {
-                        aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
-                        r = aft_max_f32(w, nw);
-                        if (!isfinite(r)) r = 0.0f;
-                    }
-                    sc->r[i] = r;
-                    for (size_t j = 0; j < nw; j++) ew[(lo - ulo + j) * GROUP + i] = aft_expf(w[j] - r);
-                }
-                /* under causality row i sees band rows up to jt - 1 + i
-                 * (band_sums leaves the later ones out) */
-                size_t jt = causal ? t0 - ulo + 1 : un;
-                band_sums(sc->b0, sc->b1, ew, sc->ek + (ulo - lob) * EKB, sc->ekv + (ulo - lob) * EKB, un, jt, cw,
-                          bs);
-
-                for (size_t i = 0; i < gn; i++) {
-                    size_t t = t0 + i;
-                    if (fixed && t >= s && reuse && t - s >= lob) {
-                        add_scaled(p0, p1, sc->gl, sc->ek + (t - s - lob) * EKB, sc->ekv + (t - s - lob) * EKB,
-                                   bs, cw);
-                    } else if (fixed && t >= s) {
-                        const float *kr = k + (t - s) * ldk;
-                        add_fixed(p0, p1, pst, kr, v + (t - s) * ldv, cw);
-                    }
-                    size_t lo = t + 1 >= s ? t + 1 - s : 0;
-                    size_t hi = causal ? t + 1 : (t + s < T ? t + s : T);
-                    const float *w = sc->w + i * 2 * s;
-                    float r = sc->r[i];
-                    const float *b0 = sc->b0 + i * cw, *b1 = sc->b1 + i * cw;
-
-                    /* everything in units of exp(zc + zr): no exponential per entry */
-                    float zr = r > 0.0f ? r : 0.0f;
-                    float fr = aft_expf(r - zr), fz = aft_expf(-zr);
-                    const float *qr = q + (t - ws->q_row0) * ldq;
-                    float *yr = out + (t - ws->q_row0) * C;
-                    /* causal: no right part (zeros for the exact sums below) */
-                    const float *rs0 = causal ? sc->zeros : sc->rs0 + (t - i0) * cw;
-                    const float *rs1 = causal ? sc->zeros : sc->rs1 + (t - i0) * cw;
-                    int any_redo = causal ? band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe,
-                                                         sc->fp, sc->fs, fr, fz, cw, 0)
-                                          : band_row_out(yr, sc->redo, qr, b0, b1, p0, p1, rs0, rs1, sc->fe,
-                                                         sc->fp, sc->fs, fr, fz, cw, 1);
-                    if (!any_redo) continue;
-
-                    /* exact in double: the band's terms one by one, the running
-                     * sums (exact by construction) at their own stabilisers */
-                    for (size_t c = 0; c < cw; c++) {
-                        if (!sc->redo[c]) continue;
-                        double bm = -INFINITY;
-                        for (size_t j = lo; j < hi; j++) {
-                            double e = (double)k[j * ldk + c] + (double)w[j - lo];
-                            bm = e > bm ? e : bm;
-                        }
-                        double lm = p0[c] > 0.0f ? (double)pst[c] : -INFINITY;
-                        double rm = !causal && rs0[c] > 0.0f ? (double)rst[c] : -INFINITY;
-                        double M = bm > lm ? bm : lm;
-                        M = rm > M ? rm : M;
-                        double num = 0.0, den = 0.0;
-                        if (M > -INFINITY) {
-                            for (size_t j = lo; j < hi; j++) {
-                                double e = exp((double)k[j * ldk + c] + (double)w[j - lo] - M);
-                                den += e;
-                                num += e * (double)v[j * ldv + c];
-                            }
-                            if (lm > -INFINITY) {
-                                double f = exp(lm - M);
-                                den += p0[c] * f;
-                                num += p1[c] * f;
-                            }
-                            if (rm > -INFINITY) {
-                                double f = exp(rm - M);
-                                den += rs0[c] * f;
-                                num += rs1[c] * f;
-                            }
-                        }
-                        double sq = 1.0 / (1.0 + exp(-(double)qr[c]));
-                        yr[c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
-                    }
-                }
-            }
-            g0 = g1;
-        }
+        left_plan(a, &b);
+        block_rows(a, &b);
         /* the keys that joined in a fixed block: their maximum is the
          * stabiliser plan_block chose (the left sum's stabiliser is always
          * its largest key once a block is done) */
-        if (fixed && i1 > s) memcpy(pmax, pst, cw * sizeof(float));
+        if (b.fixed && b.i1 > s) memcpy(pmax, pst, cw * sizeof(float));
         all_ok &= keys_ok;
     }
     return all_ok;
@@ -662,7 +792,10 @@ static int band_rows_split(float *out, const float *q, const float *k, const flo
                 /* the keys of this thread's rows' bands, which the pieces
                  * above do not reach for the last rows, are checked here:
                  * each key is in some thread's bands */
-                if (!band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, &sc, t0, t1, 1, 0)) {
+                band_args a = {.out = out + c0, .q = q + c0, .k = k + c0, .v = v + c0, .ws = ws, .sc = &sc,
+                               .h = hh, .cw = cw, .s = s, .r0 = t0, .r1 = t1, .zero_bias = zero_bias,
+                               .have_left = 1};
+                if (!band_task(&a)) {
                     #pragma omp atomic write
                     bad = 1;
                 }
@@ -723,7 +856,9 @@ aft_status aft_op_band(float *out, const float *q, const float *k, const float *
                 size_t c0 = hh * ch + blkno * bw;
                 size_t cw = ch - blkno * bw < bw ? ch - blkno * bw : bw;
                 const float *qb = q + b * T * ws->ldq, *kb = k + b * T * ws->ldk, *vb = v + b * T * ws->ldv;
-                (void)band_task(out + b * T * C, qb, kb, vb, ws, hh, c0, cw, s, zero_bias, &sc, 0, T, 0, 0);
+                band_args a = {.out = out + b * T * C + c0, .q = qb + c0, .k = kb + c0, .v = vb + c0, .ws = ws,
+                               .sc = &sc, .h = hh, .cw = cw, .s = s, .r0 = 0, .r1 = T, .zero_bias = zero_bias};
+                (void)band_task(&a);
             }
         }
         scratch_free(&sc, blk);
@@ -781,7 +916,7 @@ band_row1_terms(float *restrict den, float *restrict num, const float *k, size_t
     }
 }
 
-/* One causal row t of channels [c0, c0 + cw) of head h, the left sum in
+/* One causal row t of task a (its channels, of head h), the left sum in
  * sc (pst, p0, p1, pmax) holding the keys before t - s + 1 once it has taken
  * key t - s here. The band's terms exp(k + w - Z) are summed directly, Z the
  * exact maximum of the band's k + w and the left sum's stabiliser, so the
@@ -790,11 +925,12 @@ band_row1_terms(float *restrict den, float *restrict num, const float *k, size_t
  * which pays only over many rows. For a step of a row or two (a token at a
  * time) this is several times faster. Returns 0 when a key it reads is +inf
  * or NaN. */
-static int band_row1(float *out, const float *q, const float *k, const float *v, const aft_opspec *ws, size_t h,
-                     size_t c0, size_t cw, size_t s, band_scratch *sc, size_t t)
+static int band_row1(const band_args *a, size_t t)
 {
-    const size_t ldk = ws->ldk, ldv = ws->ldv;
-    k += c0; v += c0; q += c0; out += c0;
+    const aft_opspec *ws = a->ws;
+    const size_t ldk = ws->ldk, ldv = ws->ldv, cw = a->cw, s = a->s;
+    const float *k = a->k, *v = a->v;
+    band_scratch *sc = a->sc;
     float *restrict pst = sc->pst, *restrict p0 = sc->p0, *restrict p1 = sc->p1, *restrict pmax = sc->pmax;
     int ok = 1;
     if (t >= s) {   /* key t - s leaves the band for the left sum */
@@ -806,7 +942,7 @@ static int band_row1(float *out, const float *q, const float *k, const float *v,
     size_t lo = t + 1 >= s ? t + 1 - s : 0, nw = t + 1 - lo;
     float *w = sc->w, *restrict Z = sc->mk, *restrict den = sc->b0, *restrict num = sc->b1;
     if (ws->zero_bias) memset(w, 0, nw * sizeof(float));
-    else aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + t + 1, w);
+    else aft_w_row(ws, a->h, ws->t_off + t, ws->t_off + lo, ws->t_off + t + 1, w);
     for (size_t c = 0; c < cw; c++) Z[c] = pst[c];
     for (size_t j = 0; j < nw; j++) {
         const float *kr = k + (lo + j) * ldk;
@@ -835,8 +971,8 @@ static int band_row1(float *out, const float *q, const float *k, const float *v,
     for (size_t j = 0; j < nw; j++) w_ok &= w[j] < INFINITY;
     if (w_ok) band_row1_terms(den, num, k, ldk, v, ldv, lo, nw, w, Z, cw, 1);
     else band_row1_terms(den, num, k, ldk, v, ldv, lo, nw, w, Z, cw, 0);
-    const float *qr = q + (t - ws->q_row0) * ws->ldq;
-    float *yr = out + (t - ws->q_row0) * ws->C;
+    const float *qr = a->q + (t - ws->q_row0) * ws->ldq;
+    float *yr = a->out + (t - ws->q_row0) * ws->C;
     for (size_t c = 0; c < cw; c++) yr[c] = den[c] > 0.0f ? aft_sigmoidf(qr[c]) * (num[c] / den[c]) : 0.0f;
     return ok;
 }
@@ -865,10 +1001,13 @@ int aft_band_rows(aft_band_ctx *ctx, float *out, const float *q, const float *k,
         int have_right = !ws->causal && right_in;
         for (size_t i = 0; i < 4 && have_right; i++)
             memcpy(sc->rin + i * cw, right_in + i * C + c0, cw * sizeof(float));
+        band_args a = {.out = out + c0, .q = q + c0, .k = k + c0, .v = v + c0, .ws = ws, .sc = sc, .h = hh,
+                       .cw = cw, .s = s, .r0 = r0, .r1 = r1, .zero_bias = zero_bias, .have_left = 1,
+                       .have_right = have_right};
         if (ws->causal && r1 - r0 <= ROW1_MAX)
-            for (size_t t = r0; t < r1; t++) ok &= band_row1(out, q, k, v, ws, hh, c0, cw, s, sc, t);
+            for (size_t t = r0; t < r1; t++) ok &= band_row1(&a, t);
         else
-            ok &= band_task(out, q, k, v, ws, hh, c0, cw, s, zero_bias, sc, r0, r1, 1, have_right);
+            ok &= band_task(&a);
         if (!carry_out) continue;
         memcpy(carry_out + c0, sc->pst, cw * sizeof(float));
         memcpy(carry_out + C + c0, sc->p0, cw * sizeof(float));

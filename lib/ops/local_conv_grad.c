@@ -756,12 +756,18 @@ static void key_add_any(float *restrict m, float *restrict s0, float *restrict s
     else key_add(m, s0, s1, k, v, n, 0);
 }
 
-/* the band's factors exp(k - mk) and exp(k - mk) v for the block's keys
- * [lob, hib), channels [c0, c0 + cw) (mk >= every key it holds) */
+/* the band's key maximum mk (sc->mk, -inf on entry) and factors exp(k -
+ * mk) and exp(k - mk) v for the block's keys [lob, hib), channels [c0, c0
+ * + cw) */
 static void block_factors(const gjob *jb, gscratch *sc, size_t lob, size_t hib, size_t c0, size_t cw, int tame)
 {
     const size_t ldk = jb->ws->ldk, ldv = jb->ws->ldv;
-    const float *mk = sc->mk;
+    float *mk = sc->mk;
+    for (size_t j = lob; j < hib; j++) {
+        const float *kr = jb->k + j * ldk + c0;
+        for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
+    }
+    for (size_t c = 0; c < cw; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
     for (size_t j = lob; j < hib; j++) {
         const float *kr = jb->k + j * ldk + c0, *vr = jb->v + j * ldv + c0;
         float *e = sc->ek + (j - lob) * cw, *ev = sc->ekv + (j - lob) * cw;
@@ -860,20 +866,13 @@ static void block_rows(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_
     }
 }
 
-/* One block of rows [i0, i1) of head h of slice sl: the forward's L and
- * Y' (and out), dq, and the band's part of dw, dv and dk. */
-static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t sl, size_t h, size_t i0,
-                       size_t i1, size_t bi)
+/* The block's rows' w over their bands, as w (sc->wr) and exp(w - r)
+ * (sc->ew), r the row's maximum (sc->r). Returns whether every w is tame
+ * (and clears slice sl's flag where one is not). */
+static int block_weights(const gjob *jb, gscratch *sc, size_t sl, size_t h, size_t i0, size_t nr)
 {
     const aft_opspec *ws = jb->ws;
-    const size_t T = jb->T, C = jb->C, s = jb->s, ch = jb->ch, ldk = ws->ldk, ldv = ws->ldv;
-    const int causal = jb->causal;
-    /* the band's keys (s = 0, no band: the block's own rows, for dv, dk) */
-    const size_t lob = s == 0 ? i0 : (i0 + 1 >= s ? i0 + 1 - s : 0);
-    const size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
-    const size_t nr = i1 - i0, cwm = ch < GB_CH ? ch : GB_CH;
-
-    /* the rows' w over their bands: exp(w - r), r the row's maximum */
+    const size_t s = jb->s;
     int w_ok = 1;
     for (size_t i = 0; i < nr && s == 0; i++) sc->r[i] = 0.0f;
     for (size_t i = 0; i < nr && s > 0; i++) {
@@ -890,55 +889,102 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         }
     }
     if (!w_ok) jb->wtame[sl] = 0;
+    return w_ok;
+}
+
+/* The rows of dv, dk a block reaches first, keys [lob, hib) (every row of
+ * the slice's is in its own band), zeroed while they come into the cache,
+ * every head's channels (the block's first head comes first) */
+static void zero_grad_rows(const gjob *jb, gscratch *sc, size_t sl, size_t lob, size_t hib)
+{
+    const size_t C = jb->C;
+    size_t t0 = row0(jb, sl), t1 = row0(jb, sl + 1), z0 = lob > sc->zhi ? lob : sc->zhi;
+    z0 = z0 > t0 ? z0 : t0;
+    size_t z1 = hib < t1 ? hib : t1;
+    for (size_t j = z0; j < z1; j++) {
+        size_t row = jb->b * jb->T + j;
+        memset(jb->io->dv + row * jb->io->lddv, 0, C * sizeof(float));
+        memset(jb->io->dk + row * jb->io->lddk, 0, C * sizeof(float));
+    }
+    sc->zhi = z1 > sc->zhi ? z1 : sc->zhi;
+}
+
+/* The rows' right sums (keys t' >= t + s) for channels [c0, c0 + cw) into
+ * sc->rm, r0, r1, from block bi's snapshot, as t runs back from i1 - 1 */
+static void block_right(const gjob *jb, gscratch *sc, size_t i0, size_t i1, size_t bi, size_t c0, size_t cw)
+{
+    const size_t T = jb->T, C = jb->C, s = jb->s, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    float *qm = sc->qm + c0, *q0 = sc->q0 + c0, *q1 = sc->q1 + c0;
+    const float *sn = sc->snap + bi * 3 * C;
+    memcpy(qm, sn + c0, cw * sizeof(float));
+    memcpy(q0, sn + C + c0, cw * sizeof(float));
+    memcpy(q1, sn + 2 * C + c0, cw * sizeof(float));
+    for (size_t t = i1; t-- > i0;) {
+        if (t + s < T)
+            key_add_any(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw, jb->keys_tame);
+        memcpy(sc->rm + (t - i0) * GB_CH, qm, cw * sizeof(float));
+        memcpy(sc->r0 + (t - i0) * GB_CH, q0, cw * sizeof(float));
+        memcpy(sc->r1 + (t - i0) * GB_CH, q1, cw * sizeof(float));
+    }
+}
+
+/* The gradient's band terms of the entries whose band maxima lie far apart
+ * (sc->redo: G's factor would pass e^46), exactly in double, from L
+ * (sc->lx), Y' and a: to dv and dk (through grad_rows) and dw */
+static void block_exact_grad(const gjob *jb, gscratch *sc, size_t sl, size_t i0, size_t nr, size_t c0, size_t cw)
+{
+    const size_t s = jb->s, ldk = jb->ws->ldk, ldv = jb->ws->ldv;
+    for (size_t i = 0; i < nr; i++) {
+        size_t t = i0 + i, lo, hi;
+        band_of(jb, t, &lo, &hi);
+        const unsigned char *redo = sc->redo + i * GB_CH;
+        const float *wr = sc->wr + i * 2 * s;
+        float *dw = sc->dw + i * 2 * s;
+        for (size_t c = 0; c < cw && sc->rowredo[i]; c++) {
+            if (!redo[c]) continue;
+            size_t cc = c0 + c;
+            double L = sc->lx[i * GB_CH + c], y = sc->ys[i * GB_CH + c], a = sc->as[i * GB_CH + c];
+            for (size_t j = lo; j < hi; j++) {
+                double vj = jb->v[j * ldv + cc];
+                double g = exp((double)jb->k[j * ldk + cc] + (double)wr[j - lo] - L) * a;
+                float *dk, *dv = grad_rows(jb, sl, j, &dk);
+                dv[cc] += (float)g;
+                dk[cc] += (float)(g * (vj - y));
+                if (jb->want_dw) dw[j - lo] += (float)(g * (vj - y));
+            }
+        }
+    }
+}
+
+/* One block of rows [i0, i1) of head h of slice sl: the forward's L and
+ * Y' (and out), dq, and the band's part of dw, dv and dk. */
+static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t sl, size_t h, size_t i0,
+                       size_t i1, size_t bi)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, s = jb->s, ch = jb->ch;
+    const int causal = jb->causal;
+    /* the band's keys (s = 0, no band: the block's own rows, for dv, dk) */
+    const size_t lob = s == 0 ? i0 : (i0 + 1 >= s ? i0 + 1 - s : 0);
+    const size_t hib = causal ? i1 : (i1 + s - 1 < T ? i1 + s - 1 : T);
+    const size_t nr = i1 - i0, cwm = ch < GB_CH ? ch : GB_CH;
+
+    const int w_ok = block_weights(jb, sc, sl, h, i0, nr);
     /* the next block's rows of the bias and its gradient, in the cache by
      * the time it starts (a row a page, which the prefetcher misses) */
     const size_t te = row0(jb, sl + 1);
     if (h == 0 && i1 < te) aft_band_bias_prefetch(ws, db, i1, i1 + GB_ROWS < te ? i1 + GB_ROWS : te);
     const int tame = jb->keys_tame && w_ok;
     if (jb->want_dw) memset(sc->dw, 0, nr * 2 * s * sizeof(float));
-    /* the rows of dv, dk this block reaches first (every row of the
-     * slice's is in its own band), zeroed while they come into the cache,
-     * every head's channels (the block's first head comes first) */
-    if (h == 0) {
-        size_t t0 = row0(jb, sl), t1 = row0(jb, sl + 1), z0 = lob > sc->zhi ? lob : sc->zhi;
-        z0 = z0 > t0 ? z0 : t0;
-        size_t z1 = hib < t1 ? hib : t1;
-        for (size_t j = z0; j < z1; j++) {
-            size_t row = jb->b * T + j;
-            memset(jb->io->dv + row * jb->io->lddv, 0, C * sizeof(float));
-            memset(jb->io->dk + row * jb->io->lddk, 0, C * sizeof(float));
-        }
-        sc->zhi = z1 > sc->zhi ? z1 : sc->zhi;
-    }
+    if (h == 0) zero_grad_rows(jb, sc, sl, lob, hib);
 
     for (size_t c0 = h * ch; c0 < (h + 1) * ch; c0 += cwm) {
         const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm;
-        float *mk = sc->mk;
-
         /* band factors exp(k - mk), mk the block's key maximum per channel
          * (no band: mk = -inf, so the band's part is exp(-inf) = 0) */
-        for (size_t c = 0; c < cw; c++) mk[c] = -INFINITY;
-        for (size_t j = lob; j < hib && s > 0; j++) {
-            const float *kr = jb->k + j * ldk + c0;
-            for (size_t c = 0; c < cw; c++) mk[c] = kr[c] > mk[c] ? kr[c] : mk[c];
-        }
-        for (size_t c = 0; c < cw && s > 0; c++) mk[c] = isfinite(mk[c]) ? mk[c] : 0.0f;
+        for (size_t c = 0; c < cw; c++) sc->mk[c] = -INFINITY;
         if (s > 0) block_factors(jb, sc, lob, hib, c0, cw, tame);
-        /* the rows' right sums (keys t' >= t + s), from the block's snapshot */
-        if (!causal) {
-            float *qm = sc->qm + c0, *q0 = sc->q0 + c0, *q1 = sc->q1 + c0;
-            const float *sn = sc->snap + bi * 3 * C;
-            memcpy(qm, sn + c0, cw * sizeof(float));
-            memcpy(q0, sn + C + c0, cw * sizeof(float));
-            memcpy(q1, sn + 2 * C + c0, cw * sizeof(float));
-            for (size_t t = i1; t-- > i0;) {
-                if (t + s < T)
-                    key_add_any(qm, q0, q1, jb->k + (t + s) * ldk + c0, jb->v + (t + s) * ldv + c0, cw, jb->keys_tame);
-                memcpy(sc->rm + (t - i0) * GB_CH, qm, cw * sizeof(float));
-                memcpy(sc->r0 + (t - i0) * GB_CH, q0, cw * sizeof(float));
-                memcpy(sc->r1 + (t - i0) * GB_CH, q1, cw * sizeof(float));
-            }
-        }
+        if (!causal) block_right(jb, sc, i0, i1, bi, c0, cw);
 
         /* the forward: the rows' band sums, then row by row */
         block_row_sums(jb, sc, i0, nr, lob, cw);
@@ -951,27 +997,7 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
          * with v G - Y' G, over the block's rows t whose band holds j */
         if (s > 0) block_key_sums(jb, sc, sl, i0, i1, lob, hib, c0, cw);
 
-        /* the entries whose band maxima lie far apart, exactly */
-        for (size_t i = 0; i < nr; i++) {
-            size_t t = i0 + i, lo, hi;
-            band_of(jb, t, &lo, &hi);
-            const unsigned char *redo = sc->redo + i * GB_CH;
-            const float *wr = sc->wr + i * 2 * s;
-            float *dw = sc->dw + i * 2 * s;
-            for (size_t c = 0; c < cw && sc->rowredo[i]; c++) {
-                if (!redo[c]) continue;
-                size_t cc = c0 + c;
-                double L = sc->lx[i * GB_CH + c], y = sc->ys[i * GB_CH + c], a = sc->as[i * GB_CH + c];
-                for (size_t j = lo; j < hi; j++) {
-                    double vj = jb->v[j * ldv + cc];
-                    double g = exp((double)jb->k[j * ldk + cc] + (double)wr[j - lo] - L) * a;
-                    float *dk, *dv = grad_rows(jb, sl, j, &dk);
-                    dv[cc] += (float)g;
-                    dk[cc] += (float)(g * (vj - y));
-                    if (jb->want_dw) dw[j - lo] += (float)(g * (vj - y));
-                }
-            }
-        }
+        block_exact_grad(jb, sc, sl, i0, nr, c0, cw);
     }
     if (jb->want_dw)
         for (size_t i = 0; i < nr; i++) {

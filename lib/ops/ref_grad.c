@@ -101,14 +101,20 @@ static double dsig(double q)
     return e / ((1.0 + e) * (1.0 + e));
 }
 
-/* The loops, on contiguous float64 arrays: q, k, v, dout, dq, dk, dv, out
- * (B, T, C) (out may be NULL), keys one per channel; acc the bias
- * gradient. The mask from sp->bias, (T, T) or (B, T, T). Each row done
- * advances sp->progress by 1. */
-static aft_status ref_grad(double *dq, double *dk, double *dv, double *out, const double *dout, const double *q,
-                           const double *k, const double *v, size_t B, const aft_opspec *sp, ref_acc *acc,
-                           aft_error *err)
+/* the reference backward's contiguous float64 arrays, (B, T, C) each, keys
+ * one per channel */
+typedef struct {
+    double *dq, *dk, *dv;
+    double *out;                        /* or NULL */
+    const double *dout, *q, *k, *v;
+} ref_io;
+
+/* The loops, on d's arrays; acc the bias gradient. The mask from
+ * sp->bias, (T, T) or (B, T, T). */
+static aft_status ref_grad(const ref_io *d, size_t B, const aft_opspec *sp, ref_acc *acc, aft_error *err)
 {
+    double *dq = d->dq, *dk = d->dk, *dv = d->dv, *out = d->out;
+    const double *dout = d->dout, *q = d->q, *k = d->k, *v = d->v;
     const size_t T = sp->T, C = sp->C, H = sp->heads ? sp->heads : 1, ch = C / H;
     const uint8_t *mask = sp->bias->mask;
     float *wrow = aft_alloc_array(T, sizeof(float));
@@ -195,7 +201,7 @@ aft_status aft_op_reference_grad(const aft_grad_io *io, const float *q, const fl
     ref_acc acc;
     aft_status st = acc_alloc(&acc, sp, &io->db) ? AFT_OK
                     : aft_fail(err, AFT_ERR_NOMEM, "out of memory for the reference bias gradient");
-    if (!st) st = ref_grad(dq, dk, dv, io->out ? out : NULL, dod, qd, kd, vd, B, sp, &acc, err);
+    if (!st) st = ref_grad(&(ref_io){dq, dk, dv, io->out ? out : NULL, dod, qd, kd, vd}, B, sp, &acc, err);
     if (!st) {
         narrow_rows(io->dq, io->lddq, dq, N, C);
         narrow_rows(io->dk, io->lddk, dk, N, C);
@@ -228,7 +234,7 @@ aft_status aft_op_reference_grad_d(double *dq, double *dk, double *dv, double *o
     ref_acc acc;
     aft_status st = acc_alloc(&acc, sp, db) ? AFT_OK
                     : aft_fail(err, AFT_ERR_NOMEM, "out of memory for the reference bias gradient");
-    if (!st) st = ref_grad(dq, kw ? dkw : dk, dv, out, dout, q, kw ? kw : k, v, B, sp, &acc, err);
+    if (!st) st = ref_grad(&(ref_io){dq, kw ? dkw : dk, dv, out, dout, q, kw ? kw : k, v}, B, sp, &acc, err);
     if (!st) {
         acc_store(&acc, db);
         if (kw) {

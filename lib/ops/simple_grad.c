@@ -59,12 +59,25 @@ grad_row(float *restrict dq, float *restrict dk, float *restrict dv, float *rest
  * 256, 2 threads). */
 enum { ROWS_AHEAD = 4 };
 
-/* rows [t0, t1) of sequence b (r: its first row in the outputs) */
-static void grad_rows(const aft_grad_io *io, const float *q, const float *k, const float *v, const float *dout,
-                      const aft_opspec *sp, size_t r, size_t t0, size_t t1, const float *m, const float *u,
-                      const float *y, int fin)
+/* one sequence's second pass: its rows and what they share */
+typedef struct {
+    const aft_grad_io *io;
+    const aft_opspec *sp;
+    const float *q, *k, *v;   /* the sequence's rows: (T, ldq), (T, ldk), (T, ldv) */
+    const float *dout;        /* (T, C) */
+    size_t r;                 /* its first row in io's outputs */
+    const float *m, *u, *y;   /* (C) each: the keys' maximum, u = A / s0, Y' */
+    int fin;                  /* every key finite */
+} seq_grad;
+
+/* rows [t0, t1) of sequence g */
+static void grad_rows(const seq_grad *g, size_t t0, size_t t1)
 {
-    const size_t C = sp->C;
+    const aft_grad_io *io = g->io;
+    const aft_opspec *sp = g->sp;
+    const float *q = g->q, *k = g->k, *v = g->v, *dout = g->dout, *m = g->m, *u = g->u, *y = g->y;
+    const size_t C = sp->C, r = g->r;
+    const int fin = g->fin;
     for (size_t t = t0; t < t1; t++) {
         float *dq = io->dq + (r + t) * io->lddq, *dk = io->dk + (r + t) * io->lddk, *dv = io->dv + (r + t) * io->lddv;
         float *out = io->out ? io->out + (r + t) * C : NULL;
@@ -137,7 +150,8 @@ aft_status aft_op_simple_grad(const aft_grad_io *io, const float *q, const float
             }
             #pragma omp barrier
             for (size_t i = 0; i < n; i++) fin &= fins[i];
-            grad_rows(io, qb, kb, vb, ob, sp, b * T, t0, t1, mm, u, yp, fin);
+            seq_grad g = {io, sp, qb, kb, vb, ob, b * T, mm, u, yp, fin};
+            grad_rows(&g, t0, t1);
         }
     }
     free(st);
