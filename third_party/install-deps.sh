@@ -11,9 +11,10 @@
 #                    shards the sequence over ranks (cli/shard.c); without
 #                    them aft builds with no MPI support
 #   openmpi-bin      mpirun, which the MPI tests (cli/tests/test_mpi.c) start
+#   jq               the README's pipeline examples, which cli/tests/test_readme.c runs
 # Uses apt-get, through sudo when not root. Prints nothing when all are there.
 set -eu
-pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config libopenmpi-dev openmpi-bin $*"
+pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config libopenmpi-dev openmpi-bin jq $*"
 missing=""
 for p in $pkgs; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
