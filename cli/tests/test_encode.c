@@ -30,41 +30,11 @@
 #include "aft.h"
 #include "harness.h"
 
-static char *dir;   /* temp dir for every input and output */
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = dir ? harness_rmtree(dir) : 0;
-    free(dir);
-    dir = NULL;
-    return rc;
-}
-
 /* ------------------------------------------------------------------ helpers */
 
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    char *s = NULL;
-    int n = vasprintf(&s, f, ap);
-    va_end(ap);
-    assert_true(n >= 0);
-    return s;
-}
+static char *tmp(const char *name) { return harness_tmp(name); }
 
-static char *tmp(const char *name) { return harness_path(dir, name); }
-
-static char *ckpt(void) { return fmt("%s/model/labml_aft_fortunes.safetensors", harness_testdata()); }
+static char *ckpt(void) { return harness_fmt("%s/model/labml_aft_fortunes.safetensors", harness_testdata()); }
 
 /* the shipped model's metadata 'vocab' (a JSON array), malloc'd */
 static char *vocab_json(void)
@@ -134,13 +104,13 @@ static char *run_ok(const char *const *args, const void *in, size_t in_len, size
 static void expect_error(const char *const *args, int code, const char *want_plain)
 {
     /* want_plain is written "aft: ..."; the one shape names the command: "aft encode: ..." */
-    char *want = strncmp(want_plain, "aft: ", 5) == 0 ? fmt("aft %s: %s", args[0], want_plain + 5) : fmt("%s", want_plain);
+    char *want = strncmp(want_plain, "aft: ", 5) == 0 ? harness_fmt("aft %s: %s", args[0], want_plain + 5) : harness_fmt("%s", want_plain);
     harness_result r;
     assert_int_equal(harness_run(&r, args, NULL, 0), 0);
     if (r.exit_code != code) fail_msg("aft %s ...: exit %d, not %d: %s", args[0], r.exit_code, code, r.err);
     assert_int_equal(r.out_len, 0);
     if (code == 2) {
-        char *full = fmt("%sTry 'aft %s --help'.\n", want, args[0]);
+        char *full = harness_fmt("%sTry 'aft %s --help'.\n", want, args[0]);
         if (strcmp(r.err, full) != 0) fail_msg("aft %s ...: stderr\n%s\nwanted\n%s", args[0], r.err, full);
         free(full);
     } else if (strcmp(r.err, want) != 0) {
@@ -223,7 +193,7 @@ static void test_round_trip(void **state)
 {
     (void)state;
     char *w = ckpt(), *ids = tmp("ids.npy"), *txt = tmp("fortune.txt");
-    char *with_nl = fmt("%s\n", fortune);
+    char *with_nl = harness_fmt("%s\n", fortune);
     /* TEXT: decode adds the newline the text lacks */
     free(run_ok(ARGS("encode", "--weights", w, fortune, "-o", ids), NULL, 0, NULL));
     char *back = run_ok(ARGS("decode", "--weights", w, ids), NULL, 0, NULL);
@@ -260,8 +230,8 @@ static void test_round_trip(void **state)
 static void test_shipped_tokens(void **state)
 {
     (void)state;
-    char *w = ckpt(), *seq = fmt("%s/model/seq_tokens.npy", harness_testdata()), *again = tmp("again.npy");
-    char *txt = tmp("seq.txt"), *bt = fmt("%s/model/bt_tokens.npy", harness_testdata());
+    char *w = ckpt(), *seq = harness_fmt("%s/model/seq_tokens.npy", harness_testdata()), *again = tmp("again.npy");
+    char *txt = tmp("seq.txt"), *bt = harness_fmt("%s/model/bt_tokens.npy", harness_testdata());
     size_t len;
     char *text = run_ok(ARGS("decode", "--weights", w, seq), NULL, 0, &len);
     aft_tensor s = read_npy(seq);
@@ -297,7 +267,7 @@ static void test_terminal(void **state)
     char *w = ckpt();
     size_t n;
     int32_t *ids = ids_by_hand("It is", &n);
-    char *cmd = fmt("command -v script >/dev/null 2>&1 || exit 77; "
+    char *cmd = harness_fmt("command -v script >/dev/null 2>&1 || exit 77; "
                     "script -qec \"'%s' encode --weights '%s' 'It is'\" /dev/null", harness_aft_bin(), w);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
@@ -310,7 +280,7 @@ static void test_terminal(void **state)
     int st = pclose(p);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 77) skip();
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    char *want = fmt("[%d, %d, %d, %d, %d]\n(5 tokens; not saved: -o FILE or a pipe writes them as .npy)\n", ids[0],
+    char *want = harness_fmt("[%d, %d, %d, %d, %d]\n(5 tokens; not saved: -o FILE or a pipe writes them as .npy)\n", ids[0],
                      ids[1], ids[2], ids[3], ids[4]);
     assert_int_equal(n, 5);
     assert_string_equal(got, want);
@@ -333,11 +303,11 @@ static void test_unknown_character(void **state)
                  "aft generate: --prompt: character '\xe2\x82\xac' (U+20AC) at byte 8 is not in the model's vocabulary\n");
     assert_int_equal(access(out, F_OK), -1);   /* nothing written */
     assert_int_equal(harness_write_file(txt, "ok\n\x01", 4), 0);
-    char *want = fmt("aft: %s: character U+0001 at byte 3 is not in the model's vocabulary\n", txt);
+    char *want = harness_fmt("aft: %s: character U+0001 at byte 3 is not in the model's vocabulary\n", txt);
     expect_error(ARGS("encode", "--weights", w, "--text-file", txt, "-o", out), 1, want);
     free(want);
     assert_int_equal(harness_write_file(txt, "ab\xff", 3), 0);
-    want = fmt("aft: %s: character byte 0xFF (not UTF-8) at byte 2 is not in the model's vocabulary\n", txt);
+    want = harness_fmt("aft: %s: character byte 0xFF (not UTF-8) at byte 2 is not in the model's vocabulary\n", txt);
     expect_error(ARGS("encode", "--weights", w, "--text-file", txt, "-o", out), 1, want);
     free(want);
     assert_int_equal(access(out, F_OK), -1);
@@ -349,14 +319,14 @@ static void test_decode_errors(void **state)
     (void)state;
     char *w = ckpt(), *p = tmp("bad_ids.npy");
     write_ids(p, (const int32_t[]){5, 113, 7}, 3);
-    char *want = fmt("aft: %s: token 113 at [1] is outside the vocabulary [0, 113)\n", p);
+    char *want = harness_fmt("aft: %s: token 113 at [1] is outside the vocabulary [0, 113)\n", p);
     expect_error(ARGS("decode", "--weights", w, p), 1, want);
     free(want);
     const float f[2] = {1, 2};
     aft_tensor t = harness_tensor(AFT_F32, f, 1, (size_t[]){2});
     aft_error err;
     assert_int_equal(aft_npy_write(p, &t, &err), AFT_OK);
-    want = fmt("aft: %s: tokens have dtype F32; they must be integers (token ids)\n", p);
+    want = harness_fmt("aft: %s: tokens have dtype F32; they must be integers (token ids)\n", p);
     expect_error(ARGS("decode", "--weights", w, p), 1, want);
     free(want);
     free(w);
@@ -393,7 +363,7 @@ static void test_vocab(void **state)
     write_bare(bare);
     char *json = vocab_json();
     assert_int_equal(harness_write_file(vocab, json, strlen(json)), 0);
-    char *want = fmt("aft: %s: no metadata 'vocab' (the characters of the token ids): give --vocab FILE\n", bare);
+    char *want = harness_fmt("aft: %s: no metadata 'vocab' (the characters of the token ids): give --vocab FILE\n", bare);
     expect_error(ARGS("encode", "--weights", bare, "abc", "-o", a), 1, want);
     expect_error(ARGS("decode", "--weights", bare, a), 1, want);
     free(want);
@@ -401,7 +371,7 @@ static void test_vocab(void **state)
     free(run_ok(ARGS("encode", "--weights", bare, "--vocab", vocab, fortune, "-o", b), NULL, 0, NULL));
     assert_same_file(a, b);
     char *x = run_ok(ARGS("decode", "--weights", bare, "--vocab", vocab, b), NULL, 0, NULL);
-    char *with_nl = fmt("%s\n", fortune);
+    char *with_nl = harness_fmt("%s\n", fortune);
     assert_string_equal(x, with_nl);
     free(x);
     free(with_nl);
@@ -423,7 +393,7 @@ static void test_limits_and_usage(void **state)
     memset(big, 'a', n);
     assert_int_equal(harness_write_file(txt, big, n), 0);
     free(big);
-    char *want = fmt("aft: %s: the text and its tokens need more than --max-memory allows (40 MiB)\n", txt);
+    char *want = harness_fmt("aft: %s: the text and its tokens need more than --max-memory allows (40 MiB)\n", txt);
     expect_error(ARGS("encode", "--weights", w, "--text-file", txt, "--max-memory", "40M", "-o", out), 1, want);
     free(want);
     assert_int_equal(access(out, F_OK), -1);
@@ -433,7 +403,7 @@ static void test_limits_and_usage(void **state)
                  "aft encode: no TEXT given ('-': standard input; or --text-file FILE)\n");
     expect_error(ARGS("encode", "--weights", w, "a", "b"), 2,
                  "aft encode: more than one text: 'a' and 'b' (quote a text that has spaces)\n");
-    want = fmt("aft encode: more than one text: 'a' and --text-file %s\n", txt);
+    want = harness_fmt("aft encode: more than one text: 'a' and --text-file %s\n", txt);
     expect_error(ARGS("encode", "--weights", w, "a", "--text-file", txt), 2, want);
     free(want);
     expect_error(ARGS("decode", "--weights", w), 2, "aft decode: no TOKENS given\n");
@@ -452,5 +422,5 @@ int main(void)
         cmocka_unit_test(test_vocab),
         cmocka_unit_test(test_limits_and_usage),
     };
-    return cmocka_run_group_tests_name("cli encode, decode", tests, setup, teardown);
+    return cmocka_run_group_tests_name("cli encode, decode", tests, harness_setup, harness_teardown);
 }

@@ -19,43 +19,13 @@
 #include "cli.h"
 #include "harness.h"
 
-static char *dir;   /* temp dir for every input and output */
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = harness_mkdtemp();
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = dir ? harness_rmtree(dir) : 0;
-    free(dir);
-    dir = NULL;
-    return rc;
-}
-
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    char *s = NULL;
-    int n = vasprintf(&s, f, ap);
-    va_end(ap);
-    assert_true(n >= 0);
-    return s;
-}
-
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* a run that must exit with code and print exactly want on stderr */
 static void expect_stderr(const char *const *args, int code, const char *want_plain)
 {
     /* want_plain is written "aft: ..."; the one shape names the command: "aft run: ..." */
-    char *want = strncmp(want_plain, "aft: ", 5) == 0 ? fmt("aft %s: %s", args[0], want_plain + 5) : fmt("%s", want_plain);
+    char *want = strncmp(want_plain, "aft: ", 5) == 0 ? harness_fmt("aft %s: %s", args[0], want_plain + 5) : harness_fmt("%s", want_plain);
     harness_result r;
     assert_int_equal(harness_run(&r, args, NULL, 0), 0);
     if (r.exit_code != code || strcmp(r.err, want) != 0)
@@ -100,10 +70,10 @@ static void test_bytes_text(void **state)
 static void test_memory_refusals(void **state)
 {
     (void)state;
-    char *x = fmt("%s/torch/rish_local/x.npy", harness_testdata());
-    char *m = fmt("%s/model/labml_aft_fortunes.safetensors", harness_testdata());
-    char *t = fmt("%s/model/bt_tokens.npy", harness_testdata());
-    char *out = harness_path(dir, "y.npy");
+    char *x = harness_fmt("%s/torch/rish_local/x.npy", harness_testdata());
+    char *m = harness_fmt("%s/model/labml_aft_fortunes.safetensors", harness_testdata());
+    char *t = harness_fmt("%s/model/bt_tokens.npy", harness_testdata());
+    char *out = harness_path(harness_dir(), "y.npy");
     expect_stderr(ARGS("run", "--variant", "local", "--window", "3", "--max-memory", "1K", x, "-o", out), 1,
                   "aft run: this run needs about 155.2 KiB but --max-memory allows 1 KiB\n");
     expect_stderr(ARGS("model", "--weights", m, "--max-memory", "1K", t, "-o", out), 1,
@@ -132,20 +102,20 @@ static void write_nonfinite(const char *path, int n)
 static void test_nonfinite_counts(void **state)
 {
     (void)state;
-    char *one = harness_path(dir, "nan1.npy"), *two = harness_path(dir, "nan2.npy"), *out = harness_path(dir, "o.npy");
-    char *g = harness_path(dir, "g.safetensors");
+    char *one = harness_path(harness_dir(), "nan1.npy"), *two = harness_path(harness_dir(), "nan2.npy"), *out = harness_path(harness_dir(), "o.npy");
+    char *g = harness_path(harness_dir(), "g.safetensors");
     write_nonfinite(one, 1);
     write_nonfinite(two, 2);
-    char *want = fmt("aft run: warning: %s holds 1 non-finite value (NaN or inf); outputs it reaches will be NaN\n", one);
+    char *want = harness_fmt("aft run: warning: %s holds 1 non-finite value (NaN or inf); outputs it reaches will be NaN\n", one);
     expect_stderr(ARGS("run", "--variant", "simple", one, "-o", out), 0, want);
     free(want);
-    want = fmt("aft: %s: 1 non-finite value (NaN or inf); --strict refuses it\n", one);
+    want = harness_fmt("aft: %s: 1 non-finite value (NaN or inf); --strict refuses it\n", one);
     expect_stderr(ARGS("run", "--variant", "simple", "--strict", one, "-o", out), 1, want);
     free(want);
-    want = fmt("aft run: warning: %s holds 2 non-finite values (NaN or inf); outputs they reach will be NaN\n", two);
+    want = harness_fmt("aft run: warning: %s holds 2 non-finite values (NaN or inf); outputs they reach will be NaN\n", two);
     expect_stderr(ARGS("run", "--variant", "simple", two, "-o", out), 0, want);
     free(want);
-    want = fmt("aft: %s: 2 non-finite values (NaN or inf); --strict refuses them\n", two);
+    want = harness_fmt("aft: %s: 2 non-finite values (NaN or inf); --strict refuses them\n", two);
     expect_stderr(ARGS("run", "--variant", "simple", "--strict", two, "-o", out), 1, want);
     free(want);
     /* aft grad's dY */
@@ -155,10 +125,10 @@ static void test_nonfinite_counts(void **state)
     aft_error err;
     assert_int_equal(aft_npy_write(two, &t, &err), AFT_OK);
     write_nonfinite(one, 0);
-    want = fmt("aft grad: warning: %s holds 1 non-finite value (NaN or inf); gradients it reaches will be NaN\n", two);
+    want = harness_fmt("aft grad: warning: %s holds 1 non-finite value (NaN or inf); gradients it reaches will be NaN\n", two);
     expect_stderr(ARGS("grad", "--variant", "simple", one, "--grad-output", two, "-o", g), 0, want);
     free(want);
-    want = fmt("aft: %s: 1 non-finite value (NaN or inf); --strict refuses it\n", two);
+    want = harness_fmt("aft: %s: 1 non-finite value (NaN or inf); --strict refuses it\n", two);
     expect_stderr(ARGS("grad", "--variant", "simple", "--strict", one, "--grad-output", two, "-o", g), 1, want);
     free(want);
     free(g);
@@ -171,13 +141,13 @@ static void test_nonfinite_counts(void **state)
 static void test_one_of_a_noun(void **state)
 {
     (void)state;
-    char *npy = harness_path(dir, "one.npy"), *st = harness_path(dir, "one.safetensors"), *out = harness_path(dir, "o.npy");
+    char *npy = harness_path(harness_dir(), "one.npy"), *st = harness_path(harness_dir(), "one.safetensors"), *out = harness_path(harness_dir(), "o.npy");
     assert_int_equal(harness_write_file(npy, "\x93", 1), 0);
-    char *want = fmt("aft: %s: file ends inside the .npy preamble (1 byte)\n", npy);
+    char *want = harness_fmt("aft: %s: file ends inside the .npy preamble (1 byte)\n", npy);
     expect_stderr(ARGS("info", npy), 1, want);
     free(want);
     assert_int_equal(harness_write_file(st, "{", 1), 0);
-    want = fmt("aft: %s: file is 1 byte, too short for the 8-byte header size\n", st);
+    want = harness_fmt("aft: %s: file is 1 byte, too short for the 8-byte header size\n", st);
     expect_stderr(ARGS("info", st), 1, want);
     free(want);
     /* a vector [5] and a byte after its data */
@@ -185,7 +155,7 @@ static void test_one_of_a_noun(void **state)
     aft_tensor t = harness_tensor(AFT_F32, v, 1, (size_t[]){5});
     aft_error err;
     assert_int_equal(aft_npy_write(npy, &t, &err), AFT_OK);
-    want = fmt("aft: %s: the input must be [B, T, D], [T, D] or a grid [B, H, W, D]; it has 1 dimension\n", npy);
+    want = harness_fmt("aft: %s: the input must be [B, T, D], [T, D] or a grid [B, H, W, D]; it has 1 dimension\n", npy);
     expect_stderr(ARGS("run", "--variant", "simple", npy, "-o", out), 1, want);
     free(want);
     char *data;
@@ -194,7 +164,7 @@ static void test_one_of_a_noun(void **state)
     data[len] = '\0';   /* the terminator harness_read_file leaves is the extra byte */
     assert_int_equal(harness_write_file(npy, data, len + 1), 0);
     free(data);
-    want = fmt("aft: %s: 1 trailing byte after the data\n", npy);
+    want = harness_fmt("aft: %s: 1 trailing byte after the data\n", npy);
     expect_stderr(ARGS("info", npy), 1, want);
     free(want);
     free(out);
@@ -210,5 +180,5 @@ int main(void)
         cmocka_unit_test(test_nonfinite_counts),
         cmocka_unit_test(test_one_of_a_noun),
     };
-    return cmocka_run_group_tests_name("cli messages", tests, setup, teardown);
+    return cmocka_run_group_tests_name("cli messages", tests, harness_setup, harness_teardown);
 }
