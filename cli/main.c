@@ -1,5 +1,6 @@
 /* main.c - the aft command: look the subcommand up in a table and call it. */
 #include "cli.h"
+#include "shard.h"
 
 #include <signal.h>
 #ifdef __GLIBC__
@@ -116,7 +117,9 @@ int main(int argc, char **argv)
         return cli_finish_stdout(NULL);
     }
     if (strcmp(name, "--version") == 0) {
-        printf("aft %s\n", AFT_VERSION);
+        /* the first line alone is the version, for scripts; then what
+         * this build has */
+        printf("aft %s\nmpi: %s\n", AFT_VERSION, cli_shard_built_in() ? "built in" : "not built in");
         return cli_finish_stdout(NULL);
     }
     if (strcmp(name, "help") == 0) {

@@ -55,6 +55,11 @@ const char *cli_shard_launcher(void)
 
 #ifndef AFT_MPI
 
+int cli_shard_built_in(void)
+{
+    return 0;
+}
+
 int cli_shard_run(const struct run_opts *o)
 {
     (void)o;
@@ -81,6 +86,11 @@ int cli_shard_refused(int rc)
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+int cli_shard_built_in(void)
+{
+    return 1;
+}
 
 /* what a rank knows of the run and of itself */
 typedef struct {

@@ -10,6 +10,8 @@
  * (mpirun's OMPI_COMM_WORLD_SIZE, srun's PMIX_RANK or PMI_RANK), or NULL:
  * a plain run, which never initialises MPI. */
 const char *cli_shard_launcher(void);
+/* 1 when this aft was built with Open MPI (aft --version says so) */
+int cli_shard_built_in(void);
 /* 1 unless the launcher says this process is a rank other than 0 (the
  * one that reports the options' errors, before MPI is up) */
 int cli_shard_rank0(void);

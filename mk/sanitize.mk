@@ -40,8 +40,11 @@ $(1)/libaft.a: $$(LIB_SRC:lib/%.c=$(1)/lib/%.o)
 	rm -f $$@
 	ar rcs $$@ $$^
 
+# testdata beside it: aft finds the shipped model beside its binary, as the
+# tree's ./aft does (aft bench --generate, aft generate without --weights)
 $(1)/aft: $$(CLI_SRC:cli/%.c=$(1)/cli/%.o) $(1)/libaft.a
 	$$(SAN_CC) $(2) -o $$@ $$^ $$(LDLIBS_ALL)
+	ln -sfn $(CURDIR)/testdata $(1)/testdata
 
 $(1)/tests/help/%.o: %.c $$(TEST_HELP_HDR) lib/aft.h
 	@mkdir -p $$(@D)

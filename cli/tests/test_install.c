@@ -349,7 +349,7 @@ static void test_install_uninstall(void **state)
     char *bin = at(prefix, "bin/aft");
     assert_int_equal(access(bin, X_OK), 0);
     out = SH_OK("%s --version", q(bin));
-    assert_string_equal(out, "aft " AFT_VERSION "\n");
+    assert_true(strncmp(out, "aft " AFT_VERSION "\n", strlen("aft " AFT_VERSION "\n")) == 0);
     free(out);
 
     /* pkg-config finds it and names the installed paths */

@@ -22,7 +22,8 @@
  *   - With $AFT_TEST_QUICK (make test-valgrind) the blocks marked small are
  *     skipped, with a note: even small, a benchmark under valgrind is slow.
  *   - A block calling mpirun is skipped, with a note, when mpirun is not on
- *     the PATH; it runs with OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1.
+ *     the PATH or aft was built without MPI (aft --version says); it runs
+ *     with OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -227,6 +228,16 @@ static int on_path(const char *prog)
     return st == 0;
 }
 
+/* 1 if the aft under test was built with MPI (its --version says) */
+static int aft_has_mpi(void)
+{
+    char *cmd = harness_fmt("'%s' --version | grep -qx 'mpi: built in'", harness_aft_bin());
+    assert_non_null(cmd);
+    int st = system(cmd);
+    free(cmd);
+    return st == 0;
+}
+
 /* an absolute path for p (which exists) */
 static char *absolute(const char *p)
 {
@@ -280,7 +291,7 @@ static void test_examples_run(void **state)
     (void)state;
     blocks bs = readme_blocks();
     size_t examples = 0, ran = 0, failed = 0;
-    int mpirun = on_path("mpirun");
+    int mpirun = on_path("mpirun"), mpi = aft_has_mpi();
     for (size_t i = 0; i < bs.n; i++) {
         const block *b = &bs.b[i];
         if (!is_example(b->text)) continue;
@@ -298,6 +309,11 @@ static void test_examples_run(void **state)
         }
         if (strstr(script, "mpirun") && !mpirun) {
             printf("# README.md:%zu: skipped: no mpirun on the PATH\n", b->line);
+            free(script);
+            continue;
+        }
+        if (strstr(script, "mpirun") && !mpi) {
+            printf("# README.md:%zu: skipped: this aft was built without MPI\n", b->line);
             free(script);
             continue;
         }
