@@ -5,9 +5,28 @@
 #   make deps     install missing Debian packages only
 
 CC      ?= cc
-ARCH    ?= -march=native
 OPT     ?= -O3
-CFLAGS  ?= $(OPT) $(ARCH) -mprefer-vector-width=512 -g
+# The default build runs on any CPU of its architecture: lib/'s kernels are
+# compiled once per level of LEVELS, each with its own -march
+# (LEVEL_FLAGS_NAME), and lib/cpu/ picks the level at run time (the highest
+# the CPU and its OS run; AFT_KERNELS chooses another). The rest is compiled
+# for the baseline, ARCH. Setting ARCH (make ARCH=-march=native, or ARCH=
+# for the compiler's default) builds everything with it instead, the
+# kernels once, as the level "fixed".
+MACHINE := $(shell $(CC) -dumpmachine 2>/dev/null)
+X86     := $(filter x86_64-%,$(MACHINE))
+ifeq ($(origin ARCH),undefined)
+ARCH    := $(if $(X86),-march=x86-64 -mtune=generic)
+LEVELS  := $(if $(X86),base avx2 avx512,base)
+else
+LEVELS  := fixed
+endif
+LEVEL_FLAGS_avx2   := -march=x86-64-v3
+LEVEL_FLAGS_avx512 := -march=x86-64-v4
+# AVX-512 code uses whole 64-byte vectors (GCC's default for some tunings
+# is 256 bits, halving the kernels' width)
+WIDE    := $(if $(X86),-mprefer-vector-width=512)
+CFLAGS  ?= $(OPT) $(ARCH) $(WIDE) -g
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-psabi
 # contract a*b+c into fused multiply-adds (ISO C mode would forbid it); this
 # is not -ffast-math: NaN, infinities and signed zeros keep their meaning
@@ -26,7 +45,9 @@ PKG_CFLAGS = $(shell $(PKG_ENV) pkg-config --cflags $(PKGS) 2>/dev/null)
 BLAS_RPATH := -Wl,-rpath,$(BLAS_OMP)
 PKG_LIBS   = $(shell $(PKG_ENV) pkg-config --libs $(PKGS) 2>/dev/null) \
              $(if $(wildcard $(BLAS_OMP)/libopenblas.so),$(BLAS_RPATH))
-ALL_CFLAGS = $(CFLAGS) $(WARN) $(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $(PKG_CFLAGS)
+# (lib/cpu/levels.c: the fixed level's flags, for aft --version)
+ALL_CFLAGS = $(CFLAGS) $(WARN) $(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $(PKG_CFLAGS) \
+             $(if $(filter fixed,$(LEVELS)),-DAFT_FIXED_LEVEL='"$(or $(strip $(ARCH)),no -march)"')
 LDLIBS_ALL = $(PKG_LIBS) -fopenmp -lpthread -lm
 
 # Open MPI, when its development files are there: cli/shard.c runs aft run
@@ -38,9 +59,21 @@ MPI_FOUND  = $(if $(strip $(MPI_LIBS)),yes)
 
 # lib/ in rooms: io/ (file formats), ops/ (the operator), nn/ (products and
 # the layers around the operator); the layer, state and model at the top
-LIB_ROOMS := io ops nn
+LIB_ROOMS := io ops nn cpu
 LIB_SRC := $(wildcard lib/*.c $(LIB_ROOMS:%=lib/%/*.c))
-LIB_OBJ := $(LIB_SRC:lib/%.c=build/lib/%.o)
+# The kernels: compiled once per level into DIR/lib/LEVEL/, where every
+# global name a level's objects define is suffixed _LEVEL (objcopy, from
+# the names nm lists), so each level's code calls its own copies and the
+# levels link side by side; lib/cpu/dispatch.c reaches them through each
+# level's table (lib/cpu/entries.h). The rest of lib/ is compiled once.
+KERN_SRC := lib/cpu/table.c \
+    $(addprefix lib/ops/,op.c full.c full_grad.c local_conv.c local_conv_grad.c simple.c simple_grad.c grid.c \
+                         bias.c bias_grad.c sums.c) \
+    $(addprefix lib/nn/,linear.c gemm.c norm.c ffn.c)
+BASE_SRC := $(filter-out $(KERN_SRC),$(LIB_SRC))
+# lib_objs(DIR): the objects of DIR/libaft.a
+lib_objs = $(BASE_SRC:lib/%.c=$(1)/lib/%.o) $(foreach l,$(LEVELS),$(KERN_SRC:lib/%.c=$(1)/lib/$(l)/%.o))
+LIB_OBJ := $(call lib_objs,build)
 CLI_SRC := $(wildcard cli/*.c)
 CLI_OBJ := $(CLI_SRC:cli/%.c=build/cli/%.o)
 # the tests mirror the code: lib/tests/ROOM/test_NAME.c tests lib/ROOM/NAME.c
@@ -70,6 +103,22 @@ CLI_HDR := $(wildcard cli/*.h)
 build/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# kern_level(DIR, COMPILE, LEVEL): the rules for LEVEL's kernels in DIR,
+# COMPILE the command that compiles one (the level's flags follow it: the
+# last -march wins). Raw objects in DIR/raw/LEVEL/, renamed into
+# DIR/lib/LEVEL/.
+define kern_level
+$(1)/raw/$(3)/%.o: lib/%.c $$(LIB_HDR)
+	@mkdir -p $$(@D)
+	$(2) $$(LEVEL_FLAGS_$(3)) -c $$< -o $$@
+$(1)/raw/$(3)/names: $$(KERN_SRC:lib/%.c=$(1)/raw/$(3)/%.o)
+	nm -g --defined-only $$^ | awk 'NF == 3 { print $$$$3, $$$$3 "_$(3)" }' | sort -u > $$@
+$(1)/lib/$(3)/%.o: $(1)/raw/$(3)/%.o $(1)/raw/$(3)/names
+	@mkdir -p $$(@D)
+	objcopy --redefine-syms=$(1)/raw/$(3)/names $$< $$@
+endef
+$(foreach l,$(LEVELS),$(eval $(call kern_level,build,$$(CC) $$(ALL_CFLAGS),$(l))))
 
 build/cli/%.o: cli/%.c lib/aft.h $(CLI_HDR)
 	@mkdir -p $(@D)

@@ -345,6 +345,7 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
     cJSON_AddStringToObject(j, "impl", o->impl_ref ? "reference" : "fast");
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    cli_level_json(j);
     /* the times, under the keys aft run --timing gives the same facts (man/aft.1, JSON OUTPUT) */
     cJSON_AddNumberToObject(j, "compute_ms", m->med);
     cJSON_AddNumberToObject(j, "compute_min_ms", m->min);
@@ -451,6 +452,7 @@ static int run_generate_one(const bench_opts *o, size_t n)
     cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    cli_level_json(j);
     /* the counts and times, under the keys of aft generate --timing */
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)t.prompt);
     cJSON_AddNumberToObject(j, "generated_tokens", (double)n);
@@ -703,8 +705,8 @@ static void print_header(const bench_opts *o, int threads, double ceiling)
     cli_kernels_from_env(&kc);
     aft_blas_info bi;
     aft_blas_get_info(&bi, kc.projections);
-    printf("# %s, kernel %s, %d thread%s; projections %s; ", bi.library, bi.core, threads, threads == 1 ? "" : "s",
-           bi.projections);
+    printf("# %s, kernel %s, %d thread%s; projections %s; aft kernels %s; ", bi.library, bi.core, threads,
+           threads == 1 ? "" : "s", bi.projections, cli_level_name());
     if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
     else printf("sgemm ceiling not measured\n");
     printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s%s%s\n", "variant", "causal", "T", "B", "d", "ms",
@@ -796,8 +798,8 @@ static void print_generate_header(const bench_opts *o, const aft_model_info *in)
     aft_blas_info bi;
     aft_blas_get_info(&bi, AFT_KERNEL_AUTO);
     int threads = o->threads ? o->threads : aft_cores();
-    printf("# %s, kernel %s, %d thread%s; projections %s\n", bi.library, bi.core, threads, threads == 1 ? "" : "s",
-           bi.projections);
+    printf("# %s, kernel %s, %d thread%s; projections %s; aft kernels %s\n", bi.library, bi.core, threads,
+           threads == 1 ? "" : "s", bi.projections, cli_level_name());
     char ctx[32] = "unbounded";
     if (in->context != SIZE_MAX) snprintf(ctx, sizeof ctx, "%zu", in->context);
     char win[32] = "";

@@ -153,6 +153,20 @@ double cli_median(double *v, size_t n);
  * does not know, unless OPENBLAS_CORETYPE chose them (cli/blas_core.c) */
 void cli_blas_core(void);
 
+/* ---------------------------------------------------------------- kernel levels (levels.c) */
+
+/* AFT_KERNELS=LEVEL, when set, chooses the kernels' level: 0, or
+ * EXIT_USAGE when it names none this CPU runs (said) */
+int cli_levels_choose(void);
+/* the level in use ("avx512"), and why it is the one ("chosen by
+ * AFT_KERNELS", "the highest this CPU and OS run: ...") */
+const char *cli_level_name(void);
+void cli_level_why(char *buf, size_t cap);
+/* the two as JSON keys "kernels" and "kernels_why" */
+void cli_level_json(struct cJSON *j);
+/* aft --version's lines: the level in use and why, and the levels built in */
+void cli_levels_print(FILE *fp);
+
 /* ---------------------------------------------------------------- seeded parameters (params.c) */
 
 /* a layer's parameters made from a seed, and the memory behind them */

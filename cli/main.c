@@ -92,7 +92,6 @@ static void catch_signal(int sig)
 int main(int argc, char **argv)
 {
     keep_freed_memory();
-    cli_blas_core();
     catch_signal(SIGINT);
     catch_signal(SIGTERM);
     catch_signal(SIGHUP);
@@ -119,7 +118,12 @@ int main(int argc, char **argv)
     if (strcmp(name, "--version") == 0) {
         /* the first line alone is the version, for scripts; then what
          * this build has */
-        printf("aft %s\nmpi: %s\n", AFT_VERSION, cli_shard_built_in() ? "built in" : "not built in");
+        int rc = cli_levels_choose();
+        if (rc) return rc;
+        cli_blas_core();
+        printf("aft %s\n", AFT_VERSION);
+        cli_levels_print(stdout);
+        printf("mpi: %s\n", cli_shard_built_in() ? "built in" : "not built in");
         return cli_finish_stdout(NULL);
     }
     if (strcmp(name, "help") == 0) {
@@ -138,5 +142,9 @@ int main(int argc, char **argv)
     const struct cmd *c = lookup(name);
     if (!c) return cli_usage_error(NULL, "'%s' is not an aft command", name);
     cli_command_name = c->name;   /* every message from here on names it */
+    /* the kernels' level, then OpenBLAS's core, before any product */
+    int rc = cli_levels_choose();
+    if (rc) return rc;
+    cli_blas_core();
     return c->fn(argc - 1, argv + 1);
 }

@@ -549,6 +549,7 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
     cJSON_AddStringToObject(j, "blas_library", bi.library);
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    cli_level_json(j);
     /* the times, under the keys aft bench gives the same facts (man/aft.1, JSON OUTPUT) */
     cJSON_AddNumberToObject(j, "load_ms", tm->load);
     cJSON_AddNumberToObject(j, "compute_ms", tm->compute_med);

@@ -736,6 +736,31 @@ size_t aft_available_memory(void);
 /* number of NaN and infinite values among n floats */
 size_t aft_count_nonfinite(const float *x, size_t n);
 
+/* ---------------------------------------------------------------- kernel levels
+ *
+ * The kernels (the products, the operators, their backward pass and step,
+ * the exponentials, the norms) are compiled once per instruction-set
+ * level, everything else once for the baseline, and one level runs them
+ * all: on x86-64 "base" (SSE2), "avx2" (x86-64-v3) and "avx512"
+ * (x86-64-v4). The first call that needs a kernel picks the highest level
+ * that this CPU and its OS run, unless aft_level_use chose one before. A
+ * build of one level (make ARCH=...) has the level "fixed" alone. */
+typedef struct {
+    const char *name;    /* "base", "avx2", "avx512" or "fixed" */
+    const char *needs;   /* what it needs, e.g. "x86-64-v3 (AVX2, FMA, ...)" */
+    int runs;            /* 1 if this CPU and its OS run it */
+    char why[80];        /* runs 0: why not ("the CPU lacks AVX512BW") */
+} aft_level;
+
+/* the levels built in, lowest first, *n of them */
+const aft_level *aft_levels(size_t *n);
+/* the index of the level in use, chosen now if none is yet */
+size_t aft_level_in_use(void);
+/* Run the kernels at the level named from now on. AFT_ERR_ARG for a name
+ * this build lacks, a level this CPU or OS does not run, or when kernels
+ * have already run at another level (choose before the first). */
+aft_status aft_level_use(const char *name, aft_error *err);
+
 /* ---------------------------------------------------------------- BLAS and threads */
 
 typedef struct {

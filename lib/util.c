@@ -1,13 +1,11 @@
 /* util.c - errors, dtypes, half-precision conversions, tensor helpers. */
 #include "internal.h"
+#include "cpu/arch.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE__)
-#include <immintrin.h>
-#endif
 
 aft_status aft_fail(aft_error *err, aft_status st, const char *fmt, ...)
 {
@@ -34,31 +32,20 @@ void *aft_calloc_array(size_t n, size_t size)
     return calloc(bytes ? bytes : 1, 1);
 }
 
-/* Non-temporal stores of the widest vector: they go to memory without
- * reading each line into the cache first. */
-#if defined(__AVX512F__)
-enum { ZS_FLOATS = 16 };
-#define ZS_STORE(p) _mm512_stream_ps(p, _mm512_setzero_ps())
-#define ZS_COPY(p, q) _mm512_stream_ps(p, _mm512_loadu_ps(q))
-#elif defined(__AVX__)
-enum { ZS_FLOATS = 8 };
-#define ZS_STORE(p) _mm256_stream_ps(p, _mm256_setzero_ps())
-#define ZS_COPY(p, q) _mm256_stream_ps(p, _mm256_loadu_ps(q))
-#elif defined(__SSE__)
-enum { ZS_FLOATS = 4 };
-#define ZS_STORE(p) _mm_stream_ps(p, _mm_setzero_ps())
-#define ZS_COPY(p, q) _mm_stream_ps(p, _mm_loadu_ps(q))
-#endif
-
+/* Non-temporal stores (arch.h's, where the machine has them): they go to
+ * memory without reading each line into the cache first. This is baseline
+ * code, and the baseline's 16-byte stores fill a line as fast as wider
+ * ones: the stores are bound by memory, not by instructions. */
 void aft_zero_stream(float *p, size_t n)
 {
-#ifdef ZS_STORE
+#ifdef AFT_ARCH_STREAM_ZERO
+    enum { F = AFT_ARCH_STREAM_FLOATS };
     size_t i = 0;
-    for (; i < n && (uintptr_t)(p + i) % (ZS_FLOATS * sizeof(float)); i++) p[i] = 0.0f;
-    for (; i + ZS_FLOATS <= n; i += ZS_FLOATS) ZS_STORE(p + i);
+    for (; i < n && (uintptr_t)(p + i) % (F * sizeof(float)); i++) p[i] = 0.0f;
+    for (; i + F <= n; i += F) AFT_ARCH_STREAM_ZERO(p + i);
     for (; i < n; i++) p[i] = 0.0f;
     /* the stores are weakly ordered: done before another thread reads */
-    _mm_sfence();
+    AFT_ARCH_STREAM_FENCE();
 #else
     memset(p, 0, n * sizeof(float));
 #endif
@@ -66,12 +53,13 @@ void aft_zero_stream(float *p, size_t n)
 
 void aft_copy_stream(float *dst, const float *src, size_t n)
 {
-#ifdef ZS_COPY
+#ifdef AFT_ARCH_STREAM_COPY
+    enum { F = AFT_ARCH_STREAM_FLOATS };
     size_t i = 0;
-    for (; i < n && (uintptr_t)(dst + i) % (ZS_FLOATS * sizeof(float)); i++) dst[i] = src[i];
-    for (; i + ZS_FLOATS <= n; i += ZS_FLOATS) ZS_COPY(dst + i, src + i);
+    for (; i < n && (uintptr_t)(dst + i) % (F * sizeof(float)); i++) dst[i] = src[i];
+    for (; i + F <= n; i += F) AFT_ARCH_STREAM_COPY(dst + i, src + i);
     for (; i < n; i++) dst[i] = src[i];
-    _mm_sfence();
+    AFT_ARCH_STREAM_FENCE();
 #else
     memcpy(dst, src, n * sizeof(float));
 #endif

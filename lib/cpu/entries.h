@@ -1,0 +1,109 @@
+/* entries.h - the kernels' entry points: every function the code compiled
+ * for the baseline (the layer, state, slices, model, memory estimates, the
+ * reference, the tests) calls in the code compiled once per level. One line
+ * each, as an X-macro:
+ *
+ *   AFT_ENTRY(type, name, (parameters), (arguments))
+ *   AFT_ENTRY_VOID(name, (parameters), (arguments))
+ *
+ * dispatch.c makes each a function of that name that calls the chosen
+ * level's, and table.c fills each level's table with them. A new kernel
+ * called from outside the kernels goes here: without it the call links to
+ * no definition (the levels' copies are renamed, see the Makefile). The
+ * declarations (op.h, kernels.h, sums.h, spec.h, nn/, aft.h) stay the
+ * prototypes: dispatch.c checks each line against them. */
+
+/* the operator (aft.h, op.h) */
+AFT_ENTRY(aft_status, aft_op_forward,
+          (float *out, const float *q, const float *k, const float *v, const aft_bias *bias, const aft_config *cfg,
+           size_t B, size_t T, size_t C, size_t kc, aft_error *err),
+          (out, q, k, v, bias, cfg, B, T, C, kc, err))
+AFT_ENTRY(aft_status, aft_op_backward,
+          (float *dq, float *dk, float *dv, const aft_bias_grad *dbias, float *out, const float *dout,
+           const float *q, const float *k, const float *v, const aft_bias *bias, const aft_config *cfg, size_t B,
+           size_t T, size_t C, size_t kc, aft_error *err),
+          (dq, dk, dv, dbias, out, dout, q, k, v, bias, cfg, B, T, C, kc, err))
+AFT_ENTRY(aft_status, aft_op_run,
+          (float *out, const float *q, const float *k, const float *v, const aft_opspec *sp, size_t B, size_t kc,
+           aft_error *err),
+          (out, q, k, v, sp, B, kc, err))
+AFT_ENTRY(aft_status, aft_op_forward_counted,
+          (float *out, const float *q, const float *k, const float *v, const aft_bias *bias, const aft_config *cfg,
+           size_t B, size_t T, size_t C, size_t kc, aft_error *err),
+          (out, q, k, v, bias, cfg, B, T, C, kc, err))
+AFT_ENTRY(aft_rows_kind, aft_op_rows_kind, (const aft_opspec *sp, size_t kc), (sp, kc))
+AFT_ENTRY(size_t, aft_batch_groups, (int threads, size_t B, size_t T), (threads, B, T))
+AFT_ENTRY(aft_op_rows_ctx *, aft_op_rows_new, (const aft_opspec *sp, size_t rows), (sp, rows))
+AFT_ENTRY_VOID(aft_op_rows_free, (aft_op_rows_ctx *ctx), (ctx))
+AFT_ENTRY(int, aft_op_rows,
+          (aft_op_rows_ctx *ctx, float *out, const float *q, const float *k, const float *v, const aft_opspec *sp,
+           size_t r0, size_t r1, const float *carry_in, float *carry_out, const float *right_in),
+          (ctx, out, q, k, v, sp, r0, r1, carry_in, carry_out, right_in))
+AFT_ENTRY(aft_status, aft_op_grad_run,
+          (const aft_grad_io *io, const float *q, const float *k, const float *v, const aft_opspec *sp, size_t B,
+           size_t kc, int reference, aft_error *err),
+          (io, q, k, v, sp, B, kc, reference, err))
+AFT_ENTRY(aft_status, aft_op_grad_reference_d,
+          (double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db, const double *dout,
+           const double *q, const double *k, const double *v, const aft_opspec *sp, size_t B, size_t kc,
+           aft_error *err),
+          (dq, dk, dv, out, db, dout, q, k, v, sp, B, kc, err))
+
+/* the bias (aft.h, kernels.h): the float64 reference reads w through them */
+AFT_ENTRY(float, aft_seeded_bias, (uint64_t seed, float scale, size_t t, size_t t2), (seed, scale, t, t2))
+AFT_ENTRY_VOID(aft_w_row, (const aft_opspec *sp, size_t h, size_t t, size_t j0, size_t j1, float *out),
+               (sp, h, t, j0, j1, out))
+AFT_ENTRY(int, aft_bias_grad_wanted, (const aft_opspec *sp, const aft_bias_grad *db), (sp, db))
+AFT_ENTRY_VOID(aft_bias_grad_zero, (const aft_opspec *sp, const aft_bias_grad *db), (sp, db))
+
+/* the running sums of a chunk's keys (sums.h) */
+AFT_ENTRY(int, aft_sums_of_rows,
+          (const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1, size_t n, float *m,
+           float *s0, float *s1, float *scratch),
+          (k, ldk, v, ldv, r0, r1, n, m, s0, s1, scratch))
+AFT_ENTRY_VOID(aft_sums_merge, (float *a, const float *b, size_t n), (a, b, n))
+AFT_ENTRY_VOID(aft_sums_empty, (float *a, size_t n), (a, n))
+
+/* the kernels' scratch, for memory.c's estimates (spec.h) */
+AFT_ENTRY(size_t, aft_full_rows, (size_t T, size_t threads), (T, threads))
+AFT_ENTRY(size_t, aft_grid_workspace,
+          (aft_variant variant, int causal, size_t B, size_t H, size_t W, size_t S, size_t C, size_t threads),
+          (variant, causal, B, H, W, S, C, threads))
+AFT_ENTRY(size_t, aft_band_grad_slices, (size_t T, size_t s, size_t nt, size_t priv, size_t C),
+          (T, s, nt, priv, C))
+
+/* products (nn/linear.h) */
+AFT_ENTRY_VOID(aft_blas_one_thread, (void), ())
+AFT_ENTRY(aft_status, aft_linear_init,
+          (aft_linear *l, const float *w, const float *bias, size_t n, size_t k, aft_kernel kernel, int threads,
+           aft_error *err),
+          (l, w, bias, n, k, kernel, threads, err))
+AFT_ENTRY(aft_status, aft_linear_init_t,
+          (aft_linear *l, const float *wt, size_t ldwt, size_t n, size_t k, aft_kernel kernel, int threads,
+           aft_error *err),
+          (l, wt, ldwt, n, k, kernel, threads, err))
+AFT_ENTRY_VOID(aft_linear_apply, (const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy),
+               (l, M, x, ldx, y, ldy))
+AFT_ENTRY_VOID(aft_linear_apply_x,
+               (const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy, int x_cached),
+               (l, M, x, ldx, y, ldy, x_cached))
+AFT_ENTRY_VOID(aft_linear_free, (aft_linear *l), (l))
+AFT_ENTRY(aft_status, aft_linear_view, (aft_linear *v, const aft_linear *parent, size_t f0, size_t n, aft_error *err),
+          (v, parent, f0, n, err))
+AFT_ENTRY_VOID(aft_linear_ref,
+               (float *y, size_t ldy, const float *x, size_t ldx, const float *w, const float *b, size_t M, size_t K,
+                size_t N),
+               (y, ldy, x, ldx, w, b, M, K, N))
+AFT_ENTRY(const char *, aft_linear_kernel, (void), ())
+
+/* the model's layers (nn/nn.h) */
+AFT_ENTRY_VOID(aft_layernorm, (float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps),
+               (y, x, w, b, N, D, eps))
+AFT_ENTRY_VOID(aft_layernorm_ref,
+               (float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps),
+               (y, x, w, b, N, D, eps))
+AFT_ENTRY(aft_status, aft_ffn_init, (aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, int threads, aft_error *err),
+          (f, p, kernel, threads, err))
+AFT_ENTRY_VOID(aft_ffn_free, (aft_ffn *f), (f))
+AFT_ENTRY_VOID(aft_ffn_apply, (const aft_ffn *f, float *y, const float *x, size_t N, float *h), (f, y, x, N, h))
+AFT_ENTRY_VOID(aft_ffn_ref, (float *y, const float *x, const aft_ffn_params *p, size_t N), (y, x, p, N))
