@@ -46,8 +46,8 @@ BLAS_RPATH := -Wl,-rpath,$(BLAS_OMP)
 PKG_LIBS   = $(shell $(PKG_ENV) pkg-config --libs $(PKGS) 2>/dev/null) \
              $(if $(wildcard $(BLAS_OMP)/libopenblas.so),$(BLAS_RPATH))
 # (lib/cpu/levels.c: the fixed level's flags, for aft --version)
-ALL_CFLAGS = $(CFLAGS) $(WARN) $(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $(PKG_CFLAGS) \
-             $(if $(filter fixed,$(LEVELS)),-DAFT_FIXED_LEVEL='"$(or $(strip $(ARCH)),no -march)"')
+LEVEL_DEFS = $(if $(filter fixed,$(LEVELS)),-DAFT_FIXED_LEVEL='"$(or $(strip $(ARCH)),no -march)"')
+ALL_CFLAGS = $(CFLAGS) $(WARN) $(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $(PKG_CFLAGS) $(LEVEL_DEFS)
 LDLIBS_ALL = $(PKG_LIBS) -fopenmp -lpthread -lm
 
 # Open MPI, when its development files are there: cli/shard.c runs aft run
@@ -89,6 +89,8 @@ TEST_HELP_HDR := $(wildcard lib/tests/common/*.h cli/tests/*.h)
 # every test program of their side
 LIBTEST_HELP_OBJ := $(patsubst %.c,build/tests/help/%.o,$(filter lib/tests/%,$(TEST_HELP_SRC)))
 CLITEST_HELP_OBJ := $(patsubst %.c,build/tests/help/%.o,$(filter cli/tests/%,$(TEST_HELP_SRC)))
+# (the CLI tests' own calls into lib/ honour AFT_KERNELS too, as aft does)
+CLITEST_HELP_OBJ += build/tests/help/lib/tests/common/levels.o
 TEST_INC := -Ilib/tests/common -Icli/tests -Icli -Ilib
 
 .PHONY: all deps test demo clean check-deps

@@ -40,7 +40,7 @@ void cli_level_why(char *buf, size_t cap)
         snprintf(buf, cap, "the highest level built in; this CPU and OS run it");
     } else {
         /* the first level above it says why the CPU stops there */
-        snprintf(buf, cap, "the highest this CPU and OS run: %s %s", lv[in + 1].name, lv[in + 1].why);
+        snprintf(buf, cap, "the highest this CPU and OS run; %s: %s", lv[in + 1].name, lv[in + 1].why);
     }
 }
 
@@ -59,6 +59,9 @@ void cli_levels_print(FILE *fp)
     char why[160];
     cli_level_why(why, sizeof why);
     fprintf(fp, "kernels: %s (%s)\nkernel levels:", cli_level_name(), why);
-    for (size_t i = 0; i < n; i++) fprintf(fp, " %s%s", lv[i].name, lv[i].runs ? "" : " (not here)");
-    fputc('\n', fp);
+    for (size_t i = 0; i < n; i++) fprintf(fp, " %s", lv[i].name);
+    fputs(" (this CPU and OS run", fp);
+    for (size_t i = 0; i < n; i++)
+        if (lv[i].runs) fprintf(fp, " %s", lv[i].name);
+    fputs(")\n", fp);
 }

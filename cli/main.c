@@ -38,6 +38,8 @@ static void usage(FILE *fp)
         fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fputs("\n--quiet (anywhere) silences the progress lines that long runs show on a terminal\n"
           "(the fraction done and the time left).\n"
+          "AFT_KERNELS=base|avx2|avx512 runs the kernels at that level instead of the highest\n"
+          "this CPU runs ('aft --version' names the one in use and the levels built in).\n"
           "'aft COMMAND --help' or 'aft help COMMAND' shows a command's options; 'man aft' has\n"
           "the details.\n", fp);
 }

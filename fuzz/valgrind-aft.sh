@@ -3,7 +3,7 @@
 # test-valgrind` sets AFT_BIN to this script, so every aft run a CLI test
 # makes is checked.
 #
-#   AFT_VALGRIND_BIN   the program (default: build/valgrind/aft beside fuzz/)
+#   AFT_VALGRIND_BIN   the program (default: the aft beside fuzz/)
 #   AFT_VALGRIND_LOGS  a directory: reports go to LOGS/vg.PID.log instead of
 #                      stderr, where they would break the tests' one-line
 #                      message checks; `make test-valgrind` prints them
@@ -13,7 +13,7 @@
 # stacks and TLS until exit, which memcheck reports as possibly lost.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-bin=${AFT_VALGRIND_BIN:-$here/../build/valgrind/aft}
+bin=${AFT_VALGRIND_BIN:-$here/../aft}
 log=""
 if [ -n "${AFT_VALGRIND_LOGS:-}" ]; then log="--log-file=$AFT_VALGRIND_LOGS/vg.%p.log"; fi
 # shellcheck disable=SC2086

@@ -32,7 +32,7 @@ FUZZ_TARGETS := fuzz_npy fuzz_npz fuzz_safetensors fuzz_state fuzz_weights fuzz_
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_CFLAGS  = -O1 -g $(FUZZ_SAN) $(WARN) -Wno-psabi -std=c11 -D_GNU_SOURCE \
                -Ifuzz/omp_stub -Ilib $(PKG_CFLAGS)
-FUZZ_LIB_OBJ = $(LIB_SRC:lib/%.c=$(FUZZ_DIR)/lib/%.o)
+FUZZ_LIB_OBJ = $(call lib_objs,$(FUZZ_DIR))
 
 # per-input time limit and memory ceiling: a slow or greedy input is a finding
 FUZZ_OPTS = -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
@@ -44,7 +44,11 @@ fuzz-deps:
 # lib/ is instrumented for coverage (fuzzer-no-link) so libFuzzer sees its branches
 $(FUZZ_DIR)/lib/%.o: lib/%.c $(LIB_HDR) fuzz/omp_stub/omp.h
 	@mkdir -p $(@D)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(LEVEL_DEFS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+# the kernels once per level, as in the normal build (kern_level)
+$(foreach l,$(LEVELS),$(eval $(call kern_level,$(FUZZ_DIR),$$(FUZZ_CC) $$(FUZZ_CFLAGS) $$(LEVEL_DEFS) \
+    -fsanitize=fuzzer-no-link,$(l))))
 
 $(FUZZ_DIR)/libaft.a: $(FUZZ_LIB_OBJ)
 	rm -f $@

@@ -10,8 +10,8 @@
 #
 # For changes that must not move a number or a message (moving files,
 # splitting functions): run it before and after. The reference is built from
-# `git archive GOLDEN_REF` in build/golden/ref-SHA/ with this make's CC, ARCH
-# and OPT, once per full sha (and flags); its build log is build.log there.
+# `git archive GOLDEN_REF` in build/golden/ref-SHA/ with this make's CC, OPT
+# and ARCH when given, once per full sha (and flags); its build log is build.log there.
 # The driver (testdata/golden/golden.py, Python's standard library only)
 # writes seeded inputs, runs both binaries in scratch directories under
 # build/golden/run/ with the same relative file names, and keeps a failing
@@ -23,7 +23,8 @@ GOLDEN_REF  ?= HEAD
 GOLDEN_JOBS ?= 2
 GOLDEN_DIR  := build/golden
 # what the reference is built with; a cached build made otherwise is rebuilt
-GOLDEN_FLAGS = CC='$(CC)' ARCH='$(ARCH)' OPT='$(OPT)'
+# (ARCH only when it was given: otherwise each tree builds its own default)
+GOLDEN_FLAGS = CC='$(CC)' OPT='$(OPT)' $(if $(filter fixed,$(LEVELS)),ARCH='$(ARCH)')
 
 .PHONY: golden
 golden: aft

@@ -4,16 +4,18 @@
 #   make test-asan       builds lib, cli and every test with
 #                        gcc -fsanitize=address,undefined into build/asan/ and
 #                        runs every test program, AFT_BIN = build/asan/aft
-#   make test-valgrind   builds into build/valgrind/ and runs the CLI test
-#                        programs with AFT_BIN = fuzz/valgrind-aft.sh (every aft
-#                        run under memcheck), and the format tests
+#   make test-valgrind   runs the default build's ./aft under memcheck on a
+#                        small run (at the level it picks there), then the
+#                        CLI test programs with AFT_BIN = fuzz/valgrind-aft.sh
+#                        (every aft run under memcheck), and the format tests
 #                        (lib_io/test_npy, test_npz, test_safetensors,
 #                        test_detect) under memcheck
 #
-# Both build from the same sources as the main Makefile (its LIB_SRC, CLI_SRC,
-# test lists, warnings and FPFLAGS) into their own directories under build/
-# (so `make clean` removes them) with their own flags: the normal objects,
-# ./aft and lib/libaft.a are never touched. Either target fails when a test
+# test-asan builds from the same sources as the main Makefile (its LIB_SRC,
+# CLI_SRC, test lists, warnings and FPFLAGS) into its own directory under
+# build/ (so `make clean` removes it) with its own flags: the normal objects,
+# ./aft and lib/libaft.a are never touched; test-valgrind runs the normal
+# build. Either target fails when a test
 # fails or when any process wrote a sanitizer or valgrind report, even a
 # process whose test only looked at its exit status: the reports go to log
 # files (build/asan/logs/, build/valgrind/logs/), which are printed at the end.
@@ -30,13 +32,13 @@ SAN_PKG_LIBS   = $(shell pkg-config --libs cmocka 2>/dev/null)
 define san_build
 $(1)/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $$(@D)
-	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $$(PKG_CFLAGS) -c $$< -o $$@
+	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib $$(PKG_CFLAGS) $$(LEVEL_DEFS) -c $$< -o $$@
 
 $(1)/cli/%.o: cli/%.c lib/aft.h cli/cli.h
 	@mkdir -p $$(@D)
 	$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 -D_GNU_SOURCE -fopenmp -Ilib -Icli $$(PKG_CFLAGS) -c $$< -o $$@
 
-$(1)/libaft.a: $$(LIB_SRC:lib/%.c=$(1)/lib/%.o)
+$(1)/libaft.a: $$(call lib_objs,$(1))
 	rm -f $$@
 	ar rcs $$@ $$^
 
@@ -61,6 +63,10 @@ $(1)/tests/cli_%: cli/tests/%.c $$(CLITEST_HELP_OBJ:build/tests/%=$(1)/tests/%) 
 	    -o $$@ $$< $$(CLITEST_HELP_OBJ:build/tests/%=$(1)/tests/%) $$(filter-out $(1)/cli/main.o,$$(CLI_SRC:cli/%.c=$(1)/cli/%.o)) \
 	    $(1)/libaft.a $$(SAN_PKG_LIBS) $$(LDLIBS_ALL)
 endef
+
+# san_levels(DIR, FLAGS): san_build's kernels, once per level (kern_level)
+san_levels = $(foreach l,$(LEVELS),$(eval $(call kern_level,$(1),$$(SAN_CC) $(2) $$(WARN) $$(FPFLAGS) -std=c11 \
+    -D_GNU_SOURCE -fopenmp -Ilib $$(PKG_CFLAGS) $$(LEVEL_DEFS),$(l))))
 
 # the test programs of a build directory, named as the main Makefile names them
 san_lib_tests = $(LIBTEST_SRC:lib/tests/%.c=$(1)/tests/lib_%)
@@ -113,9 +119,11 @@ san_order = $(filter $(SAN_SLOW_FIRST),$(1)) $(filter-out $(SAN_SLOW_FIRST),$(1)
 ASAN_DIR   := build/asan
 # -O2: the operator tests' float64 reference kernels run 8x faster than at -O1
 # (21 s against 3 min), and with frame pointers kept the reports' stacks stay
-# readable; $(ARCH) (native) keeps the normal build's vector code paths
+# readable; the kernels are built at every level, as in the normal build,
+# and run at the highest this CPU runs
 ASAN_FLAGS := -O2 -g $(ARCH) -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 $(eval $(call san_build,$(ASAN_DIR),$(ASAN_FLAGS)))
+$(call san_levels,$(ASAN_DIR),$(ASAN_FLAGS))
 ASAN_TESTS   = $(call san_lib_tests,$(ASAN_DIR)) $(call san_cli_tests,$(ASAN_DIR))
 ASAN_RESULTS = $(patsubst $(ASAN_DIR)/tests/%,$(ASAN_DIR)/runs/%.result,$(call san_order,$(ASAN_TESTS)))
 
@@ -140,44 +148,57 @@ test-asan: deps
 # ---------------------------------------------------------------- test-valgrind
 
 VG_DIR   := build/valgrind
-# No $(ARCH): -march=native emits AVX-512 on such hosts, which valgrind 3.19
-# cannot execute (SIGILL). -O2 keeps memcheck's runs short.
-VG_FLAGS := -O2 -g
-$(eval $(call san_build,$(VG_DIR),$(VG_FLAGS)))
-# Under valgrind: the CLI tests (every aft run they make, the malformed
-# corpus included) and the format tests. The operator's tests (lib_ops/) are
-# left out: their float64 reference kernels take tens of minutes under
-# memcheck; `make test-asan` covers them.
-VG_CLI_TESTS = $(call san_cli_tests,$(VG_DIR))
-VG_LIB_TESTS = $(addprefix $(VG_DIR)/tests/lib_io/,test_npy test_npz test_safetensors test_detect)
-VG_RESULTS   = $(patsubst $(VG_DIR)/tests/%,$(VG_DIR)/runs/%.result,$(call san_order,$(VG_CLI_TESTS) $(VG_LIB_TESTS)))
+# The default build itself: valgrind shows a CPU without AVX-512, so aft
+# picks a level it can execute. Under valgrind: the CLI tests (every aft run
+# they make, the malformed corpus included) and the format tests. The
+# operator's tests (lib_ops/) are left out: their float64 reference kernels
+# take tens of minutes under memcheck; `make test-asan` covers them.
+VG_CLI_TESTS = $(filter build/tests/cli_%,$(TEST_BIN))
+VG_LIB_TESTS = $(addprefix build/tests/lib_io/,test_npy test_npz test_safetensors test_detect)
+VG_RESULTS   = $(patsubst build/tests/%,$(VG_DIR)/runs/%.result,$(call san_order,$(VG_CLI_TESTS) $(VG_LIB_TESTS)))
 
 # AFT_TEST_QUICK=1: fewer cases of the same paths (harness_quick()):
 # test_malformed runs one command per file (aft info and aft run in turn)
 # instead of four, test_stream feeds one row at a time for local alone, and
 # test_model generates shorter texts. AFT_TEST_TIMEOUT: one aft run under
 # memcheck takes a second or more instead of milliseconds.
-# OPENBLAS_CORETYPE: OpenBLAS picks its kernels from CPUID, and valgrind shows
-# a CPU without AVX-512, so an aft under valgrind would multiply with other
-# kernels than the test program beside it, and the tests that compare the two
-# byte for byte would differ in the last bits. Haswell's kernels run natively
-# and under valgrind on every x86-64 host CI uses.
-VG_ENV = OPENBLAS_CORETYPE=Haswell AFT_VALGRIND_BIN=$(CURDIR)/$(VG_DIR)/aft AFT_VALGRIND_LOGS=$(CURDIR)/$(VG_DIR)/logs \
+# AFT_KERNELS and OPENBLAS_CORETYPE: aft and OpenBLAS choose their kernels
+# from CPUID, and valgrind shows a CPU without AVX-512, so an aft under
+# valgrind would multiply with other kernels than the test program beside
+# it, and the tests that compare the two byte for byte would differ in the
+# last bits. avx2 and Haswell's kernels run natively and under valgrind on
+# every x86-64 host CI uses.
+VG_ENV = AFT_KERNELS=avx2 OPENBLAS_CORETYPE=Haswell AFT_VALGRIND_BIN=$(CURDIR)/aft \
+         AFT_VALGRIND_LOGS=$(CURDIR)/$(VG_DIR)/logs \
          AFT_TESTDATA=$(CURDIR)/testdata AFT_TEST_TIMEOUT=600 AFT_TEST_QUICK=1
 
 # a CLI test runs natively, every aft it starts under valgrind; a library
 # test runs under valgrind itself
-$(VG_DIR)/runs/cli_%.result: $(VG_DIR)/tests/cli_%
+$(VG_DIR)/runs/cli_%.result: build/tests/cli_%
 	$(call san_result,env $(VG_ENV) AFT_BIN=$(CURDIR)/fuzz/valgrind-aft.sh ./$<)
-$(VG_DIR)/runs/lib_%.result: $(VG_DIR)/tests/lib_%
+$(VG_DIR)/runs/lib_%.result: build/tests/lib_%
 	$(call san_result,env $(VG_ENV) AFT_VALGRIND_BIN=$(CURDIR)/$< sh fuzz/valgrind-aft.sh)
+
+# aft itself under memcheck, no wrapper and no AFT_KERNELS: the level it
+# picks under valgrind (named by --version), and runs at it
+VG_RUN  := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+           --show-leak-kinds=definite --suppressions=fuzz/valgrind.supp
+VG_X    := testdata/torch/rish_local/x.npy
+define vg_plain
+	$(VG_RUN) ./aft --version
+	$(VG_RUN) ./aft run --variant local --window 4 -o $(VG_DIR)/y.npy $(VG_X)
+	$(VG_RUN) ./aft run --variant full --causal --threads 2 -o $(VG_DIR)/y2.npy $(VG_X)
+	./aft run --variant local --window 4 --impl reference -o $(VG_DIR)/yr.npy $(VG_X) && \
+	    ./aft compare --rtol 2e-5 --atol 2e-5 $(VG_DIR)/y.npy $(VG_DIR)/yr.npy
+endef
 
 sanitize-deps:
 	@sh third_party/install-deps.sh valgrind
 
 test-valgrind: deps sanitize-deps
-	@$(MAKE) --no-print-directory -j$(SAN_JOBS) $(VG_DIR)/aft $(VG_CLI_TESTS) $(VG_LIB_TESTS)
-	@rm -rf $(VG_DIR)/logs $(VG_DIR)/runs && mkdir -p $(VG_DIR)/logs
+	@$(MAKE) --no-print-directory all $(VG_CLI_TESTS) $(VG_LIB_TESTS)
+	@rm -rf $(VG_DIR) && mkdir -p $(VG_DIR)/logs
+	$(vg_plain)
 	@$(MAKE) --no-print-directory -j$(SAN_JOBS) $(VG_RESULTS)
 	$(call san_report,$(VG_RESULTS),test-valgrind)
 	$(call san_check_logs,$(VG_DIR)/logs,test-valgrind)

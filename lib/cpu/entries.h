@@ -56,6 +56,12 @@ AFT_ENTRY_VOID(aft_w_row, (const aft_opspec *sp, size_t h, size_t t, size_t j0, 
 AFT_ENTRY(int, aft_bias_grad_wanted, (const aft_opspec *sp, const aft_bias_grad *db), (sp, db))
 AFT_ENTRY_VOID(aft_bias_grad_zero, (const aft_opspec *sp, const aft_bias_grad *db), (sp, db))
 
+/* a row's maximum and exponentials (kernels.h): test_numerics checks the
+ * levels' vector code through them */
+AFT_ENTRY(float, aft_full_visible_max, (const float *w, size_t nv, const uint8_t *mrow), (w, nv, mrow))
+AFT_ENTRY_VOID(aft_full_exp_row, (float *wr, size_t nv, size_t tv, float r, const uint8_t *mrow),
+               (wr, nv, tv, r, mrow))
+
 /* the running sums of a chunk's keys (sums.h) */
 AFT_ENTRY(int, aft_sums_of_rows,
           (const float *k, size_t ldk, const float *v, size_t ldv, size_t r0, size_t r1, size_t n, float *m,

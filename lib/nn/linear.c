@@ -83,7 +83,11 @@ static aft_status lin_setup(aft_linear *l, const float *w, const float *bias, si
     l->pk = (float *)(((uintptr_t)l->mem + 63) & ~(uintptr_t)63);
     l->bpad = l->pk + pkf;
     l->npad = npad;
-    for (size_t j = 0; j < npad; j++) l->bpad[j] = bias && j < n ? bias[j] : 0.0f;
+    /* two loops, not one with `bias &&` in it: GCC vectorises that one
+     * with masked loads from NULL + j, which the CPU skips but qemu's
+     * emulation of them (make test-qemu) faults on */
+    memset(l->bpad, 0, npad * sizeof(float));
+    if (bias) memcpy(l->bpad, bias, n * sizeof(float));
     return AFT_OK;
 }
 

@@ -1,0 +1,54 @@
+# mk/levels.mk - the kernels at every level, and the binary on older CPUs.
+#
+#   make test-levels   runs the kernels' tests (lib_ops/, lib_nn/, the
+#                      layer, state, slices, model, the exponential) and the
+#                      CLI tests that run them again at each kernel level
+#                      this CPU runs below the one `make test` ran them at
+#                      (the highest): the same programs with AFT_KERNELS=LEVEL
+#   make test-qemu     runs the default ./aft under qemu-x86_64 -cpu Nehalem
+#                      (base kernels) and -cpu Haswell (avx2): run, grad,
+#                      stream and generate, each compared with the same
+#                      command run natively within 2e-5 x max(1, |y|). A
+#                      baseline instruction used outside the chosen kernels
+#                      would stop it with SIGILL.
+#
+# Both use the normal build. A level this CPU does not run is skipped, with
+# a line saying so.
+
+LEVEL_TESTS := $(filter build/tests/lib_ops/% build/tests/lib_nn/%,$(TEST_BIN)) \
+               $(addprefix build/tests/lib_test_,layer layer_chunks layer_grad state slice model numerics) \
+               $(addprefix build/tests/cli_test_,run grad stream model mask json pipeline)
+
+.PHONY: test-levels test-qemu
+test-levels: deps
+	@$(MAKE) --no-print-directory all $(LEVEL_TESTS)
+	@top=$$(./aft --version | sed -n 's/^kernels: \([^ ]*\).*/\1/p'); \
+	levels=$$(./aft --version | sed -n 's/^kernel levels: \([^(]*\).*/\1/p'); \
+	pass=0; fail=0; \
+	for l in $$levels; do \
+	    if [ "$$l" = "$$top" ]; then echo "== level $$l: make test runs it"; continue; fi; \
+	    if ! AFT_KERNELS=$$l ./aft --version > /dev/null 2>&1; then \
+	        echo "== level $$l: skipped, this CPU does not run it"; continue; fi; \
+	    for t in $(LEVEL_TESTS); do \
+	        echo "== $$t at $$l"; \
+	        if AFT_KERNELS=$$l AFT_BIN=$(CURDIR)/aft AFT_TESTDATA=$(CURDIR)/testdata ./$$t; then \
+	            pass=$$((pass+1)); else fail=$$((fail+1)); echo "== $$t at $$l: FAILED"; fi; \
+	    done; \
+	done; \
+	echo "test-levels: $$pass passed, $$fail failed"; \
+	test $$fail -eq 0
+
+QEMU_DIR := build/qemu
+QEMU_X   := testdata/torch/rish_local/x.npy
+# each case: a name, then the aft command after `aft`, writing OUT
+QEMU_CASES := \
+    run:run --variant local --window 4 --threads 2 -o OUT $(QEMU_X) \
+    full:run --variant full --causal --threads 2 -o OUT $(QEMU_X) \
+    grad:grad --variant full --dy testdata/torch/rish_local/dy.npy -o OUT $(QEMU_X) \
+    stream:run --variant local --window 3 --causal --state-out OUT.state -o OUT $(QEMU_X)
+
+test-qemu: deps
+	@sh third_party/install-deps.sh qemu-user
+	@$(MAKE) --no-print-directory aft
+	@rm -rf $(QEMU_DIR) && mkdir -p $(QEMU_DIR)
+	@sh mk/qemu-check.sh $(QEMU_DIR) ./aft
