@@ -186,8 +186,7 @@ static const cli_option options[] = {
      "--threads; columns ms, ttft ms (time to the first token), tokens/s, us/token, peak MiB",
      cli_set_flag, FIELD(generate), NULL, 0},
     {"--weights", NULL, "FILE",
-     "--generate: the model, a .safetensors of its state_dict() (default: the shipped one, " CLI_SHIPPED_MODEL
-     " in aft's source tree)",
+     "--generate: the model, a .safetensors of its state_dict() (default: " CLI_SHIPPED_HELP ")",
      cli_set_string, FIELD(weights), "--weights needs a file", 0},
     /* one configuration in this process: how the parent runs each */
     {"--one", NULL, NULL, "run the first configuration here and print its JSON", cli_set_flag, FIELD(one), NULL,
@@ -881,11 +880,7 @@ static int check_generate(bench_opts *o, char *shipped, size_t cap)
         o->nseq = 1;
     }
     if (!o->weights) {
-        if (!cli_shipped_model(shipped, cap) || !cli_path_exists(shipped)) {
-            cli_error("bench", "--generate without --weights times the model shipped in aft's source tree (%s beside "
-                      "the aft binary), which is not there: give --weights FILE", CLI_SHIPPED_MODEL);
-            return EXIT_DATA;
-        }
+        if (!cli_shipped_model("bench", "--generate without --weights times", shipped, cap)) return EXIT_DATA;
         o->weights = shipped;
     }
     return 0;

@@ -258,11 +258,31 @@ typedef struct {
  * (CMD: the command, for an out-of-memory message) */
 int cli_tokens_read(const char *cmd, const char *file, size_t V, int tbd, cli_tokens *out);
 
-/* the trained model the source tree ships, relative to it */
+/* The trained model aft ships, which aft generate and aft bench --generate
+ * run without --weights: in the source tree, CLI_SHIPPED_MODEL; installed
+ * (make install, the Debian package), AFT_DATADIR/CLI_SHIPPED_NAME, the
+ * data directory make compiles into cli/ from its PREFIX (mk/install.mk:
+ * DATADIR). Builds that do not pass it (mk/sanitize.mk's) get make's
+ * default. */
 #define CLI_SHIPPED_MODEL "testdata/model/labml_aft_fortunes.safetensors"
-/* that file beside this aft binary (in the source tree it was built in),
- * into buf: buf, or NULL when the binary cannot be found */
-const char *cli_shipped_model(char *buf, size_t cap);
+#define CLI_SHIPPED_NAME "labml_aft_fortunes.safetensors"
+#ifndef AFT_DATADIR
+#define AFT_DATADIR "/usr/local/share/aft"
+#endif
+/* --weights' help in aft generate and aft bench: where the model is looked for */
+#define CLI_SHIPPED_HELP \
+    "the model shipped with aft: " CLI_SHIPPED_MODEL " beside the aft binary, else " AFT_DATADIR "/" \
+    CLI_SHIPPED_NAME
+
+/* The places looked in, in order: 0, beside this aft binary
+ * (<its directory>/CLI_SHIPPED_MODEL: the source tree it was built in);
+ * 1, the data directory (AFT_DATADIR/CLI_SHIPPED_NAME). Place i into buf:
+ * buf, or NULL when it cannot be named (the binary cannot be found). */
+const char *cli_shipped_place(int i, char *buf, size_t cap);
+/* The first place that holds the model, into buf: buf; or NULL after
+ * reporting "aft CMD: WHAT the model shipped with aft (PLACE0 beside the
+ * aft binary, or PLACE1), which is not there: give --weights FILE". */
+const char *cli_shipped_model(const char *cmd, const char *what, char *buf, size_t cap);
 
 /* ---------------------------------------------------------------- aft bench --stream (bench_stream.c) */
 

@@ -64,7 +64,7 @@ static int set_seed(const cli_option *opt, void *opts, const char *v)
 #define NEEDS_VALUE "%s needs a value"
 
 static const cli_option options[] = {
-    {"--weights", NULL, "FILE", "the model: a .safetensors export of its state_dict() (required)",
+    {"--weights", NULL, "FILE", "the model: a .safetensors export of its state_dict() (default: " CLI_SHIPPED_HELP ")",
      cli_model_set_weights, FIELD(m), "--weights needs a file", 0},
     {"--prompt", NULL, "TEXT", "the text to start from, at least one character (required)", cli_set_string,
      FIELD(prompt), "--prompt needs a text", 0},
@@ -100,7 +100,7 @@ static const cli_option options[] = {
 
 const cli_command cli_generate_command = {
     .name = "generate",
-    .usage = "usage: aft generate --weights FILE --prompt TEXT [-n N] [--temperature T] [--top-k K]\n"
+    .usage = "usage: aft generate [--weights FILE] --prompt TEXT [-n N] [--temperature T] [--top-k K]\n"
              "                    [--seed N] [--greedy] [options]\n"
              "\n"
              "Prints the prompt, then each token of labml's autoregressive AFT model as it\n"
@@ -212,7 +212,6 @@ static int write_timing(aft_out *out, const struct gen_opts *o, const struct gen
 /* the options that do not go together: 0 or EXIT_USAGE */
 static int check_options(const struct gen_opts *o)
 {
-    if (!o->m.weights) return cli_usage_error("generate", "--weights FILE is required: the model");
     if (!o->prompt) return cli_usage_error("generate", "--prompt TEXT is required");
     if (!o->prompt[0])
         return cli_usage_error("generate", "--prompt needs at least one character: the model starts from it");
@@ -242,6 +241,12 @@ int cmd_generate(int argc, char **argv)
     int rc = cli_parse_options(&cli_generate_command, argc, argv, &o);
     if (rc) return rc < 0 ? cli_finish_stdout("generate") : rc;
     if ((rc = check_options(&o))) return rc;
+    char shipped[4096];
+    if (!o.m.weights) {
+        if (!cli_shipped_model("generate", "without --weights, generate runs", shipped, sizeof shipped))
+            return EXIT_DATA;
+        o.m.weights = shipped;
+    }
 
     struct gen_run r = {.t_start = aft_now_ms()};
     aft_out tout = {0};

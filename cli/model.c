@@ -177,8 +177,12 @@ int cli_model_open(const cli_model_opts *o, aft_model **out)
     return 0;
 }
 
-const char *cli_shipped_model(char *buf, size_t cap)
+const char *cli_shipped_place(int i, char *buf, size_t cap)
 {
+    if (i == 1) {
+        snprintf(buf, cap, "%s/%s", AFT_DATADIR, CLI_SHIPPED_NAME);
+        return buf;
+    }
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return NULL;
@@ -188,6 +192,20 @@ const char *cli_shipped_model(char *buf, size_t cap)
     *slash = 0;
     snprintf(buf, cap, "%s/" CLI_SHIPPED_MODEL, self);
     return buf;
+}
+
+const char *cli_shipped_model(const char *cmd, const char *what, char *buf, size_t cap)
+{
+    const char *beside = cli_shipped_place(0, buf, cap);
+    if (beside && cli_path_exists(beside)) return buf;
+    char datadir[4096];
+    if (cli_path_exists(cli_shipped_place(1, datadir, sizeof datadir))) {
+        snprintf(buf, cap, "%s", datadir);
+        return buf;
+    }
+    cli_error(cmd, "%s the model shipped with aft (%s beside the aft binary, or %s), which is not there: give "
+              "--weights FILE", what, beside ? beside : CLI_SHIPPED_MODEL, datadir);
+    return NULL;
 }
 
 void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info *in)

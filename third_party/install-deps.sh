@@ -12,9 +12,12 @@
 #                    them aft builds with no MPI support
 #   openmpi-bin      mpirun, which the MPI tests (cli/tests/test_mpi.c) start
 #   jq               the README's pipeline examples, which cli/tests/test_readme.c runs
+#   dpkg-dev         dpkg-shlibdeps, which make deb (mk/deb/build.sh) takes the
+#                    package's Depends from; dpkg-deb, which builds it, is dpkg's
+#   lintian          Debian's package checker, which make test-deb runs on it
 # Uses apt-get, through sudo when not root. Prints nothing when all are there.
 set -eu
-pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config libopenmpi-dev openmpi-bin jq $*"
+pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config libopenmpi-dev openmpi-bin jq dpkg-dev lintian $*"
 missing=""
 for p in $pkgs; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

@@ -1,6 +1,7 @@
 /* test_install.c - `make install` and `make uninstall` into a temporary
- * prefix: the files, a program built against the installed library through
- * pkg-config, DESTDIR staging; and the bash completion in completion/.
+ * prefix: the files (the shipped model among them), a program built
+ * against the installed library through pkg-config, DESTDIR staging; and
+ * the bash completion in completion/.
  *
  * The repository is $AFT_TESTDATA/.. . make runs with `-o aft -o
  * lib/libaft.a`, so it copies the files `make all` built before the tests
@@ -142,10 +143,13 @@ static const char *const installed[] = {
     "lib/pkgconfig/aft.pc",
     "share/man/man1/aft.1",
     "share/bash-completion/completions/aft",
+    "share/aft/labml_aft_fortunes.safetensors",
+    "share/aft/README.md",
 };
 /* where each comes from in the repository (NULL: generated) */
 static const char *const sources[] = {
     "aft", "lib/libaft.a", "lib/aft.h", NULL, "man/aft.1", "completion/aft.bash",
+    "testdata/model/labml_aft_fortunes.safetensors", "testdata/model/README.md",
 };
 #define N_INSTALLED (sizeof installed / sizeof installed[0])
 

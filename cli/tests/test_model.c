@@ -13,6 +13,8 @@
  *    the other variants (full, conv, simple) in labml's block structure,
  *    from checkpoints written here, fast against --impl reference;
  *  - --timing's JSON, bench --generate's JSON;
+ *  - without --weights, the shipped model: found beside a copy of aft once
+ *    testdata/ is there, and both places named when neither holds it;
  *  - errors: a prompt character outside the vocabulary, a missing tensor,
  *    shapes that do not fit, bad tokens (exit 1, one line naming it), usage
  *    errors (exit 2), an -o left untouched by a failed run;
@@ -31,8 +33,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "aft.h"
+#include "cli.h"
 #include "harness.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -645,7 +650,6 @@ static void test_usage_errors(void **state)
     FAILS(2, ARGS("model", "--weights", w, "--threads", "0", seq), SAYS("--threads"));
     FAILS(2, ARGS("model", "--weights", w, "--window", "x", seq), SAYS("--window"));
     FAILS(2, ARGS("model", "--weights", w, "--bogus", seq), SAYS("--bogus"));
-    FAILS(2, ARGS("generate", "--prompt", "a"), SAYS("--weights"));
     FAILS(2, ARGS("generate", "--weights", w), SAYS("--prompt"));
     FAILS(2, ARGS("generate", "--weights", w, "--prompt", ""), SAYS("--prompt", "at least one character"));
     FAILS(2, ARGS("generate", "--weights", w, "--prompt", "a", "--greedy", "--temperature", "0.5"), SAYS("--temperature"));
@@ -703,6 +707,59 @@ static void test_bench_generate(void **state)
     free(w);
 }
 
+/* ------------------------------------------------------------------ the shipped model, without --weights */
+
+/* A copy of aft in a directory of its own looks beside itself, then in the
+ * data directory it was built for (cli_shipped_place: the one this test's
+ * cli/ objects were compiled with, as aft's were). With neither holding the
+ * model, aft generate and aft bench --generate name both (exit 1); with
+ * testdata/ beside the copy, generate runs that model as --weights would. */
+static void test_shipped_model(void **state)
+{
+    (void)state;
+    if (!harness_aft_is_binary()) {
+        print_message("skipped: $AFT_BIN is a wrapper, which cannot be copied away from its aft\n");
+        skip();
+    }
+    char *dir = tmp("bin"), *copy = harness_path(dir, "aft"), *bin, *here = NULL, *data = NULL;
+    size_t len;
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_int_equal(harness_read_file(harness_aft_bin(), &bin, &len), 0);
+    assert_int_equal(harness_write_file(copy, bin, len), 0);
+    assert_int_equal(chmod(copy, 0755), 0);
+    assert_non_null(here = realpath(dir, NULL));
+    assert_non_null(data = realpath(harness_testdata(), NULL));
+    char *beside = harness_fmt("%s/testdata/model/labml_aft_fortunes.safetensors", here), datadir[4096];
+    assert_non_null(cli_shipped_place(1, datadir, sizeof datadir));
+    assert_non_null(strstr(datadir, "/labml_aft_fortunes.safetensors"));
+    char *saved = strdup(harness_aft_bin());
+    setenv("AFT_BIN", copy, 1);
+    if (harness_exists(datadir)) {
+        print_message("note: %s is installed, so the copy finds it: its absence is not checked\n", datadir);
+    } else {
+        FAILS(1, ARGS("generate", "--prompt", "It"),
+              SAYS("aft generate: without --weights, generate runs the model shipped with aft (", beside,
+                   " beside the aft binary, or ", datadir, "), which is not there: give --weights FILE"));
+        FAILS(1, ARGS("bench", "--generate", "--seq-len", "8", "--repeat", "1"),
+              SAYS("aft bench: --generate without --weights times the model shipped with aft (", beside, datadir));
+    }
+    char *link = harness_path(dir, "testdata"), *t = tmp("shipped_timing.json"), *w = ckpt();
+    assert_int_equal(symlink(data, link), 0);
+    char *a = GENERATE("--prompt", "It is ", "-n", "40", "--greedy", "--timing", t);
+    setenv("AFT_BIN", saved, 1);
+    char *b = GENERATE("--weights", w, "--prompt", "It is ", "-n", "40", "--greedy");
+    assert_string_equal(a, b);
+    /* --timing names the file it found */
+    char *text;
+    assert_int_equal(harness_read_file(t, &text, NULL), 0);
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "model")->valuestring, beside);
+    cJSON_Delete(j);
+    free(text); free(a); free(b); free(w); free(t); free(link); free(saved); free(beside);
+    free(data); free(here); free(bin); free(copy); free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -716,6 +773,7 @@ int main(void)
         cmocka_unit_test(test_layers_alike),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_bench_generate),
+        cmocka_unit_test(test_shipped_model),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
