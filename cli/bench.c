@@ -704,8 +704,10 @@ static void print_header(const bench_opts *o, int threads, double ceiling)
     cli_kernels_from_env(&kc);
     aft_blas_info bi;
     aft_blas_get_info(&bi, kc.projections);
-    printf("# %s, kernel %s, %d thread%s; projections %s; aft kernels %s; ", bi.library, bi.core, threads,
-           threads == 1 ? "" : "s", bi.projections, cli_level_name());
+    char why[160];
+    cli_level_why(why, sizeof why);
+    printf("# %s, kernel %s, %d thread%s; projections %s; aft kernels %s (%s); ", bi.library, bi.core, threads,
+           threads == 1 ? "" : "s", bi.projections, cli_level_name(), why);
     if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
     else printf("sgemm ceiling not measured\n");
     printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s%s%s\n", "variant", "causal", "T", "B", "d", "ms",
@@ -797,8 +799,10 @@ static void print_generate_header(const bench_opts *o, const aft_model_info *in)
     aft_blas_info bi;
     aft_blas_get_info(&bi, AFT_KERNEL_AUTO);
     int threads = o->threads ? o->threads : aft_cores();
-    printf("# %s, kernel %s, %d thread%s; projections %s; aft kernels %s\n", bi.library, bi.core, threads,
-           threads == 1 ? "" : "s", bi.projections, cli_level_name());
+    char why[160];
+    cli_level_why(why, sizeof why);
+    printf("# %s, kernel %s, %d thread%s; projections %s; aft kernels %s (%s)\n", bi.library, bi.core, threads,
+           threads == 1 ? "" : "s", bi.projections, cli_level_name(), why);
     char ctx[32] = "unbounded";
     if (in->context != SIZE_MAX) snprintf(ctx, sizeof ctx, "%zu", in->context);
     char win[32] = "";

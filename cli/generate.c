@@ -188,6 +188,7 @@ static int write_timing(aft_out *out, const struct gen_opts *o, const struct gen
     cJSON *j = cJSON_CreateObject();
     cli_model_info_json(j, o->m.weights, in);
     cJSON_AddNumberToObject(j, "threads", o->m.threads);
+    cli_level_json(j);
     cJSON *s = cJSON_AddObjectToObject(j, "sampling");
     cJSON_AddBoolToObject(s, "greedy", o->greedy || o->temperature == 0.0);
     cJSON_AddNumberToObject(s, "temperature", o->greedy ? 0.0 : o->temperature);

@@ -83,9 +83,9 @@ aft_status aft_level_use(const char *name, aft_error *err)
         return aft_fail(err, AFT_ERR_ARG, "'%s' is not a kernel level of this build (%s)", name, known);
     }
     if (!lv[i].runs) return aft_fail(err, AFT_ERR_ARG, "kernel level %s needs %s: %s", name, lv[i].needs, lv[i].why);
-    int now = settle((int)i);
-    if (now != (int)i)
+    size_t now = (size_t)settle((int)i);
+    if (now != i)
         return aft_fail(err, AFT_ERR_ARG, "the kernels already run at level %s: choose one before the first",
-                        lv[now].name);
+                        now < n ? lv[now].name : "?");
     return AFT_OK;
 }
