@@ -16,7 +16,7 @@
 # The first two use the normal build. A level this CPU does not run is skipped, with
 # a line saying so.
 
-LEVEL_TESTS := $(filter build/tests/lib_ops/% build/tests/lib_nn/%,$(TEST_BIN)) \
+LEVEL_TESTS := $(filter build/tests/lib_ops/% build/tests/lib_nn/% build/tests/lib_cpu/%,$(TEST_BIN)) \
                $(addprefix build/tests/lib_test_,layer layer_chunks layer_grad state slice model numerics) \
                $(addprefix build/tests/cli_test_,run grad stream model mask json pipeline)
 
@@ -40,19 +40,11 @@ test-levels: deps
 	test $$fail -eq 0
 
 QEMU_DIR := build/qemu
-QEMU_X   := testdata/torch/rish_local/x.npy
-# each case: a name, then the aft command after `aft`, writing OUT
-QEMU_CASES := \
-    run:run --variant local --window 4 --threads 2 -o OUT $(QEMU_X) \
-    full:run --variant full --causal --threads 2 -o OUT $(QEMU_X) \
-    grad:grad --variant full --dy testdata/torch/rish_local/dy.npy -o OUT $(QEMU_X) \
-    stream:run --variant local --window 3 --causal --state-out OUT.state -o OUT $(QEMU_X)
-
 test-qemu: deps
 	@sh third_party/install-deps.sh qemu-user
-	@$(MAKE) --no-print-directory aft
+	@$(MAKE) --no-print-directory aft build/tests/lib_cpu/test_levels
 	@rm -rf $(QEMU_DIR) && mkdir -p $(QEMU_DIR)
-	@sh mk/qemu-check.sh $(QEMU_DIR) ./aft
+	@sh mk/qemu-check.sh $(QEMU_DIR) ./aft build/tests/lib_cpu/test_levels
 
 # make check-aarch64: lib/ and cli/ compiled (not linked: this machine has
 # no arm64 libraries) by Debian's aarch64 cross compiler with the normal

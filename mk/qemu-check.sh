@@ -1,5 +1,6 @@
 #!/bin/sh
-# qemu-check.sh DIR AFT - aft on older CPUs (make test-qemu, mk/levels.mk).
+# qemu-check.sh DIR AFT LEVELS_TEST - aft on older CPUs (make test-qemu,
+# mk/levels.mk).
 #
 # Runs AFT natively and under qemu-x86_64 -cpu Nehalem (SSE4.2: the base
 # kernels) and -cpu Haswell (AVX2 and FMA: avx2) on a run, a causal full
@@ -7,11 +8,15 @@
 # it) and the model: its logits, and a greedy generation. Each output must
 # be within 2e-5 of the native one (aft compare --atol 2e-5 --rtol 0,
 # stricter than 2e-5 x max(1, |y|)), and each CPU must run at the level
-# its features allow (aft --version). Anything in the binary outside the
+# its features allow (aft --version), refuse a level above it
+# (AFT_KERNELS=avx512), and pass LEVELS_TEST (lib/tests/cpu/test_levels.c:
+# there the levels it lacks are refused with their reasons). Anything in
+# the binary outside the
 # chosen kernels that needs a newer CPU stops it with SIGILL (exit 132).
 set -eu
 dir=$1
 aft=$2
+levels_test=$3
 x=testdata/torch/rish_local/x.npy
 dy=testdata/torch/rish_local/dy.npy
 model=testdata/model/labml_aft_fortunes.safetensors
@@ -48,6 +53,17 @@ for cpu in Nehalem:base Haswell:avx2; do
     got=$($run "$aft" --version 2>/dev/null | sed -n 's/^kernels: \([^ ]*\).*/\1/p')
     if [ "$got" != "$want" ]; then
         echo "test-qemu: under -cpu $side aft runs kernels '$got', not $want" >&2
+        exit 1
+    fi
+    if AFT_KERNELS=avx512 $run "$aft" --version > "$dir/refused.log" 2>&1 ||
+        ! grep -q "^aft: AFT_KERNELS=avx512: kernel level avx512 needs .*: the CPU lacks [A-Z0-9.]*$" "$dir/refused.log"; then
+        cat "$dir/refused.log" >&2
+        echo "test-qemu: -cpu $side did not refuse AFT_KERNELS=avx512 as it should" >&2
+        exit 1
+    fi
+    if ! $run "$levels_test" > "$dir/levels_test.log" 2>&1; then
+        cat "$dir/levels_test.log" >&2
+        echo "test-qemu: -cpu $side: $levels_test failed" >&2
         exit 1
     fi
     cases
