@@ -66,7 +66,7 @@ LIB_SRC := $(wildcard lib/*.c $(LIB_ROOMS:%=lib/%/*.c))
 # the names nm lists), so each level's code calls its own copies and the
 # levels link side by side; lib/cpu/dispatch.c reaches them through each
 # level's table (lib/cpu/entries.h). The rest of lib/ is compiled once.
-KERN_SRC := lib/cpu/table.c \
+KERN_SRC := lib/cpu/table.c lib/layer_chunks.c lib/slice.c \
     $(addprefix lib/ops/,op.c full.c full_grad.c local_conv.c local_conv_grad.c simple.c simple_grad.c grid.c \
                          bias.c bias_grad.c sums.c) \
     $(addprefix lib/nn/,linear.c gemm.c norm.c ffn.c)

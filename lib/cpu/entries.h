@@ -49,6 +49,36 @@ AFT_ENTRY(aft_status, aft_op_grad_reference_d,
            aft_error *err),
           (dq, dk, dv, out, db, dout, q, k, v, sp, B, kc, err))
 
+/* the layer a chunk of rows at a time (layer_chunks.h): its projections,
+ * gates and running sums are the chunked and streaming paths' time */
+AFT_ENTRY(int, aft_layer_chunked,
+          (float *y, const float *x, const aft_layer_prep *lp, const aft_opspec *sp, size_t B, size_t T, size_t chunk,
+           aft_layer_times *tm, aft_layer_carry *lc, aft_status *st, aft_error *err),
+          (y, x, lp, sp, B, T, chunk, tm, lc, st, err))
+
+/* a sequence in slices (aft.h; slice.c): the slice's projections, gates and
+ * sums, as the chunked paths' */
+AFT_ENTRY(aft_status, aft_layer_kv,
+          (float *kv, const float *x, const aft_params *p, const aft_config *cfg, size_t B, size_t n, aft_error *err),
+          (kv, x, p, cfg, B, n, err))
+AFT_ENTRY(aft_status, aft_layer_key_sums,
+          (float *sums, int *nonfinite, const float *x, const aft_params *p, const aft_config *cfg, size_t B, size_t n,
+           size_t r0, size_t r1, aft_error *err),
+          (sums, nonfinite, x, p, cfg, B, n, r0, r1, err))
+AFT_ENTRY(aft_status, aft_kv_sums,
+          (float *sums, int *nonfinite, const float *kv, size_t B, size_t n, size_t C, size_t r0, size_t r1,
+           aft_error *err),
+          (sums, nonfinite, kv, B, n, C, r0, r1, err))
+AFT_ENTRY(aft_status, aft_layer_slice_halo,
+          (const aft_params *p, const aft_config *cfg, size_t T, size_t *halo, aft_error *err), (p, cfg, T, halo, err))
+AFT_ENTRY(aft_status, aft_layer_forward_slice,
+          (float *y, const float *x, const float *kv, const float *left, const float *right, const aft_params *p,
+           const aft_config *cfg, size_t B, size_t T, size_t t0, size_t t1, size_t a0, size_t a1, aft_error *err),
+          (y, x, kv, left, right, p, cfg, B, T, t0, t1, a0, a1, err))
+AFT_ENTRY_VOID(aft_key_sums_empty, (float *sums, size_t C), (sums, C))
+AFT_ENTRY_VOID(aft_key_sums_merge, (float *a, const float *b, size_t C), (a, b, C))
+AFT_ENTRY(int, aft_key_sums_ok, (const float *sums, size_t C), (sums, C))
+
 /* the bias (aft.h, kernels.h): the float64 reference reads w through them */
 AFT_ENTRY(float, aft_seeded_bias, (uint64_t seed, float scale, size_t t, size_t t2), (seed, scale, t, t2))
 AFT_ENTRY_VOID(aft_w_row, (const aft_opspec *sp, size_t h, size_t t, size_t j0, size_t j1, float *out),

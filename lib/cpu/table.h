@@ -4,6 +4,7 @@
 #ifndef AFT_CPU_TABLE_H
 #define AFT_CPU_TABLE_H
 
+#include "layer_chunks.h"
 #include "nn/nn.h"
 #include "ops/kernels.h"
 #include "ops/op.h"
