@@ -129,6 +129,9 @@ static char *model_path(void)
  * 1 if it did (its keys are in written) */
 static int run_under_mpi(const char *x, const char *y, const char *t)
 {
+    /* not under make test-valgrind: Open MPI's runtime is not clean under
+     * memcheck (test_mpi.c); make test checks these keys */
+    if (!harness_aft_is_binary()) return 0;
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     char *cmd;

@@ -11,7 +11,7 @@
  * Open MPI refuses to run as root (as CI does) unless told it may: this
  * program sets OMPI_ALLOW_RUN_AS_ROOT and its confirmation for the mpirun
  * it starts, so users never need to. Without mpirun, or an aft built
- * without MPI, every test is skipped. */
+ * without MPI, every test is skipped, and under make test-valgrind too. */
 #include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -676,6 +676,13 @@ static void test_refused(void **state)
 static int setup(void **state)
 {
     harness_setup(state);
+    /* under make test-valgrind every aft runs under memcheck, and Open
+     * MPI's own runtime is not clean there (pmix writes uninitialised
+     * bytes, its components leak at exit): make test runs these */
+    if (!harness_aft_is_binary()) {
+        fprintf(stderr, "test_mpi: skipping: aft is a wrapper (make test-valgrind); make test runs the MPI tests\n");
+        return 0;
+    }
     snprintf(tag, sizeof tag, "%ld", (long)getpid());
     setenv("AFT_MPI_TEST_TAG", tag, 1);
     /* CI runs as root; Open MPI refuses that unless told */
