@@ -806,7 +806,7 @@ aft_status aft_st_borrow_f32(aft_st_file **out, size_t n, const char *const *nam
     f->format = AFT_FORMAT_SAFETENSORS;
     f->borrowed = 1;
     f->n = n;
-    f->tensors = aft_alloc_array(n, sizeof *f->tensors);
+    f->tensors = aft_calloc_array(n, sizeof *f->tensors);   /* zeroed: aft_st_close frees each owned */
     f->names = aft_alloc_array(n, sizeof *f->names);
     f->by_name = aft_alloc_array(n, sizeof *f->by_name);
     st_named *sorted = aft_alloc_array(n, sizeof *sorted);
