@@ -1,5 +1,5 @@
 # aft - Attention Free Transformer tool and library
-#   make          build ./aft and lib/libaft.a
+#   make          build ./aft, lib/libaft.a and lib/libaft.so
 #   make test     install missing packages, build, run every cmocka test
 #   make demo     install missing packages, build, run aft on the bundled example
 #   make deps     install missing Debian packages only
@@ -59,7 +59,7 @@ MPI_FOUND  = $(if $(strip $(MPI_LIBS)),yes)
 
 # lib/ in rooms: io/ (file formats), ops/ (the operator), nn/ (products and
 # the layers around the operator); the layer, state and model at the top
-LIB_ROOMS := io ops nn cpu
+LIB_ROOMS := io ops nn cpu api
 LIB_SRC := $(wildcard lib/*.c $(LIB_ROOMS:%=lib/%/*.c))
 # The kernels: compiled once per level into DIR/lib/LEVEL/, where every
 # global name a level's objects define is suffixed _LEVEL (objcopy, from
@@ -94,7 +94,7 @@ CLITEST_HELP_OBJ += build/tests/help/lib/tests/common/levels.o
 TEST_INC := -Ilib/tests/common -Icli/tests -Icli -Ilib
 
 .PHONY: all deps test demo clean check-deps
-all: aft lib/libaft.a
+all: aft lib/libaft.a lib/libaft.so
 
 deps:
 	@sh third_party/install-deps.sh
@@ -102,9 +102,15 @@ deps:
 LIB_HDR := $(wildcard lib/*.h $(LIB_ROOMS:%=lib/%/*.h))
 CLI_HDR := $(wildcard cli/*.h)
 
+# lib/ is compiled position-independent, so that libaft.so and libaft.a
+# are the same objects; -fno-semantic-interposition keeps GCC inlining and
+# calling the library's own functions directly, as it does without -fPIC
+# (no caller may replace them: libaft.so exports only aft.h's names)
+PIC := -fPIC -fno-semantic-interposition
+
 build/lib/%.o: lib/%.c $(LIB_HDR)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(PIC) -c $< -o $@
 
 # kern_level(DIR, COMPILE, LEVEL): the rules for LEVEL's kernels in DIR,
 # COMPILE the command that compiles one (the level's flags follow it: the
@@ -120,7 +126,7 @@ $(1)/lib/$(3)/%.o: $(1)/raw/$(3)/%.o $(1)/raw/$(3)/names
 	@mkdir -p $$(@D)
 	objcopy --redefine-syms=$(1)/raw/$(3)/names $$< $$@
 endef
-$(foreach l,$(LEVELS),$(eval $(call kern_level,build,$$(CC) $$(ALL_CFLAGS),$(l))))
+$(foreach l,$(LEVELS),$(eval $(call kern_level,build,$$(CC) $$(ALL_CFLAGS) $$(PIC),$(l))))
 
 build/cli/%.o: cli/%.c lib/aft.h $(CLI_HDR)
 	@mkdir -p $(@D)
@@ -133,6 +139,25 @@ build/cli/shard.o: cli/shard.c lib/aft.h $(CLI_HDR)
 lib/libaft.a: $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
+
+# The shared library: the same objects, linked with what they call (cJSON,
+# OpenBLAS with its run path, zlib, OpenMP, libm), soname libaft.so.N for
+# the binding interface's AFT_API_VERSION N. It exports the functions
+# lib/aft.h declares and nothing else (build/libaft.map, a version script
+# made from the header with its comments stripped): lib/internal.h's
+# helpers and the kernels' per-level copies (aft_..._avx2) stay local.
+AFT_API_VERSION := $(shell sed -n 's/^\#define AFT_API_VERSION \([0-9]*\)$$/\1/p' lib/aft.h)
+
+build/libaft.map: lib/aft.h
+	@mkdir -p $(@D)
+	{ echo '{'; echo 'global:'; \
+	  $(CC) -fpreprocessed -dD -E -P $< | grep -o '\baft_[a-z0-9_]*[[:space:]]*(' | tr -d ' (' | sort -u | \
+	  sed 's/.*/    &;/'; echo 'local:'; echo '    *;'; echo '};'; } > $@.tmp
+	mv -f $@.tmp $@
+
+lib/libaft.so: $(LIB_OBJ) build/libaft.map
+	$(CC) $(ALL_CFLAGS) -shared -Wl,-soname,libaft.so.$(AFT_API_VERSION) -Wl,--version-script=build/libaft.map \
+	    -Wl,-z,defs -o $@ $(LIB_OBJ) $(LDLIBS_ALL)
 
 aft: $(CLI_OBJ) lib/libaft.a
 	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) lib/libaft.a $(LDLIBS_ALL) $(if $(MPI_FOUND),$(MPI_LIBS))
@@ -168,7 +193,7 @@ demo: deps
 	@sh testdata/demo.sh ./aft
 
 clean:
-	rm -rf build aft lib/libaft.a
+	rm -rf build aft lib/libaft.a lib/libaft.so
 
 # further targets (fuzzing, sanitizers, install, ...) live in mk/, one file each
 -include $(wildcard mk/*.mk)

@@ -52,7 +52,7 @@ static int parse_list(const char *s, size_t *out, size_t *n)
     if (strlen(s) >= sizeof buf) return -1;
     strcpy(buf, s);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        if (*n == MAX_LIST || cli_parse_size(tok, &out[*n]) != 0 || out[*n] == 0) return -1;
+        if (*n == MAX_LIST || aft_parse_size(tok, &out[*n]) != 0 || out[*n] == 0) return -1;
         (*n)++;
     }
     return *n ? 0 : -1;
@@ -101,7 +101,7 @@ static int set_variants(const cli_option *opt, void *opts, const char *v)
 static int set_positive(const cli_option *opt, void *opts, const char *v)
 {
     size_t *out = (size_t *)((char *)opts + opt->field);
-    if (cli_parse_size(v, out) || *out == 0)
+    if (aft_parse_size(v, out) || *out == 0)
         return cli_usage_error("bench", "%s takes a whole number >= 1", opt->name);
     return 0;
 }
@@ -109,7 +109,7 @@ static int set_positive(const cli_option *opt, void *opts, const char *v)
 static int set_threads(const cli_option *opt, void *opts, const char *v)
 {
     size_t n;
-    if (cli_parse_size(v, &n) || n > 1024) return cli_usage_error("bench", "--threads takes 0 to 1024");
+    if (aft_parse_size(v, &n) || n > 1024) return cli_usage_error("bench", "--threads takes 0 to 1024");
     BENCH_OPTS(opts)->threads = (int)n;
     return 0;
 }
@@ -118,7 +118,7 @@ static int set_grid(const cli_option *opt, void *opts, const char *v)
 {
     bench_opts *o = opts;
     size_t n;
-    if (cli_parse_grid(v, &o->grid_h, &o->grid_w) != 0 || __builtin_mul_overflow(o->grid_h, o->grid_w, &n))
+    if (aft_parse_grid(v, &o->grid_h, &o->grid_w) != 0 || __builtin_mul_overflow(o->grid_h, o->grid_w, &n))
         return cli_usage_error("bench", "--grid takes H,W: two whole numbers >= 1, like 56,56");
     o->seq[0] = n;
     o->nseq = 1;
@@ -128,7 +128,7 @@ static int set_grid(const cli_option *opt, void *opts, const char *v)
 static int set_repeat(const cli_option *opt, void *opts, const char *v)
 {
     size_t *r = &BENCH_OPTS(opts)->repeat;
-    if (cli_parse_size(v, r) || *r == 0 || *r > 10000)
+    if (aft_parse_size(v, r) || *r == 0 || *r > 10000)
         return cli_usage_error("bench", "--repeat takes a whole number from 1 to 10000");
     return 0;
 }

@@ -97,15 +97,12 @@ extern const cli_command cli_info_command, cli_run_command, cli_grad_command, cl
     cli_convert_command, cli_model_command, cli_generate_command, cli_encode_command, cli_decode_command,
     cli_bench_command;
 
-/* strict number parsing: whole string, no sign for unsigned, range checked.
- * Return 0 on success, -1 otherwise. */
-int cli_parse_size(const char *s, size_t *out);
-int cli_parse_u64(const char *s, uint64_t *out);
+/* strict number parsing: whole string, range checked (whole numbers:
+ * aft_parse_u64, aft_parse_size and aft_parse_grid in aft.h). Return 0 on
+ * success, -1 otherwise. */
 int cli_parse_double(const char *s, double *out);
 /* a byte count with an optional K, M, G or T suffix (powers of 1024) */
 int cli_parse_bytes(const char *s, size_t *out);
-/* "H,W": a grid's two sides, each >= 1; 0 or -1 */
-int cli_parse_grid(const char *s, size_t *h, size_t *w);
 /* --max-memory's value into *out (nonzero); 0, or EXIT_USAGE after reporting */
 int cli_set_memory(const char *cmd, size_t *out, const char *v);
 /* --threads' value (1 to 1024) into *out; 0, or EXIT_USAGE after reporting */
@@ -340,9 +337,6 @@ int cli_show_tensor(FILE *fp, const aft_tensor *t);
  * last one (so opening it reports the missing file); NULL when there is
  * none. With must_exist, only a split whose file exists counts. */
 const char *cli_tensor_split(const char *arg, int must_exist);
-/* The memory bound for reading archives: --max-memory when given (nonzero),
- * else the memory available, else no bound (SIZE_MAX) */
-size_t cli_memory_limit(size_t max_memory);
 /* The format of a file operand (aft_file_format): "-" is a .npy; a file
  * that cannot be opened is handed to the .npy reader, which says why.
  * Returns -1 after reporting "aft[ CMD]: FILE: not a .npy, .npz or

@@ -46,25 +46,6 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return EXIT_USAGE;
 }
 
-int cli_parse_u64(const char *s, uint64_t *out)
-{
-    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return -1;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end) return -1;
-    *out = v;
-    return 0;
-}
-
-int cli_parse_size(const char *s, size_t *out)
-{
-    uint64_t v;
-    if (cli_parse_u64(s, &v) != 0 || v > SIZE_MAX) return -1;
-    *out = (size_t)v;
-    return 0;
-}
-
 int cli_parse_double(const char *s, double *out)
 {
     if (!s || !*s) return -1;
@@ -104,7 +85,7 @@ int cli_parse_bytes(const char *s, size_t *out)
     }
     if (mult > 1) buf[n - 1] = 0;
     size_t v;
-    if (cli_parse_size(buf, &v) != 0 || __builtin_mul_overflow(v, mult, out)) return -1;
+    if (aft_parse_size(buf, &v) != 0 || __builtin_mul_overflow(v, mult, out)) return -1;
     return 0;
 }
 
@@ -167,13 +148,6 @@ const char *cli_tensor_split(const char *arg, int must_exist)
     return found ? found : must_exist ? NULL : last;
 }
 
-size_t cli_memory_limit(size_t max_memory)
-{
-    if (max_memory) return max_memory;
-    size_t avail = aft_available_memory();
-    return avail ? avail : SIZE_MAX;
-}
-
 int cli_file_format(const char *cmd, const char *path, aft_format *fmt)
 {
     aft_error err = {{0}};
@@ -196,7 +170,7 @@ int cli_set_memory(const char *cmd, size_t *out, const char *v)
 int cli_set_threads(const char *cmd, int *out, const char *v)
 {
     size_t n;
-    if (cli_parse_size(v, &n) != 0 || n == 0 || n > 1024)
+    if (aft_parse_size(v, &n) != 0 || n == 0 || n > 1024)
         return cli_usage_error(cmd, "--threads takes a whole number from 1 to 1024");
     *out = (int)n;
     return 0;
@@ -207,17 +181,6 @@ int cli_set_impl(const char *cmd, aft_impl *out, const char *v)
     if (!v || (strcmp(v, "fast") != 0 && strcmp(v, "reference") != 0))
         return cli_usage_error(cmd, "--impl takes fast or reference");
     *out = strcmp(v, "reference") == 0 ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST;
-    return 0;
-}
-
-int cli_parse_grid(const char *s, size_t *h, size_t *w)
-{
-    const char *comma = s ? strchr(s, ',') : NULL;
-    char buf[64];
-    if (!comma || (size_t)(comma - s) >= sizeof buf) return -1;
-    memcpy(buf, s, (size_t)(comma - s));
-    buf[comma - s] = 0;
-    if (cli_parse_size(buf, h) != 0 || cli_parse_size(comma + 1, w) != 0 || *h == 0 || *w == 0) return -1;
     return 0;
 }
 
@@ -279,13 +242,7 @@ float *cli_swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd)
 {
     /* B * T * X elements exist already (x), so the product cannot overflow */
     float *y = malloc(B * T * X * sizeof(float) + 1);
-    if (!y) return NULL;
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++) {
-            const float *src = to_tbd ? x + (b * T + t) * X : x + (t * B + b) * X;
-            float *dst = to_tbd ? y + (t * B + b) * X : y + (b * T + t) * X;
-            memcpy(dst, src, X * sizeof(float));
-        }
+    if (y) aft_swap_tb(y, x, B, T, X, to_tbd);
     return y;
 }
 

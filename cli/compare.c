@@ -36,7 +36,7 @@ static size_t max_memory;   /* --max-memory, 0 when not given */
 static int load_safetensors(operand *op, const char *file, const char *name)
 {
     aft_error err = {{0}};
-    if (aft_st_open_limit(file, cli_memory_limit(max_memory), &op->st, &err) != AFT_OK) {
+    if (aft_st_open_limit(file, aft_memory_limit(max_memory), &op->st, &err) != AFT_OK) {
         report_file(file, err.msg);
         return -1;
     }

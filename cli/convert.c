@@ -383,7 +383,7 @@ static int load_spec(job *j, const spec *s, int to_st, int *stdin_used)
     if (s->kind == SRC_NPY || s->kind == SRC_STDIN) return load_npy(j, s, to_st, stdin_used);
 
     aft_st_file *f;
-    if (aft_st_open_limit(file, cli_memory_limit(max_memory), &f, &err) != AFT_OK) {
+    if (aft_st_open_limit(file, aft_memory_limit(max_memory), &f, &err) != AFT_OK) {
         report_file(file, err.msg);
         return EXIT_DATA;
     }

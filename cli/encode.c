@@ -84,7 +84,7 @@ const cli_command cli_encode_command = {
 static int read_text(const struct encode_opts *o, char **buf, size_t *len)
 {
     const char *path = o->text_file, *name = cli_display_name(path);
-    size_t limit = cli_memory_limit(o->m.max_memory), max = limit / 5;
+    size_t limit = aft_memory_limit(o->m.max_memory), max = limit / 5;
     *buf = NULL;
     *len = 0;
     int is_stdin = strcmp(path, "-") == 0;

@@ -31,7 +31,7 @@ struct gen_opts {
 
 static int set_n(const cli_option *opt, void *opts, const char *v)
 {
-    if (cli_parse_size(v, &GEN_OPTS(opts)->n) != 0 || GEN_OPTS(opts)->n > 1000000000)
+    if (aft_parse_size(v, &GEN_OPTS(opts)->n) != 0 || GEN_OPTS(opts)->n > 1000000000)
         return cli_usage_error("generate", "-n takes a whole number from 0 to 1000000000");
     return 0;
 }
@@ -48,7 +48,7 @@ static int set_temperature(const cli_option *opt, void *opts, const char *v)
 
 static int set_top_k(const cli_option *opt, void *opts, const char *v)
 {
-    if (cli_parse_size(v, &GEN_OPTS(opts)->top_k) != 0)
+    if (aft_parse_size(v, &GEN_OPTS(opts)->top_k) != 0)
         return cli_usage_error("generate", "--top-k takes a whole number >= 0 (0: every token)");
     GEN_OPTS(opts)->top_k_set = 1;
     return 0;
@@ -56,7 +56,7 @@ static int set_top_k(const cli_option *opt, void *opts, const char *v)
 
 static int set_seed(const cli_option *opt, void *opts, const char *v)
 {
-    if (cli_parse_u64(v, &GEN_OPTS(opts)->seed) != 0)
+    if (aft_parse_u64(v, &GEN_OPTS(opts)->seed) != 0)
         return cli_usage_error("generate", "--seed takes a whole number >= 0");
     return 0;
 }

@@ -142,78 +142,44 @@ static float *add(struct grads *g, const char *name, size_t ndim, const size_t *
     return g->buf[i];
 }
 
-static float *add2(struct grads *g, const char *name, size_t a, size_t b)
+/* the parameters' gradients, named and shaped as aft_grad_slots lists
+ * them (projections: the layer's too, not only the position bias's), into
+ * g and their fields of lg */
+static int add_slots(struct grads *g, const struct run_opts *o, const struct run *r, int projections,
+                     aft_layer_grads *lg)
 {
-    size_t dims[2] = {a, b};
-    return add(g, name, b ? 2 : 1, dims);
-}
-
-/* "query.weight" -> "query.bias" (NULL name: no such tensor) */
-static void bias_name(char *out, size_t cap, const char *weight)
-{
-    size_t n = strlen(weight);
-    const char *suf = ".weight";
-    if (n >= 7 && strcmp(weight + n - 7, suf) == 0) snprintf(out, cap, "%.*s.bias", (int)(n - 7), weight);
-    else snprintf(out, cap, "%s.bias", weight);
-}
-
-/* the position bias's gradient: in the file's shape when it came from
- * --weights, else in the shape the seeded conv bias has */
-static int add_bias_grads(struct grads *g, const struct run_opts *o, const struct run *r, aft_bias_grad *db)
-{
-    const aft_bias *b = &r->p->bias;
-    if (b->kind == AFT_BIAS_NONE || b->kind == AFT_BIAS_SEEDED) return 0;
-    /* add() callocs, and every --repeat call writes the same entries: the
-     * library clears only those (labml's [T, T] bias: a band, not 64 MiB) */
-    db->zero_outside = 1;
-    const char *name = o->weights_path ? r->wts.names[4] : "pos_bias";
-    float **dst = b->kind == AFT_BIAS_DENSE ? &db->dense : b->kind == AFT_BIAS_FACTORED ? &db->u : &db->conv;
-    const aft_tensor *ft = o->weights_path ? aft_st_find(r->w_st, name) : NULL;
-    if (ft) {
-        if (!(*dst = add(g, name, ft->ndim, ft->shape))) return EXIT_DATA;
-    } else if (b->kind == AFT_BIAS_CONV) {
-        size_t dims[3] = {b->conv_rows, b->conv_len, b->conv_len};
-        if (!(*dst = add(g, name, b->conv_2d ? 3 : 2, dims))) return EXIT_DATA;
-    } else {
-        return 0;
-    }
-    if (b->kind == AFT_BIAS_FACTORED) {
-        const aft_tensor *fv = aft_st_find(r->w_st, r->wts.names[5]);
-        if (!fv || !(db->v = add(g, r->wts.names[5], fv->ndim, fv->shape))) return EXIT_DATA;
+    aft_grad_slot slots[AFT_GRAD_SLOTS];
+    const aft_weights *w = o->weights_path ? &r->wts : NULL;
+    size_t n = aft_grad_slots(slots, r->p, projections, w, w ? r->w_st : NULL);
+    for (size_t i = 0; i < n; i++) {
+        if (!(*aft_layer_grads_field(lg, slots[i].role) = add(g, slots[i].name, slots[i].ndim, slots[i].shape)))
+            return EXIT_DATA;
+        /* add() callocs, and every --repeat call writes the same entries: the
+         * library clears only those (labml's [T, T] bias: a band, not 64 MiB) */
+        if (slots[i].role >= AFT_GRAD_DENSE) lg->bias.zero_outside = 1;
     }
     return 0;
 }
 
-/* the layer's: dX as "input", then each projection's weight and bias */
+/* the layer's: dX as "input", then each projection's weight and bias, and
+ * the position bias */
 static int plan_layer(struct grads *g, const struct run_opts *o, const struct run *r, aft_layer_grads *lg)
 {
-    const aft_params *p = r->p;
-    size_t D = r->D, C = r->C, KC = r->KC;
-    static const char *const canon[4] = {"query.weight", "key.weight", "value.weight", "output.weight"};
-    const float *bias[4] = {p->bq, p->bk, p->bv, p->bo};
-    float **wdst[4] = {&lg->wq, &lg->wk, &lg->wv, &lg->wo}, **bdst[4] = {&lg->bq, &lg->bk, &lg->bv, &lg->bo};
-    const size_t rows[4] = {C, KC, C, D}, cols[4] = {D, D, D, C};
-    aft_tensor xs = runner_shaped(o, r, NULL, D);
+    aft_tensor xs = runner_shaped(o, r, NULL, r->D);
     if (!(lg->dx = add(g, "input", xs.ndim, xs.shape))) return EXIT_DATA;
-    for (int i = 0; i < 4; i++) {
-        const char *wn = o->weights_path ? r->wts.names[i] : canon[i];
-        char bn[176];
-        if (!(*wdst[i] = add2(g, wn, rows[i], cols[i]))) return EXIT_DATA;
-        bias_name(bn, sizeof bn, wn);
-        if (bias[i] && !(*bdst[i] = add2(g, bn, rows[i], 0))) return EXIT_DATA;
-    }
-    return add_bias_grads(g, o, r, &lg->bias);
+    return add_slots(g, o, r, 1, lg);
 }
 
-/* the bare operator's: q, k, v in the input's layout */
+/* the bare operator's: q, k, v in the input's layout, and the position
+ * bias (into lg->bias) */
 static int plan_op(struct grads *g, const struct run_opts *o, const struct run *r, float **dq, float **dk,
-                   float **dv, aft_bias_grad *db)
+                   float **dv, aft_layer_grads *lg)
 {
     aft_tensor qs = runner_shaped(o, r, NULL, r->C), ks = runner_shaped(o, r, NULL, r->KC);
     if (!(*dq = add(g, "q", qs.ndim, qs.shape)) || !(*dk = add(g, "k", ks.ndim, ks.shape)) ||
         !(*dv = add(g, "v", qs.ndim, qs.shape)))
         return EXIT_DATA;
-    return add_bias_grads(g, o, r, db);
+    return add_slots(g, o, r, 0, lg);
 }
 
 static void grads_free(struct grads *g)
@@ -245,11 +211,9 @@ static double forward_ms(struct run *r, float *y)
 static int compute(const struct run_opts *o, struct run *r, struct grads *g, const float *dy)
 {
     aft_layer_grads lg;
-    aft_bias_grad db;
     float *dq = NULL, *dk = NULL, *dv = NULL;
     memset(&lg, 0, sizeof lg);
-    memset(&db, 0, sizeof db);
-    int rc = r->bare ? plan_op(g, o, r, &dq, &dk, &dv, &db) : plan_layer(g, o, r, &lg);
+    int rc = r->bare ? plan_op(g, o, r, &dq, &dk, &dv, &lg) : plan_layer(g, o, r, &lg);
     const int timed = o->timing_path != NULL;
     /* the gradient calls' times, the forward passes', the pairs' ratios */
     double *times = malloc(3 * o->repeat * sizeof(double));
@@ -272,7 +236,7 @@ static int compute(const struct run_opts *o, struct run *r, struct grads *g, con
         cli_progress_step(i);
         if (o->repeat > 1) cli_progress_label("aft grad: %s T=%zu B=%zu, run %zu of %zu", name, T, B, i + 1, o->repeat);
         double t0 = aft_now_ms();
-        aft_status st = r->bare ? aft_op_backward(dq, dk, dv, &db, NULL, dy, r->q, r->k, r->v, &r->p->bias, &r->cfg,
+        aft_status st = r->bare ? aft_op_backward(dq, dk, dv, &lg.bias, NULL, dy, r->q, r->k, r->v, &r->p->bias, &r->cfg,
                                                   B, T, r->C, r->KC, &err)
                                 : aft_layer_backward(&lg, NULL, dy, r->x, r->p, &r->cfg, B, T, &err);
         times[i] = aft_now_ms() - t0;

@@ -269,7 +269,7 @@ static int info_st(const char *path, int json, size_t max_memory)
 {
     aft_st_file *f = NULL;
     aft_error err = {{0}};
-    if (aft_st_open_limit(path, cli_memory_limit(max_memory), &f, &err) != AFT_OK) {
+    if (aft_st_open_limit(path, aft_memory_limit(max_memory), &f, &err) != AFT_OK) {
         report_file(path, err.msg);
         return EXIT_DATA;
     }

@@ -15,7 +15,7 @@ struct mask_opts {
 static int set_len(const cli_option *opt, void *opts, const char *v)
 {
     struct mask_opts *o = opts;
-    if (cli_parse_size(v, &o->n) != 0 || o->n == 0)
+    if (aft_parse_size(v, &o->n) != 0 || o->n == 0)
         return cli_usage_error("mask", "--len takes a whole number >= 1, not '%s'", v);
     o->have_n = 1;
     return 0;
@@ -24,7 +24,7 @@ static int set_len(const cli_option *opt, void *opts, const char *v)
 static int set_window(const cli_option *opt, void *opts, const char *v)
 {
     struct mask_opts *o = opts;
-    if (cli_parse_size(v, &o->s) != 0)
+    if (aft_parse_size(v, &o->s) != 0)
         return cli_usage_error("mask", "--window takes a whole number >= 0, not '%s'", v);
     o->have_s = 1;
     return 0;

@@ -31,7 +31,7 @@ int cli_model_set_weights(const cli_option *opt, void *opts, const char *v)
 int cli_model_set_window(const cli_option *opt, void *opts, const char *v)
 {
     cli_model_opts *m = MODEL_OPTS(opt, opts);
-    if (cli_parse_size(v, &m->window) != 0 || m->window == 0)
+    if (aft_parse_size(v, &m->window) != 0 || m->window == 0)
         return cli_usage_error(m->cmd, "--window takes a whole number >= 1");
     return 0;
 }
@@ -141,7 +141,7 @@ int cli_model_open(const cli_model_opts *o, aft_model **out)
     if (o->vocab && read_vocab(o->vocab, &vocab) != 0) return EXIT_DATA;
     aft_error err;
     aft_st_file *f;
-    size_t limit = cli_memory_limit(o->max_memory);
+    size_t limit = aft_memory_limit(o->max_memory);
     if (aft_st_open_limit(o->weights, limit, &f, &err) != AFT_OK) {
         cli_report_file(NULL, o->weights, err.msg);
         free(vocab);

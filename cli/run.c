@@ -70,7 +70,7 @@ static int compute_stream(const struct run_opts *o, struct run *r)
     }
     if (o->state_in) {
         aft_st_file *f;
-        if (aft_st_open_limit(o->state_in, cli_memory_limit(o->max_memory), &f, &err) != AFT_OK) {
+        if (aft_st_open_limit(o->state_in, aft_memory_limit(o->max_memory), &f, &err) != AFT_OK) {
             cli_error(NULL, "%s: %s", o->state_in, err.msg);
             return EXIT_DATA;
         }

@@ -21,7 +21,7 @@ int runner_set_variant(const cli_option *opt, void *opts, const char *v)
 int runner_set_window(const cli_option *opt, void *opts, const char *v)
 {
     struct run_opts *o = opts;
-    if (cli_parse_size(v, &o->cfg.window) != 0) return cli_usage_error(RUN_OPTS(opts)->cmd, "--window takes a whole number >= 0");
+    if (aft_parse_size(v, &o->cfg.window) != 0) return cli_usage_error(RUN_OPTS(opts)->cmd, "--window takes a whole number >= 0");
     o->window_set = 1;
     return 0;
 }
@@ -29,7 +29,7 @@ int runner_set_window(const cli_option *opt, void *opts, const char *v)
 int runner_set_heads(const cli_option *opt, void *opts, const char *v)
 {
     struct run_opts *o = opts;
-    if (cli_parse_size(v, &o->cfg.heads) != 0 || o->cfg.heads == 0)
+    if (aft_parse_size(v, &o->cfg.heads) != 0 || o->cfg.heads == 0)
         return cli_usage_error(RUN_OPTS(opts)->cmd, "--heads takes a whole number >= 1");
     o->heads_set = 1;
     return 0;
@@ -42,7 +42,7 @@ int runner_set_layout(const cli_option *opt, void *opts, const char *v)
 
 int runner_set_seed(const cli_option *opt, void *opts, const char *v)
 {
-    if (cli_parse_u64(v, &RUN_OPTS(opts)->seed) != 0)
+    if (aft_parse_u64(v, &RUN_OPTS(opts)->seed) != 0)
         return cli_usage_error(RUN_OPTS(opts)->cmd, "--seed takes a whole number >= 0");
     return 0;
 }
@@ -50,7 +50,7 @@ int runner_set_seed(const cli_option *opt, void *opts, const char *v)
 int runner_set_d_hidden(const cli_option *opt, void *opts, const char *v)
 {
     size_t n;
-    if (cli_parse_size(v, &n) != 0 || n == 0) return cli_usage_error(RUN_OPTS(opts)->cmd, "--d-hidden takes a whole number >= 1");
+    if (aft_parse_size(v, &n) != 0 || n == 0) return cli_usage_error(RUN_OPTS(opts)->cmd, "--d-hidden takes a whole number >= 1");
     RUN_OPTS(opts)->d_hidden = n;
     return 0;
 }
@@ -58,7 +58,7 @@ int runner_set_d_hidden(const cli_option *opt, void *opts, const char *v)
 int runner_set_repeat(const cli_option *opt, void *opts, const char *v)
 {
     size_t n;
-    if (cli_parse_size(v, &n) != 0 || n == 0 || n > 1000000)
+    if (aft_parse_size(v, &n) != 0 || n == 0 || n > 1000000)
         return cli_usage_error(RUN_OPTS(opts)->cmd, "--repeat takes a whole number from 1 to 1000000");
     RUN_OPTS(opts)->repeat = n;
     return 0;
@@ -82,7 +82,7 @@ int runner_set_impl(const cli_option *opt, void *opts, const char *v)
 int runner_set_grid(const cli_option *opt, void *opts, const char *v)
 {
     struct run_opts *o = opts;
-    if (cli_parse_grid(v, &o->grid_h, &o->grid_w) != 0)
+    if (aft_parse_grid(v, &o->grid_h, &o->grid_w) != 0)
         return cli_usage_error(RUN_OPTS(opts)->cmd, "--grid takes H,W: two whole numbers >= 1, like 14,14");
     return 0;
 }
@@ -201,7 +201,7 @@ static int load_activation(const char *file, const char *what, const aft_tensor 
 static int load_qkv(const struct run_opts *o, struct run *r)
 {
     aft_error err;
-    if (aft_st_open_limit(o->input, cli_memory_limit(o->max_memory), &r->in_st, &err) != AFT_OK) {
+    if (aft_st_open_limit(o->input, aft_memory_limit(o->max_memory), &r->in_st, &err) != AFT_OK) {
         cli_error(NULL, "%s: %s", o->input, err.msg);
         return EXIT_DATA;
     }
@@ -301,7 +301,7 @@ static int load_weights(const struct run_opts *o, struct run *r)
     aft_params *p = r->p = &r->wts.p;
     aft_format w_fmt;
     if (cli_file_format(NULL, o->weights_path, &w_fmt) != 0) return EXIT_DATA;
-    if (aft_st_open_limit(o->weights_path, cli_memory_limit(o->max_memory), &r->w_st, &err) != AFT_OK) {
+    if (aft_st_open_limit(o->weights_path, aft_memory_limit(o->max_memory), &r->w_st, &err) != AFT_OK) {
         cli_error(NULL, "%s: %s", o->weights_path, err.msg);
         return EXIT_DATA;
     }
@@ -318,10 +318,7 @@ static int load_weights(const struct run_opts *o, struct run *r)
         return EXIT_DATA;
     }
     /* conv: the window and heads the bias holds, unless given */
-    if (o->cfg.variant == AFT_CONV && p->bias.kind == AFT_BIAS_CONV) {
-        if (!o->window_set) r->cfg.window = AFT_WINDOW_FROM_BIAS;
-        if (!o->heads_set) r->cfg.heads = 0;
-    }
+    aft_weights_config(&r->cfg, &r->wts, o->window_set, o->heads_set);
     if (!r->bare) {
         r->C = p->d_hidden;
         r->KC = p->k_out;
@@ -365,9 +362,9 @@ static int settle(const struct run_opts *o, struct run *r)
                       cli_noun(r->KC, "channel", "channels"), r->C);
         return EXIT_DATA;
     }
-    if (aft_bias_reach(b, r->cfg.variant) < r->T) {
-        cli_error(NULL, "%s: sequence length T = %zu exceeds the position bias '%s' size Tmax = %zu",
-                  o->weights_path, r->T, r->wts.names[4], b->tmax);
+    /* (a seeded bias covers every position) */
+    if (o->weights_path && aft_weights_check_length(&r->wts, r->cfg.variant, r->T, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", o->weights_path, err.msg);
         return EXIT_DATA;
     }
     return 0;

@@ -65,6 +65,14 @@ void aft_strbuf_add(aft_strbuf *b, const char *s, size_t n);
 /* aft_strbuf_add(b, s, strlen(s)) */
 void aft_strbuf_add_str(aft_strbuf *b, const char *s);
 
+/* Whole numbers as aft's command line and the binding's options take them:
+ * decimal digits only (no sign, no space), the whole string, in range;
+ * aft_parse_grid: "H,W", two of them, each >= 1. 0, or -1 when s is not
+ * one (s may be NULL). */
+int aft_parse_u64(const char *s, uint64_t *out);
+int aft_parse_size(const char *s, size_t *out);
+int aft_parse_grid(const char *s, size_t *h, size_t *w);
+
 /* ---------------------------------------------------------------- tensors */
 
 typedef enum {
@@ -467,6 +475,11 @@ aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
                              const aft_config *cfg, size_t B, size_t T,
                              aft_error *err);
 
+/* labml's seq-first layout and back: dst (B, T, X) from src (T, B, X)
+ * (to_tbd 0), or dst (T, B, X) from src (B, T, X) (to_tbd 1); dst may not
+ * alias src */
+void aft_swap_tb(float *dst, const float *src, size_t B, size_t T, size_t X, int to_tbd);
+
 /* Where one call spent its time, in milliseconds. */
 typedef struct {
     double projections;   /* Q, K and V from x */
@@ -719,6 +732,47 @@ aft_status aft_bias_load(const aft_st_file *f, const char *prefix, aft_variant v
 aft_status aft_bias_load_grid(const aft_st_file *f, const char *prefix, aft_variant variant, int grid,
                               aft_weights *w, aft_error *err);
 
+/* The configuration a layer (or the bare operator's bias) from a file runs
+ * under, before aft_config_settle: conv with a conv bias takes the window
+ * the bias holds unless window_set, and its rows as heads unless heads_set
+ * (cfg->window AFT_WINDOW_FROM_BIAS, cfg->heads 0), as aft run --weights */
+void aft_weights_config(aft_config *cfg, const aft_weights *w, int window_set, int heads_set);
+/* T rows against the reach of w's position bias for the variant
+ * (aft_bias_reach): AFT_OK, or AFT_ERR_ARG "sequence length T = 20 exceeds
+ * the position bias 'pos_bias' size Tmax = 12" */
+aft_status aft_weights_check_length(const aft_weights *w, aft_variant variant, size_t T, aft_error *err);
+
+/* The gradients aft grad writes for a layer, after the input's ("input";
+ * the bare operator's "q", "k", "v"), in this order: each projection's
+ * weight, then its bias, under the weight's name in the file (the bias's:
+ * the weight's with ".bias" for ".weight"; none where the layer has no
+ * bias), then the position bias's under its name and in its shape in the
+ * file (factored: u, then v). Without a file (aft run's seeded layer) the
+ * names are query.weight, query.bias, ..., output.bias, and conv's bias is
+ * "pos_bias" (heads, 2S - 1), or (heads, 2S - 1, 2S - 1) on a grid; a
+ * seeded full or local bias has no gradient. */
+typedef enum {
+    AFT_GRAD_WQ, AFT_GRAD_BQ, AFT_GRAD_WK, AFT_GRAD_BK, AFT_GRAD_WV, AFT_GRAD_BV, AFT_GRAD_WO, AFT_GRAD_BO,
+    AFT_GRAD_DENSE, AFT_GRAD_U, AFT_GRAD_V, AFT_GRAD_CONV,
+} aft_grad_role;
+/* the most a layer has: 8 of the projections, 2 of a factored bias */
+#define AFT_GRAD_SLOTS 10
+typedef struct {
+    aft_grad_role role;   /* the field of aft_layer_grads it fills */
+    char name[176];
+    size_t ndim;
+    size_t shape[4];
+} aft_grad_slot;
+/* p's gradients into slots (room for AFT_GRAD_SLOTS): how many. The
+ * projections' only when projections is nonzero (not for the bare
+ * operator). w and f: what p was loaded from (aft_weights_load_grid, or
+ * aft_bias_load_grid for the bare operator), or NULL and NULL for a seeded
+ * layer. */
+size_t aft_grad_slots(aft_grad_slot *slots, const aft_params *p, int projections, const aft_weights *w,
+                      const aft_st_file *f);
+/* the field of g that a slot of that role fills */
+float **aft_layer_grads_field(aft_layer_grads *g, aft_grad_role role);
+
 /* ---------------------------------------------------------------- memory */
 
 /* Bytes aft_layer_forward (kc = 0) or aft_op_forward (kc = key channels)
@@ -733,6 +787,10 @@ size_t aft_backward_workspace_bytes(const aft_config *cfg, const aft_bias *bias,
 /* Memory this process may still use: MemAvailable, capped by the cgroup
  * limit when there is one; 0 if unknown. */
 size_t aft_available_memory(void);
+/* The bound for what reading a file may allocate (an archive's inflated
+ * members): max_memory when nonzero, else the memory available, else no
+ * bound (SIZE_MAX) */
+size_t aft_memory_limit(size_t max_memory);
 /* number of NaN and infinite values among n floats */
 size_t aft_count_nonfinite(const float *x, size_t n);
 

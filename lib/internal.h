@@ -110,6 +110,18 @@ static inline const char *aft_noun(unsigned long long n, const char *one, const 
     return n == 1 ? one : many;
 }
 
+/* A named-tensor handle (aft_st_find, aft_weights_load, ...) over n of a
+ * caller's float32 arrays: names[i], data[i] of shape shapes[i] (ndims[i]
+ * entries, at most AFT_MAX_DIMS), C order. Nothing is copied: the names,
+ * the shapes' arrays and the data must outlive the handle, and
+ * aft_weights_load takes the arrays themselves as the layer's parameters
+ * (aft_st_borrowed). Names must be unique; AFT_ERR_ARG otherwise, or for
+ * a NULL, or for sizes that overflow. Close it with aft_st_close. */
+aft_status aft_st_borrow_f32(aft_st_file **out, size_t n, const char *const *names, const float *const *data,
+                             const size_t *ndims, const size_t *const *shapes, aft_error *err);
+/* 1 when f is aft_st_borrow_f32's */
+int aft_st_borrowed(const aft_st_file *f);
+
 /* threads 0 (every core) as a count >= 1 */
 int aft_threads_or_all(int threads);
 

@@ -136,6 +136,13 @@ size_t aft_available_memory(void)
     return avail;
 }
 
+size_t aft_memory_limit(size_t max_memory)
+{
+    if (max_memory) return max_memory;
+    size_t avail = aft_available_memory();
+    return avail ? avail : SIZE_MAX;
+}
+
 size_t aft_count_nonfinite(const float *x, size_t n)
 {
     size_t bad = 0;

@@ -1,7 +1,9 @@
-/* util.c - errors, dtypes, half-precision conversions, tensor helpers. */
+/* util.c - errors, dtypes, half-precision conversions, tensor helpers,
+ * whole numbers from text, the seq-first layout. */
 #include "internal.h"
 #include "cpu/arch.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -246,6 +248,47 @@ void aft_strbuf_add(aft_strbuf *b, const char *s, size_t n)
 void aft_strbuf_add_str(aft_strbuf *b, const char *s)
 {
     aft_strbuf_add(b, s, strlen(s));
+}
+
+int aft_parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int aft_parse_size(const char *s, size_t *out)
+{
+    uint64_t v;
+    if (aft_parse_u64(s, &v) != 0 || v > SIZE_MAX) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+int aft_parse_grid(const char *s, size_t *h, size_t *w)
+{
+    const char *comma = s ? strchr(s, ',') : NULL;
+    char buf[64];
+    if (!comma || (size_t)(comma - s) >= sizeof buf) return -1;
+    memcpy(buf, s, (size_t)(comma - s));
+    buf[comma - s] = 0;
+    if (aft_parse_size(buf, h) != 0 || aft_parse_size(comma + 1, w) != 0 || *h == 0 || *w == 0) return -1;
+    return 0;
+}
+
+/* dst: (B, T, X) from src (T, B, X), or the reverse: a row of X at a time */
+void aft_swap_tb(float *dst, const float *src, size_t B, size_t T, size_t X, int to_tbd)
+{
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++) {
+            const float *from = to_tbd ? src + (b * T + t) * X : src + (t * B + b) * X;
+            float *to = to_tbd ? dst + (t * B + b) * X : dst + (b * T + t) * X;
+            memcpy(to, from, X * sizeof(float));
+        }
 }
 
 size_t aft_sorted_index(const size_t *sorted, size_t n, size_t v)

@@ -39,14 +39,23 @@ static aft_status find_one(const aft_st_file *f, const char *prefix, const char 
     return AFT_OK;
 }
 
-static aft_status to_f32(aft_weights *w, const aft_tensor *t, const char *name, float **out, aft_error *err)
+/* t as float32: a copy w owns, or, from a caller's arrays (aft_st_borrow_f32),
+ * the array itself */
+static aft_status to_f32(aft_weights *w, const aft_st_file *f, const aft_tensor *t, const char *name,
+                         const float **out, aft_error *err)
 {
     if (!aft_dtype_is_float(t->dtype))
         return aft_fail(err, AFT_ERR_FORMAT, "tensor '%s' has dtype %s; weights must be F64, F32, F16 or BF16",
                         name, aft_dtype_name(t->dtype));
-    aft_status st = aft_tensor_to_f32(t, out, err);
+    if (aft_st_borrowed(f) && t->dtype == AFT_F32) {
+        *out = t->data;
+        return AFT_OK;
+    }
+    float *copy;
+    aft_status st = aft_tensor_to_f32(t, &copy, err);
     if (st) return st;
-    w->owned[w->nowned++] = *out;
+    w->owned[w->nowned++] = copy;
+    *out = copy;
     return AFT_OK;
 }
 
@@ -219,10 +228,10 @@ aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_v
             goto fail;
         }
     if ((st = check_biases(w, bt, err)) || (st = check_peer_biases(f, prefix, w, bt, stems, err))) goto fail;
-    float *mats[4], *vecs[4] = {NULL, NULL, NULL, NULL};
+    const float *mats[4], *vecs[4] = {NULL, NULL, NULL, NULL};
     for (int r = 0; r < 4; r++) {
-        if ((st = to_f32(w, wt[r], w->names[r], &mats[r], err))) goto fail;
-        if (bt[r] && (st = to_f32(w, bt[r], bnames[r], &vecs[r], err))) goto fail;
+        if ((st = to_f32(w, f, wt[r], w->names[r], &mats[r], err))) goto fail;
+        if (bt[r] && (st = to_f32(w, f, bt[r], bnames[r], &vecs[r], err))) goto fail;
     }
     aft_params *p = &w->p;
     p->d_model = D; p->d_hidden = C; p->k_out = KC;
@@ -239,15 +248,15 @@ fail:
 }
 
 /* conv on a grid: (heads, 2S-1, 2S-1), or (2S-1, 2S-1) shared by every head */
-static aft_status conv_bias_2d(aft_weights *w, const aft_tensor *pb, aft_error *err)
+static aft_status conv_bias_2d(aft_weights *w, const aft_st_file *f, const aft_tensor *pb, aft_error *err)
 {
     int square = pb->ndim >= 2 && pb->shape[pb->ndim - 1] == pb->shape[pb->ndim - 2];
     size_t n = pb->ndim >= 2 ? pb->shape[pb->ndim - 1] : 0, H = pb->ndim == 3 ? pb->shape[0] : 1;
     if ((pb->ndim != 2 && pb->ndim != 3) || !square || n % 2 == 0 || H == 0)
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' must be (heads, 2*window-1, 2*window-1) or (2*window-1, "
                         "2*window-1), odd and square, for the conv variant on a grid", w->names[R_BIAS]);
-    float *cb;
-    aft_status st = to_f32(w, pb, w->names[R_BIAS], &cb, err);
+    const float *cb = NULL;
+    aft_status st = to_f32(w, f, pb, w->names[R_BIAS], &cb, err);
     if (st) return st;
     aft_params *p = &w->p;
     w->conv_heads = H;
@@ -310,7 +319,7 @@ static aft_status load_bias(const aft_st_file *f, const char *prefix, aft_varian
             st = aft_fail(err, AFT_ERR_FORMAT, "the conv variant needs a per-head bias (heads, 2*window-1), not a factored one");
             goto fail;
         }
-        if (grid) return conv_bias_2d(w, pb, err);
+        if (grid) return conv_bias_2d(w, f, pb, err);
         size_t H = pb->ndim == 2 ? pb->shape[0] : 1, n = pb->ndim == 2 ? pb->shape[1] : (pb->ndim == 1 ? pb->shape[0] : 0);
         if ((pb->ndim != 1 && pb->ndim != 2) || n % 2 == 0) {
             st = aft_fail(err, AFT_ERR_FORMAT, "'%s' must be (heads, 2*window-1) or (2*window-1) with an odd last "
@@ -318,8 +327,8 @@ static aft_status load_bias(const aft_st_file *f, const char *prefix, aft_varian
                           pb->ndim == 3 ? " (a (heads, 2*window-1, 2*window-1) bias is a grid's)" : "");
             goto fail;
         }
-        float *cb;
-        if ((st = to_f32(w, pb, w->names[R_BIAS], &cb, err))) goto fail;
+        const float *cb = NULL;
+        if ((st = to_f32(w, f, pb, w->names[R_BIAS], &cb, err))) goto fail;
         w->conv_heads = H;
         w->conv_window = aft_conv_window(n);
         p->bias.conv_len = n;
@@ -336,8 +345,9 @@ static aft_status load_bias(const aft_st_file *f, const char *prefix, aft_varian
                           w->names[R_BIAS], w->names[R_BIAS_V]);
             goto fail;
         }
-        float *u, *v;
-        if ((st = to_f32(w, pu, w->names[R_BIAS], &u, err)) || (st = to_f32(w, pv, w->names[R_BIAS_V], &v, err)))
+        const float *u = NULL, *v = NULL;
+        if ((st = to_f32(w, f, pu, w->names[R_BIAS], &u, err)) ||
+            (st = to_f32(w, f, pv, w->names[R_BIAS_V], &v, err)))
             goto fail;
         p->bias.kind = AFT_BIAS_FACTORED;
         p->bias.u = u; p->bias.v = v;
@@ -350,8 +360,8 @@ static aft_status load_bias(const aft_st_file *f, const char *prefix, aft_varian
                       w->names[R_BIAS], aft_variant_name(variant));
         goto fail;
     }
-    float *dense;
-    if ((st = to_f32(w, pb, w->names[R_BIAS], &dense, err))) goto fail;
+    const float *dense = NULL;
+    if ((st = to_f32(w, f, pb, w->names[R_BIAS], &dense, err))) goto fail;
     p->bias.kind = AFT_BIAS_DENSE;
     p->bias.dense = dense;
     p->bias.tmax = pb->shape[0];
@@ -359,4 +369,21 @@ static aft_status load_bias(const aft_st_file *f, const char *prefix, aft_varian
 
 fail:
     return st;
+}
+
+/* ---------------------------------------------------------------- the run's configuration */
+
+void aft_weights_config(aft_config *cfg, const aft_weights *w, int window_set, int heads_set)
+{
+    if (cfg->variant != AFT_CONV || w->p.bias.kind != AFT_BIAS_CONV) return;
+    if (!window_set) cfg->window = AFT_WINDOW_FROM_BIAS;
+    if (!heads_set) cfg->heads = 0;
+}
+
+aft_status aft_weights_check_length(const aft_weights *w, aft_variant variant, size_t T, aft_error *err)
+{
+    const aft_bias *b = &w->p.bias;
+    if (aft_bias_reach(b, variant) >= T) return AFT_OK;
+    return aft_fail(err, AFT_ERR_ARG, "sequence length T = %zu exceeds the position bias '%s' size Tmax = %zu", T,
+                    w->names[R_BIAS], b->tmax);
 }

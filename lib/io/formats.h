@@ -34,6 +34,9 @@ struct aft_st_file {
     size_t nmeta;
     const char **meta;           /* (2 * nmeta) key, value pairs in header order */
     char *strings;               /* one block holding every name, key and value */
+    int borrowed;                /* aft_st_borrow_f32's: the tensors are a caller's
+                                  * float32 arrays, which aft_weights_load uses in
+                                  * place */
 };
 
 /* Reads f->bytes[0..f->size) as a .npz archive into f's tables; tensors

@@ -768,6 +768,72 @@ void aft_st_close(aft_st_file *f)
     free(f);
 }
 
+/* ---------------------------------------------------------------- a caller's arrays */
+
+/* tensor i of aft_st_borrow_f32: its header over the caller's data */
+static aft_status borrow_one(aft_tensor *t, const char *name, const float *data, size_t ndim, const size_t *shape,
+                             aft_error *err)
+{
+    char nb[96];
+    if (ndim > AFT_MAX_DIMS || (ndim && !shape))
+        return aft_fail(err, AFT_ERR_ARG, "array '%s': %zu dimensions (at most %d)", show(name, nb), ndim,
+                        AFT_MAX_DIMS);
+    memset(t, 0, sizeof *t);
+    t->dtype = AFT_F32;
+    t->ndim = ndim;
+    t->nelem = 1;
+    for (size_t d = 0; d < ndim; d++) {
+        t->shape[d] = shape[d];
+        if (!aft_mul_ok(t->nelem, shape[d], &t->nelem))
+            return aft_fail(err, AFT_ERR_ARG, "array '%s': its shape overflows", show(name, nb));
+    }
+    if (!aft_mul_ok(t->nelem, sizeof(float), &t->nbytes))
+        return aft_fail(err, AFT_ERR_ARG, "array '%s': its shape overflows", show(name, nb));
+    if (!data && t->nelem) return aft_fail(err, AFT_ERR_ARG, "array '%s': missing (NULL) data", show(name, nb));
+    t->data = data;
+    return AFT_OK;
+}
+
+aft_status aft_st_borrow_f32(aft_st_file **out, size_t n, const char *const *names, const float *const *data,
+                             const size_t *ndims, const size_t *const *shapes, aft_error *err)
+{
+    *out = NULL;
+    if (n && (!names || !data || !ndims || !shapes))
+        return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !names ? "names" : !data ? "data" : !ndims ? "ndims"
+                                                                                                   : "shapes");
+    aft_st_file *f = new_file(err);
+    if (!f) return AFT_ERR_NOMEM;
+    f->format = AFT_FORMAT_SAFETENSORS;
+    f->borrowed = 1;
+    f->n = n;
+    f->tensors = aft_alloc_array(n, sizeof *f->tensors);
+    f->names = aft_alloc_array(n, sizeof *f->names);
+    f->by_name = aft_alloc_array(n, sizeof *f->by_name);
+    st_named *sorted = aft_alloc_array(n, sizeof *sorted);
+    aft_status st = AFT_OK;
+    if (!f->tensors || !f->names || !f->by_name || !sorted) st = aft_fail(err, AFT_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; !st && i < n; i++) {
+        if (!names[i]) st = aft_fail(err, AFT_ERR_ARG, "missing (NULL) name of array %zu", i);
+        else st = borrow_one(&f->tensors[i], names[i], data[i], ndims[i], shapes[i], err);
+        f->names[i] = names[i];
+        sorted[i] = (st_named){names[i], i};
+    }
+    if (!st && (st = check_names(sorted, n, err)) != AFT_OK) st = AFT_ERR_ARG;   /* the caller's, not a file's */
+    for (size_t k = 0; !st && k < n; k++) f->by_name[k] = sorted[k].index;
+    free(sorted);
+    if (st) {
+        aft_st_close(f);
+        return st;
+    }
+    *out = f;
+    return AFT_OK;
+}
+
+int aft_st_borrowed(const aft_st_file *f)
+{
+    return f && f->borrowed;
+}
+
 /* ---------------------------------------------------------------- queries */
 
 const char *aft_st_format(const aft_st_file *f)
