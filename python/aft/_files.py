@@ -135,7 +135,7 @@ def save(path, arrays, metadata=None):
         if a.ndim > _MAX_DIMS:
             raise ValueError("%s: %d dimensions; aft's files hold at most %d" % (name, a.ndim, _MAX_DIMS))
         code, dt = _aft_dtype(a, name)
-        a = np.ascontiguousarray(a, dtype=dt)
+        a = np.asarray(a, dtype=dt, order="C")
         keep.append(a)
         dtypes.append(code.encode("ascii"))
         ndims.append(a.ndim)

@@ -59,10 +59,10 @@ class Layer:
             raise TypeError("weights: a dict of arrays or a path is wanted, not %s" % type(weights).__name__)
         if layout not in ("btd", "tbd"):
             raise ValueError("layout: 'btd' or 'tbd', not %r" % (layout,))
-        self.layout = layout
-        self.grid = None if grid is None else (int(grid[0]), int(grid[1]))
         self.options = options(variant=variant, window=window, heads=heads, causal=bool(causal), layout=layout,
                                threads=threads, impl=impl, prefix=prefix, grid=grid)
+        self.layout = layout
+        self.grid = None if grid is None else (int(grid[0]), int(grid[1]))
         self._lock = threading.Lock()
         self._arrays = []
         names, shapes, ndims, datas = [], [], [], []

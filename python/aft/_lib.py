@@ -112,7 +112,7 @@ def _open():
     """(the CDLL, its path) of the first library found; ImportError if none."""
     tried = []
     for path, where in _candidates():
-        if os.path.sep in path and not os.path.exists(path):
+        if where != "AFT_LIBRARY" and os.path.sep in path and not os.path.exists(path):
             tried.append(path)
             continue
         try:
@@ -136,12 +136,24 @@ def _declare(lib, path):
         fn.argtypes = argtypes
 
 
+def _check_version(lib, path):
+    """The interface version first: a library of another version may lack
+    functions, and the versions say why."""
+    try:
+        fn = lib.aft_api_version
+    except AttributeError:
+        raise ImportError("aft: %s lacks aft_api_version: not a libaft with the binding interface "
+                          "(this package needs interface version %d)" % (path, API_VERSION)) from None
+    fn.restype, fn.argtypes = ctypes.c_int, []
+    have = fn()
+    if have != API_VERSION:
+        raise ImportError("aft: %s has interface version %d, but this aft package was written for version %d"
+                          % (path, have, API_VERSION))
+
+
 lib, path = _open()
+_check_version(lib, path)
 _declare(lib, path)
-_have = lib.aft_api_version()
-if _have != API_VERSION:
-    raise ImportError("aft: %s has interface version %d, but this aft package was written for version %d"
-                      % (path, _have, API_VERSION))
 
 
 def error_buffer():

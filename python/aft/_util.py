@@ -23,7 +23,7 @@ def as_f32(x, name):
     a = np.asarray(x)
     if a.dtype.kind not in _REAL_KINDS:
         raise TypeError("%s: dtype %s is not real numbers (float32 is wanted)" % (name, a.dtype))
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return np.asarray(a, dtype=np.float32, order="C")
 
 
 def as_mask(x, name):
@@ -31,7 +31,7 @@ def as_mask(x, name):
     a = np.asarray(x)
     if a.dtype.kind not in _REAL_KINDS:
         raise TypeError("%s: dtype %s is not a mask (bool or numbers, nonzero = visible)" % (name, a.dtype))
-    return np.ascontiguousarray(a != 0, dtype=np.uint8)
+    return np.asarray(a != 0, dtype=np.uint8, order="C")
 
 
 def as_tokens(x, n_vocab, name="tokens"):
@@ -44,7 +44,7 @@ def as_tokens(x, n_vocab, name="tokens"):
         if lo < 0 or hi >= n_vocab:
             bad = lo if lo < 0 else hi
             raise ValueError("%s: token id %d is outside the vocabulary [0, %d)" % (name, bad, n_vocab))
-    return np.ascontiguousarray(a, dtype=np.int32)
+    return np.asarray(a, dtype=np.int32, order="C")
 
 
 def check_out(out, shape, name):
