@@ -1005,45 +1005,62 @@ aft_status aft_model_generate(const aft_model *m, int32_t *out, size_t *n_out, c
                               size_t n_prompt, size_t n_new, const aft_sampling *smp, aft_token_fn fn,
                               void *fn_ctx, aft_error *err);
 
-/* ---------------------------------------------------------------- the binding interface (api.c)
+/* ---------------------------------------------------------------- the binding interface (lib/api/)
  *
  * A small interface for bindings (python/aft calls it through ctypes):
  * opaque handles, plain C types only (no aft struct crosses it), float32
  * arrays in C order, contiguous, allocated by the caller with the sizes
  * given, options as one string. Every call that can fail returns an
  * aft_status (AFT_OK = 0) and leaves aft's one-line message in *err (which
- * may be NULL). Distinct handles may be used from distinct threads at once;
- * one handle, from one thread at a time. Runs at the level of aft_level_use /
- * the CPU probe, as everything else.
+ * may be NULL); a NULL where an array or handle is needed is AFT_ERR_ARG
+ * "missing (NULL) NAME", and sizes whose product overflows are refused.
+ * Distinct handles may be used from distinct threads at once; one handle,
+ * from one thread at a time. Runs at the level of aft_level_use / the CPU
+ * probe, as everything else. libaft.so exports these with the rest of
+ * this header (and nothing else); its soname is libaft.so.AFT_API_VERSION.
  *
  * Options: space-separated key=value pairs named as the CLI's options
  * without "--": variant=full|local|simple|conv window=S heads=H causal=0|1
  * layout=btd|tbd threads=N (0: all cores, the default) impl=fast|reference
- * prefix=P grid=H,W. An unknown key, a repeated one or a bad value is
- * AFT_ERR_ARG naming it. NULL or "" is the defaults (variant full). */
+ * prefix=P grid=H,W. The layer takes them all; the operator all but layout
+ * and prefix; the model window and threads. As aft run: window applies to
+ * local and conv only, heads to conv only, local needs a window, conv a
+ * window or a conv bias to take it from (and its heads, unless given). An
+ * unknown key (or one the call does not take), a repeated one, a pair
+ * without '=' or a bad value is AFT_ERR_ARG naming it ("option
+ * window=-1: window takes a whole number >= 0"). NULL or "" is the
+ * defaults (variant full). */
 
 #define AFT_API_VERSION 1
 /* AFT_API_VERSION as this library was built: a binding checks it at import */
 int aft_api_version(void);
 
 /* ---- tensors from and to files: .npy (one tensor, named "arr_0"), .npz,
- * .safetensors; the readers' checks and refusals are the CLI's */
+ * .safetensors; the readers' checks and refusals are the CLI's (the format
+ * from the first bytes, else the name; "-" is standard input, a .npy; an
+ * archive's inflated members bounded by the memory available), messages
+ * "PATH: what is wrong" as aft info shows them. A tensor of more than 8
+ * dimensions is refused (AFT_ERR_FORMAT). */
 typedef struct aft_api_file aft_api_file;
 aft_status aft_api_file_read(aft_api_file **out, const char *path, aft_error *err);
 void aft_api_file_free(aft_api_file *f);
 size_t aft_api_file_count(const aft_api_file *f);
 /* tensor i: its name, dtype ("F32", "F16", "BF16", "F64", "I8".."I64",
- * "U8".."U64", "BOOL": aft_dtype_name's), ndim (<= 8), shape (8 slots) and
- * bytes; the pointers live as long as f */
+ * "U8".."U64", "BOOL": aft_dtype_name's), ndim (<= 8), shape (8 slots,
+ * 0 past ndim) and bytes; the pointers live as long as f; any of the
+ * outputs may be NULL */
 aft_status aft_api_file_tensor(const aft_api_file *f, size_t i, const char **name, const char **dtype, size_t *ndim,
                                size_t *shape, size_t *nbytes, aft_error *err);
 /* its bytes, little-endian, C order, into dst (exactly nbytes) */
 aft_status aft_api_file_copy(const aft_api_file *f, size_t i, void *dst, size_t nbytes, aft_error *err);
+/* metadata pair i (.safetensors only), or NULL, NULL past the count */
 size_t aft_api_file_metadata_count(const aft_api_file *f);
 void aft_api_file_metadata(const aft_api_file *f, size_t i, const char **key, const char **value);
 /* n tensors written atomically to path, the format from its extension
- * (.npy: n == 1, no metadata; .npz: no metadata; .safetensors); data[i]
- * little-endian C order; shapes[i] has ndims[i] entries */
+ * (.npy: n == 1, no metadata, names may be NULL; .npz: no metadata;
+ * .safetensors), by aft_npy_write, aft_npz_write and aft_st_write, whose
+ * checks apply (unique names; no bfloat16 in .npy); dtypes[i] as above;
+ * data[i] little-endian C order; shapes[i] has ndims[i] <= 8 entries */
 aft_status aft_api_file_write(const char *path, size_t n, const char *const *names, const char *const *dtypes,
                               const size_t *ndims, const size_t *const *shapes, const void *const *data,
                               size_t n_meta, const char *const *keys, const char *const *values, aft_error *err);
@@ -1051,29 +1068,37 @@ aft_status aft_api_file_write(const char *path, size_t n, const char *const *nam
 /* ---- the layer, from named float32 arrays (the names a weights file has:
  * query|to_q, key|to_k, value|to_v, output|project .weight/.bias, pos_bias
  * or wbias, pos_bias_u/_v, local_mask; under options' prefix=P), found and
- * checked as aft run --weights finds them. The arrays are borrowed, not
- * copied: they must outlive the layer (a training loop makes a layer a step
- * from its parameters' current memory: cheap). */
+ * checked as aft run --weights finds them (aft_weights_load_grid, the same
+ * messages), its configuration settled as aft run settles it; other arrays
+ * are not read (aft run warns of those under the prefix). The arrays are
+ * borrowed, not copied: they must outlive the layer and its states (a
+ * training loop makes a layer a step from its parameters' current memory:
+ * cheap); the names, ndims and shapes need not outlive the call. */
 typedef struct aft_api_layer aft_api_layer;
 aft_status aft_api_layer_new(aft_api_layer **out, size_t n, const char *const *names, const float *const *data,
                              const size_t *ndims, const size_t *const *shapes, const char *options, aft_error *err);
 void aft_api_layer_free(aft_api_layer *l);
 /* D (the input's and output's features) and C (hidden channels) */
 void aft_api_layer_dims(const aft_api_layer *l, size_t *d_model, size_t *d_hidden);
-/* x, y: (B, T, D), or (T, B, D) with layout=tbd; as aft run computes it */
+/* x, y: (B, T, D), or (T, B, D) with layout=tbd; as aft run computes it
+ * (T past a learned bias's Tmax is refused; on a grid, T = H * W) */
 aft_status aft_api_layer_forward(aft_api_layer *l, float *y, const float *x, size_t B, size_t T, aft_error *err);
-/* the gradients aft grad writes for this layer, in its order: count, and
- * each one's name (the array's name, as aft grad names it) and shape (<= 4) */
+/* the gradients aft grad writes for this layer, in its order, after dL/dX
+ * (its "input", here the backward's dx): count, and each one's name (the
+ * array's name, as aft grad names it: aft_grad_slots) and shape (<= 4) */
 size_t aft_api_layer_grad_count(const aft_api_layer *l);
 aft_status aft_api_layer_grad_info(const aft_api_layer *l, size_t i, const char **name, size_t *ndim, size_t *shape,
                                    aft_error *err);
-/* dx: like x; grads[i]: grad_info's shape (NULL: not wanted); y: the
- * forward's output (NULL: not wanted); dy: like y. As aft grad. */
+/* dx: like x (NULL: not wanted); grads: NULL, or grad_count pointers,
+ * grads[i] of grad_info's shape (NULL: not wanted); y: the forward's
+ * output, aft_api_layer_forward's values to rounding (NULL: not wanted);
+ * dy: like y. As aft grad. Each gradient wanted is written whole. */
 aft_status aft_api_layer_backward(aft_api_layer *l, float *dx, float *const *grads, float *y, const float *dy,
                                   const float *x, size_t B, size_t T, aft_error *err);
 
 /* ---- streaming: a causal layer fed a few rows at a time (aft run
- * --state-in/--state-out; the file is the CLI's state file) */
+ * --state-in/--state-out; the file is the CLI's state file). The state
+ * borrows the layer (and its arrays): free it first. */
 typedef struct aft_api_state aft_api_state;
 aft_status aft_api_state_new(aft_api_state **out, aft_api_layer *l, size_t B, aft_error *err);
 void aft_api_state_free(aft_api_state *s);
@@ -1081,25 +1106,30 @@ void aft_api_state_free(aft_api_state *s);
 aft_status aft_api_state_step(aft_api_state *s, float *y, const float *x, size_t n, aft_error *err);
 size_t aft_api_state_position(const aft_api_state *s);
 aft_status aft_api_state_save(const aft_api_state *s, const char *path, aft_error *err);
+/* a state saved for the same layer, configuration and B (else refused,
+ * naming what differs) */
 aft_status aft_api_state_load(aft_api_state *s, const char *path, aft_error *err);
 
 /* ---- the bare operator: q, v, out (B, T, C); k (B, T, kc), kc = C or conv's
- * heads; bias NULL or (bias_rows, bias_cols): full and local (Tmax, Tmax),
- * Tmax >= T; conv (heads or 1, 2S - 1); mask NULL or (T, T), or (B, T, T)
- * when mask_batched, nonzero = visible. Options: variant, window, heads,
- * causal, threads, impl, grid. */
+ * heads; bias NULL (w = 0; simple takes none) or (bias_rows, bias_cols):
+ * full and local (Tmax, Tmax), Tmax >= T; conv (heads or 1, 2S - 1), and
+ * on a grid (heads or 1, (2S - 1)^2), each row a square in row-major
+ * order; checked as aft run checks --weights' pos_bias; mask NULL or (T,
+ * T), or (B, T, T) when mask_batched, nonzero = visible. Options: variant,
+ * window, heads, causal, threads, impl, grid. */
 aft_status aft_api_op_forward(float *out, const float *q, const float *k, const float *v, size_t B, size_t T,
                               size_t C, size_t kc, const float *bias, size_t bias_rows, size_t bias_cols,
                               const uint8_t *mask, int mask_batched, const char *options, aft_error *err);
 /* dq, dv like q; dk like k; dbias like bias (NULL: not wanted; must be NULL
- * without a bias); out (NULL: not wanted); dout like out */
+ * without a bias); out (NULL: not wanted); dout like out. As aft grad. */
 aft_status aft_api_op_backward(float *dq, float *dk, float *dv, float *dbias, float *out, const float *dout,
                                const float *q, const float *k, const float *v, size_t B, size_t T, size_t C,
                                size_t kc, const float *bias, size_t bias_rows, size_t bias_cols, const uint8_t *mask,
                                int mask_batched, const char *options, aft_error *err);
 
 /* ---- labml's language model (aft model, aft generate). Options: window=S
- * threads=N (default 1 for stepping, as aft generate) */
+ * (>= 1) threads=N (default 1 for stepping, as aft generate; the logits'
+ * last bits follow the thread count, as aft model --threads's do) */
 typedef struct aft_api_model aft_api_model;
 aft_status aft_api_model_open(aft_api_model **out, const char *path, const char *options, aft_error *err);
 void aft_api_model_free(aft_api_model *m);
@@ -1109,13 +1139,15 @@ void aft_api_model_dims(const aft_api_model *m, size_t *n_vocab, size_t *d_model
 aft_status aft_api_model_logits(aft_api_model *m, float *logits, const int32_t *tokens, size_t B, size_t T,
                                 aft_error *err);
 /* text into ids (at most cap; *n: how many the text makes, even past cap),
- * as aft encode; token id's text (NULL: none) as aft decode */
+ * as aft encode; token id's text (NULL: none) as aft decode. A model
+ * without a vocabulary refuses to encode and generate. */
 aft_status aft_api_model_encode(const aft_api_model *m, int32_t *ids, size_t cap, size_t *n, const char *text,
                                 size_t len, aft_error *err);
 const char *aft_api_model_token(const aft_api_model *m, size_t id);
 /* n new tokens after prompt, as aft generate with the same arguments
  * (temperature 0 or greedy: greedy); their text, NUL-terminated, into out
- * (cap bytes; *len: the bytes the whole text needs, even past cap) */
+ * (cap bytes, cut short to fit; *len: the bytes the whole text needs with
+ * its NUL, even past cap, so the text is whole when *len <= cap) */
 aft_status aft_api_model_generate(aft_api_model *m, char *out, size_t cap, size_t *len, const char *prompt,
                                   size_t n, double temperature, size_t top_k, uint64_t seed, aft_error *err);
 
