@@ -173,11 +173,11 @@ class Layer:
         their shapes (grad_names lists them). A bias the layer lacks has no
         entry.
 
-        wanted: names to compute (default all; "input" is always computed).
-        out: a dict of arrays to write some gradients into (C-contiguous
-        float32 of the gradient's shape; the rest are allocated). y: an
-        array to receive the forward output as well (y's shape), in the same
-        call.
+        wanted: the names to compute (default all, "input" too); the others
+        are skipped and not in the dict. out: a dict of arrays to write some
+        gradients into (C-contiguous float32 of the gradient's shape; the
+        rest are allocated). y: an array to receive the forward output as
+        well (y's shape), in the same call.
         """
         x = as_f32(x, "x")
         B, T = self._sizes(x)
@@ -192,7 +192,9 @@ class Layer:
         for k in list(out) + list(wanted or []):
             if k not in known:
                 raise ValueError("%r: not a gradient of this layer (%s)" % (k, ", ".join(sorted(known))))
-        grads = {"input": result(out.get("input"), x.shape, "input")}
+        grads = {}
+        if wanted is None or "input" in wanted or "input" in out:
+            grads["input"] = result(out.get("input"), x.shape, "input")
         ptrs = (ctypes.c_void_p * max(len(self._grads), 1))()
         for i, (name, shape) in enumerate(self._grads):
             if wanted is None or name in wanted or name in out:
@@ -200,8 +202,9 @@ class Layer:
                 ptrs[i] = grads[name].ctypes.data
         if y is not None:
             result(y, x.shape, "y")
+        dx = grads.get("input")
         with self._lock:
-            _lib.call(_lib_.aft_api_layer_backward, self._handle(), grads["input"].ctypes.data, ptrs,
+            _lib.call(_lib_.aft_api_layer_backward, self._handle(), None if dx is None else dx.ctypes.data, ptrs,
                       None if y is None else y.ctypes.data, dy.ctypes.data, x.ctypes.data, B, T)
         return grads
 

@@ -147,6 +147,6 @@ class Model:
             with self._lock:
                 _lib.call(_lib_.aft_api_model_generate, self._handle(), buf, cap, ctypes.byref(need), p, n,
                           temperature, top_k, seed)
-            if need.value < cap:
-                return buf.raw[:need.value].decode("utf-8", "replace")
-            cap = need.value + 1
+            if need.value <= cap:  # the whole text and its NUL
+                return buf.raw[:need.value - 1].decode("utf-8", "replace")
+            cap = need.value

@@ -37,6 +37,8 @@ def as_mask(x, name):
 def as_tokens(x, n_vocab, name="tokens"):
     """x as a C-contiguous int32 array of token ids, each in [0, n_vocab)."""
     a = np.asarray(x)
+    if a.size == 0 and a.dtype.kind in _REAL_KINDS:
+        a = a.astype(np.int32)  # np.asarray([]) is float64
     if a.dtype.kind not in "iu":
         raise TypeError("%s: dtype %s is not integers (token ids)" % (name, a.dtype))
     if a.size:

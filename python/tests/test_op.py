@@ -6,7 +6,7 @@ import unittest
 
 from common import TmpDir, aft, cli, close_to, np
 
-B, T, C = 2, 7, 5
+B, T, C = 2, 7, 6
 
 
 def reference(q, k, v, bias=None, causal=False, mask=None, window=None):
