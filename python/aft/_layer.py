@@ -4,6 +4,7 @@ operator), forward, backward and streaming (aft_api_layer_*, aft_api_state_*).""
 import ctypes
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class Layer:
 
     def __init__(self, weights, variant="full", window=None, causal=False, heads=None, prefix="", layout="btd",
                  threads=None, impl=None, grid=None):
-        self._h = None
+        self._h, self._lock = None, threading.Lock()
         if isinstance(weights, (str, bytes, os.PathLike)):
             weights = load(weights)
         if not isinstance(weights, dict):
@@ -63,7 +64,7 @@ class Layer:
                                threads=threads, impl=impl, prefix=prefix, grid=grid)
         self.layout = layout
         self.grid = None if grid is None else (int(grid[0]), int(grid[1]))
-        self._lock = threading.Lock()
+        self._states = weakref.WeakSet()  # closed before the layer: they borrow it
         self._arrays = []
         names, shapes, ndims, datas = [], [], [], []
         for name, v in weights.items():
@@ -96,12 +97,15 @@ class Layer:
             out.append((name.value.decode("utf-8"), tuple(shape[d] for d in range(ndim.value))))
         return out
 
-    def close(self):
-        """Free the layer now (it is freed when collected otherwise); any
-        later call raises ValueError."""
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            _lib_.aft_api_layer_free(h)
+    def close(self, _free=_lib_.aft_api_layer_free):
+        """Free the layer now (it is freed when collected otherwise), and the
+        states made from it first; any later call raises ValueError."""
+        for s in list(getattr(self, "_states", ())):
+            s.close()
+        with self._lock:
+            h, self._h = self._h, None
+            if h:
+                _free(h)
 
     def __del__(self):
         self.close()
@@ -225,18 +229,18 @@ class State:
     """
 
     def __init__(self, layer, batch=1):
+        self._h, self._lock = None, threading.Lock()
         if not isinstance(layer, Layer):
             raise TypeError("layer: an aft.Layer is wanted, not %s" % type(layer).__name__)
-        self._h = None
         self.layer = layer
         self.batch = int(batch)
         if self.batch <= 0:
             raise ValueError("batch: a whole number >= 1 is wanted, not %d" % self.batch)
-        self._lock = threading.Lock()
         h = ctypes.c_void_p()
         with layer._lock:
             _lib.call(_lib_.aft_api_state_new, ctypes.byref(h), layer._handle(), self.batch)
-        self._h = h
+            self._h = h
+            layer._states.add(self)
 
     @classmethod
     def load(cls, path, layer, batch=1):
@@ -244,14 +248,16 @@ class State:
         (State.save's or aft run --state-out's); one made for other weights,
         options or batch is refused (ValueError naming what differs)."""
         s = cls(layer, batch)
-        _lib.call(_lib_.aft_api_state_load, s._h, path_bytes(path))
+        with s._lock:
+            _lib.call(_lib_.aft_api_state_load, s._handle(), path_bytes(path))
         return s
 
-    def close(self):
+    def close(self, _free=_lib_.aft_api_state_free):
         """Free the state now; any later call raises ValueError."""
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            _lib_.aft_api_state_free(h)
+        with self._lock:
+            h, self._h = self._h, None
+            if h:
+                _free(h)
 
     def __del__(self):
         self.close()
@@ -270,7 +276,8 @@ class State:
     @property
     def position(self):
         """The rows run so far (loaded states: the saved position)."""
-        return _lib_.aft_api_state_position(self._handle())
+        with self._lock:
+            return _lib_.aft_api_state_position(self._handle())
 
     def step(self, x, out=None):
         """The next rows: x [B, n, D] ([n, B, D] with the layer's layout

@@ -29,8 +29,7 @@ class Model:
     """
 
     def __init__(self, path, window=None, threads=1):
-        self._h = None
-        self._lock = threading.Lock()
+        self._h, self._lock = None, threading.Lock()
         h = ctypes.c_void_p()
         _lib.call(_lib_.aft_api_model_open, ctypes.byref(h), path_bytes(path),
                   options(window=window, threads=threads))
@@ -45,11 +44,12 @@ class Model:
             self.vocab.append(None if t is None else t.decode("utf-8", "replace"))
         self._token_bytes = max([len(t.encode("utf-8")) for t in self.vocab if t is not None] or [1])
 
-    def close(self):
+    def close(self, _free=_lib_.aft_api_model_free):
         """Free the model now; any later call raises ValueError."""
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            _lib_.aft_api_model_free(h)
+        with self._lock:
+            h, self._h = self._h, None
+            if h:
+                _free(h)
 
     def __del__(self):
         self.close()
@@ -98,7 +98,8 @@ class Model:
         cap = len(b)
         ids = np.empty(max(cap, 1), dtype=np.int32)
         n = ctypes.c_size_t()
-        _lib.call(_lib_.aft_api_model_encode, self._handle(), ids.ctypes.data, cap, ctypes.byref(n), b, len(b))
+        with self._lock:
+            _lib.call(_lib_.aft_api_model_encode, self._handle(), ids.ctypes.data, cap, ctypes.byref(n), b, len(b))
         if n.value > cap:  # cannot happen: a character is at least a byte
             raise ValueError("text: %d tokens from %d bytes" % (n.value, cap))
         return ids[:n.value].copy()
@@ -140,7 +141,7 @@ class Model:
         p = prompt.encode("utf-8")
         if b"\0" in p:
             raise ValueError("prompt: holds a NUL character")
-        cap = n * self._token_bytes + 1
+        cap = min(n * self._token_bytes + 1, 1 << 20)  # a longer text is asked for again, whole
         while True:
             buf = ctypes.create_string_buffer(cap)
             need = ctypes.c_size_t()

@@ -258,6 +258,13 @@ class Stream(TmpDir):
         s.close()
         with self.assertRaises(ValueError):
             s.step(x)
+        # a layer closed frees its states first: they raise, never read freed memory
+        s2 = lay.stream(batch=3)
+        lay.close()
+        with self.assertRaisesRegex(ValueError, "closed"):
+            s2.step(x)
+        with self.assertRaisesRegex(ValueError, "closed"):
+            s2.position
 
 
 if __name__ == "__main__":
