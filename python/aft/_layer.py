@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _lib
 from ._files import load
-from ._util import as_f32, options, path_bytes, result, shape_str
+from ._util import as_f32, options, path_bytes, result, shape_str, size
 
 _lib_ = _lib.lib
 _P_SIZE = ctypes.POINTER(ctypes.c_size_t)
@@ -233,9 +233,7 @@ class State:
         if not isinstance(layer, Layer):
             raise TypeError("layer: an aft.Layer is wanted, not %s" % type(layer).__name__)
         self.layer = layer
-        self.batch = int(batch)
-        if self.batch <= 0:
-            raise ValueError("batch: a whole number >= 1 is wanted, not %d" % self.batch)
+        self.batch = size(batch, "batch", lo=1)
         h = ctypes.c_void_p()
         with layer._lock:
             _lib.call(_lib_.aft_api_state_new, ctypes.byref(h), layer._handle(), self.batch)

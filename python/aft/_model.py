@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from . import _lib
-from ._util import as_tokens, options, path_bytes, shape_str
+from ._util import as_tokens, options, path_bytes, shape_str, size
 
 _lib_ = _lib.lib
 
@@ -127,15 +127,10 @@ class Model:
         aft generate prints both)."""
         if not isinstance(prompt, str):
             raise TypeError("prompt: a str is wanted, not %s" % type(prompt).__name__)
-        n = int(n)
-        if n < 0:
-            raise ValueError("n: a whole number >= 0 is wanted, not %d" % n)
+        n, top_k, seed = size(n, "n"), size(top_k, "top_k"), size(seed, "seed")
         temperature = float(temperature)
         if not temperature >= 0:
             raise ValueError("temperature: a number >= 0 is wanted (0: greedy), not %r" % temperature)
-        top_k, seed = int(top_k), int(seed)
-        if top_k < 0 or not 0 <= seed < 2 ** 64:
-            raise ValueError("top_k and seed: whole numbers >= 0 (seed < 2**64)")
         if greedy:
             temperature = 0.0
         p = prompt.encode("utf-8")

@@ -71,14 +71,15 @@ def shape_str(shape):
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def size(v, key):
-    """A whole number >= 0 for option key."""
+def size(v, key, lo=0):
+    """A whole number in [lo, 2**64) for key (an int, never a float cut
+    short, never one that C's size_t would wrap)."""
     try:
         n = operator.index(v)
     except TypeError:
         raise TypeError("%s: a whole number is wanted, not %r" % (key, v)) from None
-    if n < 0:
-        raise ValueError("%s: a whole number >= 0 is wanted, not %d" % (key, n))
+    if not lo <= n < 1 << 64:
+        raise ValueError("%s: a whole number from %d to 2**64 - 1 is wanted, not %d" % (key, lo, n))
     return n
 
 

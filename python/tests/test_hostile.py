@@ -70,6 +70,17 @@ class Shapes(unittest.TestCase):
                 with self.assertRaises(ValueError):
                     lay.backward(bad)
 
+    def test_weights(self):
+        good = dict(aft.load(W))
+        for name, bad in (("to_q.weight", np.zeros((24, 15))), ("to_q.weight", np.zeros(24)),
+                          ("to_k.bias", np.zeros(23)), ("project.weight", np.zeros((16, 24, 1))),
+                          ("wbias", np.zeros(12)), ("wbias", np.zeros((12, 11))), ("wbias", np.zeros((0, 0))),
+                          ("to_v.weight", np.zeros((0, 16)))):
+            with self.subTest(name=name, shape=bad.shape):
+                w = dict(good, **{name: bad})
+                with self.assertRaises(ValueError):
+                    aft.Layer(w).forward(x0())
+
     def test_op_shapes(self):
         rng = np.random.default_rng(0)
         q = rng.standard_normal((2, 5, 3)).astype(np.float32)

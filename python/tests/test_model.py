@@ -101,6 +101,11 @@ class Model(TmpDir):
             m.generate("It", -1)
         with self.assertRaises(ValueError):
             m.generate("It", 3, temperature=float("nan"))
+        for kw in (dict(top_k=2 ** 64), dict(seed=-1), dict(n=10 ** 9 + 1)):
+            with self.assertRaises(ValueError):
+                m.generate("It", **dict(dict(n=3), **kw))
+        with self.assertRaises(TypeError):
+            m.generate("It", 2.5)
         with self.assertRaises(OSError):
             aft.Model(self.path("missing.safetensors"))
         with self.assertRaises(ValueError):
