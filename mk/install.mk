@@ -3,6 +3,8 @@
 #   make install   [PREFIX=/usr/local] [DESTDIR=]
 #       $(PREFIX)/bin/aft
 #       $(PREFIX)/lib/libaft.a
+#       $(PREFIX)/lib/libaft.so.N.0.0, and the links libaft.so.N (its
+#         soname; N: AFT_API_VERSION) and libaft.so to it
 #       $(PREFIX)/include/aft.h
 #       $(PREFIX)/lib/pkgconfig/aft.pc                  (from mk/aft.pc.in)
 #       $(PREFIX)/share/man/man1/aft.1
@@ -36,6 +38,19 @@ INSTALL      ?= install
 
 # the version in lib/aft.h, for aft.pc
 AFT_VERSION_STRING = $(shell sed -n 's/^\#define AFT_VERSION "\(.*\)"$$/\1/p' lib/aft.h)
+# the shared library's names: its soname and the file it links to
+SO_NAME = libaft.so.$(AFT_API_VERSION)
+SO_FILE = $(SO_NAME).0.0
+
+# A program linked with pkg-config --libs aft gets libaft.so (the linker
+# prefers it to libaft.a); where LIBDIR is none of the directories the
+# dynamic loader searches of itself, aft.pc gives such a program a run path
+# to it, so it runs without ldconfig or LD_LIBRARY_PATH (make install
+# PREFIX=/usr/local, a home directory); in /usr/lib or its multiarch
+# directory (the Debian package's) it needs none.
+SYSTEM_LIBDIRS = /lib /usr/lib $(if $(MULTIARCH),/lib/$(MULTIARCH) /usr/lib/$(MULTIARCH))
+PC_RPATH_FLAG = -Wl,-rpath,$${libdir}
+PC_LIB_RPATH = $(if $(filter $(patsubst %/,%,$(LIBDIR)),$(SYSTEM_LIBDIRS)),,$(PC_RPATH_FLAG))
 
 # the OpenBLAS aft links, as the Makefile finds it (PKG_ENV: the OpenMP
 # build where it is installed), with the Makefile's run path for it; and the
@@ -61,6 +76,7 @@ SHIPPED_DATA = testdata/model/labml_aft_fortunes.safetensors testdata/model/READ
 
 # every file install writes, as uninstall removes them
 INSTALLED_FILES = "$(DESTDIR)$(BINDIR)/aft" "$(DESTDIR)$(LIBDIR)/libaft.a" \
+    "$(DESTDIR)$(LIBDIR)/$(SO_FILE)" "$(DESTDIR)$(LIBDIR)/$(SO_NAME)" "$(DESTDIR)$(LIBDIR)/libaft.so" \
     "$(DESTDIR)$(INCLUDEDIR)/aft.h" "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc" \
     "$(DESTDIR)$(MANDIR)/man1/aft.1" "$(DESTDIR)$(BASHCOMPDIR)/aft" \
     $(SHIPPED_DATA:testdata/model/%="$(DESTDIR)$(DATADIR)/%")
@@ -72,6 +88,9 @@ install: all
 	    "$(DESTDIR)$(DATADIR)"
 	$(INSTALL) -m 755 aft "$(DESTDIR)$(BINDIR)/aft"
 	$(INSTALL) -m 644 lib/libaft.a "$(DESTDIR)$(LIBDIR)/libaft.a"
+	$(INSTALL) -m 644 lib/libaft.so "$(DESTDIR)$(LIBDIR)/$(SO_FILE)"
+	ln -sfn $(SO_FILE) "$(DESTDIR)$(LIBDIR)/$(SO_NAME)"
+	ln -sfn $(SO_NAME) "$(DESTDIR)$(LIBDIR)/libaft.so"
 	$(INSTALL) -m 644 lib/aft.h "$(DESTDIR)$(INCLUDEDIR)/aft.h"
 	$(INSTALL) -m 644 man/aft.1 "$(DESTDIR)$(MANDIR)/man1/aft.1"
 	$(INSTALL) -m 644 completion/aft.bash "$(DESTDIR)$(BASHCOMPDIR)/aft"
@@ -79,6 +98,7 @@ install: all
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(AFT_VERSION_STRING)|g' \
 	    -e 's|@BLAS_LIBS@|$(PC_BLAS_LIBS)|g' -e 's|@BLAS_LIBS_PRIVATE@|$(PC_BLAS_LIBS_PRIVATE)|g' \
+	    -e 's|@LIB_RPATH@|$(PC_LIB_RPATH)|g' \
 	    mk/aft.pc.in > "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp"
 	chmod 644 "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp"
 	mv -f "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc.tmp" "$(DESTDIR)$(PKGCONFIGDIR)/aft.pc"

@@ -4,9 +4,9 @@
  * the bash completion in completion/.
  *
  * The repository is $AFT_TESTDATA/.. . make runs with `-o aft -o
- * lib/libaft.a`, so it copies the files `make all` built before the tests
- * and never compiles anything itself (no race with a build running beside
- * it). */
+ * lib/libaft.a -o lib/libaft.so`, so it copies the files `make all` built
+ * before the tests and never compiles anything itself (no race with a build
+ * running beside it). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -139,6 +139,9 @@ static char *at(const char *prefix, const char *rel)
 static const char *const installed[] = {
     "bin/aft",
     "lib/libaft.a",
+    "lib/libaft.so.1.0.0",
+    "lib/libaft.so.1",
+    "lib/libaft.so",
     "include/aft.h",
     "lib/pkgconfig/aft.pc",
     "share/man/man1/aft.1",
@@ -148,7 +151,8 @@ static const char *const installed[] = {
 };
 /* where each comes from in the repository (NULL: generated) */
 static const char *const sources[] = {
-    "aft", "lib/libaft.a", "lib/aft.h", NULL, "man/aft.1", "completion/aft.bash",
+    "aft", "lib/libaft.a", "lib/libaft.so", "lib/libaft.so", "lib/libaft.so", "lib/aft.h", NULL, "man/aft.1",
+    "completion/aft.bash",
     "testdata/model/labml_aft_fortunes.safetensors", "testdata/model/README.md",
 };
 #define N_INSTALLED (sizeof installed / sizeof installed[0])
@@ -312,13 +316,13 @@ static void run_readme_example(const char *work, const char *env, const char *bi
 
 /* ---------------------------------------------------------------- tests */
 
-/* make install copies ./aft and lib/libaft.a, which `make test` builds
+/* make install copies ./aft, lib/libaft.a and lib/libaft.so, which `make test` builds
  * first; a run that built elsewhere (make test-asan builds into its own
  * directory) may not have them: skip rather than build them here */
 static void need_built_files(void)
 {
-    static const char *const files[] = {"aft", "lib/libaft.a"};
-    for (int i = 0; i < 2; i++) {
+    static const char *const files[] = {"aft", "lib/libaft.a", "lib/libaft.so"};
+    for (int i = 0; i < 3; i++) {
         char *p = at(root, files[i]);
         int ok = exists(p);
         free(p);
@@ -334,7 +338,7 @@ static void test_install_uninstall(void **state)
     (void)state;
     need_built_files();
     char *prefix = at(harness_dir(), "prefix");
-    char *out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a install PREFIX=%s",
+    char *out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a -o lib/libaft.so install PREFIX=%s",
                       q(root), q(prefix));
     /* nothing was compiled: install only copies */
     if (strstr(out, " -c ") || strstr(out, "ar rcs")) fail_msg("install built something:\n%s", out);
@@ -396,7 +400,7 @@ static void test_install_uninstall(void **state)
     /* uninstall removes exactly what install wrote */
     char *other = at(prefix, "bin/other-tool");
     assert_int_equal(harness_write_file(other, "x", 1), 0);
-    out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a uninstall PREFIX=%s",
+    out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a -o lib/libaft.so uninstall PREFIX=%s",
                 q(root), q(prefix));
     free(out);
     for (size_t i = 0; i < N_INSTALLED; i++) {
@@ -420,7 +424,7 @@ static void test_destdir(void **state)
     (void)state;
     need_built_files();
     char *stage = at(harness_dir(), "stage");
-    char *out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a install DESTDIR=%s PREFIX=/opt/aft",
+    char *out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a -o lib/libaft.so install DESTDIR=%s PREFIX=/opt/aft",
                       q(root), q(stage));
     free(out);
     char *base = at(stage, "opt/aft");
@@ -440,10 +444,15 @@ static void test_destdir(void **state)
     free(text);
 
     /* the README's example through pkg-config from the staged tree:
-     * PKG_CONFIG_SYSROOT_DIR puts the stage before every path aft.pc names */
+     * PKG_CONFIG_SYSROOT_DIR puts the stage before every -I and -L path
+     * aft.pc names (not before the run path, /opt/aft/lib: the staged
+     * program finds libaft.so through LD_LIBRARY_PATH) */
     char *pcdir = at(base, "lib/pkgconfig"), *bindir = at(base, "bin"), *work = at(harness_dir(), "staged"), env[8192];
+    char *libdir = at(base, "lib");
     assert_int_equal(mkdir(work, 0777), 0);
-    snprintf(env, sizeof env, "PKG_CONFIG_PATH=%s PKG_CONFIG_SYSROOT_DIR=%s", q(pcdir), q(stage));
+    snprintf(env, sizeof env, "PKG_CONFIG_PATH=%s PKG_CONFIG_SYSROOT_DIR=%s LD_LIBRARY_PATH=%s", q(pcdir), q(stage),
+             q(libdir));
+    free(libdir);
     out = SH_OK("%s pkg-config --libs aft", env);
     char want[4096];
     snprintf(want, sizeof want, "-L%s/opt/aft/lib -laft", stage);
@@ -454,7 +463,7 @@ static void test_destdir(void **state)
     free(bindir);
     free(pcdir);
 
-    out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a uninstall DESTDIR=%s PREFIX=/opt/aft",
+    out = SH_OK("make --no-print-directory -C %s -o aft -o lib/libaft.a -o lib/libaft.so uninstall DESTDIR=%s PREFIX=/opt/aft",
                 q(root), q(stage));
     free(out);
     for (size_t i = 0; i < N_INSTALLED; i++) {

@@ -10,9 +10,11 @@
 #      of its architecture, each at its best) or ARCH=$DEB_MARCH if given,
 #      Debian's hardening flags, and no run path (BLAS_RPATH=, below);
 #   2. make install DESTDIR=build/deb/root, then what Debian's tools would
-#      do: strip the binary and the archive, gzip the man page, add
-#      /usr/share/doc/aft/copyright and changelog.gz, DEBIAN/control (the
-#      Depends from dpkg-shlibdeps) and DEBIAN/md5sums;
+#      do: strip the binary, the shared library and the archive, gzip the
+#      man page, add /usr/share/doc/aft/copyright and changelog.gz,
+#      DEBIAN/control (the Depends from dpkg-shlibdeps), DEBIAN/shlibs
+#      (libaft.so.N is this package's), DEBIAN/triggers (ldconfig runs when
+#      it is installed or removed) and DEBIAN/md5sums;
 #   3. dpkg-deb --build, files owned by root.
 #
 # The run path: the tree's aft finds OpenBLAS's OpenMP build through a run
@@ -45,7 +47,8 @@ mkdir -p "$SRC"
 # other flags than last time: compile everything again
 if [ "$(cat "$DIR/flags" 2>/dev/null)" != "$flags" ]; then rm -rf "$SRC/build"; fi
 find "$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-tar -cf - --exclude=./build --exclude=./.git --exclude=./aft --exclude=./lib/libaft.a --exclude='./aft_*.deb' . |
+tar -cf - --exclude=./build --exclude=./.git --exclude=./aft --exclude=./lib/libaft.a --exclude=./lib/libaft.so \
+    --exclude='./aft_*.deb' . |
     tar -xf - -C "$SRC"
 printf '%s\n' "$flags" > "$DIR/flags"
 set -- OPT="$opt" PREFIX=/usr LIBDIR="/usr/lib/$DEB_MULTIARCH" BLAS_RPATH=
@@ -63,6 +66,10 @@ $MAKE --no-print-directory -C "$SRC" "$@" DESTDIR="$(pwd)/$ROOT" install > "$DIR
 strip --remove-section=.comment --remove-section=.note --strip-unneeded "$ROOT/usr/bin/aft"
 strip --strip-debug --remove-section=.comment --remove-section=.note --enable-deterministic-archives \
     "$ROOT/usr/lib/$DEB_MULTIARCH/libaft.a"
+so=$(cd "$ROOT/usr/lib/$DEB_MULTIARCH" && ls libaft.so.*.*.*)
+soname=$(readelf -d "$ROOT/usr/lib/$DEB_MULTIARCH/$so" | sed -n 's/.*(SONAME).*\[libaft\.so\.\(.*\)\]/\1/p')
+[ -n "$soname" ] || fail "$so has no soname libaft.so.N"
+strip --remove-section=.comment --remove-section=.note --strip-unneeded "$ROOT/usr/lib/$DEB_MULTIARCH/$so"
 gzip -9n "$ROOT/usr/share/man/man1/aft.1"
 doc=$ROOT/usr/share/doc/aft
 mkdir -p "$doc"
@@ -100,7 +107,8 @@ shl=$DIR/shlibdeps
 rm -rf "$shl" && mkdir -p "$shl/debian"
 printf 'Source: aft\n\nPackage: aft\nArchitecture: any\n' > "$shl/debian/control"
 echo "libopenblas 0 libopenblas0-openmp" > "$shl/debian/shlibs.local"
-(cd "$shl" && dpkg-shlibdeps -O -e"$top/$ROOT/usr/bin/aft") > "$shl/out" 2> "$shl/log" ||
+(cd "$shl" && dpkg-shlibdeps -O -e"$top/$ROOT/usr/bin/aft" -e"$top/$ROOT/usr/lib/$DEB_MULTIARCH/$so") \
+    > "$shl/out" 2> "$shl/log" ||
     { cat "$shl/log"; fail "dpkg-shlibdeps failed (above)"; }
 depends=$(sed -n 's/^shlibs:Depends=//p' "$shl/out")
 [ -n "$depends" ] || { cat "$shl/out" "$shl/log"; fail "dpkg-shlibdeps found no dependencies (above)"; }
@@ -109,6 +117,11 @@ size=$(du -sk --exclude=DEBIAN "$ROOT" | cut -f1)
 sed -e "s|@VERSION@|$DEB_VERSION|" -e "s|@ARCH@|$DEB_HOST_ARCH|" -e "s|@MAINTAINER@|$DEB_MAINTAINER|" \
     -e "s|@SIZE@|$size|" -e "s|@DEPENDS@|$depends|" mk/deb/control.in > "$ROOT/DEBIAN/control"
 (cd "$ROOT" && find usr -type f | LC_ALL=C sort | xargs md5sum) > "$ROOT/DEBIAN/md5sums"
+# the shared library: programs linked with it depend on this package (the
+# version that built them, or later); the dynamic loader's cache is made
+# again when the package comes and goes
+echo "libaft $soname aft (>= $DEB_VERSION)" > "$ROOT/DEBIAN/shlibs"
+echo "activate-noawait ldconfig" > "$ROOT/DEBIAN/triggers"
 # modes as Debian's tools leave them, whatever the umask was
 find "$ROOT" -type d -exec chmod 755 {} +
 find "$ROOT" -type f -exec chmod 644 {} +

@@ -6,7 +6,7 @@
 #   - its fields (dpkg-deb -f): name, version, architecture, and a Depends
 #     entry for the package of every library the binary needs
 #   - its files (dpkg-deb -c): exactly the list below, modes included
-#   - its binary: no run path
+#   - its binary and its shared library: no run path
 #   - lintian: no error (warnings and notes are printed)
 #   - apt-get install ./$DEB_FILE, as root (sudo otherwise), where no aft is
 #     installed (it refuses to replace one); then, outside the tree, the
@@ -14,7 +14,8 @@
 #     the model in /usr/share/aft and give PyTorch's greedy text for the
 #     first run of testdata/model/greedy.json; bench --generate on it; the
 #     README's library example built with pkg-config --libs and --static
-#     --libs against the installed libaft.a and aft.pc, run and compared
+#     --libs against the installed libaft.so and aft.pc, run (the dynamic
+#     loader finds libaft.so.N, which ldconfig's cache lists) and compared
 #   - apt-get remove aft, also when a check failed, and that nothing of it
 #     is left (/usr/bin/aft, /usr/share/aft)
 #
@@ -44,7 +45,10 @@ depends=$(field Depends)
 # the package each library comes from: OpenBLAS's OpenMP build (not the
 # libopenblas0 metapackage, whose first choice is the pthread build)
 dpkg-deb -x "$DEB_FILE" "$work/x"
-for lib in $(readelf -d "$work/x/usr/bin/aft" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+so=$(cd "$work/x/usr/lib/$DEB_MULTIARCH" && ls libaft.so.*.*.*)
+needed=$(readelf -d "$work/x/usr/bin/aft" "$work/x/usr/lib/$DEB_MULTIARCH/$so" |
+    sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort -u)
+for lib in $needed; do
     case $lib in
     libc.so.* | libm.so.*) pkg=libc6 ;;
     libgomp.so.1) pkg=libgomp1 ;;
@@ -52,13 +56,21 @@ for lib in $(readelf -d "$work/x/usr/bin/aft" | sed -n 's/.*(NEEDED).*\[\(.*\)\]
     libz.so.1) pkg=zlib1g ;;
     libopenblas.so.0) pkg=libopenblas0-openmp ;;
     libmpi.so.40) pkg=libopenmpi3 ;;
-    *) fail "aft needs $lib, which this test does not know the package of: add it here" ;;
+    *) fail "aft or $so needs $lib, which this test does not know the package of: add it here" ;;
     esac
     echo ", $depends," | grep -Eq ", $pkg( \([^)]*\))?," || fail "Depends lacks $pkg (for $lib): $depends"
 done
-if readelf -d "$work/x/usr/bin/aft" | grep -Eq 'RPATH|RUNPATH'; then
-    fail "/usr/bin/aft has a run path: $(readelf -d "$work/x/usr/bin/aft" | grep -E 'RPATH|RUNPATH')"
-fi
+for f in usr/bin/aft "usr/lib/$DEB_MULTIARCH/$so"; do
+    if readelf -d "$work/x/$f" | grep -Eq 'RPATH|RUNPATH'; then
+        fail "/$f has a run path: $(readelf -d "$work/x/$f" | grep -E 'RPATH|RUNPATH')"
+    fi
+done
+soname=${so%.*.*}
+[ "$(dpkg-deb -I "$DEB_FILE" shlibs)" = "libaft ${soname#libaft.so.} aft (>= $DEB_VERSION)" ] ||
+    fail "its shlibs is '$(dpkg-deb -I "$DEB_FILE" shlibs 2>&1)'"
+[ "$(dpkg-deb -I "$DEB_FILE" triggers)" = "activate-noawait ldconfig" ] ||
+    fail "its triggers is '$(dpkg-deb -I "$DEB_FILE" triggers 2>&1)', not ldconfig's"
+
 say "fields: aft $DEB_VERSION $DEB_HOST_ARCH, Depends: $depends"
 
 # ---------------------------------------------------------------- the files
@@ -67,6 +79,9 @@ cat > "$work/want" <<LIST
 -rwxr-xr-x root/root ./usr/bin/aft
 -rw-r--r-- root/root ./usr/include/aft.h
 -rw-r--r-- root/root ./usr/lib/$ma/libaft.a
+lrwxrwxrwx root/root ./usr/lib/$ma/libaft.so
+lrwxrwxrwx root/root ./usr/lib/$ma/$soname
+-rw-r--r-- root/root ./usr/lib/$ma/$so
 -rw-r--r-- root/root ./usr/lib/$ma/pkgconfig/aft.pc
 -rw-r--r-- root/root ./usr/share/aft/README.md
 -rw-r--r-- root/root ./usr/share/aft/labml_aft_fortunes.safetensors
@@ -84,7 +99,9 @@ cmp -s "$work/x/usr/share/aft/labml_aft_fortunes.safetensors" testdata/model/lab
     fail "/usr/share/aft/labml_aft_fortunes.safetensors differs from testdata/model's"
 grep -qx "libdir=/usr/lib/$ma" "$work/x/usr/lib/$ma/pkgconfig/aft.pc" ||
     fail "aft.pc does not name libdir=/usr/lib/$ma"
-say "files: the $(wc -l < "$work/want") expected, no run path"
+[ "$(readlink "$work/x/usr/lib/$ma/libaft.so")" = "$soname" ] && [ "$(readlink "$work/x/usr/lib/$ma/$soname")" = "$so" ] ||
+    fail "the links libaft.so -> $soname -> $so are not there"
+say "files: the $(wc -l < "$work/want") expected, no run path; $so: soname $soname, shlibs, the ldconfig trigger"
 
 # ---------------------------------------------------------------- lintian
 if ! lintian --tag-display-limit 0 --fail-on error -EvI "$DEB_FILE" > "$work/lintian" 2>&1; then
@@ -103,8 +120,8 @@ cleanup() {
     st=$?
     if [ -n "$installed" ]; then
         $SUDO apt-get remove -y -qq aft > "$work/remove" 2>&1 || { cat "$work/remove" >&2; st=1; }
-        if [ -e /usr/bin/aft ] || [ -e /usr/share/aft ]; then
-            echo "test-deb: apt-get remove aft left /usr/bin/aft or /usr/share/aft behind" >&2
+        if [ -e /usr/bin/aft ] || [ -e /usr/share/aft ] || [ -e "/usr/lib/$DEB_MULTIARCH/$soname" ]; then
+            echo "test-deb: apt-get remove aft left /usr/bin/aft, /usr/share/aft or $soname behind" >&2
             st=1
         fi
         [ $st -ne 0 ] || echo "test-deb: removed: apt-get remove aft left nothing behind"
@@ -153,8 +170,12 @@ for mode in "" "--static "; do
     sed "s/pkg-config --cflags/pkg-config ${mode}--cflags/" run.sh > run2.sh
     sh -e run2.sh > out.txt 2>&1 || { cat out.txt >&2; fail "the README's example with pkg-config ${mode}--libs failed (above)"; }
     grep -qx close out.txt || { cat out.txt >&2; fail "the README's example (pkg-config ${mode}--libs): aft compare did not say close"; }
+    ldd prog | grep -q "$soname => /usr/lib/$DEB_MULTIARCH/$soname" ||
+        fail "the README's example does not load /usr/lib/$DEB_MULTIARCH/$soname: $(ldd prog | grep libaft)"
     rm -f prog y.npy
 done
-say "the README's example built with pkg-config --libs and --static --libs aft against the package, and ran"
+ldc=$(command -v ldconfig || echo /sbin/ldconfig)
+"$ldc" -p | grep -q "$soname " || fail "ldconfig's cache does not list $soname after the install"
+say "the README's example built with pkg-config --libs and --static --libs aft against the package's $soname, and ran"
 cd "$top"
 say "passed"
