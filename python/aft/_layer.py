@@ -70,6 +70,8 @@ class Layer:
         for name, v in weights.items():
             if not isinstance(name, str):
                 raise TypeError("weights: names must be strings, not %r" % (name,))
+            if "\0" in name:
+                raise ValueError("weights: %r: a name may not hold a NUL character" % (name,))
             a = as_f32(v, name)
             self._arrays.append(a)
             names.append(name.encode("utf-8"))

@@ -81,6 +81,13 @@ class Shapes(unittest.TestCase):
                 with self.assertRaises(ValueError):
                     aft.Layer(w).forward(x0())
 
+    def test_weight_names(self):
+        good = dict(aft.load(W))
+        with self.assertRaisesRegex(ValueError, "NUL"):
+            aft.Layer(dict(good, **{"to_q.weight\0x": good["to_q.weight"]}))
+        with self.assertRaises(TypeError):
+            aft.Layer({**good, 3: good["wbias"]})
+
     def test_op_shapes(self):
         rng = np.random.default_rng(0)
         q = rng.standard_normal((2, 5, 3)).astype(np.float32)
