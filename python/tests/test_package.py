@@ -121,17 +121,21 @@ class Threads(unittest.TestCase):
         self.assertEqual(bad, [])
 
     def test_gil_released(self):
-        # a call of a few tenths of a second: another Python thread runs meanwhile
+        # a call of a tenth of a second or more, and another Python thread's ticks
+        # inside it: with the GIL held during the call there would be none
         rng = np.random.default_rng(0)
-        T, C = 1000, 32
-        q, k, v = (rng.standard_normal((1, T, C)).astype(np.float32) for _ in range(3))
-        bias = np.zeros((T, T), np.float32)
-        span = {}
+        spans = []
 
         def work():
-            span["start"] = time.perf_counter()
-            aft.op(q, k, v, variant="full", bias=bias, threads=1, impl="reference")
-            span["end"] = time.perf_counter()
+            T, C = 1000, 32  # O(T^2 C) in float64; longer until a call takes 0.1 s
+            while T <= 8000:
+                q, k, v = (rng.standard_normal((1, T, C)).astype(np.float32) for _ in range(3))
+                start = time.perf_counter()
+                aft.op(q, k, v, variant="full", bias=np.zeros((T, T), np.float32), threads=1, impl="reference")
+                spans.append((start, time.perf_counter()))
+                if spans[-1][1] - start >= 0.1:
+                    break
+                T *= 2
 
         t = threading.Thread(target=work)
         ticks = []
@@ -140,8 +144,9 @@ class Threads(unittest.TestCase):
             ticks.append(time.perf_counter())
             time.sleep(0.001)
         t.join()
-        inside = [s for s in ticks if span["start"] + 0.02 < s < span["end"] - 0.02]
-        self.assertGreater(span["end"] - span["start"], 0.1, "the call is too short to tell")
+        start, end = max(spans, key=lambda se: se[1] - se[0])
+        self.assertGreater(end - start, 0.1, "no call long enough to tell")
+        inside = [s for s in ticks if start + 0.02 < s < end - 0.02]
         self.assertGreater(len(inside), 10)
 
 
