@@ -144,15 +144,17 @@ lib/libaft.a: $(LIB_OBJ)
 # OpenBLAS with its run path, zlib, OpenMP, libm), soname libaft.so.N for
 # the binding interface's AFT_API_VERSION N. It exports the functions
 # lib/aft.h declares and nothing else (build/libaft.map, a version script
-# made from the header with its comments stripped): lib/internal.h's
-# helpers and the kernels' per-level copies (aft_..._avx2) stay local.
+# of every aft_NAME( in the preprocessed header, which has no comments):
+# lib/internal.h's helpers and the kernels' per-level copies (aft_..._avx2)
+# stay local.
 AFT_API_VERSION := $(shell sed -n 's/^\#define AFT_API_VERSION \([0-9]*\)$$/\1/p' lib/aft.h)
 
 build/libaft.map: lib/aft.h
 	@mkdir -p $(@D)
 	{ echo '{'; echo 'global:'; \
-	  $(CC) -fpreprocessed -dD -E -P $< | grep -o '\baft_[a-z0-9_]*[[:space:]]*(' | tr -d ' (' | sort -u | \
+	  $(CC) -E -P $< | grep -o '\baft_[a-z0-9_]*[[:space:]]*(' | tr -d ' (' | sort -u | \
 	  sed 's/.*/    &;/'; echo 'local:'; echo '    *;'; echo '};'; } > $@.tmp
+	@grep -q 'aft_api_version;' $@.tmp || { echo "$@: lib/aft.h's functions not found ($(CC) -E -P)"; exit 1; }
 	mv -f $@.tmp $@
 
 lib/libaft.so: $(LIB_OBJ) build/libaft.map
