@@ -1,6 +1,6 @@
 # aft - Attention Free Transformer tool and library
 #   make          build ./aft, lib/libaft.a and lib/libaft.so
-#   make test     install missing packages, build, run every cmocka test
+#   make test     install missing packages, build, run every cmocka test, then the Python tests
 #   make demo     install missing packages, build, run aft on the bundled example
 #   make deps     install missing Debian packages only
 
@@ -188,7 +188,9 @@ test: deps
 	    if AFT_BIN=$(CURDIR)/aft AFT_TESTDATA=$(CURDIR)/testdata ./$$t; then pass=$$((pass+1)); else fail=$$((fail+1)); fi; \
 	done; \
 	echo "programs: $$pass passed, $$fail failed"; \
-	test $$fail -eq 0
+	echo "== python/tests (make test-python)"; \
+	py=0; $(MAKE) --no-print-directory test-python || py=1; \
+	test $$fail -eq 0 && test $$py -eq 0
 
 demo: deps
 	@$(MAKE) --no-print-directory all

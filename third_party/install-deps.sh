@@ -15,9 +15,12 @@
 #   dpkg-dev         dpkg-shlibdeps, which make deb (mk/deb/build.sh) takes the
 #                    package's Depends from; dpkg-deb, which builds it, is dpkg's
 #   lintian          Debian's package checker, which make test-deb runs on it
+#   python3-numpy    the Python package's tests (make test-python, run by make
+#                    test with /usr/bin/python3); python3-venv, python3-pip and
+#                    python3-setuptools install it in make test-python-install
 # Uses apt-get, through sudo when not root. Prints nothing when all are there.
 set -eu
-pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config libopenmpi-dev openmpi-bin jq dpkg-dev lintian $*"
+pkgs="libcjson-dev libcmocka-dev libopenblas-dev libopenblas-openmp-dev zlib1g-dev pkg-config libopenmpi-dev openmpi-bin jq dpkg-dev lintian python3-numpy python3-venv python3-pip python3-setuptools $*"
 missing=""
 for p in $pkgs; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

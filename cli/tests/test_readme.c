@@ -8,9 +8,10 @@
  *     assignment (`M=...`). Other indented blocks (the formula, the C
  *     program, which cli/tests/test_install.c builds and runs) are not.
  *   - Each example runs on its own in a new empty directory that holds
- *     `./aft` (a link to $AFT_BIN) and `testdata/` (a link to
- *     $AFT_TESTDATA), with `bash -e -o pipefail`, so a failing command
- *     anywhere in a line or a pipe fails it. It uses shipped files or makes
+ *     `./aft` (a link to $AFT_BIN), `testdata/` (a link to $AFT_TESTDATA)
+ *     and `python/` (the package beside it, for PYTHONPATH=python), with
+ *     `bash -e -o pipefail`, so a failing command anywhere in a line or a
+ *     pipe fails it. It uses shipped files or makes
  *     its inputs in its own first lines; it calls `./aft`, never a bare `aft`.
  *   - An HTML comment in the text since the previous block changes the next
  *     one (keep them rare, and say why):
@@ -248,7 +249,7 @@ static char *absolute(const char *p)
     return out;
 }
 
-/* Runs script in a new directory dir (./aft and testdata/ linked into it)
+/* Runs script in a new directory dir (./aft, testdata/ and python/ linked into it)
  * with bash -e -o pipefail (killed after 300 s). 0 when it exits 0; else -1 and *err its stderr. */
 static int run_script(const char *dir, const char *script, char **err)
 {
@@ -259,6 +260,10 @@ static int run_script(const char *dir, const char *script, char **err)
     assert_int_equal(mkdir(dir, 0777), 0);
     assert_int_equal(symlink(bin, aft), 0);
     assert_int_equal(symlink(data, td), 0);
+    /* python/, the tree's package beside testdata/, when there is one */
+    char *py_src = harness_fmt("%s/../python", data), *py = harness_path(dir, "python");
+    if (access(py_src, F_OK) == 0) assert_int_equal(symlink(py_src, py), 0);
+    free(py_src), free(py);
     assert_int_equal(harness_write_file(sh, script, strlen(script)), 0);
     char *cmd = harness_fmt("cd '%s' && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
                             "timeout 300 bash -e -o pipefail example.sh </dev/null >example.out 2>example.err", dir);
