@@ -25,6 +25,8 @@
  *   - A block calling mpirun is skipped, with a note, when mpirun is not on
  *     the PATH or aft was built without MPI (aft --version says); it runs
  *     with OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1.
+ *   - A block importing torch (aft.torch's) is skipped, with a note, when
+ *     /usr/bin/python3 has no PyTorch (it is optional).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -239,6 +241,12 @@ static int aft_has_mpi(void)
     return st == 0;
 }
 
+/* 1 if /usr/bin/python3, the examples' interpreter, imports torch */
+static int python_has_torch(void)
+{
+    return system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+}
+
 /* an absolute path for p (which exists) */
 static char *absolute(const char *p)
 {
@@ -296,7 +304,7 @@ static void test_examples_run(void **state)
     (void)state;
     blocks bs = readme_blocks();
     size_t examples = 0, ran = 0, failed = 0;
-    int mpirun = on_path("mpirun"), mpi = aft_has_mpi();
+    int mpirun = on_path("mpirun"), mpi = aft_has_mpi(), torch = python_has_torch();
     for (size_t i = 0; i < bs.n; i++) {
         const block *b = &bs.b[i];
         if (!is_example(b->text)) continue;
@@ -319,6 +327,11 @@ static void test_examples_run(void **state)
         }
         if (strstr(script, "mpirun") && !mpi) {
             printf("# README.md:%zu: skipped: this aft was built without MPI\n", b->line);
+            free(script);
+            continue;
+        }
+        if ((strstr(script, "import torch") || strstr(script, "aft.torch")) && !torch) {
+            printf("# README.md:%zu: skipped: /usr/bin/python3 has no PyTorch\n", b->line);
             free(script);
             continue;
         }

@@ -114,11 +114,11 @@ class TestForward(unittest.TestCase):
         for name, make, causal in cases:
             with self.subTest(name):
                 d = os.path.join(TORCH_CASES, name)
-                sd = {k: torch.from_numpy(v.copy()) for k, v in aft.load(os.path.join(d, "weights.safetensors")).items()}
+                sd = {k: torch.from_numpy(v) for k, v in aft.load(os.path.join(d, "weights.safetensors")).items()}
                 m = make()
                 m.load_state_dict(sd, strict=True)
-                x = torch.from_numpy(aft.load(os.path.join(d, "x.npy"))["arr_0"].copy())
-                want = torch.from_numpy(aft.load(os.path.join(d, "y.npy"))["arr_0"].copy())
+                x = torch.from_numpy(aft.load(os.path.join(d, "x.npy"))["arr_0"])
+                want = torch.from_numpy(aft.load(os.path.join(d, "y.npy"))["arr_0"])
                 if causal:
                     got = m(query=x, key=x, value=x, mask=peers.labml_causal_mask(x.shape[0]))
                 else:
@@ -129,11 +129,11 @@ class TestForward(unittest.TestCase):
         """where labml's module gives NaN (keys spread by hundreds), aft.torch
         gives the float64 truth (testdata/torch/labml_local_extreme)"""
         d = os.path.join(TORCH_CASES, "labml_local_extreme")
-        sd = {k: torch.from_numpy(v.copy()) for k, v in aft.load(os.path.join(d, "weights.safetensors")).items()}
+        sd = {k: torch.from_numpy(v) for k, v in aft.load(os.path.join(d, "weights.safetensors")).items()}
         m = at.AFTLocal(16, 12, 4)
         m.load_state_dict(sd, strict=True)
-        x = torch.from_numpy(aft.load(os.path.join(d, "x.npy"))["arr_0"].copy())
-        want = torch.from_numpy(aft.load(os.path.join(d, "y.npy"))["arr_0"].copy())
+        x = torch.from_numpy(aft.load(os.path.join(d, "x.npy"))["arr_0"])
+        want = torch.from_numpy(aft.load(os.path.join(d, "y.npy"))["arr_0"])
         got = m(query=x, key=x, value=x, mask=peers.labml_causal_mask(x.shape[0]))
         self.assertTrue(bool(torch.isfinite(got).all()))
         self.assertLess(worst_rel(got, want), FWD_TOL)
@@ -311,15 +311,17 @@ class TestRefusals(unittest.TestCase):
         x = torch.randn(6, 2, 8)
         with self.assertRaisesRegex(ValueError, "self-attention"):
             m(query=x, key=x.clone(), value=x, mask=None)
+        tril = torch.ones(6, 6, dtype=torch.bool).tril()
         for mask in (torch.ones(6, 6, 1, dtype=torch.bool),                     # not causal
-                     torch.ones(6, 6, 1, dtype=torch.bool).triu().contiguous(),
-                     torch.ones(5, 5, 1, dtype=torch.bool).tril()):             # another T
+                     tril.T.unsqueeze(-1),                                      # anti-causal
+                     tril[:5, :5].unsqueeze(-1),                                # another T
+                     tril.unsqueeze(0)):                                        # another layout
             with self.assertRaises(ValueError):
                 m(query=x, key=x, value=x, mask=mask)
         with self.assertRaises(TypeError):
-            m(query=x, key=x, value=x, mask=torch.ones(6, 6, 1).tril())         # not bool
+            m(query=x, key=x, value=x, mask=tril.float().unsqueeze(-1))         # not bool
         # [T, T, B] is labml's too
-        y = m(query=x, key=x, value=x, mask=torch.ones(6, 6, dtype=torch.bool).tril().unsqueeze(-1).expand(6, 6, 2))
+        y = m(query=x, key=x, value=x, mask=tril.unsqueeze(-1).expand(6, 6, 2))
         self.assertEqual(y.shape, x.shape)
         with self.assertRaisesRegex(ValueError, "seq_len|Tmax|12|13"):
             x13 = torch.randn(13, 1, 8)
