@@ -36,7 +36,7 @@ under torch.no_grad(), and of a forward + backward, over --overhead-calls
 calls, against the C time `aft bench --json` reports for the same layer
 (compute_ms, and backward_ms with --grad: medians) on the same threads;
 the difference is Python's (target: at most 20 us a call). Beside it the
-time of the bare ctypes call of aft_api_layer_forward on a layer made once
+time of the bare ctypes call of aft_api_layer_forward on the module's layer
 (what the library takes inside this process).
 
 The worker runs with OPENBLAS_CORETYPE=SkylakeX on a CPU with AVX-512 (so
@@ -223,17 +223,17 @@ def worker_overhead(spec):
         m.zero_grad(set_to_none=True)
         m(query=xg, key=xg, value=xg, mask=mask).backward(dy)
     both = timed(train_step)
-    # the bare C call: one layer made once, its forward through ctypes
+    # the bare C call: the module's library layer, its forward through ctypes
     names, params = m._weights()
     spec_ = at._spec(names, "variant=local window=%d causal=1 layout=tbd threads=%d"
                      % (spec["window"], torch.get_num_threads()), "tbd")
     err = _lib.error_buffer()
-    h, _ = spec_.new(params, err)
+    h, _, kept = spec_.acquire(params, err)
     y = torch.empty_like(x)
     f = _lib.lib.aft_api_layer_forward
     xp, yp = x.data_ptr(), y.data_ptr()
     bare = timed(lambda: f(h, yp, xp, 1, T, err))
-    _lib.lib.aft_api_layer_free(h)
+    spec_.release(h, kept)
     return {"forward_us": fwd, "train_step_us": both, "c_call_us": bare, "threads": torch.get_num_threads(),
             "torch_version": torch.__version__, "blas_core": info.get("core")}
 
@@ -373,7 +373,7 @@ def main(argv=None):
                                    pass_miss(fwd_over <= OVERHEAD_TARGET_US)))
     print("  forward + backward   aft.torch %7.1f us   aft bench backward_ms %7.1f us   overhead %6.1f us"
           % (over["train_step_us"], c_grad * 1e3, step_over))
-    print("  (the bare ctypes call of aft_api_layer_forward, a layer made once: %.1f us; `aft %s`)"
+    print("  (the bare ctypes call of aft_api_layer_forward on the module's layer: %.1f us; `aft %s`)"
           % (over["c_call_us"], c_cmd))
     ok_all &= fwd_over <= OVERHEAD_TARGET_US
     return 0 if ok_all else 1

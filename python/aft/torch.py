@@ -24,14 +24,15 @@ gives:
 Every tensor must be a CPU float32 tensor: another device or dtype raises
 TypeError (aft computes in float32 on the CPU; convert with ``.float()`` or
 ``.cpu()``). Contiguous tensors are handed to the library in place, without
-a copy; others are made contiguous first. The layer is made afresh on every
-call from the parameters' current memory (cheap: the library borrows the
-arrays), so an optimiser's in-place updates are always seen. Errors from the
+a copy; others are made contiguous first. The library's layer borrows the
+parameters' memory and reads their values at every call, so an optimiser's
+in-place updates are always seen (it is made again when a tensor moves). Errors from the
 library raise ValueError (or OSError, MemoryError) with aft's one-line
 message. Threads: each call runs on ``threads`` threads, by default
 ``torch.get_num_threads()``. The GIL is released while aft computes.
 """
 import ctypes
+import threading
 import weakref
 
 import torch
@@ -116,12 +117,24 @@ def _options(**kw):
 
 # ------------------------------------------------------------------ the layer
 
+_KEEP = 64      # library layers a spec keeps, one for each place its weights live
+
+
 class _LayerSpec:
     """What stays from call to call of one layer: its options, its weights'
-    names, its layout and, for the last shapes seen, the C arrays of the
-    names and shapes, the model's D and the gradients' plan (which tensor
-    each of aft's gradients belongs to). Only the data pointers are made
-    per call."""
+    names, its layout and, for each set of shapes, the C arrays of the names
+    and shapes, the model's D and the gradients' plan (which tensor each of
+    aft's gradients belongs to).
+
+    And the library's layers for the places the weights live (their
+    addresses; several modules with the same names and options share a
+    spec). aft_api_layer_new looks at names and shapes only; the layer
+    borrows the arrays and reads their values at every call. So while the
+    tensors stay where they are, which an optimiser's in-place steps do, the
+    layer kept for their addresses and shapes is the layer made from their
+    current memory; tensors elsewhere get a new one. One thread uses a layer
+    at a time (the interface's rule for a handle): a call that finds it in
+    use makes one of its own."""
 
     def __init__(self, names, options, layout):
         self.names = tuple(names)
@@ -130,41 +143,75 @@ class _LayerSpec:
         self.c_options = options.encode()
         n = len(self.names)
         self.c_names = (ctypes.c_char_p * max(1, n))(*[s.encode() for s in self.names])
-        self._shaped = None
+        self._shaped = {}
+        self._lock = threading.Lock()
+        self._kept = {}         # addresses -> [layer, shaped()'s list, in use]
+
+    def __del__(self):
+        kept, self._kept = getattr(self, "_kept", {}), {}
+        try:
+            for e in kept.values():
+                _C.aft_api_layer_free(e[0])
+        except Exception:           # interpreter shutdown: the library may be gone
+            pass
 
     def shaped(self, shapes):
         """[shapes, c_ndims, c_shapes, rows, D, grad plan] for these shapes
-        (a list of torch.Size), made once for them (D and the plan filled in
+        (a tuple of torch.Size), made once for them (D and the plan filled in
         by the first layer made)."""
-        got = self._shaped
-        if got is not None and got[0] == shapes:
+        got = self._shaped.get(shapes)
+        if got is not None:
             return got
         n = len(shapes)
         rows = [(ctypes.c_size_t * max(1, len(s)))(*s) for s in shapes]
         c_ndims = (ctypes.c_size_t * max(1, n))(*[len(s) for s in shapes])
         c_shapes = (_c_size_p * max(1, n))(*[ctypes.cast(r, _c_size_p) for r in rows])
-        got = self._shaped = [shapes, c_ndims, c_shapes, rows, None, None]
+        got = [shapes, c_ndims, c_shapes, rows, None, None]
+        if len(self._shaped) >= _KEEP:
+            self._shaped.clear()
+        self._shaped[shapes] = got
         return got
 
-    def new(self, params, err):
-        """(a library layer over params' memory, shaped()'s list); params are
-        contiguous float32 tensors in the order of names. Free the layer with
-        aft_api_layer_free."""
-        n = len(params)
-        ptrs = [0] * n
-        shapes = [None] * n
-        for i, p in enumerate(params):
-            shapes[i] = p.shape
-            ptrs[i] = p.data_ptr()
-        sh = self.shaped(shapes)
+    def _new(self, ptrs, sh, err):
         h = ctypes.c_void_p()
+        n = len(ptrs)
         _ok(_C.aft_api_layer_new(ctypes.byref(h), n, self.c_names, (ctypes.c_void_p * max(1, n))(*ptrs), sh[1],
                                  sh[2], self.c_options, err), err)
         if sh[4] is None:
             d, c = ctypes.c_size_t(), ctypes.c_size_t()
             _C.aft_api_layer_dims(h, ctypes.byref(d), ctypes.byref(c))
             sh[4] = d.value
-        return h, sh
+        return h
+
+    def acquire(self, params, err):
+        """(a library layer over params' memory, shaped()'s list, entry);
+        params are contiguous float32 tensors in the order of names. Hand the
+        layer back with release(layer, entry) when the call is done."""
+        ptrs = tuple([p.data_ptr() for p in params])
+        sh = self.shaped(tuple([p.shape for p in params]))
+        with self._lock:
+            e = self._kept.get(ptrs)
+            if e is not None and not e[2]:
+                if e[1] is sh:
+                    e[2] = True
+                    return e[0], sh, e
+                del self._kept[ptrs]            # other shapes at these addresses
+                _C.aft_api_layer_free(e[0])
+        h = self._new(ptrs, sh, err)
+        with self._lock:
+            if ptrs not in self._kept:
+                if len(self._kept) >= _KEEP:    # the rest were left behind: let them go
+                    for k in [k for k, v in self._kept.items() if not v[2]]:
+                        _C.aft_api_layer_free(self._kept.pop(k)[0])
+                e = self._kept[ptrs] = [h, sh, True]
+                return h, sh, e
+        return h, sh, None
+
+    def release(self, h, entry):
+        if entry is None:
+            _C.aft_api_layer_free(h)
+        else:
+            entry[2] = False
 
     def sizes(self, x, D):
         """(B, T) of the input x, checked against the layer's D."""
@@ -210,13 +257,13 @@ class LayerFunction(torch.autograd.Function):
         x = _check(x, "the input")
         params = _check_all(params, spec.names)
         err = _lib.error_buffer()
-        h, sh = spec.new(params, err)
+        h, sh, kept = spec.acquire(params, err)
         try:
             B, T = spec.sizes(x, sh[4])
             y = torch.empty_like(x)
             _ok(_C.aft_api_layer_forward(h, y.data_ptr(), x.data_ptr(), B, T, err), err)
         finally:
-            _C.aft_api_layer_free(h)
+            spec.release(h, kept)
         ctx.spec = spec
         ctx.save_for_backward(x, *params)
         return y
@@ -229,7 +276,7 @@ class LayerFunction(torch.autograd.Function):
         dy = _check(dy, "the output's gradient")
         grads = [None] * len(params)
         err = _lib.error_buffer()
-        h, sh = spec.new(params, err)
+        h, sh, kept = spec.acquire(params, err)
         try:
             B, T = spec.sizes(x, sh[4])
             plan = spec.plan(h, sh, err)
@@ -241,7 +288,7 @@ class LayerFunction(torch.autograd.Function):
             dx = torch.empty_like(x)
             _ok(_C.aft_api_layer_backward(h, dx.data_ptr(), ptrs, None, dy.data_ptr(), x.data_ptr(), B, T, err), err)
         finally:
-            _C.aft_api_layer_free(h)
+            spec.release(h, kept)
         return (None, dx if ctx.needs_input_grad[1] else None, *grads)
 
 

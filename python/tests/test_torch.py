@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import unittest
 
 try:
@@ -147,6 +148,51 @@ class TestForward(unittest.TestCase):
                 got = call(mine, x)
                 self.assertFalse(got.requires_grad)
                 self.assertLess(worst_rel(got, want), 1e-6)
+
+    def test_the_weights_current_memory(self):
+        """every call reads the weights where they are now: changed in place,
+        replaced by tensors elsewhere, or another module's of other shapes
+        under the same names and options, in turns"""
+        name, peer, mine, x, call = pairs()[3]
+        y0 = call(mine, x)
+        with torch.no_grad():
+            for m in (peer, mine):
+                m.wbias.mul_(2)
+                m.to_v.bias.add_(0.5)
+        y1 = call(mine, x)
+        self.assertGreater(float((y1 - y0).abs().max()), 1e-3)
+        self.assertLess(worst_rel(y1, call(peer, x)), FWD_TOL)
+        w = torch.randn(mine.to_q.weight.shape)
+        mine.to_q.weight = torch.nn.Parameter(w.clone())
+        peer.to_q.weight = torch.nn.Parameter(w.clone())
+        self.assertLess(worst_rel(call(mine, x), call(peer, x)), FWD_TOL)
+        torch.manual_seed(8)
+        peer2 = peers.RishAFTFull(12, 8, 4)
+        mine2 = at.RishAFTFull(12, 8, 4)
+        mine2.load_state_dict(peer2.state_dict(), strict=True)
+        x2 = torch.randn(3, 7, 8)
+        for _ in range(2):
+            self.assertLess(worst_rel(call(mine2, x2), call(peer2, x2)), FWD_TOL)
+            self.assertLess(worst_rel(call(mine, x), call(peer, x)), FWD_TOL)
+
+    def test_python_threads(self):
+        """one module called from several Python threads at once (each call
+        needs a library layer no other call is using)"""
+        name, peer, mine, x, call = pairs()[0]
+        want = call(mine, x).detach()
+        bad = []
+
+        def run():
+            with torch.no_grad():
+                for _ in range(30):
+                    if not torch.equal(call(mine, x), want):
+                        bad.append(1)
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(bad, [])
 
     def test_non_contiguous_input(self):
         """a transposed input is made contiguous, never misread"""
