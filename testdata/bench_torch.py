@@ -2069,8 +2069,12 @@ def main(argv=None):
     out = Out(args.json)
     env = print_env(args, out)
     try:
-        ver = subprocess.run([args.aft, "--version"], stdout=subprocess.PIPE,
-                             text=True).stdout.strip()
+        lines = subprocess.run([args.aft, "--version"], stdout=subprocess.PIPE,
+                               text=True).stdout.strip().splitlines()
+        # the first line is the version; then "kernels: LEVEL (why)", the
+        # level that runs aft's kernels, which the figures depend on
+        level = [l.split()[1] for l in lines[1:] if l.startswith("kernels: ")]
+        ver = (lines[0] if lines else "?") + (f", kernels {level[0]}" if level else "")
     except OSError:
         ver = "?"
     ver += time.strftime(", built %Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(args.aft)))
