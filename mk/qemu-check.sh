@@ -21,10 +21,10 @@ x=testdata/torch/rish_local/x.npy
 dy=testdata/torch/rish_local/dy.npy
 model=testdata/model/labml_aft_fortunes.safetensors
 
-# case NAME OUTPUT ARGS...: the command, under $run, writing $dir/$side/OUTPUT
+# case_run NAME ARGS...: aft ARGS under $run, its log in $dir/$side/NAME.log
 case_run() {
-    name=$1 out=$2
-    shift 2
+    name=$1
+    shift
     if ! $run "$aft" "$@" > "$dir/$side/$name.log" 2>&1; then
         grep -v "TCG doesn't support" "$dir/$side/$name.log" >&2 || true
         echo "test-qemu: $side: aft $name failed (exit status above): aft $*" >&2
@@ -35,13 +35,13 @@ case_run() {
 cases() {
     mkdir -p "$dir/$side"
     o=$dir/$side
-    case_run run y_local.npy run --variant local --window 4 --threads 2 -o "$o/y_local.npy" "$x"
-    case_run full y_full.npy run --variant full --causal --threads 2 -o "$o/y_full.npy" "$x"
-    case_run grad g.safetensors grad --variant full --dy "$dy" -o "$o/g.safetensors" "$x"
-    case_run stream1 y_s1.npy run --variant local --window 3 --causal --state-out "$o/state" -o "$o/y_s1.npy" "$x"
-    case_run stream2 y_s2.npy run --variant local --window 3 --causal --state-in "$o/state" -o "$o/y_s2.npy" "$x"
-    case_run model logits.npy model --weights "$model" -o "$o/logits.npy" testdata/model/seq_tokens.npy
-    case_run generate gen.txt generate --weights "$model" --prompt "The " --greedy -n 40
+    case_run run run --variant local --window 4 --threads 2 -o "$o/y_local.npy" "$x"
+    case_run full run --variant full --causal --threads 2 -o "$o/y_full.npy" "$x"
+    case_run grad grad --variant full --dy "$dy" -o "$o/g.safetensors" "$x"
+    case_run stream1 run --variant local --window 3 --causal --state-out "$o/state" -o "$o/y_s1.npy" "$x"
+    case_run stream2 run --variant local --window 3 --causal --state-in "$o/state" -o "$o/y_s2.npy" "$x"
+    case_run model model --weights "$model" -o "$o/logits.npy" testdata/model/seq_tokens.npy
+    case_run generate generate --weights "$model" --prompt "The " --greedy -n 40
     cp "$o/generate.log" "$o/gen.txt"
 }
 
