@@ -24,6 +24,10 @@ typedef struct {
 
 #include <cpuid.h>
 #include <immintrin.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* X(name) for each level, lowest first: levels.c's tables, aft_kernels_NAME */
 #define AFT_ARCH_LEVEL_NAMES(X) X(base) X(avx2) X(avx512)
@@ -95,6 +99,36 @@ static inline int aft_arch_runs(size_t i, char *why, size_t cap)
     return 1;
 }
 
+/* The bf16 arithmetic this CPU and OS run, beyond the levels (the avx512
+ * level's bf16 kernels, lib/nn/bf16.c, ask): *avx512bf16 for AVX512_BF16
+ * (cpuid leaf 7 subleaf 1, eax bit 5: vdpbf16ps, vcvtne2ps2bf16; its
+ * registers are AVX-512's, which the avx512 level has checked), *amx for
+ * AMX-TILE and AMX-BF16 (leaf 7 edx bits 24 and 22) with the tile state in
+ * XCR0 (bits 17, 18) and, on Linux, the process's permission to use it:
+ * arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), which a kernel that
+ * does not grant it refuses. */
+static inline void aft_arch_bf16(int *avx512bf16, int *amx)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    *avx512bf16 = *amx = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    unsigned leaf7_subleaves = a, edx = d, osxsave = 0;
+    if (__get_cpuid_count(1, 0, &a, &b, &c, &d)) osxsave = (c >> 27) & 1;
+    if (!osxsave) return;
+    unsigned long long xcr0 = aft_arch_xcr0();
+    if ((xcr0 & 0xe6) != 0xe6) return;   /* no AVX-512 state: neither */
+    if (leaf7_subleaves >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) *avx512bf16 = (a >> 5) & 1;
+    if (!((edx >> 24) & 1) || !((edx >> 22) & 1)) return;
+    if ((xcr0 & (3ull << 17)) != (3ull << 17)) return;
+#ifdef __linux__
+    /* ARCH_REQ_XCOMP_PERM (0x1023), XFEATURE_XTILEDATA (18): asked once
+     * per process; granting it again is a no-op */
+    enum { REQ_XCOMP_PERM = 0x1023, XTILEDATA = 18 };
+    if (syscall(SYS_arch_prctl, REQ_XCOMP_PERM, XTILEDATA) != 0) return;
+#endif
+    *amx = 1;
+}
+
 /* non-temporal stores of 16-byte vectors (the baseline's widest) */
 #define AFT_ARCH_STREAM_FLOATS 4
 #define AFT_ARCH_STREAM_ZERO(p) _mm_stream_ps(p, _mm_setzero_ps())
@@ -112,6 +146,11 @@ static inline int aft_arch_runs(size_t i, char *why, size_t cap)
 {
     (void)i, (void)why, (void)cap;
     return 1;
+}
+
+static inline void aft_arch_bf16(int *avx512bf16, int *amx)
+{
+    *avx512bf16 = *amx = 0;
 }
 
 #endif

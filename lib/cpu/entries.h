@@ -110,6 +110,10 @@ AFT_ENTRY(size_t, aft_band_grad_slices, (size_t T, size_t s, size_t nt, size_t p
 
 /* products (nn/linear.h) */
 AFT_ENTRY_VOID(aft_blas_one_thread, (void), ())
+AFT_ENTRY_VOID(aft_gemm,
+               (int threads, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B,
+                size_t ldb, const float *bias, float *C, size_t ldc),
+               (threads, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc))
 AFT_ENTRY(aft_status, aft_linear_init,
           (aft_linear *l, const float *w, const float *bias, size_t n, size_t k, aft_kernel kernel, int threads,
            aft_error *err),
@@ -131,6 +135,20 @@ AFT_ENTRY_VOID(aft_linear_ref,
                 size_t N),
                (y, ldy, x, ldx, w, b, M, K, N))
 AFT_ENTRY(const char *, aft_linear_kernel, (void), ())
+
+/* bf16 products (nn/bf16.h): an engine only at the avx512 level */
+AFT_ENTRY(aft_bf16_engine, aft_bf16_engine_now, (void), ())
+AFT_ENTRY(const char *, aft_bf16_engine_name, (aft_bf16_engine e), (e))
+AFT_ENTRY_VOID(aft_gemm_bf16,
+               (int threads, int trans_a, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                const float *B, size_t ldb, float beta, float *C, size_t ldc),
+               (threads, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc))
+AFT_ENTRY(aft_status, aft_linear_init_bf16,
+          (aft_linear *l, const void *w, aft_dtype wdt, const float *bias, size_t n, size_t k, int threads,
+           aft_error *err),
+          (l, w, wdt, bias, n, k, threads, err))
+AFT_ENTRY(double, aft_bf16_peak, (int threads), (threads))
+AFT_ENTRY(double, aft_bf16_rate, (int threads), (threads))
 
 /* the model's layers (nn/nn.h) */
 AFT_ENTRY_VOID(aft_layernorm, (float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps),

@@ -5,6 +5,7 @@
 #define AFT_CPU_TABLE_H
 
 #include "layer_chunks.h"
+#include "nn/bf16.h"
 #include "nn/nn.h"
 #include "ops/kernels.h"
 #include "ops/op.h"

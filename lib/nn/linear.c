@@ -17,6 +17,7 @@
  * call. AFT_KERNEL_BLAS (aft_config.projections) hands every product to
  * OpenBLAS instead. aft_linear_ref beside it is the float64 reference. */
 #include "linear.h"
+#include "bf16.h"
 #include "numerics.h"
 
 #include <omp.h>
@@ -144,10 +145,12 @@ void aft_linear_free(aft_linear *l)
     if (!l->view) free(l->mem);
     l->mem = NULL;
     l->pk = l->bpad = NULL;
+    l->pk16 = NULL;
 }
 
 aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, size_t n, aft_error *err)
 {
+    if (parent->bf16) return aft_linear_bf16_view(v, parent, f0, n, err);
     if (parent->ldwt) return aft_fail(err, AFT_ERR_ARG, "a view of a product given W^T");
     if (f0 > parent->n || n > parent->n - f0)
         return aft_fail(err, AFT_ERR_ARG, "features [%zu, %zu + %zu) of a product with %zu", f0, f0, n, parent->n);
@@ -348,6 +351,10 @@ void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ld
     if (l->k == 0) {   /* no inputs: the bias alone */
         for (size_t m = 0; m < M; m++)
             for (size_t j = 0; j < l->n; j++) y[m * ldy + j] = l->bias ? l->bias[j] : 0.0f;
+        return;
+    }
+    if (l->bf16) {   /* W packed as bf16 (bf16.c) */
+        aft_linear_bf16_apply(l, M, x, ldx, y, ldy);
         return;
     }
     size_t nt = omp_in_parallel() ? 1 : (size_t)l->threads;

@@ -5,6 +5,8 @@
 
 #include "internal.h"
 
+#include <stdint.h>
+
 /* C (M x N) = A (M x K) op(B) (+ bias, one value per column, when not NULL);
  * op(B) = B (K x N, rows ldb apart) or, trans_b, B^T with B (N x K). Row-major.
  * Split over `threads` threads (one single-threaded cblas_sgemm each); one
@@ -32,6 +34,13 @@ typedef struct {
     size_t f0;          /* a view (aft_linear_view): features from f0 of pk */
     int view;           /* pk, bpad belong to another aft_linear */
     int threads;
+    /* aft_linear_init_bf16 with an engine (bf16.h): W as bf16 pairs in
+     * pk16 (in mem, pk NULL, bpad the padded bias), from W stored at wsrc
+     * as wsrc_dt (after W16's change, w and wdt hold the same) */
+    int bf16;
+    uint32_t *pk16;
+    const void *wsrc;
+    aft_dtype wsrc_dt;
 } aft_linear;
 aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k,
                            aft_kernel kernel, int threads, aft_error *err);
