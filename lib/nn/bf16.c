@@ -117,7 +117,7 @@ aft_bf16_engine aft_bf16_engine_now(void)
 
 /* the tile: G_MR rows x G_NR columns (G_NV vectors of 16); G_KC inputs a
  * block (even: pairs), G_MC rows of A a block, G_NC columns of B */
-enum { G_MR = 12, G_NV = 2, G_NR = 16 * G_NV, G_KC = 256, G_KP = G_KC / 2, G_MC = 96, G_NC = 1024 };
+enum { G_MR = 12, G_NV = 2, G_NR = 16 * G_NV, G_KC = 256, G_KP = G_KC / 2, G_MC = 96, G_NC = 512 };
 _Static_assert(G_KC % 2 == 0 && G_MC % G_MR == 0 && G_NC % G_NR == 0, "blocks of whole pairs and tiles");
 
 static inline uint32_t pair(float lo, float hi)
@@ -129,10 +129,13 @@ static inline uint32_t pair(float lo, float hi)
  * init (one value a column, NULL: zero) without reading C */
 enum { FROM_C, FROM_BETA_C, FROM_INIT };
 
-// c (mr x nr of a G_MR x G_NR tile, rows ldc apart) = start + ap (kp pairs x G_MR,
-// packed) x bp (kp pairs x G_NR, packed), in float32
-BF16_TARGET static void tile(size_t kp, const uint32_t *restrict ap, const uint32_t *restrict bp, float *restrict c,
-                             size_t ldc, size_t mr, size_t nr, int from, float beta, const float *restrict init)
+// c (mr x nr of a G_MR x G_NR tile, rows ldc apart) = start + a (G_MR rows x kp
+// pairs, row i's pair q at a[i si + q sq]) x bp (kp pairs x G_NR, packed), in
+// float32. Callers pass the strides of a packed block: (kp, 1), a row's pairs
+// side by side (pack_a's rows), or (1, G_MR), a pair's rows side by side.
+BF16_TARGET static inline __attribute__((always_inline)) void
+tile_s(size_t kp, const uint32_t *restrict a, size_t si, size_t sq, const uint32_t *restrict bp, float *restrict c,
+       size_t ldc, size_t mr, size_t nr, int from, float beta, const float *restrict init)
 {
     __m512 acc[G_MR][G_NV];
     __mmask16 mk[G_NV];
@@ -156,9 +159,9 @@ BF16_TARGET static void tile(size_t kp, const uint32_t *restrict ap, const uint3
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + q * G_NR), b1 = (__m512bh)_mm512_loadu_si512(bp + q * G_NR + 16);
         #pragma GCC unroll 12
         for (int i = 0; i < G_MR; i++) {
-            __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[q * G_MR + i]);
-            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, b0);
-            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, b1);
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * si + q * sq]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
         }
     }
     #pragma GCC unroll 12
@@ -168,48 +171,96 @@ BF16_TARGET static void tile(size_t kp, const uint32_t *restrict ap, const uint3
             for (int u = 0; u < G_NV; u++) _mm512_mask_storeu_ps(c + i * ldc + 16 * u, mk[u], acc[i][u]);
 }
 
-/* rows [i0, i0 + mc) of op(A), inputs [k0, k0 + kc): panels of G_MR rows,
- * each [pair q][row r]; rows past mc and the odd input's other half zero */
-static void pack_a(int ta, const float *A, size_t lda, size_t i0, size_t mc, size_t k0, size_t kc, uint32_t *ap)
+/* a block packed by rows (pack_a, A not transposed) */
+BF16_TARGET static void tile_rows(size_t kp, const uint32_t *restrict a, const uint32_t *restrict bp, float *restrict c,
+                                  size_t ldc, size_t mr, size_t nr, int from, float beta, const float *restrict init)
 {
-    size_t kp = (kc + 1) / 2, kh = kc / 2;
+    tile_s(kp, a, kp, 1, bp, c, ldc, mr, nr, from, beta, init);
+}
+
+/* a block packed by pairs (pack_a, A transposed) */
+BF16_TARGET static void tile_pairs(size_t kp, const uint32_t *restrict a, const uint32_t *restrict bp,
+                                   float *restrict c, size_t ldc, size_t mr, size_t nr, int from, float beta,
+                                   const float *restrict init)
+{
+    tile_s(kp, a, 1, G_MR, bp, c, ldc, mr, nr, from, beta, init);
+}
+
+/* n <= 16 lanes' mask */
+static inline __mmask16 lanes(size_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+
+/* 16 pairs: (lo[c], hi[c]) for c < n (n <= 16; NULL hi: zeros), zero
+ * words past n; rounded to nearest even by vcvtneps2bf16 */
+BF16_TARGET static inline __m512i pairs16(const float *lo, const float *hi, size_t n)
+{
+    __mmask16 m = lanes(n);
+    __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, lo)));
+    if (!hi) return l;
+    __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, hi)));
+    return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
+/* rows [i0, i0 + mc) of op(A), inputs [k0, k0 + kc), in panels of G_MR
+ * rows: A not transposed, each panel [row][pair] (a row's 2 kp inputs
+ * converted 32 at a time, vcvtne2ps2bf16); A transposed (K x M), each
+ * [pair][row] (two rows of A, 12 columns). Rows past mc and the odd input's
+ * other half are zero. The instructions round as aft_bf16_round does, but
+ * take a denormal operand as zero (vdpbf16ps does too). */
+BF16_TARGET static void pack_a(int ta, const float *A, size_t lda, size_t i0, size_t mc, size_t k0, size_t kc,
+                               uint32_t *ap)
+{
+    size_t kp = (kc + 1) / 2;
     for (size_t ir = 0; ir < mc; ir += G_MR) {
         uint32_t *dst = ap + ir * kp;
         size_t mr = mc - ir < G_MR ? mc - ir : G_MR;
-        if (!ta) {   /* a row's inputs side by side: a pair is two neighbours */
+        if (!ta) {
             for (size_t r = 0; r < G_MR; r++) {
+                uint32_t *row = dst + r * kp;
                 if (r >= mr) {
-                    for (size_t q = 0; q < kp; q++) dst[q * G_MR + r] = 0;
+                    memset(row, 0, kp * sizeof *row);
                     continue;
                 }
                 const float *src = A + (i0 + ir + r) * lda + k0;
-                for (size_t q = 0; q < kh; q++) dst[q * G_MR + r] = pair(src[2 * q], src[2 * q + 1]);
-                if (kc & 1) dst[kh * G_MR + r] = pair(src[kc - 1], 0.0f);
+                for (size_t k = 0; k < kc; k += 32) {
+                    size_t left = kc - k, nlo = left < 16 ? left : 16, nhi = left > 16 ? left - 16 : 0;
+                    __m512 lo = _mm512_maskz_loadu_ps(lanes(nlo), src + k),
+                           hi = _mm512_maskz_loadu_ps(lanes(nhi), src + k + 16);
+                    _mm512_mask_storeu_epi32(row + k / 2, lanes((left + 1) / 2), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                }
             }
-        } else {     /* A is K x M: a pair is two rows of it, a column each */
+        } else {
             for (size_t q = 0; q < kp; q++) {
                 const float *s0 = A + (k0 + 2 * q) * lda + i0 + ir, *s1 = 2 * q + 1 < kc ? s0 + lda : NULL;
-                for (size_t r = 0; r < G_MR; r++)
-                    dst[q * G_MR + r] = r < mr ? pair(s0[r], s1 ? s1[r] : 0.0f) : 0;
+                _mm512_mask_storeu_epi32(dst + q * G_MR, lanes(G_MR), pairs16(s0, s1, mr));
             }
         }
     }
 }
 
 /* columns [j0, j0 + nc) of op(B), inputs [k0, k0 + kc): panels of G_NR
- * columns, each [pair q][column c]; columns past nc zero */
-static void pack_b(int tb, const float *B, size_t ldb, size_t j0, size_t nc, size_t k0, size_t kc, uint32_t *bp)
+ * columns, each [pair q][column c]; columns past nc zero. B not transposed:
+ * two rows of B, 16 columns at a time; transposed (N x K): a column's
+ * inputs are side by side, paired one by one. */
+BF16_TARGET static void pack_b(int tb, const float *B, size_t ldb, size_t j0, size_t nc, size_t k0, size_t kc,
+                               uint32_t *bp)
 {
     size_t kp = (kc + 1) / 2, kh = kc / 2;
     for (size_t jr = 0; jr < nc; jr += G_NR) {
         uint32_t *dst = bp + jr * kp;
         size_t nr = nc - jr < G_NR ? nc - jr : G_NR;
-        if (!tb) {   /* B is K x N: a pair is two rows of it */
+        if (!tb) {
             for (size_t q = 0; q < kp; q++) {
                 const float *s0 = B + (k0 + 2 * q) * ldb + j0 + jr, *s1 = 2 * q + 1 < kc ? s0 + ldb : NULL;
-                for (size_t c = 0; c < G_NR; c++) dst[q * G_NR + c] = c < nr ? pair(s0[c], s1 ? s1[c] : 0.0f) : 0;
+                for (size_t u = 0; u < G_NV; u++) {
+                    size_t n = nr > 16 * u ? nr - 16 * u : 0;
+                    _mm512_storeu_si512(dst + q * G_NR + 16 * u,
+                                        pairs16(s0 + 16 * u, s1 ? s1 + 16 * u : NULL, n));
+                }
             }
-        } else {     /* B is N x K: a column's inputs side by side */
+        } else {
             for (size_t c = 0; c < G_NR; c++) {
                 if (c >= nr) {
                     for (size_t q = 0; q < kp; q++) dst[q * G_NR + c] = 0;
@@ -240,8 +291,9 @@ static void bf16_part(int ta, int tb, size_t m0, size_t m1, size_t n0, size_t n1
                 pack_a(ta, A, lda, ic, mc, pc, kc, ap);
                 for (size_t jr = 0; jr < nc; jr += G_NR)
                     for (size_t ir = 0; ir < mc; ir += G_MR)
-                        tile(kp, ap + ir * kp, bp + jr * kp, C + (ic + ir) * ldc + jc + jr, ldc,
-                             mc - ir < G_MR ? mc - ir : G_MR, nc - jr < G_NR ? nc - jr : G_NR, from, beta, NULL);
+                        (ta ? tile_pairs : tile_rows)(kp, ap + ir * kp, bp + jr * kp, C + (ic + ir) * ldc + jc + jr,
+                                                      ldc, mc - ir < G_MR ? mc - ir : G_MR,
+                                                      nc - jr < G_NR ? nc - jr : G_NR, from, beta, NULL);
             }
         }
     }
@@ -383,7 +435,7 @@ static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, 
             const uint32_t *blk = l->pk16 + p0 / 2 * l->npad + l->f0 * kp;
             for (size_t j = 0; j < n; j += G_NR)
                 for (size_t ir = 0; ir < mc; ir += G_MR)
-                    tile(kp, ap + ir * kp, blk + j * kp, y + (ic + ir) * ldy + j, ldy,
+                    tile_rows(kp, ap + ir * kp, blk + j * kp, y + (ic + ir) * ldy + j, ldy,
                          mc - ir < G_MR ? mc - ir : G_MR, n - j < G_NR ? n - j : G_NR, p0 == 0 ? FROM_INIT : FROM_C,
                          1.0f, p0 == 0 ? l->bpad + l->f0 + j : NULL);
         }

@@ -176,6 +176,54 @@ static void test_gemm(void **state)
     assert_int_equal(fails, 0);
 }
 
+/* past every block: more rows than a block of A's (96), columns than a
+ * block of B's (512), inputs than two blocks (256 each), each transpose
+ * case, on one thread and two */
+static void test_gemm_blocks(void **state)
+{
+    (void)state;
+    enum { M = 101, N = 600, K = 520 };
+    int engine = aft_bf16_engine_now() != AFT_BF16_NONE;
+    rng r = {4711};
+    float *A = randf(&r, M * K, 1.0), *B = randf(&r, K * N, 1.0), *C0 = randf(&r, M * N, 1.0);
+    float *At = xmalloc(M * K * sizeof *At), *Bt = xmalloc(K * N * sizeof *Bt), *C = xmalloc(M * N * sizeof *C);
+    double *ref = xmalloc(M * N * sizeof *ref), *mag = xmalloc(M * N * sizeof *mag);
+    for (size_t i = 0; i < M; i++)
+        for (size_t k = 0; k < K; k++) At[k * M + i] = A[i * K + k];
+    for (size_t k = 0; k < K; k++)
+        for (size_t j = 0; j < N; j++) Bt[j * K + k] = B[k * N + j];
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+            double s = 0.5 * C0[i * N + j], m = fabs(s);
+            for (size_t k = 0; k < K; k++) {
+                double p = (engine ? (double)rounded(A[i * K + k]) * rounded(B[k * N + j])
+                                   : (double)A[i * K + k] * B[k * N + j]);
+                s += p;
+                m += fabs(p);
+            }
+            ref[i * N + j] = s;
+            mag[i * N + j] = m;
+        }
+    int bad = 0;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int th = 1; th <= 2; th++) {
+                memcpy(C, C0, M * N * sizeof *C);
+                aft_gemm_bf16(th, ta, tb, M, N, K, ta ? At : A, ta ? M : K, tb ? Bt : B, tb ? K : N, 0.5f, C, N);
+                for (size_t i = 0; i < (size_t)M * N; i++) {
+                    double tol = (K + 2) * 0x1p-24 * mag[i] + 1e-30;
+                    if (!(fabs(C[i] - ref[i]) <= tol)) {
+                        if (bad++ < MAX_REPORTS)
+                            print_message("FAIL at %zu, %zu: %.9g, ref %.9g (ta=%d tb=%d threads=%d)\n", i / N, i % N,
+                                          (double)C[i], ref[i], ta, tb, th);
+                        break;
+                    }
+                }
+            }
+    free(A); free(B); free(C0); free(At); free(Bt); free(C); free(ref); free(mag);
+    assert_int_equal(bad, 0);
+}
+
 /* beta 0 does not read C (NaN there stays out), K = 0 leaves beta C, and
  * NaN and infinities in the operands reach the sums they are in */
 static void test_gemm_special(void **state)
@@ -421,6 +469,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine),
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_blocks),
         cmocka_unit_test(test_gemm_special),
         cmocka_unit_test(test_linear_bf16),
         cmocka_unit_test(test_linear_control),
