@@ -109,6 +109,18 @@ int cli_set_memory(const char *cmd, size_t *out, const char *v);
 int cli_set_threads(const char *cmd, int *out, const char *v);
 /* --impl's value (fast or reference) into *out; 0, or EXIT_USAGE after reporting */
 int cli_set_impl(const char *cmd, aft_impl *out, const char *v);
+/* --precision's value (f32 or bf16, aft_precision_from_name) into *out; 0,
+ * or EXIT_USAGE after reporting */
+int cli_set_precision(const char *cmd, aft_precision *out, const char *v);
+/* --precision's help, the same in every command that takes it */
+#define CLI_PRECISION_HELP \
+    "the large products' number type: f32 (default) or bf16 (bf16 operands, float32 sums, on the CPU's " \
+    "AVX512_BF16 or AMX; without them float32, said once on stderr)"
+/* asked bf16 where the CPU has no bf16 engine: says once on stderr that the
+ * products compute in float32 */
+void cli_precision_note(aft_precision p);
+/* --timing's and bench's keys "precision" (as asked) and "bf16_engine" */
+void cli_precision_json(struct cJSON *j, aft_precision p);
 
 /* progress on stderr (progress.c): shown only when stderr is a terminal,
  * after about a second, and never with --quiet (cli_quiet: set by the
@@ -199,6 +211,7 @@ typedef struct {
     size_t window;            /* --window (0: from the checkpoint) */
     int threads;              /* --threads (0: every core) */
     aft_impl impl;            /* --impl */
+    aft_precision precision;  /* --precision */
     size_t max_memory;        /* --max-memory (0: the memory available) */
     int strict;               /* --strict: a tensor the model does not use is an
                                * error (else a warning) */
@@ -225,12 +238,13 @@ typedef struct {
 int cli_model_set_weights(const cli_option *opt, void *opts, const char *v);
 int cli_model_set_window(const cli_option *opt, void *opts, const char *v);
 int cli_model_set_threads(const cli_option *opt, void *opts, const char *v);
+int cli_model_set_precision(const cli_option *opt, void *opts, const char *v);
 int cli_model_set_max_memory(const cli_option *opt, void *opts, const char *v);
 int cli_model_set_vocab(const cli_option *opt, void *opts, const char *v);
 int cli_model_set_strict(const cli_option *opt, void *opts, const char *v);
 
 /* The model of --weights (with --vocab's vocabulary, --window, --threads,
- * --impl), refused when it needs more memory than --max-memory or the
+ * --impl, --precision: said once when the CPU has no bf16), refused when it needs more memory than --max-memory or the
  * machine has: 0, or EXIT_DATA after reporting "aft: FILE: ..." (FILE the
  * weights, or --vocab's file when its list is what is wrong). Tensors the
  * model does not use: "aft CMD: warning: FILE: unexpected tensor ...", or

@@ -184,6 +184,27 @@ int cli_set_impl(const char *cmd, aft_impl *out, const char *v)
     return 0;
 }
 
+int cli_set_precision(const char *cmd, aft_precision *out, const char *v)
+{
+    if (aft_precision_from_name(v, out) != 0) return cli_usage_error(cmd, "--precision takes f32 or bf16");
+    return 0;
+}
+
+void cli_precision_note(aft_precision p)
+{
+    static int said;
+    if (p != AFT_PRECISION_BF16 || said || strcmp(aft_bf16_engine_in_use(), "none") != 0) return;
+    said = 1;
+    cli_error(NULL, "--precision bf16: this CPU has no bf16 arithmetic (neither AVX512_BF16 nor AMX at kernel level "
+              "%s); computing in float32", cli_level_name());
+}
+
+void cli_precision_json(cJSON *j, aft_precision p)
+{
+    cJSON_AddStringToObject(j, "precision", aft_precision_name(p));
+    cJSON_AddStringToObject(j, "bf16_engine", aft_bf16_engine_in_use());
+}
+
 cli_size_text cli_bytes_text(size_t bytes)
 {
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB"};

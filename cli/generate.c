@@ -87,6 +87,7 @@ static const cli_option options[] = {
      "threads (default 1: a new token is one row of each layer; more threads help only the prompt's pass and "
      "the context's re-encoding)",
      cli_model_set_threads, FIELD(m), NEEDS_VALUE, 0},
+    {"--precision", NULL, "f32|bf16", CLI_PRECISION_HELP, cli_model_set_precision, FIELD(m), NEEDS_VALUE, 0},
     {"--timing", NULL, "FILE",
      "write JSON: prompt and generated tokens, time to first token, tokens/s, the model and the sampling"
      " (its keys: JSON OUTPUT in man aft)",
@@ -188,6 +189,7 @@ static int write_timing(aft_out *out, const struct gen_opts *o, const struct gen
     cJSON *j = cJSON_CreateObject();
     cli_model_info_json(j, o->m.weights, in);
     cJSON_AddNumberToObject(j, "threads", o->m.threads);
+    cli_precision_json(j, o->m.precision);
     cli_level_json(j);
     cJSON *s = cJSON_AddObjectToObject(j, "sampling");
     cJSON_AddBoolToObject(s, "greedy", o->greedy || o->temperature == 0.0);

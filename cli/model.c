@@ -42,6 +42,12 @@ int cli_model_set_threads(const cli_option *opt, void *opts, const char *v)
     return cli_set_threads(m->cmd, &m->threads, v);
 }
 
+int cli_model_set_precision(const cli_option *opt, void *opts, const char *v)
+{
+    cli_model_opts *m = MODEL_OPTS(opt, opts);
+    return cli_set_precision(m->cmd, &m->precision, v);
+}
+
 int cli_model_set_max_memory(const cli_option *opt, void *opts, const char *v)
 {
     cli_model_opts *m = MODEL_OPTS(opt, opts);
@@ -156,7 +162,9 @@ int cli_model_open(const cli_model_opts *o, aft_model **out)
         free(vocab);
         return EXIT_DATA;
     }
-    aft_model_options mo = {.window = o->window, .threads = o->threads, .impl = o->impl, .vocab = vocab};
+    aft_model_options mo = {.window = o->window, .threads = o->threads, .impl = o->impl, .vocab = vocab,
+                            .precision = o->precision};
+    cli_precision_note(o->precision);
     aft_status st = aft_model_load(out, f, &mo, &err);
     aft_st_close(f);
     free(vocab);
@@ -338,6 +346,8 @@ static const cli_option options[] = {
      "--threads needs a value", 0},
     {"--impl", NULL, "fast|reference", "reference: the plain float64 kernels", set_impl, 0,
      "--impl needs fast or reference", 0},
+    {"--precision", NULL, "f32|bf16", CLI_PRECISION_HELP, cli_model_set_precision, FIELD(m),
+     "--precision needs f32 or bf16", 0},
     {"--max-memory", NULL, "SIZE",
      "refuse runs needing more (bytes, or with K, M, G; default: the memory available)",
      cli_model_set_max_memory, FIELD(m), "--max-memory needs a size", 0},
@@ -479,6 +489,9 @@ int cmd_model(int argc, char **argv)
     if (rc) return rc < 0 ? cli_finish_stdout("model") : rc;
     if (!o.m.weights) return cli_usage_error("model", "--weights FILE is required: the model");
     if (!o.tokens) return cli_usage_error("model", "no TOKENS given");
+    if (o.m.precision == AFT_PRECISION_BF16 && o.m.impl == AFT_IMPL_REFERENCE)
+        return cli_usage_error("model", "--precision bf16 applies to the fast kernels; --impl reference computes in "
+                               "float64");
 
     struct model_run r = {0};
     rc = cli_model_open(&o.m, &r.model);

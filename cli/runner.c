@@ -79,6 +79,11 @@ int runner_set_impl(const cli_option *opt, void *opts, const char *v)
     return cli_set_impl(RUN_OPTS(opts)->cmd, &RUN_OPTS(opts)->cfg.impl, v);
 }
 
+int runner_set_precision(const cli_option *opt, void *opts, const char *v)
+{
+    return cli_set_precision(RUN_OPTS(opts)->cmd, &RUN_OPTS(opts)->cfg.precision, v);
+}
+
 int runner_set_grid(const cli_option *opt, void *opts, const char *v)
 {
     struct run_opts *o = opts;
@@ -120,6 +125,9 @@ int runner_check_options(const struct run_opts *o)
         return cli_usage_error(o->cmd, "--variant conv needs --window S (or a conv bias in --weights)");
     if (o->weights_path && o->d_hidden)
         return cli_usage_error(o->cmd, "--d-hidden applies without --weights; the weights fix the hidden size");
+    if (o->cfg.precision == AFT_PRECISION_BF16 && o->cfg.impl == AFT_IMPL_REFERENCE)
+        return cli_usage_error(o->cmd, "--precision bf16 applies to the fast kernels; --impl reference computes in "
+                               "float64");
     if (o->state_in || o->state_out) {
         const char *which = o->state_in ? "--state-in" : "--state-out";
         if (o->grid_h)
@@ -248,6 +256,7 @@ int runner_begin(const struct run_opts *o, struct run *r)
     r->bare = in_fmt == AFT_FORMAT_SAFETENSORS || in_fmt == AFT_FORMAT_NPZ;
     r->cfg = o->cfg;
     cli_kernels_from_env(&r->cfg);
+    cli_precision_note(r->cfg.precision);
     return 0;
 }
 
@@ -541,6 +550,7 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
     cJSON_AddNumberToObject(j, "d_hidden", (double)C);
     cJSON_AddNumberToObject(j, "threads", cfg->threads);
     cJSON_AddStringToObject(j, "impl", o->cfg.impl == AFT_IMPL_REFERENCE ? "reference" : "fast");
+    cli_precision_json(j, o->cfg.precision);
     cJSON_AddNumberToObject(j, "repeat", (double)o->repeat);
     if (tm->grad) cJSON_AddStringToObject(j, "pass", "forward and backward");
     cJSON_AddStringToObject(j, "blas_library", bi.library);

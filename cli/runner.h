@@ -41,6 +41,7 @@ int runner_set_repeat(const cli_option *opt, void *opts, const char *v);
 int runner_set_threads(const cli_option *opt, void *opts, const char *v);
 int runner_set_max_memory(const cli_option *opt, void *opts, const char *v);
 int runner_set_impl(const cli_option *opt, void *opts, const char *v);
+int runner_set_precision(const cli_option *opt, void *opts, const char *v);
 int runner_set_grid(const cli_option *opt, void *opts, const char *v);
 int runner_set_input(void *opts, const char *arg);
 
@@ -69,6 +70,7 @@ int runner_set_input(void *opts, const char *arg);
     {"--repeat", NULL, "N", "run the computation N times (timing: median and min)", runner_set_repeat, 0, NULL, 0}, \
     {"--threads", NULL, "N", "threads (default: all cores)", runner_set_threads, 0, NULL, 0}, \
     {"--impl", NULL, "fast|reference", "reference: the plain float64 kernels", runner_set_impl, 0, NULL, 0}, \
+    {"--precision", NULL, "f32|bf16", CLI_PRECISION_HELP, runner_set_precision, 0, "--precision needs f32 or bf16", 0}, \
     {"--max-memory", NULL, "SIZE", \
      "refuse runs needing more, and .npz members inflating to more (bytes, or with K, M, G; default: the memory " \
      "available)", runner_set_max_memory, 0, NULL, \

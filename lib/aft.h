@@ -333,6 +333,23 @@ typedef enum { AFT_IMPL_FAST, AFT_IMPL_REFERENCE } aft_impl;
  * (OWN), or OpenBLAS (BLAS). For A/B comparisons and tests; the results
  * agree to rounding. */
 typedef enum { AFT_KERNEL_AUTO, AFT_KERNEL_OWN, AFT_KERNEL_BLAS } aft_kernel;
+/* The number type of the large products: the layer's projections, full's
+ * T x T products (forward and backward), the backward's products, the
+ * model's FFN and generator. F32 (the default): float32 throughout, exact
+ * as ever. BF16: their operands rounded to bf16 (nearest, ties to even),
+ * the products summed in float32, on the bf16 engine this CPU has
+ * (aft_bf16_engine_in_use); the operator's exponentials, stabilisers, sums
+ * and divisions stay float32. Without an engine BF16 computes float32, the
+ * same bits as F32 (the caller may say so: the library only reports it).
+ * The error against the float64 reference: docs/design.md. */
+typedef enum { AFT_PRECISION_F32 = 0, AFT_PRECISION_BF16 } aft_precision;
+/* "f32" or "bf16" */
+const char *aft_precision_name(aft_precision p);
+/* "f32" or "bf16" (exactly) into *out: 0, else -1 */
+int aft_precision_from_name(const char *name, aft_precision *out);
+/* the bf16 engine AFT_PRECISION_BF16's products run on at the kernel level
+ * in use: "amx", "avx512_bf16", or "none" (they then run in float32) */
+const char *aft_bf16_engine_in_use(void);
 
 const char *aft_variant_name(aft_variant v);
 int aft_variant_from_name(const char *name, aft_variant *out);
@@ -363,6 +380,8 @@ typedef struct {
                                 * only the grid's size. */
     aft_progress *progress;    /* advanced as the call's rows finish (see
                                 * "progress" above); NULL: none */
+    aft_precision precision;   /* the large products' number type (above);
+                                * 0: float32 */
 } aft_config;
 
 /* Where the position bias w[t,t'] comes from. */
@@ -909,6 +928,8 @@ typedef struct {
                         * model state always runs the fast kernels) */
     const char *vocab; /* a JSON array of V strings (token id = index) to use
                         * instead of the metadata "vocab"; NULL: the metadata's */
+    aft_precision precision;   /* the layers', FFN's and generator's products
+                                * (aft_config.precision); 0: float32 */
 } aft_model_options;
 
 typedef struct {

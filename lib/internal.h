@@ -32,6 +32,10 @@ static inline bool aft_mul3_ok(size_t a, size_t b, size_t c, size_t *out)
     return aft_mul_ok(a, b, &ab) && aft_mul_ok(ab, c, out);
 }
 
+/* 1 when products under precision p run in bf16: BF16 asked for and the
+ * CPU has an engine (else they run in float32, as F32's) */
+int aft_bf16_wanted(aft_precision p);
+
 /* malloc of n * size bytes with overflow check; NULL on overflow or failure.
  * n == 0 still returns a unique pointer. */
 void *aft_alloc_array(size_t n, size_t size);

@@ -2,6 +2,7 @@
  * The layer reaches the operator through op.h alone; the chunked paths are in
  * layer_chunks.c. */
 #include "layer.h"
+#include "nn/bf16.h"
 
 #include <limits.h>
 #include <omp.h>
@@ -20,14 +21,22 @@ static aft_status check_params(const aft_params *p, aft_error *err)
     return AFT_OK;
 }
 
-aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, int threads,
-                               aft_error *err)
+aft_status aft_layer_prep_linear(const aft_layer_prep *lp, aft_linear *l, const float *w, const float *bias, size_t n,
+                                 size_t k, int threads, aft_error *err)
+{
+    if (lp->bf16) return aft_linear_init_bf16(l, w, AFT_F32, bias, n, k, threads, err);
+    return aft_linear_init(l, w, bias, n, k, lp->kernel, threads, err);
+}
+
+aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, aft_precision precision,
+                               int threads, aft_error *err)
 {
     memset(lp, 0, sizeof *lp);
     aft_status st = check_params(p, err);
     if (st) return st;
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
-    *lp = (aft_layer_prep){.p = p, .D = D, .C = C, .KC = KC, .W = W, .kernel = kernel, .threads = threads};
+    *lp = (aft_layer_prep){.p = p, .D = D, .C = C, .KC = KC, .W = W, .kernel = kernel, .threads = threads,
+                           .bf16 = aft_bf16_wanted(precision)};
     lp->wcat = aft_alloc_array(W, D * sizeof(float));
     lp->bcat = aft_alloc_array(W, sizeof(float));
     if (!lp->wcat || !lp->bcat) {
@@ -45,9 +54,9 @@ aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kern
         else memset(lp->bcat + off, 0, bn[i] * sizeof(float));
         off += bn[i];
     }
-    st = aft_linear_init(&lp->qkv, lp->wcat, any_bias ? lp->bcat : NULL, W, D, kernel, threads, err);
+    st = aft_layer_prep_linear(lp, &lp->qkv, lp->wcat, any_bias ? lp->bcat : NULL, W, D, threads, err);
     if (st == AFT_OK) {
-        st = aft_linear_init(&lp->o, p->wo, p->bo, D, C, kernel, threads, err);
+        st = aft_layer_prep_linear(lp, &lp->o, p->wo, p->bo, D, C, threads, err);
         if (st != AFT_OK) aft_linear_free(&lp->qkv);
     }
     if (st != AFT_OK) {
@@ -220,7 +229,7 @@ static aft_status layer_forward(float *y, const float *x, const aft_params *p, c
     aft_opspec sp;
     if ((st = aft_spec_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) return st;
     aft_layer_prep lp;
-    if ((st = aft_layer_prep_init(&lp, p, cfg->projections, sp.threads, err))) return st;
+    if ((st = aft_layer_prep_init(&lp, p, cfg->projections, cfg->precision, sp.threads, err))) return st;
     /* the rows on the caller's counter: each path counts them as it goes */
     const size_t seen0 = aft_progress_seen(cfg->progress);
     sp.progress = take ? aft_progress_plan(cfg->progress, N) : cfg->progress;

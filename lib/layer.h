@@ -25,9 +25,10 @@ aft_status aft_layer_forward_counted(float *y, const float *x, const aft_params 
                                      size_t T, aft_error *err);
 
 /* aft_layer_prep (layer_chunks.h) for p: checks p's sizes and pointers;
- * threads >= 1 */
-aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, int threads,
-                               aft_error *err);
+ * threads >= 1; the projections in bf16 when precision asks for it and
+ * the CPU has an engine */
+aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, aft_precision precision,
+                               int threads, aft_error *err);
 void aft_layer_prep_free(aft_layer_prep *lp);
 
 #endif /* AFT_LAYER_H */

@@ -78,7 +78,7 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         for (size_t d = 0; d < D; d++)
             for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * g[c];
         aft_linear lo;
-        *st = aft_linear_init(&lo, wog, p->bo, D, C, lw->kernel, sp->threads, err);
+        *st = aft_layer_prep_linear(lw, &lo, wog, p->bo, D, C, sp->threads, err);
         if (*st != AFT_OK) {
             ret = -1;
             break;

@@ -28,7 +28,12 @@ typedef struct {
     aft_linear qkv, o;
     aft_kernel kernel;    /* who runs the projections */
     int threads;
+    int bf16;             /* the projections in bf16 (aft_config.precision, with an engine) */
 } aft_layer_prep;
+/* a projection of lp's kind (its kernel, or bf16): W (n x k), bias (n) or
+ * NULL (layer.c) */
+aft_status aft_layer_prep_linear(const aft_layer_prep *lp, aft_linear *l, const float *w, const float *bias, size_t n,
+                                 size_t k, int threads, aft_error *err);
 /* the rows of the chunked paths' chunks, before the halo rounds them up: a
  * few tiles of the products with aft's kernel, or OpenBLAS's larger blocks
  * (it packs W again on every call) */

@@ -9,6 +9,7 @@
  * writes H as it goes. Time: 11 products of (rows x D x C) against the
  * forward's 4, and the operator's backward pass. */
 #include "layer.h"
+#include "nn/bf16.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -44,12 +45,14 @@ typedef struct {
     float *C;
     const aft_linear *lin;
     int in_place;   /* PIECE_LINEAR: aft's kernel reads A's rows where they are */
+    int bf16;       /* PIECE_GEMM: bf16 operands, float32 sums (the plan's) */
     double *sums;
 } piece;
 
 typedef struct {
     piece *p;
     size_t n, cap;
+    int bf16;       /* the products in bf16 (aft_config.precision, with an engine) */
 } plan;
 
 /* appends rows [0, M) of pr cut into at most `parts` pieces; with part
@@ -65,6 +68,7 @@ static int plan_add(plan *pl, const piece *pr, size_t M, size_t parts, double *p
         x.m0 = m0;
         x.m1 = m0 + step < M ? m0 + step : M;
         x.sums = part ? part + i * pr->K : NULL;
+        x.bf16 = pl->bf16;
         pl->p[pl->n++] = x;
     }
     if (count) *count = i;
@@ -99,6 +103,9 @@ static void piece_run(const piece *x)
     if (x->sums) piece_sums(x);
     if (x->kind == PIECE_LINEAR)
         aft_linear_apply_x(x->lin, m, x->A + x->m0 * x->lda, x->lda, x->C + x->m0 * x->ldc, x->ldc, x->in_place);
+    else if (x->kind == PIECE_GEMM && x->bf16)
+        aft_gemm_bf16(1, x->trans_a, 0, m, x->N, x->K, x->trans_a ? x->A + x->m0 : x->A + x->m0 * x->lda, x->lda,
+                      x->B, x->ldb, 0.0f, x->C + x->m0 * x->ldc, x->ldc);
     else if (x->kind == PIECE_GEMM)
         cblas_sgemm(CblasRowMajor, x->trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)m, (int)x->N,
                     (int)x->K, 1.0f, x->trans_a ? x->A + x->m0 : x->A + x->m0 * x->lda, (int)x->lda, x->B,
@@ -313,7 +320,8 @@ static void grad_mem_free(grad_mem *m)
 static void own_init(grad_mem *m, const aft_layer_prep *lp)
 {
     const size_t D = lp->D, C = lp->C, W = lp->W;
-    if (!lp->qkv.pk) return;
+    /* (bf16 products: the GEMM pieces, in bf16) */
+    if (!lp->qkv.pk || lp->bf16) return;
     if (aft_linear_init_t(&m->dh_lin, lp->p->wo, C, C, D, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) return;
     if (aft_linear_init_t(&m->dx_lin, lp->wcat, D, D, W, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) {
         aft_linear_free(&m->dh_lin);
@@ -336,7 +344,7 @@ static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const floa
                   .h = y || g->wo ? aft_alloc_array(N, C * sizeof(float)) : NULL,
                   .dw = aft_alloc_array(W, (D + 1) * sizeof(float)),
                   .part = aft_alloc_array(fine, (W + D) * sizeof(double)),
-                  .pl = {.p = aft_alloc_array(8, fine * sizeof(piece)), .cap = 8 * fine}};
+                  .pl = {.p = aft_alloc_array(8, fine * sizeof(piece)), .cap = 8 * fine, .bf16 = lp->bf16}};
     aft_status st = AFT_OK;
     if (!m.qkv || !m.dqkv || !m.dh || ((y || g->wo) && !m.h) || !m.dw || !m.part || !m.pl.p) {
         st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V and their gradients (%zu x %zu)", N, W);
@@ -385,7 +393,8 @@ aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *d
     aft_opspec sp;
     aft_layer_prep lp;
     /* the parameters' checks, and the stacked weights for the fast path */
-    aft_status st = aft_layer_prep_init(&lp, p, cfg->projections, aft_threads_or_all(cfg->threads), err);
+    int nt = aft_threads_or_all(cfg->threads);
+    aft_status st = aft_layer_prep_init(&lp, p, cfg->projections, cfg->precision, nt, err);
     if (st) return st;
     size_t C = lp.C, KC = lp.KC, N;
     if (!aft_mul_ok(B, T, &N) || N > INT_MAX) {

@@ -8,6 +8,7 @@
  * embedding (embed.c), the vocabulary (vocab.c), sampling (sample.c). */
 #include "carry.h"
 #include "layer.h"   /* aft_layer_forward_counted */
+#include "nn/bf16.h"
 #include "nn/nn.h"
 
 #include <inttypes.h>
@@ -35,6 +36,7 @@ struct aft_model {
     aft_model_info info;
     aft_impl impl;
     int threads;
+    aft_precision precision;   /* the products' (aft_model_options.precision) */
     mlayer *layers;
     aft_embed_params emb;
     const float *norm_w, *norm_b;   /* encoder.norm: (D) */
@@ -270,7 +272,8 @@ static aft_status load_self_attn(aft_model *m, const aft_st_file *f, size_t i, s
     if (p->d_model != D)
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' takes inputs of size %zu but the model's size is %zu (from the "
                         "embedding)", L->attn.names[0], p->d_model, D);
-    L->cfg = (aft_config){.variant = var, .causal = 1, .threads = m->threads, .impl = AFT_IMPL_FAST};
+    L->cfg = (aft_config){.variant = var, .causal = 1, .threads = m->threads, .impl = AFT_IMPL_FAST,
+                          .precision = m->precision};
     /* the positions the bias covers: a learned bias's Tmax (SIZE_MAX: any),
      * and so its rows (0: none) */
     size_t reach = aft_bias_reach(&p->bias, var), tmax = reach == SIZE_MAX ? 0 : reach;
@@ -349,7 +352,7 @@ static aft_status load_norms_ffn(aft_model *m, const aft_st_file *f, size_t i, a
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' has d_ff %zu but layer 0's has %zu", name, F, m->info.d_ff);
     L->ffp.d_model = D;
     L->ffp.d_ff = F;
-    if ((st = aft_ffn_init(&L->ffn, &L->ffp, AFT_KERNEL_AUTO, m->threads, err))) return st;
+    if ((st = aft_ffn_init(&L->ffn, &L->ffp, AFT_KERNEL_AUTO, m->precision, m->threads, err))) return st;
     L->ffn_ready = 1;
     return AFT_OK;
 }
@@ -485,7 +488,11 @@ static aft_status load_head(aft_model *m, const aft_st_file *f, aft_error *err)
                   &m->gen_w, err)) ||
         (st = get(m, f, "generator.projection.bias", 0, 1, sv, "the logits' bias (n_vocab)", &m->gen_b, err)))
         return st;
-    if ((st = aft_linear_init(&m->gen, m->gen_w, m->gen_b, V, D, AFT_KERNEL_AUTO, m->threads, err))) return st;
+    if (aft_bf16_wanted(m->precision))
+        st = aft_linear_init_bf16(&m->gen, m->gen_w, AFT_F32, m->gen_b, V, D, m->threads, err);
+    else
+        st = aft_linear_init(&m->gen, m->gen_w, m->gen_b, V, D, AFT_KERNEL_AUTO, m->threads, err);
+    if (st) return st;
     m->gen_ready = 1;
     return AFT_OK;
 }
@@ -497,10 +504,14 @@ aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model
     if (!m) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for a model");
     m->impl = opt ? opt->impl : AFT_IMPL_FAST;
     m->threads = aft_threads_or_all(opt ? opt->threads : 0);
+    m->precision = opt ? opt->precision : AFT_PRECISION_F32;
     size_t n, window;
     const char *wfrom;
     aft_status st = AFT_OK;
-    if (!(m->used = calloc(aft_st_count(f) + 1, 1))) st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a model");
+    if ((unsigned)m->precision > AFT_PRECISION_BF16)
+        st = aft_fail(err, AFT_ERR_ARG, "unknown precision %d", (int)m->precision);
+    else if (!(m->used = calloc(aft_st_count(f) + 1, 1)))
+        st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a model");
     if (!st) st = load_embedding(m, f, err);
     if (!st) st = count_layers(f, &n, err);
     if (!st) st = known_window(f, opt, &window, &wfrom, err);

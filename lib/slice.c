@@ -65,7 +65,7 @@ static aft_status slice_prep_init(slice_prep *s, const aft_params *p, const aft_
     s->C = p->d_hidden;
     s->KC = p->k_out ? p->k_out : s->C;
     aft_status st = aft_spec_settle(&s->sp, &p->bias, cfg, B, T ? T : 1, s->C, s->KC, err);
-    if (!st) st = aft_layer_prep_init(&s->lp, p, cfg->projections, s->sp.threads, err);
+    if (!st) st = aft_layer_prep_init(&s->lp, p, cfg->projections, cfg->precision, s->sp.threads, err);
     if (!st && !(st = aft_linear_view(&s->lq, &s->lp.qkv, 0, s->C, err))) s->have_q = 1;
     if (!st && !(st = aft_linear_view(&s->lkv, &s->lp.qkv, s->C, s->KC + s->C, err))) s->have_kv = 1;
     if (st) {
@@ -380,7 +380,7 @@ static int slice_global(const slice_args *a, slice_prep *s, const aft_params *p,
         for (size_t d = 0; d < D; d++)
             for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * mid[c];
         aft_linear lo;
-        if ((*st = aft_linear_init(&lo, wog, p->bo, D, C, s->lp.kernel, s->sp.threads, err)) != AFT_OK) {
+        if ((*st = aft_layer_prep_linear(&s->lp, &lo, wog, p->bo, D, C, s->sp.threads, err)) != AFT_OK) {
             ret = -1;
             break;
         }

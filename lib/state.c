@@ -153,7 +153,7 @@ aft_status aft_state_new(aft_state **out, const aft_params *p, const aft_config 
     s->layer = 1;
     size_t C = p->d_hidden, KC = p->k_out ? p->k_out : C;
     aft_status st = state_init(s, &p->bias, cfg, B, C, KC, err);
-    if (!st) st = aft_layer_prep_init(&s->prep, p, cfg->projections, s->cfg.threads, err);
+    if (!st) st = aft_layer_prep_init(&s->prep, p, cfg->projections, cfg->precision, s->cfg.threads, err);
     if (st) {
         aft_state_free(s);
         return st;

@@ -1,6 +1,7 @@
 /* util.c - errors, dtypes, half-precision conversions, tensor helpers,
  * whole numbers from text, the seq-first layout. */
 #include "internal.h"
+#include "nn/bf16.h"
 #include "cpu/arch.h"
 
 #include <errno.h>
@@ -278,6 +279,33 @@ int aft_parse_grid(const char *s, size_t *h, size_t *w)
     buf[comma - s] = 0;
     if (aft_parse_size(buf, h) != 0 || aft_parse_size(comma + 1, w) != 0 || *h == 0 || *w == 0) return -1;
     return 0;
+}
+
+/* ---- the products' precision: its one spelling, for the CLI, the
+ * binding's option strings and Python alike */
+
+const char *aft_precision_name(aft_precision p)
+{
+    return p == AFT_PRECISION_BF16 ? "bf16" : "f32";
+}
+
+int aft_precision_from_name(const char *name, aft_precision *out)
+{
+    if (!name) return -1;
+    if (strcmp(name, "f32") == 0) *out = AFT_PRECISION_F32;
+    else if (strcmp(name, "bf16") == 0) *out = AFT_PRECISION_BF16;
+    else return -1;
+    return 0;
+}
+
+const char *aft_bf16_engine_in_use(void)
+{
+    return aft_bf16_engine_name(aft_bf16_engine_now());
+}
+
+int aft_bf16_wanted(aft_precision p)
+{
+    return p == AFT_PRECISION_BF16 && aft_bf16_engine_now() != AFT_BF16_NONE;
 }
 
 /* dst: (B, T, X) from src (T, B, X), or the reverse: a row of X at a time */

@@ -156,8 +156,10 @@ AFT_ENTRY_VOID(aft_layernorm, (float *y, const float *x, const float *w, const f
 AFT_ENTRY_VOID(aft_layernorm_ref,
                (float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps),
                (y, x, w, b, N, D, eps))
-AFT_ENTRY(aft_status, aft_ffn_init, (aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, int threads, aft_error *err),
-          (f, p, kernel, threads, err))
+AFT_ENTRY(aft_status, aft_ffn_init,
+          (aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, aft_precision precision, int threads,
+           aft_error *err),
+          (f, p, kernel, precision, threads, err))
 AFT_ENTRY_VOID(aft_ffn_free, (aft_ffn *f), (f))
 AFT_ENTRY_VOID(aft_ffn_apply, (const aft_ffn *f, float *y, const float *x, size_t N, float *h), (f, y, x, N, h))
 AFT_ENTRY_VOID(aft_ffn_ref, (float *y, const float *x, const aft_ffn_params *p, size_t N), (y, x, p, N))

@@ -2,18 +2,29 @@
  * y = relu(x W1^T + b1) W2^T + b2 (labml's FeedForward, not gated), with
  * both products packed once (linear.c), and its float64 reference. */
 #include "nn.h"
+#include "bf16.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-aft_status aft_ffn_init(aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, int threads, aft_error *err)
+/* y = x W^T + b packed as the FFN's products run: float32 under kernel, or bf16 */
+static aft_status ffn_linear(aft_linear *l, const float *w, const float *b, size_t n, size_t k, aft_kernel kernel,
+                             int bf16, int threads, aft_error *err)
+{
+    if (bf16) return aft_linear_init_bf16(l, w, AFT_F32, b, n, k, threads, err);
+    return aft_linear_init(l, w, b, n, k, kernel, threads, err);
+}
+
+aft_status aft_ffn_init(aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, aft_precision precision, int threads,
+                        aft_error *err)
 {
     memset(f, 0, sizeof *f);
     if (!p->w1 || !p->w2) return aft_fail(err, AFT_ERR_ARG, "the feed-forward network needs both weights");
     f->p = *p;
-    aft_status st = aft_linear_init(&f->l1, p->w1, p->b1, p->d_ff, p->d_model, kernel, threads, err);
+    int bf16 = aft_bf16_wanted(precision);
+    aft_status st = ffn_linear(&f->l1, p->w1, p->b1, p->d_ff, p->d_model, kernel, bf16, threads, err);
     if (st) return st;
-    if ((st = aft_linear_init(&f->l2, p->w2, p->b2, p->d_model, p->d_ff, kernel, threads, err))) {
+    if ((st = ffn_linear(&f->l2, p->w2, p->b2, p->d_model, p->d_ff, kernel, bf16, threads, err))) {
         aft_linear_free(&f->l1);
         return st;
     }

@@ -34,7 +34,9 @@ typedef struct {
     aft_linear l1, l2;
 } aft_ffn;
 
-aft_status aft_ffn_init(aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, int threads, aft_error *err);
+/* precision BF16 (with an engine): both products in bf16 (aft_config.precision) */
+aft_status aft_ffn_init(aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, aft_precision precision, int threads,
+                        aft_error *err);
 void aft_ffn_free(aft_ffn *f);
 // y, x: (N, D)   h: (N, F) scratch. y = relu(x W1^T + b1) W2^T + b2; y may not alias x.
 // relu keeps NaN (as torch.relu).

@@ -16,7 +16,7 @@
  * than ~45 nats) are recomputed exactly in double, O(T) each.
  */
 #include "kernels.h"
-#include "nn/linear.h"
+#include "nn/bf16.h"
 #include "numerics.h"
 
 #include <cblas.h>
@@ -214,9 +214,13 @@ static void dense_block(const dense_job *jb, size_t h, size_t i0, size_t i1, den
     for (size_t jc = 0; jc < nc; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
         float *dst = nc == 1 ? acc : tmp;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, (int)(2 * ch), (int)(j1 - j0),
-                    1.0f, wblk + j0, (int)tv, jb->rhs + j0 * C2 + h * 2 * ch, (int)C2,
-                    0.0f, dst, (int)(2 * ch));
+        if (ws->bf16)   /* aft_config.precision: bf16 operands, float32 sums */
+            aft_gemm_bf16(1, 0, 0, bi, 2 * ch, j1 - j0, wblk + j0, tv, jb->rhs + j0 * C2 + h * 2 * ch, C2, 0.0f,
+                          dst, 2 * ch);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, (int)(2 * ch), (int)(j1 - j0),
+                        1.0f, wblk + j0, (int)tv, jb->rhs + j0 * C2 + h * 2 * ch, (int)C2,
+                        0.0f, dst, (int)(2 * ch));
         if (nc == 1) break;
         /* rescale this chunk from its own key maximum to the block's */
         const float *m = jb->mk + jc * C + h * ch;
@@ -562,7 +566,7 @@ aft_status aft_op_full(float *out, const float *q, const float *k, const float *
 
     /* rhs: (T, 2C) (pack_rhs); mk: (nchunk, C). For the fused product
      * npan panels of FNR columns. */
-    const int fused = fused_ok(H, causal, ws->full_blas);
+    const int fused = fused_ok(H, causal, ws->full_blas || ws->bf16);
     const size_t npan = (C2 + FNR - 1) / FNR, Np = npan * FNR;
     float *rhs = fused ? aft_calloc_array(T, Np * sizeof(float)) : aft_alloc_array(T, C2 * sizeof(float));
     float *mk = aft_alloc_array(nchunk, C * sizeof(float));

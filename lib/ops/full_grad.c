@@ -18,7 +18,7 @@
  * underflowed outright) are done exactly in double, as the forward does,
  * so what underflow drops is below e^-41 a. */
 #include "kernels.h"
-#include "nn/linear.h"
+#include "nn/bf16.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -168,6 +168,19 @@ static void block_e(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t bi
     }
 }
 
+/* C = beta C + op(A) op(B), one thread's call: cblas_sgemm, or with bf16
+ * operands and float32 sums when the run asks for bf16 products
+ * (aft_config.precision) */
+static void product(const aft_opspec *ws, int trans_a, int trans_b, size_t M, size_t N, size_t K, const float *A,
+                    size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc)
+{
+    if (ws->bf16)
+        aft_gemm_bf16(1, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    else
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)M,
+                    (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
 /* The block's forward, [num | den] = E R into sc->acc, each of the nc
  * chunks brought to M */
 static void block_sums(const fjob *jb, fscratch *sc, size_t h, size_t bi, size_t tv, size_t nc)
@@ -177,8 +190,7 @@ static void block_sums(const fjob *jb, fscratch *sc, size_t h, size_t bi, size_t
     for (size_t jc = 0; jc < nc; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < tv ? j0 + chunk : tv;
         float *dst = nc == 1 ? sc->acc : sc->tmp;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bi, (int)ch2, (int)(j1 - j0), 1.0f, E + j0,
-                    (int)tv, jb->rhs + j0 * C2 + h * ch2, (int)C2, 0.0f, dst, (int)ch2);
+        product(jb->ws, 0, 0, bi, ch2, j1 - j0, E + j0, tv, jb->rhs + j0 * C2 + h * ch2, C2, 0.0f, dst, ch2);
         if (nc == 1) break;
         for (size_t c = 0; c < ch; c++) sc->f[c] = aft_expf(jb->mk[jc * C + h * ch + c] - sc->M[c]);
         for (size_t i = 0; i < bi; i++) {
@@ -233,13 +245,11 @@ static void block_backward(const fjob *jb, fscratch *sc, const aft_bias_grad *db
                 gp[ch + c] = -g1 * y[c];
             }
         }
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(j1 - j0), (int)ch2, (int)bi, 1.0f, E + j0,
-                    (int)tv, sc->gp, (int)ch2, 1.0f, H + j0 * C2 + h * ch2, (int)C2);
+        product(ws, 1, 0, j1 - j0, ch2, bi, E + j0, tv, sc->gp, ch2, 1.0f, H + j0 * C2 + h * ch2, C2);
         if (!jb->want_dw) continue;
         for (size_t c0 = j0; c0 < j1; c0 += DW_COLS) {
             size_t c1 = c0 + DW_COLS < j1 ? c0 + DW_COLS : j1, n = c1 - c0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bi, (int)n, (int)ch2, 1.0f, sc->gp, (int)ch2,
-                        jb->rhs + c0 * C2 + h * ch2, (int)C2, 0.0f, sc->dws, DW_COLS);
+            product(ws, 0, 1, bi, n, ch2, sc->gp, ch2, jb->rhs + c0 * C2 + h * ch2, C2, 0.0f, sc->dws, DW_COLS);
             for (size_t i = 0; i < bi; i++) {
                 float *d = sc->dws + i * DW_COLS;
                 const float *er = E + i * tv + c0;

@@ -107,6 +107,8 @@ aft_status aft_config_settle(aft_config *cfg, const aft_bias *bias, size_t C, si
     if ((unsigned)bias->kind > AFT_BIAS_CONV)
         return aft_fail(err, AFT_ERR_ARG, "unknown position bias kind %d", (int)bias->kind);
     if ((unsigned)cfg->variant > AFT_CONV) return aft_fail(err, AFT_ERR_ARG, "unknown variant %d", (int)cfg->variant);
+    if ((unsigned)cfg->precision > AFT_PRECISION_BF16)
+        return aft_fail(err, AFT_ERR_ARG, "unknown precision %d", (int)cfg->precision);
     aft_status st = settle_grid(cfg, bias, err);
     if (st) return st;
     cfg->threads = aft_threads_or_all(cfg->threads);
@@ -178,6 +180,7 @@ aft_status aft_spec_settle(aft_opspec *sp, const aft_bias *bias, const aft_confi
         .zero_bias = cfg.variant == AFT_SIMPLE || cfg.window == 0 ||
                      (conv ? bias->kind != AFT_BIAS_CONV : bias->kind == AFT_BIAS_NONE),
         .causal = cfg.causal != 0, .threads = cfg.threads, .full_blas = cfg.full_product == AFT_KERNEL_BLAS,
+        .bf16 = aft_bf16_wanted(cfg.precision),
         .ldq = C, .ldk = kc, .ldv = C, .grid_h = cfg.grid_h, .grid_w = cfg.grid_w};
     return AFT_OK;
 }

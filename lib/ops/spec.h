@@ -25,6 +25,7 @@ typedef struct {
     int causal;
     int threads;            /* >= 1 */
     int full_blas;          /* full: OpenBLAS's products instead of the fused kernel */
+    int bf16;               /* full: its products in bf16 (aft_config.precision, with an engine) */
     size_t ldq, ldk, ldv;   /* row strides of q, k, v */
     size_t t_off;           /* row t of q, k, v is row t_off + t of the sequence
                              * (chunked callers; 0 otherwise) */

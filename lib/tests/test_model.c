@@ -139,7 +139,7 @@ static void test_ffn(void **state)
                 aft_ffn_params p = {D, F, w1, bias ? b1 : NULL, w2, bias ? b2 : NULL};
                 aft_ffn f;
                 aft_error err = {{0}};
-                assert_int_equal(aft_ffn_init(&f, &p, k ? AFT_KERNEL_BLAS : AFT_KERNEL_AUTO, 1, &err), AFT_OK);
+                assert_int_equal(aft_ffn_init(&f, &p, k ? AFT_KERNEL_BLAS : AFT_KERNEL_AUTO, AFT_PRECISION_F32, 1, &err), AFT_OK);
                 aft_ffn_apply(&f, y, x, N, h);
                 aft_ffn_ref(yr, x, &p, N);
                 char what[80];
@@ -155,7 +155,7 @@ static void test_ffn(void **state)
     assert_true(isnan(y[0]));
     aft_ffn f;
     aft_error err = {{0}};
-    assert_int_equal(aft_ffn_init(&f, &p, AFT_KERNEL_AUTO, 1, &err), AFT_OK);
+    assert_int_equal(aft_ffn_init(&f, &p, AFT_KERNEL_AUTO, AFT_PRECISION_F32, 1, &err), AFT_OK);
     aft_ffn_apply(&f, y, x, 1, h);
     assert_true(isnan(y[0]));
     aft_ffn_free(&f);
