@@ -1043,8 +1043,9 @@ aft_status aft_model_generate(const aft_model *m, int32_t *out, size_t *n_out, c
  * Options: space-separated key=value pairs named as the CLI's options
  * without "--": variant=full|local|simple|conv window=S heads=H causal=0|1
  * layout=btd|tbd threads=N (0: all cores, the default) impl=fast|reference
- * prefix=P grid=H,W. The layer takes them all; the operator all but layout
- * and prefix; the model window and threads. As aft run: window applies to
+ * prefix=P grid=H,W precision=f32|bf16 (aft_config.precision). The layer
+ * takes them all; the operator all but layout and prefix; the model
+ * window, threads and precision. As aft run: window applies to
  * local and conv only, heads to conv only, local needs a window, conv a
  * window or a conv bias to take it from (and its heads, unless given). An
  * unknown key (or one the call does not take), a repeated one, a pair
@@ -1137,7 +1138,7 @@ aft_status aft_api_state_load(aft_api_state *s, const char *path, aft_error *err
  * on a grid (heads or 1, (2S - 1)^2), each row a square in row-major
  * order; checked as aft run checks --weights' pos_bias; mask NULL or (T,
  * T), or (B, T, T) when mask_batched, nonzero = visible. Options: variant,
- * window, heads, causal, threads, impl, grid. */
+ * window, heads, causal, threads, impl, grid, precision. */
 aft_status aft_api_op_forward(float *out, const float *q, const float *k, const float *v, size_t B, size_t T,
                               size_t C, size_t kc, const float *bias, size_t bias_rows, size_t bias_cols,
                               const uint8_t *mask, int mask_batched, const char *options, aft_error *err);
@@ -1150,7 +1151,8 @@ aft_status aft_api_op_backward(float *dq, float *dk, float *dv, float *dbias, fl
 
 /* ---- labml's language model (aft model, aft generate). Options: window=S
  * (>= 1) threads=N (default 1 for stepping, as aft generate; the logits'
- * last bits follow the thread count, as aft model --threads's do) */
+ * last bits follow the thread count, as aft model --threads's do)
+ * precision=f32|bf16 */
 typedef struct aft_api_model aft_api_model;
 aft_status aft_api_model_open(aft_api_model **out, const char *path, const char *options, aft_error *err);
 void aft_api_model_free(aft_api_model *m);

@@ -18,12 +18,14 @@ enum {
     API_IMPL = 1 << 6,
     API_PREFIX = 1 << 7,
     API_GRID = 1 << 8,
+    API_PRECISION = 1 << 9,
 };
 #define API_LAYER_KEYS                                                                                          \
     (API_VARIANT | API_WINDOW | API_HEADS | API_CAUSAL | API_LAYOUT | API_THREADS | API_IMPL | API_PREFIX |   \
-     API_GRID)
-#define API_OP_KEYS (API_VARIANT | API_WINDOW | API_HEADS | API_CAUSAL | API_THREADS | API_IMPL | API_GRID)
-#define API_MODEL_KEYS (API_WINDOW | API_THREADS)
+     API_GRID | API_PRECISION)
+#define API_OP_KEYS \
+    (API_VARIANT | API_WINDOW | API_HEADS | API_CAUSAL | API_THREADS | API_IMPL | API_GRID | API_PRECISION)
+#define API_MODEL_KEYS (API_WINDOW | API_THREADS | API_PRECISION)
 
 typedef struct {
     unsigned given;     /* the keys the string set */

@@ -22,7 +22,8 @@ aft_status aft_api_model_open(aft_api_model **out, const char *path, const char 
     if (o.given & API_WINDOW && o.cfg.window == 0)
         return aft_fail(err, AFT_ERR_ARG, "option window=0: the model's window takes a whole number >= 1");
     /* one thread unless asked, as aft generate: a step is one row a layer */
-    aft_model_options mo = {.window = o.cfg.window, .threads = o.given & API_THREADS ? o.cfg.threads : 1};
+    aft_model_options mo = {.window = o.cfg.window, .threads = o.given & API_THREADS ? o.cfg.threads : 1,
+                            .precision = o.cfg.precision};
     aft_api_model *m = calloc(1, sizeof *m);
     if (!m) return aft_fail(err, AFT_ERR_NOMEM, "out of memory");
     aft_st_file *f;

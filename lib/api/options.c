@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const key_names[] = {"variant", "window", "heads", "causal", "layout",
-                                        "threads", "impl",   "prefix", "grid"};
+static const char *const key_names[] = {"variant", "window", "heads",  "causal", "layout",
+                                        "threads", "impl",   "prefix", "grid",   "precision"};
 enum { N_KEYS = sizeof key_names / sizeof key_names[0] };
 
 int aft_api_version(void)
@@ -69,6 +69,8 @@ static const char *set_value(api_options *o, int i, const char *v)
         if (strlen(v) >= sizeof o->prefix) return "takes at most 159 bytes";
         snprintf(o->prefix, sizeof o->prefix, "%s", v);
         return NULL;
+    case API_PRECISION:
+        return aft_precision_from_name(v, &c->precision) ? "takes f32 or bf16" : NULL;
     default:   /* API_GRID */
         return aft_parse_grid(v, &c->grid_h, &c->grid_w) ? "takes H,W: two whole numbers >= 1, like 14,14" : NULL;
     }

@@ -35,7 +35,7 @@ from ._op import op, op_backward
 __version__ = "0.1.0"
 API_VERSION = _lib.API_VERSION
 __all__ = ["load", "save", "Tensors", "Layer", "State", "op", "op_backward", "Model", "levels", "level",
-           "use_level", "library_path", "API_VERSION"]
+           "use_level", "bf16_engine", "library_path", "API_VERSION"]
 
 #: where libaft.so was loaded from
 library_path = _lib.path
@@ -61,6 +61,13 @@ def level():
     """The name of the kernel level in use ("avx512", "avx2", "base" or
     "fixed")."""
     return [lv.name for lv in levels() if lv.in_use][0]
+
+
+def bf16_engine():
+    """The bf16 engine precision="bf16" runs its products on at the kernel
+    level in use: "amx", "avx512_bf16", or "none" (they then run in
+    float32)."""
+    return _lib.lib.aft_bf16_engine_in_use().decode()
 
 
 def use_level(name):

@@ -20,7 +20,7 @@ class Layer:
     """One AFT layer, as `aft run --weights` and `aft grad` run it.
 
     Layer(weights, variant="full", window=None, causal=False, heads=None,
-          prefix="", layout="btd", threads=None, impl=None, grid=None)
+          prefix="", layout="btd", threads=None, impl=None, grid=None, precision=None)
 
     weights: a dict of arrays named as a weights file names them (query|to_q,
         key|to_k, value|to_v, output|project .weight and .bias, pos_bias or
@@ -36,6 +36,9 @@ class Layer:
     threads: threads (default None: the library's, all cores).
     impl: "fast" (default) or "reference" (the float64 kernels).
     grid: (H, W): the T = H*W rows are a grid in raster order.
+    precision: "f32" (default) or "bf16": the products with bf16 operands
+        and float32 sums where the CPU has bf16 arithmetic (aft.bf16_engine()
+        says which; "none": float32), as `aft run --precision bf16`.
 
     Each keyword becomes the interface's options string (window=4
     causal=1 ...); None leaves the library's default. A bad value or a
@@ -52,7 +55,7 @@ class Layer:
     """
 
     def __init__(self, weights, variant="full", window=None, causal=False, heads=None, prefix="", layout="btd",
-                 threads=None, impl=None, grid=None):
+                 threads=None, impl=None, grid=None, precision=None):
         self._h, self._lock = None, threading.Lock()
         if isinstance(weights, (str, bytes, os.PathLike)):
             weights = load(weights)
@@ -61,7 +64,7 @@ class Layer:
         if layout not in ("btd", "tbd"):
             raise ValueError("layout: 'btd' or 'tbd', not %r" % (layout,))
         self.options = options(variant=variant, window=window, heads=heads, causal=bool(causal), layout=layout,
-                               threads=threads, impl=impl, prefix=prefix, grid=grid)
+                               threads=threads, impl=impl, prefix=prefix, grid=grid, precision=precision)
         self.layout = layout
         self.grid = None if grid is None else (int(grid[0]), int(grid[1]))
         self._states = weakref.WeakSet()  # closed before the layer: they borrow it

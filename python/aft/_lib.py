@@ -87,6 +87,7 @@ _SIGNATURES = {
     # kernel levels (aft.h)
     "aft_levels": (ctypes.POINTER(Level), [_c_size_p]),
     "aft_level_in_use": (_sz, []),
+    "aft_bf16_engine_in_use": (ctypes.c_char_p, []),
     "aft_level_use": (_st, [ctypes.c_char_p, _err]),
 }
 

@@ -17,10 +17,11 @@ class Model:
     .safetensors of its state_dict(), as `aft model` and `aft generate` run
     it (sizes, vocabulary and each layer's variant from the tensors).
 
-    Model(path, window=None, threads=1)
+    Model(path, window=None, threads=1, precision=None)
 
     window: the layers' window S (default: the checkpoint's). threads:
-    threads for its calls (0: all cores). A checkpoint the CLI refuses is a
+    threads for its calls (0: all cores). precision: "f32" (default) or
+    "bf16", as aft.Layer's. A checkpoint the CLI refuses is a
     ValueError with its message (OSError if it cannot be read).
 
     Attributes: n_vocab (V), d_model (D), context (the most tokens one pass
@@ -28,11 +29,11 @@ class Model:
     One model serialises its calls; distinct models run at once.
     """
 
-    def __init__(self, path, window=None, threads=1):
+    def __init__(self, path, window=None, threads=1, precision=None):
         self._h, self._lock = None, threading.Lock()
         h = ctypes.c_void_p()
         _lib.call(_lib_.aft_api_model_open, ctypes.byref(h), path_bytes(path),
-                  options(window=window, threads=threads))
+                  options(window=window, threads=threads, precision=precision))
         self._h = h
         v, d, ctx = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
         _lib_.aft_api_model_dims(h, ctypes.byref(v), ctypes.byref(d), ctypes.byref(ctx))

@@ -59,13 +59,13 @@ class _Args:
         return np.ascontiguousarray(arr.transpose(1, 0, 2)) if self.tbd else arr
 
 
-def _opts(variant, window, heads, causal, threads, impl, grid):
+def _opts(variant, window, heads, causal, threads, impl, grid, precision):
     return options(variant=variant, window=window, heads=heads, causal=bool(causal), threads=threads, impl=impl,
-                   grid=grid)
+                   grid=grid, precision=precision)
 
 
 def op(q, k, v, variant="full", bias=None, causal=False, mask=None, window=None, heads=None, layout="btd",
-       threads=None, impl=None, grid=None):
+       threads=None, impl=None, grid=None, precision=None):
     """The bare AFT operator, as `aft run` computes it on a file of q, k, v:
 
         out[b,t,c] = sigmoid(q[b,t,c]) * sum_t' exp(k[b,t',c] + w[t,t']) v[b,t',c]
@@ -75,8 +75,8 @@ def op(q, k, v, variant="full", bias=None, causal=False, mask=None, window=None,
     with kc channels (C, or conv's heads). bias: None, or the position bias
     w: [Tmax, Tmax] for full and local (Tmax >= T: its top-left block), or
     [heads or 1, 2S-1] for conv. mask: None, [T, T] or [B, T, T], nonzero =
-    visible. variant, window, heads, causal, threads, impl and grid as
-    aft.Layer's. Any real dtype, order and strides (converted to float32).
+    visible. variant, window, heads, causal, threads, impl, grid and
+    precision as aft.Layer's. Any real dtype, order and strides (converted to float32).
     Returns out, float32, q's shape.
     """
     a = _Args(q, k, v, bias, mask, layout)
@@ -84,12 +84,12 @@ def op(q, k, v, variant="full", bias=None, causal=False, mask=None, window=None,
     _lib.call(_lib_.aft_api_op_forward, out.ctypes.data, a.q.ctypes.data, a.k.ctypes.data, a.v.ctypes.data, a.B,
               a.T, a.C, a.kc, None if a.bias is None else a.bias.ctypes.data, a.bias_rows, a.bias_cols,
               None if a.mask is None else a.mask.ctypes.data, a.mask_batched,
-              _opts(variant, window, heads, causal, threads, impl, grid))
+              _opts(variant, window, heads, causal, threads, impl, grid, precision))
     return a.out(out)
 
 
 def op_backward(q, k, v, dout=None, variant="full", bias=None, causal=False, mask=None, window=None, heads=None,
-                layout="btd", threads=None, impl=None, grid=None, output=False):
+                layout="btd", threads=None, impl=None, grid=None, output=False, precision=None):
     """The bare operator's gradients of L = sum(out * dout), as `aft grad`
     computes them on a file of q, k, v.
 
@@ -115,7 +115,7 @@ def op_backward(q, k, v, dout=None, variant="full", bias=None, causal=False, mas
               a.q.ctypes.data, a.k.ctypes.data, a.v.ctypes.data, a.B, a.T, a.C, a.kc,
               None if a.bias is None else a.bias.ctypes.data, a.bias_rows, a.bias_cols,
               None if a.mask is None else a.mask.ctypes.data, a.mask_batched,
-              _opts(variant, window, heads, causal, threads, impl, grid))
+              _opts(variant, window, heads, causal, threads, impl, grid, precision))
     grads = {"q": a.out(dq), "k": a.out(dk), "v": a.out(dv)}
     if db is not None:
         grads["bias"] = db
