@@ -42,6 +42,9 @@ typedef struct {
     int generate;       /* --generate: the model generating --seq-len tokens */
     const char *weights;   /* --generate: the model (default: the shipped one) */
     const char *label;     /* --progress-label: the child's progress line starts so */
+    aft_precision prec[2];   /* --precision: the products' number types, each a row */
+    size_t nprec;
+    int prec_set;            /* --precision was given: the table shows them */
 } bench_opts;
 
 /* a comma-separated list of sizes */
@@ -133,6 +136,26 @@ static int set_repeat(const cli_option *opt, void *opts, const char *v)
     return 0;
 }
 
+static int set_precision(const cli_option *opt, void *opts, const char *v)
+{
+    bench_opts *o = opts;
+    char buf[64];
+    o->nprec = 0;
+    o->prec_set = 1;
+    if (strlen(v) < sizeof buf) {
+        strcpy(buf, v);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            if (o->nprec == 2 || aft_precision_from_name(tok, &o->prec[o->nprec]) != 0) {
+                o->nprec = 0;
+                break;
+            }
+            o->nprec++;
+        }
+    }
+    if (o->nprec == 0) return cli_usage_error("bench", "--precision takes f32, bf16 or f32,bf16");
+    return 0;
+}
+
 static int set_impl(const cli_option *opt, void *opts, const char *v)
 {
     bench_opts *o = opts;
@@ -163,6 +186,11 @@ static const cli_option options[] = {
     {"--impl", NULL, "fast|reference|both",
      "both: also run the float64 reference and report the largest difference (the reference is O(T^2 d): slow)",
      set_impl, 0, NEEDS_VALUE, 0},
+    {"--precision", NULL, "L",
+     "the products' number types, f32 and/or bf16 (default f32): each configuration runs in each, side by side; "
+     "the header adds the machine's bf16 floor (its measured bf16 product rate) beside the sgemm ceiling, and a "
+     "bf16 row's ceil column is its share of that floor",
+     set_precision, 0, NEEDS_VALUE, 0},
     {"--json", NULL, NULL, "one JSON object per configuration instead of the table (its keys: JSON OUTPUT in man aft)",
      cli_set_flag, FIELD(json), NULL, 0},
     {"--no-ceiling", NULL, NULL, "skip measuring the matrix-product ceiling (the ceil column shows -)", cli_set_flag,
@@ -342,6 +370,7 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
     cJSON_AddNumberToObject(j, "heads", (double)cfg->heads);
     cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
     cJSON_AddStringToObject(j, "impl", o->impl_ref ? "reference" : "fast");
+    cli_precision_json(j, cfg->precision);
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
     cli_level_json(j);
@@ -396,7 +425,7 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     aft_config cfg = {.variant = var, .window = var == AFT_LOCAL || var == AFT_CONV ? o->window : 0,
                       .heads = var == AFT_CONV ? o->heads : 1, .causal = o->causal, .threads = o->threads,
                       .impl = o->impl_ref ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST, .grid_h = o->grid_h,
-                      .grid_w = o->grid_w};
+                      .grid_w = o->grid_w, .precision = o->prec[0]};
     cli_kernels_from_env(&cfg);
     float *x = malloc(nx * sizeof(float) + 1), *y = malloc(nx * sizeof(float) + 1);
     cli_params params = {0};
@@ -431,7 +460,8 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
  * prints one JSON line */
 static int run_generate_one(const bench_opts *o, size_t n)
 {
-    cli_model_opts mo = {.cmd = "bench", .weights = o->weights, .threads = o->threads, .no_warning = 1};
+    cli_model_opts mo = {.cmd = "bench", .weights = o->weights, .threads = o->threads, .no_warning = 1,
+                         .precision = o->prec[0]};
     aft_model *m;
     int rc = cli_model_open(&mo, &m);
     if (rc) return rc;
@@ -449,6 +479,7 @@ static int run_generate_one(const bench_opts *o, size_t n)
     cJSON_AddStringToObject(j, "mode", "generate");
     cli_model_info_json(j, o->weights, aft_model_get_info(m));
     cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : aft_cores());
+    cli_precision_json(j, o->prec[0]);
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
     cli_level_json(j);
@@ -513,8 +544,8 @@ static int spawn(const char *self, char **argv, char **line, size_t *peak);
 
 /* runs one configuration in a child, its progress line (on a terminal)
  * starting with label; fills line (its JSON) and peak (bytes) */
-static int run_child(const char *self, const bench_opts *o, aft_variant var, size_t T, size_t D, const char *label,
-                     char **line, size_t *peak)
+static int run_child(const char *self, const bench_opts *o, aft_variant var, size_t T, size_t D, aft_precision prec,
+                     const char *label, char **line, size_t *peak)
 {
     char a_var[16], a_T[32], a_D[32], a_C[32], a_s[32], a_h[32], a_b[32], a_th[32], a_r[32];
     snprintf(a_var, sizeof a_var, "%s", aft_variant_name(var));
@@ -541,6 +572,7 @@ static int run_child(const char *self, const bench_opts *o, aft_variant var, siz
     argv[n++] = "--threads"; argv[n++] = a_th;
     argv[n++] = "--repeat"; argv[n++] = a_r;
     if (o->causal) argv[n++] = "--causal";
+    argv[n++] = "--precision"; argv[n++] = (char *)aft_precision_name(prec);
     char a_c[32], a_g[64];
     snprintf(a_c, sizeof a_c, "%zu", o->chunk);
     snprintf(a_g, sizeof a_g, "%zu,%zu", o->grid_h, o->grid_w);
@@ -564,8 +596,8 @@ static int generate_child(const char *self, const bench_opts *o, size_t n, const
     snprintf(a_th, sizeof a_th, "%d", o->threads);
     snprintf(a_r, sizeof a_r, "%zu", o->repeat);
     char *argv[] = {(char *)self, "bench", "--one", "--generate", "--weights", (char *)o->weights, "--seq-len", a_n,
-                    "--threads", a_th, "--repeat", a_r, "--progress-label", (char *)label,
-                    cli_quiet ? "--quiet" : NULL, NULL};
+                    "--threads", a_th, "--repeat", a_r, "--precision", (char *)aft_precision_name(o->prec[0]),
+                    "--progress-label", (char *)label, cli_quiet ? "--quiet" : NULL, NULL};
     return spawn(self, argv, line, peak);
 }
 
@@ -698,7 +730,7 @@ static int write_plot(const char *path, cJSON *rows)
 }
 
 /* the table's first line (library, kernel, threads, ceiling) and header */
-static void print_header(const bench_opts *o, int threads, double ceiling)
+static void print_header(const bench_opts *o, int threads, double ceiling, double floor16)
 {
     aft_config kc = {0};
     cli_kernels_from_env(&kc);
@@ -708,9 +740,13 @@ static void print_header(const bench_opts *o, int threads, double ceiling)
     cli_level_why(why, sizeof why);
     printf("# %s, kernel %s, %d thread%s; projections %s; aft kernels %s (%s); ", bi.library, bi.core, threads,
            threads == 1 ? "" : "s", bi.projections, cli_level_name(), why);
-    if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s\n", ceiling);
-    else printf("sgemm ceiling not measured\n");
-    printf("%-7s %-6s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s%s%s\n", "variant", "causal", "T", "B", "d", "ms",
+    if (ceiling > 0) printf("sgemm ceiling %.1f GFLOP/s", ceiling);
+    else printf("sgemm ceiling not measured");
+    if (o->prec_set && floor16 > 0) printf("; bf16 floor %.1f GFLOP/s (%s)", floor16, aft_bf16_engine_in_use());
+    else if (o->prec_set) printf("; bf16 floor -: %s", ceiling > 0 ? "no bf16 engine" : "not measured");
+    printf("\n");
+    printf("%-7s %-6s%s %6s %3s %5s %10s %10s %8s %12s %9s %6s %5s%s%s%s\n", "variant", "causal",
+           o->prec_set ? " prec" : "", "T", "B", "d", "ms",
            "min ms", "GFLOP/s", "tokens/s", "peak MiB", "ceil", "proj",
            o->stream ? "   tok us 1-shot us floor us chunked ms ratio" : "", o->grad ? "    grad ms  x fwd" : "",
            o->impl_both ? "  max|diff| vs ref" : "");
@@ -719,7 +755,7 @@ static void print_header(const bench_opts *o, int threads, double ceiling)
 
 /* one configuration's result (a child's JSON with the parent's peak and
  * ceiling added) as a line of the table or of JSON */
-static void print_row(const bench_opts *o, cJSON *j, double ceiling)
+static void print_row(const bench_opts *o, cJSON *j, double ceiling, double floor16)
 {
     if (o->json) {
         char *text = cJSON_PrintUnformatted(j);
@@ -733,8 +769,12 @@ static void print_row(const bench_opts *o, cJSON *j, double ceiling)
     char diff[48] = "";
     if (md) snprintf(diff, sizeof diff, "  %.3g", md->valuedouble);
     double gf = NUM("gflop_per_s"), ms_min = NUM("compute_min_ms"), proj = NUM("projections_ms") + NUM("output_ms");
-    char ceil_txt[16] = "-";
-    if (ceiling > 0) snprintf(ceil_txt, sizeof ceil_txt, "%.0f%%", 100.0 * gf / ceiling);
+    /* a bf16 row against the bf16 floor, where there is one */
+    int bf16 = strcmp(cJSON_GetObjectItem(j, "precision")->valuestring, "bf16") == 0 && floor16 > 0;
+    double top = bf16 ? floor16 : ceiling;
+    char ceil_txt[16] = "-", prec[8] = "";
+    if (top > 0) snprintf(ceil_txt, sizeof ceil_txt, "%.0f%%", 100.0 * gf / top);
+    if (o->prec_set) snprintf(prec, sizeof prec, " %-4s", cJSON_GetObjectItem(j, "precision")->valuestring);
     char stream[96] = "";
     if (o->stream)
         snprintf(stream, sizeof stream, " %8.2f %9.3f %8.2f %10.3f %5.2f", NUM("stream_us_per_token"),
@@ -742,8 +782,8 @@ static void print_row(const bench_opts *o, cJSON *j, double ceiling)
                  NUM("chunked_over_one_shot"));
     char grad[48] = "";
     if (o->grad) snprintf(grad, sizeof grad, " %10.3f %6.2f", NUM("backward_ms"), NUM("backward_over_forward"));
-    printf("%-7s %-6s %6.0f %3.0f %5.0f %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s%s%s\n",
-           cJSON_GetObjectItem(j, "variant")->valuestring, o->causal ? "yes" : "no", NUM("seq_len"), NUM("batch"),
+    printf("%-7s %-6s%s %6.0f %3.0f %5.0f %10.3f %10.3f %8.1f %12.0f %9.1f %6s %4.0f%%%s%s%s\n",
+           cJSON_GetObjectItem(j, "variant")->valuestring, o->causal ? "yes" : "no", prec, NUM("seq_len"), NUM("batch"),
            NUM("d_model"), NUM("compute_ms"), ms_min, gf, NUM("tokens_per_s"), NUM("peak_rss_bytes") / 1048576.0,
            ceil_txt, ms_min > 0 ? 100.0 * proj / ms_min : 0.0, stream, grad, diff);
 #undef NUM
@@ -752,23 +792,26 @@ static void print_row(const bench_opts *o, cJSON *j, double ceiling)
 
 /* every configuration, each in a child process, printed as it ends and
  * gathered in rows; 0, or EXIT_DATA when one failed */
-static int sweep(const bench_opts *o, const char *self, double ceiling, cJSON *rows)
+static int sweep(const bench_opts *o, const char *self, double ceiling, double floor16, cJSON *rows)
 {
     int tty = isatty(STDERR_FILENO) && !cli_quiet, rc = 0;
-    size_t total = o->nvar * o->nseq * o->ndm, done = 0;
+    size_t total = o->nvar * o->nseq * o->ndm * o->nprec, done = 0;
     for (size_t d = 0; d < o->ndm; d++)
         for (size_t v = 0; v < o->nvar; v++)
-            for (size_t s = 0; s < o->nseq; s++) {
+            for (size_t s = 0; s < o->nseq * o->nprec; s++) {
+                /* each precision's row beside the others' */
+                size_t si = s / o->nprec;
+                aft_precision prec = o->prec[s % o->nprec];
                 const char *name = aft_variant_name(o->var[v]);
                 char label[128];
-                snprintf(label, sizeof label, "aft bench: [%zu/%zu] %s T=%zu d=%zu", done + 1, total, name, o->seq[s],
-                         o->dm[d]);
+                snprintf(label, sizeof label, "aft bench: [%zu/%zu] %s T=%zu d=%zu%s%s", done + 1, total, name,
+                         o->seq[si], o->dm[d], o->prec_set ? " " : "", o->prec_set ? aft_precision_name(prec) : "");
                 if (tty) fprintf(stderr, "\r%s ...   ", label);
                 char *line = NULL;
                 size_t peak = 0;
-                if (run_child(self, o, o->var[v], o->seq[s], o->dm[d], label, &line, &peak) != 0) {
+                if (run_child(self, o, o->var[v], o->seq[si], o->dm[d], prec, label, &line, &peak) != 0) {
                     if (tty) fputc('\n', stderr);
-                    cli_error("bench", "%s T=%zu d=%zu failed", name, o->seq[s], o->dm[d]);
+                    cli_error("bench", "%s T=%zu d=%zu failed", name, o->seq[si], o->dm[d]);
                     free(line);
                     rc = EXIT_DATA;
                     continue;
@@ -786,8 +829,13 @@ static int sweep(const bench_opts *o, const char *self, double ceiling, cJSON *r
                     cJSON_AddNumberToObject(j, "ceiling_fraction",
                                             cJSON_GetObjectItem(j, "gflop_per_s")->valuedouble / ceiling);
                 }
+                if (floor16 > 0) {
+                    cJSON_AddNumberToObject(j, "bf16_floor_gflop_per_s", floor16);
+                    cJSON_AddNumberToObject(j, "bf16_floor_fraction",
+                                            cJSON_GetObjectItem(j, "gflop_per_s")->valuedouble / floor16);
+                }
                 if (tty) fputs("\r\033[K", stderr);
-                print_row(o, j, ceiling);
+                print_row(o, j, ceiling, floor16);
                 cJSON_AddItemToArray(rows, j);
             }
     return rc;
@@ -818,7 +866,7 @@ static void print_generate_header(const bench_opts *o, const aft_model_info *in)
 /* --generate: each length in a child, printed as it ends */
 static int generate_sweep(const bench_opts *o, const char *self)
 {
-    cli_model_opts mo = {.cmd = "bench", .weights = o->weights, .threads = o->threads};
+    cli_model_opts mo = {.cmd = "bench", .weights = o->weights, .threads = o->threads, .precision = o->prec[0]};
     aft_model *m;
     int rc = cli_model_open(&mo, &m);   /* its errors here, once, before any child */
     if (rc) return rc;
@@ -894,13 +942,18 @@ int cmd_bench(int argc, char **argv)
 {
     bench_opts o = {.nseq = 2, .seq = {1024, 4096}, .ndm = 1, .dm = {256}, .nvar = 4,
                     .var = {AFT_FULL, AFT_LOCAL, AFT_SIMPLE, AFT_CONV}, .window = 32, .heads = 4, .batch = 1,
-                    .repeat = 5, .chunk = 4096};
+                    .repeat = 5, .chunk = 4096, .nprec = 1};
     int rc = cli_parse_options(&cli_bench_command, argc, argv, &o);
     if (rc) return rc < 0 ? cli_finish_stdout("bench") : rc;
     char shipped[4096];
     if (o.generate && (rc = check_generate(&o, shipped, sizeof shipped))) return rc;
     if (!o.generate && o.weights) return cli_usage_error("bench", "--weights applies to --generate");
+    if (o.generate && o.nprec > 1)
+        return cli_usage_error("bench", "--generate takes one --precision: f32 or bf16");
+    if (o.impl_ref && o.nprec > 1)
+        return cli_usage_error("bench", "--impl reference computes in float64: --precision takes one value there");
     if (o.generate && o.one) return run_generate_one(&o, o.seq[0]);
+    for (size_t i = 0; !o.one && i < o.nprec; i++) cli_precision_note(o.prec[i]);
     if (o.stream && !o.causal) return cli_usage_error("bench", "--stream times a causal layer: add --causal");
     if (o.stream && o.impl_ref) return cli_usage_error("bench", "--stream runs the fast kernels, not --impl reference");
     if (o.stream && o.grid_h) return cli_usage_error("bench", "--stream carries a 1-D sequence; a grid has no streaming state");
@@ -927,9 +980,14 @@ int cmd_bench(int argc, char **argv)
     }
     int threads = o.threads ? o.threads : aft_cores();
     double ceiling = o.no_ceiling ? 0.0 : sgemm_ceiling(threads);
-    if (!o.json) print_header(&o, threads, ceiling);
+    int any_bf16 = o.prec[0] == AFT_PRECISION_BF16 || o.prec[o.nprec - 1] == AFT_PRECISION_BF16;
+    double floor16 = o.no_ceiling || !any_bf16 ? 0.0 : aft_bf16_floor(threads);
+#ifdef __GLIBC__
+    if (floor16 > 0) malloc_trim(0);   /* as after sgemm_ceiling */
+#endif
+    if (!o.json) print_header(&o, threads, ceiling, floor16);
     cJSON *rows = cJSON_CreateArray();
-    rc = sweep(&o, self, ceiling, rows);
+    rc = sweep(&o, self, ceiling, floor16, rows);
     if (o.plot && rc == 0) rc = write_plot(o.plot, rows);
     cJSON_Delete(rows);
     int frc = cli_finish_stdout("bench");

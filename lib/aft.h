@@ -350,6 +350,11 @@ int aft_precision_from_name(const char *name, aft_precision *out);
 /* the bf16 engine AFT_PRECISION_BF16's products run on at the kernel level
  * in use: "amx", "avx512_bf16", or "none" (they then run in float32) */
 const char *aft_bf16_engine_in_use(void);
+/* The machine's bf16 floor: the measured rate of bf16 products (2048^3,
+ * the rows split over `threads` threads, best of three) in GFLOP/s, as
+ * aft bench's sgemm ceiling is float32's; 0 without a bf16 engine. Takes
+ * about a second. */
+double aft_bf16_floor(int threads);
 
 const char *aft_variant_name(aft_variant v);
 int aft_variant_from_name(const char *name, aft_variant *out);

@@ -303,6 +303,11 @@ const char *aft_bf16_engine_in_use(void)
     return aft_bf16_engine_name(aft_bf16_engine_now());
 }
 
+double aft_bf16_floor(int threads)
+{
+    return aft_bf16_rate(threads);
+}
+
 int aft_bf16_wanted(aft_precision p)
 {
     return p == AFT_PRECISION_BF16 && aft_bf16_engine_now() != AFT_BF16_NONE;
