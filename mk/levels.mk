@@ -17,7 +17,7 @@
 # a line saying so.
 
 LEVEL_TESTS := $(filter build/tests/lib_ops/% build/tests/lib_nn/% build/tests/lib_cpu/%,$(TEST_BIN)) \
-               $(addprefix build/tests/lib_test_,layer layer_chunks layer_grad state slice model numerics) \
+               $(addprefix build/tests/lib_test_,layer layer_chunks layer_grad state slice model numerics precision) \
                $(addprefix build/tests/cli_test_,run grad stream model mask json pipeline)
 
 .PHONY: test-levels test-qemu
