@@ -738,6 +738,96 @@ static void test_impl_reference_vs_fast(void **state)
     free(x); free(fast); free(ref); free(tj);
 }
 
+/* ||a - r|| / ||r|| over n floats, in double */
+static double rel_norm(const float *a, const float *r, size_t n)
+{
+    double d = 0.0, s = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - r[i]) * ((double)a[i] - r[i]);
+        s += (double)r[i] * r[i];
+    }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+/* --precision: f8 and bf32 refused (exit 2) by every command that takes it;
+ * bf16 within docs/design.md's bound (5e-3) of the float64 reference and,
+ * where the CPU has a bf16 engine, farther than float32 rounding from the
+ * float32 run (the negative control); without one, a line on stderr and
+ * the float32 bytes; --timing's keys */
+static void test_precision(void **state)
+{
+    (void)state;
+    char *x = tmp("prec_x.npy"), *f = tmp("prec_f.npy"), *b = tmp("prec_b.npy"), *ref = tmp("prec_ref.npy");
+    char *tj = tmp("prec.json");
+    free(write_x(x, 2, 70, 16, 46));
+    static const char *const cmds[] = {"run", "grad", "model", "generate", "bench"};
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
+        for (int bad = 0; bad < 2; bad++) {
+            harness_result r;
+            assert_int_equal(HARNESS_RUN(&r, cmds[c], "--precision", bad ? "bf32" : "f8", x), 0);
+            assert_int_equal(r.exit_code, 2);
+            assert_non_null(strstr(r.err, "--precision takes f32"));
+            harness_result_free(&r);
+        }
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "run", "--precision", "bf16", "--impl", "reference", x), 0);
+    assert_int_equal(r.exit_code, 2);
+    harness_result_free(&r);
+    int engine = strcmp(aft_bf16_engine_in_use(), "none") != 0;
+    const char *const *configs[] = {
+        OPTS("--variant", "full"),
+        OPTS("--variant", "full", "--causal"),
+        OPTS("--variant", "local", "--window", "5", "--causal"),
+        OPTS("--variant", "simple"),
+        OPTS("--variant", "conv", "--window", "4", "--heads", "2"),
+    };
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        const char *const *o = configs[c];
+        size_t n = 0;
+        while (o[n]) n++;
+        const char *args[24] = {"run"};
+        size_t k = 1;
+        for (size_t i = 0; i < n; i++) args[k++] = o[i];
+        const size_t base = k;
+        /* float32, the reference, then bf16 with --timing */
+        const char *tails[3][8] = {{x, "-o", f}, {"--impl", "reference", x, "-o", ref},
+                                   {"--precision", "bf16", "--timing", tj, x, "-o", b}};
+        for (int j = 0; j < 3; j++) {
+            k = base;
+            for (size_t i = 0; tails[j][i]; i++) args[k++] = tails[j][i];
+            args[k] = NULL;
+            assert_int_equal(harness_run(&r, args, NULL, 0), 0);
+            assert_int_equal(r.exit_code, 0);
+            if (j == 2 && !engine) assert_non_null(strstr(r.err, "--precision bf16: this CPU has no bf16 arithmetic"));
+            else assert_int_equal(r.err_len, 0);
+            harness_result_free(&r);
+        }
+        aft_tensor tf, tb, tr;
+        read_out(f, &tf);
+        read_out(b, &tb);
+        read_out(ref, &tr);
+        size_t nv = tf.nelem;
+        if (engine) {
+            double e = rel_norm(F(&tb), F(&tr), nv), d = rel_norm(F(&tb), F(&tf), nv);
+            if (!(e <= 5e-3) || !(d > 1e-5))
+                fail_msg("config %zu: bf16 is %.3g from the reference (bound 5e-3) and %.3g from float32 (must "
+                         "exceed 1e-5)", c, e, d);
+        } else {
+            assert_same_file(f, b);
+        }
+        char *json;
+        size_t jl;
+        assert_int_equal(harness_read_file(tj, &json, &jl), 0);
+        assert_non_null(strstr(json, "\"precision\":\t\"bf16\""));
+        assert_non_null(strstr(json, engine ? "\"bf16_engine\":\t\"" : "\"bf16_engine\":\t\"none\""));
+        free(json);
+        aft_tensor_free(&tf);
+        aft_tensor_free(&tb);
+        aft_tensor_free(&tr);
+    }
+    free(x); free(f); free(b); free(ref); free(tj);
+}
+
 /* Sequences longer than a chunk (2048 rows) go through the streamed paths
  * of the layer; from the command line they must agree with the reference
  * kernels too, across the chunk boundary (T = 2100: two chunks, the second
@@ -2364,6 +2454,7 @@ int main(void)
         cmocka_unit_test(test_torch_input_encodings),
         cmocka_unit_test(test_torch_preforward),
         cmocka_unit_test(test_impl_reference_vs_fast),
+        cmocka_unit_test(test_precision),
         cmocka_unit_test(test_long_sequence_chunks),
         cmocka_unit_test(test_window_zero_is_simple),
         cmocka_unit_test(test_layout_tbd),
