@@ -17,23 +17,23 @@ _aft_options()
     case $1 in
     info) echo "--json --max-memory -q --quiet -h --help" ;;
     run) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
-              "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --state-in --grid" \
+              "--d-hidden -o --output --timing --repeat --threads --impl --precision --max-memory --state-in --grid" \
               "--state-out --strict" \
               "-q --quiet -h --help" ;;
     grad) echo "--variant --window --heads --causal --mask --layout --weights --prefix --seed" \
-               "--d-hidden -o --output --timing --repeat --threads --impl --max-memory --grid" \
+               "--d-hidden -o --output --timing --repeat --threads --impl --precision --max-memory --grid" \
                "--grad-output --dy --strict -q --quiet -h --help" ;;
     mask) echo "--len --window --causal --format --json -o -q --quiet -h --help" ;;
     compare) echo "--rtol --atol --equal-nan --json --max-memory -q --quiet -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -q --quiet -h --help" ;;
-    model) echo "--weights -o --output --layout --window --threads --impl --max-memory --strict" \
+    model) echo "--weights -o --output --layout --window --threads --impl --precision --max-memory --strict" \
                 "-q --quiet -h --help" ;;
     generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
-                   "--timing --max-memory --strict -q --quiet -h --help" ;;
+                   "--precision --timing --max-memory --strict -q --quiet -h --help" ;;
     encode) echo "--weights --text-file -o --output --vocab --max-memory -q --quiet -h --help" ;;
     decode) echo "--weights --vocab --max-memory -q --quiet -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
-                "--threads --repeat --impl --json --no-ceiling --plot --stream --chunk --grid --grad" \
+                "--threads --repeat --impl --precision --json --no-ceiling --plot --stream --chunk --grid --grad" \
                 "--generate --weights -q --quiet -h --help" ;;
     esac
 }
@@ -52,6 +52,8 @@ _aft_value()
     run:--variant | grad:--variant) echo "list:full local simple conv" ;;
     run:--layout | grad:--layout | model:--layout) echo "list:btd tbd" ;;
     run:--impl | grad:--impl | model:--impl) echo "list:fast reference" ;;
+    run:--precision | grad:--precision | model:--precision | generate:--precision) echo "list:f32 bf16" ;;
+    bench:--precision) echo "csv:f32 bf16" ;;
     mask:--format) echo "list:text npy json" ;;
     convert:--format) echo "list:npy npz safetensors" ;;
     convert:--dtype) echo "list:f32 f16 bf16 f64" ;;
