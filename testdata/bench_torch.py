@@ -12,6 +12,7 @@ on PATH has neither:
     /usr/bin/python3 testdata/bench_torch.py --grid                # AFT-conv, 56 x 56
     /usr/bin/python3 testdata/bench_torch.py --grad                # forward + backward
     /usr/bin/python3 testdata/bench_torch.py --generate            # text from labml's model
+    /usr/bin/python3 testdata/bench_torch.py --bf16                # bf16: autocast against --precision bf16
 
 Cases (each a whole layer: Linear q, k, v, the AFT core, Linear output;
 float32, batch 1, d_model = d_hidden):
@@ -115,6 +116,19 @@ against 4 and once): the ratio of a backward pass that ran its FLOPs at
 the forward's rate (a forward with time beyond its FLOPs, as at small T,
 brings the measured ratio below it).
 
+--bf16 (issue 46) times bf16 products in the same run, each case at --seq-len
+(default 4096), d = 256, and labml's own shape (labml-shape: labml-local with
+B = 32, T = 256, d = 128, window 32, causal): the PyTorch module in float32
+and under torch.autocast("cpu", dtype=torch.bfloat16), and `aft run` with
+--precision f32 and --precision bf16, taking turns --rounds times, each
+keeping its fastest round. Beside them the ratios aft bf16 / aft f32 and
+aft bf16 / torch autocast, the machine's floors (the layer's FLOPs at the
+sgemm ceiling and at the bf16 floor of `aft bench --precision bf16`), and
+aft bf16's normwise relative distance from aft f32's output. Targets
+(issue 46), printed pass or MISS: aft bf16 >= 2x aft f32 for rish-full and
+labml-shape; against autocast, labml-local >= 10x, rish-full >= 1.5x,
+rish-simple >= 2x. Where aft has no bf16 engine it says so and exits 1.
+
 --generate (issue 24) times text generation with the shipped model,
 testdata/model/labml_aft_fortunes.safetensors (labml's AutoregressiveTransformer,
 defined in testdata/model/train_labml_aft.py), greedy from --prompt (default
@@ -179,7 +193,7 @@ def _build_case(spec, for_check):
     case = spec["case"]
     if case == "labml-local":
         m = M.LabmlAFTLocal(d, T, s)
-        x = torch.randn(T, 1, d, generator=g)              # [T, B, d]
+        x = torch.randn(T, spec.get("batch", 1), d, generator=g)   # [T, B, d]
         mask = M.labml_causal_mask(T)                      # built once, as labml caches it
 
         def call(mod, xx):
@@ -296,6 +310,12 @@ def worker_bench(spec):
     torch = _worker_setup(spec)
     base = _maxrss_bytes()
     m, x, call = _build_case(spec, for_check=False)
+    if spec.get("autocast"):   # --bf16: the module's products in bf16, as PyTorch users ask for them
+        plain = call
+
+        def call(mod, xx):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return plain(mod, xx)
     times = []
     with torch.no_grad():
         for _ in range(spec["warmup"]):
@@ -1911,6 +1931,134 @@ def generate_mode(args, out, tmp):
     return ok
 
 
+# ---- --bf16 (parent side)
+
+# (label, torch case, batch, T, d_model): the cases at --seq-len, and labml's own shape
+LABML_SHAPE = ("labml-shape", "labml-local", 32, 256, 128)
+# issue 46's targets: aft bf16 over aft f32, and over the PyTorch module under autocast
+BF16_OVER_F32 = {"rish-full": 2.0, "labml-shape": 2.0}
+BF16_OVER_AUTOCAST = {"labml-local": 10.0, "rish-full": 1.5, "rish-simple": 2.0}
+
+
+def bf16_floors(args):
+    """(sgemm ceiling, bf16 floor, bf16 engine) as `aft bench --precision
+    bf16` measures them (a tiny configuration: the figures are the header's)."""
+    r, err = run_aft_bench(args, ["--variant", "simple", "--seq-len", "64", "--d-model", "32", "--repeat", "1",
+                                  "--threads", str(args.threads), "--precision", "bf16", "--json"])
+    if r is None:
+        sys.exit(f"bench_torch: aft bench failed: {err}")
+    return r.get("sgemm_ceiling_gflop_per_s", 0.0), r.get("bf16_floor_gflop_per_s", 0.0), r.get("bf16_engine")
+
+
+def bf16_round(args, label, case, B, T, dm, d, row):
+    """One round of the four: torch float32, torch autocast, aft f32, aft
+    bf16; each keeps its fastest round in row."""
+    def keep_min(key, val):
+        row[key] = val if key not in row else min(row[key], val)
+
+    for key, autocast in (("torch_ms", False), ("torch_bf16_ms", True)):
+        if key + "_error" in row:
+            continue
+        spec = {"task": "bench", "case": case, "T": T, "d_model": dm, "d_hidden": dm, "window": args.window,
+                "seed": args.seed, "warmup": args.warmup, "repeat": args.repeat, "batch": B, "autocast": autocast}
+        r, err = run_worker(args, spec, args.torch_coretype)
+        if r is None:
+            row[key + "_error"] = err
+        else:
+            keep_min(key, r["ms_min"])
+    for key, prec in (("aft_ms", "f32"), ("aft_bf16_ms", "bf16")):
+        if key + "_error" in row:
+            continue
+        argv = aft_argv(args, aft_variant_args(case, args.window) + [
+            "--seed", str(args.seed), "--repeat", str(args.repeat), "--precision", prec],
+            ["x.npy", "-o", f"y_{label}_{prec}.npy"])
+        row.setdefault("aft_commands", {})[prec] = "aft run " + " ".join(argv)
+        tj, err = run_aft(args, argv, d)
+        if tj is None:
+            row[key + "_error"] = err
+        else:
+            keep_min(key, tj["compute_min_ms"])
+
+
+def fmt_bf16_row(r):
+    def ms(key):
+        return f"{r[key]:.2f}" if key in r else "failed"
+
+    def ratio(a, b, target):
+        if a not in r or b not in r or r[b] <= 0:
+            return "-"
+        x = r[a] / r[b]
+        return f"{x:.2f}x" + ("" if target is None else (" pass" if x >= target else " MISS"))
+
+    return (f"{r['label']:<12} {r['B']:>3} {r['T']:>5} {r['d']:>4} {ms('torch_ms'):>9} {ms('torch_bf16_ms'):>10} "
+            f"{ms('aft_ms'):>8} {ms('aft_bf16_ms'):>8} {r.get('floor_ms', 0):>8.2f} {r.get('floor_bf16_ms', 0):>8.2f} "
+            f"{ratio('aft_ms', 'aft_bf16_ms', BF16_OVER_F32.get(r['label'])):>12} "
+            f"{ratio('torch_bf16_ms', 'aft_bf16_ms', BF16_OVER_AUTOCAST.get(r['label'])):>13} "
+            f"{r.get('bf16_rel', float('nan')):>9.1e}")
+
+
+def bf16_mode(args, out, tmp):
+    """--bf16: the table, and whether every case ran and met its target."""
+    import numpy as np
+    ceiling, floor16, engine = bf16_floors(args)
+    if not floor16:
+        out.note(f"aft has no bf16 engine here ({engine}): --precision bf16 would compute float32",
+                 type="error", bf16_engine=engine)
+        return False
+    out.note(f"floors: sgemm ceiling {ceiling:.1f} GFLOP/s, bf16 floor {floor16:.1f} GFLOP/s ({engine}), "
+             f"as aft bench --precision bf16 measures them; {args.rounds} rounds, each side's fastest; "
+             f"torch: best of {args.repeat} after {args.warmup} warm-up; aft: compute_min_ms of --repeat "
+             f"{args.repeat}; {args.threads} threads",
+             type="floor", sgemm_ceiling_gflop_per_s=ceiling, bf16_floor_gflop_per_s=floor16, bf16_engine=engine)
+    shapes = [(case, case, 1, T, args.d_model) for T in args.seq_len for case in args.cases]
+    if "labml-local" in args.cases:
+        shapes.append(LABML_SHAPE)
+    rng = np.random.default_rng(args.seed)
+    rows, ok = [], True
+    for label, case, B, T, dm in shapes:
+        d = os.path.join(tmp, f"{label}_T{T}")
+        os.makedirs(d, exist_ok=True)
+        np.save(os.path.join(d, "x.npy"), rng.standard_normal((B, T, dm), dtype=np.float32))
+        row = {"type": "bf16_row", "label": label, "case": case, "B": B, "T": T, "d": dm}
+        for _ in range(args.rounds):
+            bf16_round(args, label, case, B, T, dm, d, row)
+        try:
+            y32 = np.load(os.path.join(d, f"y_{label}_f32.npy")).astype(np.float64)
+            y16 = np.load(os.path.join(d, f"y_{label}_bf16.npy")).astype(np.float64)
+            row["bf16_rel"] = float(np.linalg.norm(y16 - y32) / np.linalg.norm(y32))
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(d, ignore_errors=True)
+        proj, op = layer_flops(argparse.Namespace(d_model=dm, d_hidden=dm, window=args.window), case, T)
+        flops = B * (4 * proj + op)
+        row["floor_ms"] = flops / (ceiling * 1e9) * 1e3 if ceiling else 0.0
+        row["floor_bf16_ms"] = flops / (floor16 * 1e9) * 1e3
+        for key, target, den in (("over_f32", BF16_OVER_F32.get(label), "aft_ms"),
+                                 ("over_autocast", BF16_OVER_AUTOCAST.get(label), "torch_bf16_ms")):
+            if den in row and "aft_bf16_ms" in row:
+                row[key] = row[den] / row["aft_bf16_ms"]
+                if target is not None and row[key] < target:
+                    ok = False
+        if any(k.endswith("_error") for k in row):
+            ok = False
+        rows.append(row)
+        if not out.json:
+            print(f"  measured {label} T={T}", file=sys.stderr, flush=True)
+    if out.json:
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        return ok
+    hdr = (f"{'case':<12} {'B':>3} {'T':>5} {'d':>4} {'torch ms':>9} {'autocast':>10} {'aft f32':>8} "
+           f"{'aft bf16':>8} {'floor32':>8} {'floor16':>8} {'bf16/f32':>12} {'vs autocast':>13} {'rel diff':>9}")
+    print(hdr)
+    print("-" * len(hdr))
+    for row in rows:
+        print(fmt_bf16_row(row), flush=True)
+        for k in [k for k in row if k.endswith("_error")]:
+            print(f"  {k[:-6]}: {row[k]}")
+    return ok
+
+
 def int_list(s):
     try:
         v = [int(x) for x in s.split(",") if x.strip()]
@@ -1935,8 +2083,8 @@ def resolve_mode_defaults(ap, args):
     """Defaults that depend on the mode: the issues' layers for --stream
     (d 256, S 32, 1 thread, 4096 tokens), --grid (d 192, S 6), --grad (T 4096)
     and --generate (256 characters)."""
-    if sum(map(bool, (args.stream, args.grid, args.grad, args.generate))) > 1:
-        ap.error("--stream, --grid, --grad and --generate are separate modes: pick one")
+    if sum(map(bool, (args.stream, args.grid, args.grad, args.generate, args.bf16))) > 1:
+        ap.error("--stream, --grid, --grad, --generate and --bf16 are separate modes: pick one")
     if args.d_model is None:
         args.d_model = 192 if args.grid else 256
     if args.window is None:
@@ -1946,7 +2094,7 @@ def resolve_mode_defaults(ap, args):
     if args.repeat is None:
         args.repeat = 1 if args.stream or args.generate else 5
     if args.seq_len is None:
-        args.seq_len = [4096] if args.stream or args.grad else [256] if args.generate else [1024, 4096]
+        args.seq_len = [4096] if args.stream or args.grad or args.bf16 else [256] if args.generate else [1024, 4096]
     if args.stream and max(args.seq_len) > 4096:
         ap.error("--stream: --seq-len at most 4096 (aft bench --stream decodes the first 4096 tokens)")
     if args.grid and (args.window < 1 or args.d_hidden is not None and args.d_hidden % args.heads
@@ -2001,6 +2149,9 @@ def main(argv=None):
                     help="time text generation with the shipped model (testdata/model): labml's "
                          "sampling loop and a PyTorch stepper against aft generate")
     ap.add_argument("--prompt", default="It is ", help="--generate: the prompt (default 'It is ')")
+    ap.add_argument("--bf16", action="store_true",
+                    help="time bf16 products: each case under torch.autocast(bfloat16) and in float32 "
+                         "against aft run --precision bf16 and f32, plus labml's shape (B 32, T 256, d 128)")
     ap.add_argument("--batch", type=int, default=8, help="--grid: batch size (default 8)")
     ap.add_argument("--heads", type=int, default=32, help="--grid: heads (default 32)")
     ap.add_argument("--aft", default=os.path.join(ROOT, "aft"),
@@ -2080,9 +2231,11 @@ def main(argv=None):
     ver += time.strftime(", built %Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(args.aft)))
     tmp = tempfile.mkdtemp(prefix="aft-bench-")
     try:
-        if args.stream or args.grid or args.grad or args.generate:
+        if args.stream or args.grid or args.grad or args.generate or args.bf16:
             out.note(f"aft: {args.aft} ({ver})", type="aft", path=args.aft, version=ver)
-            if args.grad:
+            if args.bf16:
+                ok = bf16_mode(args, out, tmp)
+            elif args.grad:
                 ok = grad_mode(args, out, tmp)
             elif args.generate:
                 ok = generate_mode(args, out, tmp)
