@@ -307,7 +307,7 @@ def _spec(names, options, layout):
 
 
 def layer(x, weights, variant="full", window=None, causal=False, heads=None, layout="btd", grid=None,
-          threads=None):
+          threads=None, precision=None):
     """y = the AFT layer on x, differentiable in x and every weight.
 
     x: a CPU float32 tensor ``[B, T, D]``, or ``[T, B, D]`` with
@@ -317,7 +317,8 @@ def layer(x, weights, variant="full", window=None, causal=False, heads=None, lay
     ``(out, in)`` with optional ``.bias``; ``pos_bias`` or ``wbias``, or
     ``pos_bias_u`` and ``pos_bias_v``), as ``aft run --weights`` finds them;
     labml's ``local_mask`` is left out (the window stands for it). variant,
-    window, causal, heads, layout and grid as ``aft run``'s options; threads:
+    window, causal, heads, layout, grid and precision (``"f32"`` or
+    ``"bf16"``) as ``aft run``'s options; threads:
     None for ``torch.get_num_threads()``, 0 for every core.
     Gradients flow to x and to every weight that requires them, computed by
     aft's backward (as ``aft grad``)."""
@@ -325,7 +326,7 @@ def layer(x, weights, variant="full", window=None, causal=False, heads=None, lay
         raise ValueError("aft.torch: layout must be 'btd' or 'tbd', not %r" % (layout,))
     names = tuple(k for k in weights if k != "local_mask" and not k.endswith(".local_mask"))
     options = _options(variant=variant, window=window, causal=bool(causal), heads=heads, layout=layout,
-                       grid=grid, threads=_threads(threads))
+                       grid=grid, threads=_threads(threads), precision=precision)
     return LayerFunction.apply(_spec(names, options, layout), x, *[weights[k] for k in names])
 
 
@@ -415,18 +416,18 @@ class OpFunction(torch.autograd.Function):
 
 
 def op(q, k, v, variant="full", bias=None, causal=False, mask=None, window=None, heads=None, grid=None,
-       threads=None):
+       threads=None, precision=None):
     """out = the bare AFT operator, differentiable in q, k, v and bias.
 
     q, v: CPU float32 ``(B, T, C)``; k: ``(B, T, C)``, or ``(B, T, heads)``
     for conv; bias: None, or for full and local ``(Tmax, Tmax)`` with
     Tmax >= T, for conv ``(heads or 1, 2S - 1)``; mask: None, or a
     ``(T, T)`` or ``(B, T, T)`` tensor, nonzero = visible (not
-    differentiated). variant, window, heads, causal and grid as ``aft run``'s
-    options; threads: None for ``torch.get_num_threads()``, 0 for every
+    differentiated). variant, window, heads, causal, grid and precision as
+    ``aft run``'s options; threads: None for ``torch.get_num_threads()``, 0 for every
     core. out: ``(B, T, C)``."""
     options = _options(variant=variant, window=window, heads=heads, causal=bool(causal), grid=grid,
-                       threads=_threads(threads))
+                       threads=_threads(threads), precision=precision)
     return OpFunction.apply(options, mask, q, k, v, bias)
 
 
@@ -463,6 +464,8 @@ class _Layer(nn.Module):
 
     #: threads for aft's calls: None (the default) for torch.get_num_threads(), 0 for every core
     threads = None
+    #: the products' number type, "f32" (the default) or "bf16" (aft run --precision)
+    precision = "f32"
     _ROLES = ()
 
     def _weights(self):
@@ -480,7 +483,9 @@ class _Layer(nn.Module):
         """the layer on x with the module's weights: options (variant,
         window, causal), then layout and threads"""
         names, tensors = self._weights()
-        options = "%s layout=%s threads=%d" % (options, layout, _threads(self.threads))
+        if self.precision not in ("f32", "bf16"):
+            raise ValueError("aft.torch: precision must be 'f32' or 'bf16', not %r" % (self.precision,))
+        options = "%s layout=%s threads=%d precision=%s" % (options, layout, _threads(self.threads), self.precision)
         return LayerFunction.apply(_spec(names, options, layout), x, *tensors)
 
 

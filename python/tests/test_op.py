@@ -122,6 +122,32 @@ class Op(TmpDir):
         gt = aft.op_backward(*tb, variant="full", bias=bias, layout="tbd")
         self.assertTrue(np.array_equal(gt["k"], g["k"].transpose(1, 0, 2)))
 
+    def test_precision(self):
+        # bf16 within docs/design.md's bounds of the float64 definition; with
+        # an engine farther than float32 rounding from float32 (the negative
+        # control), without one float32's bits
+        rng = np.random.default_rng(46)
+        q, k, v = (rng.standard_normal((2, 40, 16)).astype(np.float32) for _ in range(3))
+        bias = (rng.standard_normal((40, 40)) * 0.5).astype(np.float32)
+        for causal in (False, True):
+            ref = reference(q, k, v, bias, causal)
+            f32 = aft.op(q, k, v, bias=bias, causal=causal)
+            b16 = aft.op(q, k, v, bias=bias, causal=causal, precision="bf16")
+            g32 = aft.op_backward(q, k, v, bias=bias, causal=causal)
+            g16 = aft.op_backward(q, k, v, bias=bias, causal=causal, precision="bf16")
+            if aft.bf16_engine() == "none":
+                self.assertTrue(np.array_equal(f32, b16))
+                self.assertTrue(np.array_equal(g32["q"], g16["q"]))
+                continue
+            rel = lambda a, r: np.linalg.norm(a - r) / np.linalg.norm(r)
+            self.assertLess(rel(b16, ref), 5e-3)
+            self.assertGreater(rel(b16, f32), 1e-5)
+            for name in ("q", "k", "v"):
+                self.assertGreater(rel(g16[name], g32[name]), 1e-5)
+                self.assertLess(rel(g16[name], g32[name]), 1.2e-2)
+        with self.assertRaisesRegex(ValueError, "precision takes f32 or bf16"):
+            aft.op(q, k, v, precision="f8")
+
     def test_refusals(self):
         q, k, v, bias = inputs()
         with self.assertRaisesRegex(ValueError, "k: shape"):

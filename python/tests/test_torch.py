@@ -149,6 +149,26 @@ class TestForward(unittest.TestCase):
                 self.assertFalse(got.requires_grad)
                 self.assertLess(worst_rel(got, want), 1e-6)
 
+    def test_precision(self):
+        # the module's precision attribute reaches the library: bf16 within
+        # the documented 5e-3 and, with an engine, not float32's bits
+        name, peer, mine, x, call = pairs()[3]
+        want = call(mine, x)
+        mine.precision = "bf16"
+        try:
+            got = call(mine, x)
+            rel = float((got - want).norm() / want.norm())
+            if aft.bf16_engine() == "none":
+                self.assertEqual(rel, 0.0)
+            else:
+                self.assertGreater(rel, 1e-5)
+                self.assertLess(rel, 5e-3)
+            mine.precision = "f8"
+            with self.assertRaisesRegex(ValueError, "precision"):
+                call(mine, x)
+        finally:
+            mine.precision = "f32"
+
     def test_the_weights_current_memory(self):
         """every call reads the weights where they are now: changed in place,
         replaced by tensors elsewhere, or another module's of other shapes
