@@ -164,7 +164,7 @@ int cli_model_open(const cli_model_opts *o, aft_model **out)
     }
     aft_model_options mo = {.window = o->window, .threads = o->threads, .impl = o->impl, .vocab = vocab,
                             .precision = o->precision};
-    cli_precision_note(o->precision);
+    if (!o->no_warning) cli_precision_note(o->precision);   /* (bench's children: the parent said it) */
     aft_status st = aft_model_load(out, f, &mo, &err);
     aft_st_close(f);
     free(vocab);
