@@ -35,11 +35,11 @@ typedef struct {
 aft_status aft_layer_prep_linear(const aft_layer_prep *lp, aft_linear *l, const float *w, const float *bias, size_t n,
                                  size_t k, int threads, aft_error *err);
 /* the rows of the chunked paths' chunks, before the halo rounds them up: a
- * few tiles of the products with aft's kernel, or OpenBLAS's larger blocks
- * (it packs W again on every call) */
+ * few tiles of the products with aft's kernels (float32 or bf16: W packed
+ * once), or OpenBLAS's larger blocks (it packs W again on every call) */
 static inline size_t aft_layer_step(const aft_layer_prep *lp)
 {
-    return lp->qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
+    return lp->qkv.pk || lp->qkv.pk16 ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
 }
 
 /* The chunked paths: no mask, a band with keys of one channel per value

@@ -74,7 +74,7 @@ static aft_status slice_prep_init(slice_prep *s, const aft_params *p, const aft_
     }
     /* chunks as the layer's chunked paths take them, so each row comes
      * from a product of the same shape */
-    s->chunk = s->lp.qkv.pk ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
+    s->chunk = aft_layer_step(&s->lp);
     return AFT_OK;
 }
 
