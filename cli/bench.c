@@ -831,8 +831,9 @@ static int sweep(const bench_opts *o, const char *self, double ceiling, double f
                 }
                 if (floor16 > 0) {
                     cJSON_AddNumberToObject(j, "bf16_floor_gflop_per_s", floor16);
-                    cJSON_AddNumberToObject(j, "bf16_floor_fraction",
-                                            cJSON_GetObjectItem(j, "gflop_per_s")->valuedouble / floor16);
+                    if (prec == AFT_PRECISION_BF16)
+                        cJSON_AddNumberToObject(j, "bf16_floor_fraction",
+                                                cJSON_GetObjectItem(j, "gflop_per_s")->valuedouble / floor16);
                 }
                 if (tty) fputs("\r\033[K", stderr);
                 print_row(o, j, ceiling, floor16);

@@ -87,6 +87,51 @@ static void test_json_sweep(void **state)
     harness_result_free(&r);
 }
 
+/* --precision f32,bf16: each configuration once in each, side by side,
+ * each row naming its precision and the engine; the table's prec column
+ * and, with an engine, the bf16 floor in the first line */
+static void test_precision(void **state)
+{
+    (void)state;
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "40", "--d-model", "16", "--variant", "full,local",
+                                 "--repeat", "1", "--threads", "2", "--precision", "f32,bf16", "--json",
+                                 "--no-ceiling"),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    int engine = strcmp(aft_bf16_engine_in_use(), "none") != 0;
+    if (!engine) assert_non_null(strstr(r.err, "--precision bf16: this CPU has no bf16 arithmetic"));
+    const char *p = r.out;
+    static const char *const want[4][2] = {{"full", "f32"}, {"full", "bf16"}, {"local", "f32"}, {"local", "bf16"}};
+    for (int i = 0; i < 4; i++) {
+        const char *nl = strchr(p, '\n');
+        assert_non_null(nl);
+        char *line = strndup(p, (size_t)(nl - p));
+        cJSON *j = cJSON_Parse(line);
+        free(line);
+        assert_non_null(j);
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "variant")->valuestring, want[i][0]);
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "precision")->valuestring, want[i][1]);
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "bf16_engine")->valuestring,
+                            aft_bf16_engine_in_use());
+        cJSON_Delete(j);
+        p = nl + 1;
+    }
+    assert_true(*p == 0);
+    harness_result_free(&r);
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "40", "--d-model", "16", "--variant", "simple",
+                                 "--repeat", "1", "--threads", "2", "--precision", "bf16"),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    assert_non_null(strstr(r.out, engine ? "; bf16 floor " : "; bf16 floor -: no bf16 engine"));
+    assert_non_null(strstr(r.out, " prec "));
+    assert_non_null(strstr(r.out, " bf16 "));
+    harness_result_free(&r);
+    assert_int_equal(HARNESS_RUN(&r, "bench", "--generate", "--precision", "f32,bf16"), 0);
+    assert_int_equal(r.exit_code, 2);
+    harness_result_free(&r);
+}
+
 /* The peak memory of a configuration is its own: children are forked from
  * the process that just ran the 2048^3 ceiling product (48 MiB of buffers),
  * and a child starts with its parent's resident pages counted, so those
@@ -377,6 +422,7 @@ int main(void)
         cmocka_unit_test(test_json_sweep),
         cmocka_unit_test(test_impl_both),
         cmocka_unit_test(test_peak_is_the_runs_own),
+        cmocka_unit_test(test_precision),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_stream),
         cmocka_unit_test(test_grad),
