@@ -1,7 +1,8 @@
 /* test_json.c - the JSON aft writes and the list of its keys in man/aft.1
  * (JSON OUTPUT) agree: every command that writes JSON runs here on small
  * inputs (run, grad and generate --timing; bench --json plain, --stream,
- * --grad, --impl both, with the ceiling, and --generate; info, compare and
+ * --grad, --impl both, with the ceiling, --precision bf16 with the bf16
+ * floor, and --generate; info, compare and
  * mask --json; run --timing under mpirun when there is one), every key it
  * writes, at any depth, must be listed, and every key listed must be
  * written by one of them. A key holding a quantity ends in its unit
@@ -228,6 +229,16 @@ static void test_keys_documented(void **state)
     free(run_json(ARGS("bench", "--seq-len", "16", "--d-model", "8", "--variant", "local", "--window", "2", "--causal",
                        "--stream", "--chunk", "4", "--grad", "--impl", "both", "--repeat", "1", "--json"),
                   1, NULL));
+    /* bench in both precisions, the bf16 floor measured where the CPU has
+     * a bf16 engine; without one (AFT_KERNELS=avx2, base) no command can
+     * write its two keys, which count as written */
+    free(run_json(ARGS("bench", "--seq-len", "16", "--d-model", "8", "--variant", "simple", "--repeat", "1",
+                       "--precision", "bf16", "--json"),
+                  1, NULL));
+    if (strcmp(aft_bf16_engine_in_use(), "none") == 0) {
+        keyset_add(&written, "bf16_floor_gflop_per_s", "aft bench --precision bf16 (no engine here)");
+        keyset_add(&written, "bf16_floor_fraction", "aft bench --precision bf16 (no engine here)");
+    }
     /* files: a .npy (its "npy" object), a .safetensors with metadata */
     free(run_json(ARGS("info", "--json", x, m), 1, NULL));
     /* a tensor against a tensor, and two files of them by name */
