@@ -189,7 +189,7 @@ static void test_refusals(void **state)
             "option window=0: the model's window takes a whole number >= 1");
     assert_null(m);
     refused(aft_api_model_open(&m, weights(), "variant=local", &err), AFT_ERR_ARG, &err,
-            "unknown option 'variant' (the model takes window, threads)");
+            "unknown option 'variant' (the model takes window, threads, precision)");
     refused(aft_api_model_open(&m, aftrun_tmp("none.safetensors"), NULL, &err), AFT_ERR_IO, &err,
             "none.safetensors: cannot open");
     refused(aft_api_model_open(&m, files_fixture("torch", "rish_local/weights.safetensors"), NULL, &err),

@@ -49,7 +49,7 @@ static void test_values(void **state)
     api_options o;
     aft_error err;
     const char *s = "  variant=conv window=5\theads=4 causal=1 layout=tbd threads=3 impl=reference "
-                    "prefix=blocks.2.attn. grid=3,7 ";
+                    "prefix=blocks.2.attn. grid=3,7 precision=bf16 ";
     assert_int_equal(api_options_parse(&o, s, API_LAYER_KEYS, "the layer", &err), AFT_OK);
     assert_int_equal(o.cfg.variant, AFT_CONV);
     assert_int_equal(o.cfg.window, 5);
@@ -61,6 +61,7 @@ static void test_values(void **state)
     assert_string_equal(o.prefix, "blocks.2.attn.");
     assert_int_equal(o.cfg.grid_h, 3);
     assert_int_equal(o.cfg.grid_w, 7);
+    assert_int_equal(o.cfg.precision, AFT_PRECISION_BF16);
     assert_int_equal(o.given, API_LAYER_KEYS);
     assert_int_equal(api_options_check(&o, 1, &err), AFT_OK);
     /* the other spellings: causal=0, layout=btd, threads=0 (every core), window=0, an empty prefix */
@@ -89,9 +90,9 @@ static void test_refusals(void **state)
 {
     (void)state;
     refused("colour=red", API_LAYER_KEYS, "unknown option 'colour' (the layer takes variant, window, heads, causal, "
-                                          "layout, threads, impl, prefix, grid)");
+                                          "layout, threads, impl, prefix, grid, precision)");
     refused("prefix=a.", API_OP_KEYS, "unknown option 'prefix' (the layer takes variant, window");
-    refused("layout=tbd", API_MODEL_KEYS, "unknown option 'layout' (the layer takes window, threads)");
+    refused("layout=tbd", API_MODEL_KEYS, "unknown option 'layout' (the layer takes window, threads, precision)");
     refused("window=3 variant=local window=4", API_LAYER_KEYS, "option 'window' given twice");
     refused("causal", API_LAYER_KEYS, "option 'causal' is not key=value");
     refused("=1", API_LAYER_KEYS, "unknown option ''");
