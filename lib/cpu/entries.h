@@ -43,6 +43,7 @@ AFT_ENTRY(aft_status, aft_op_grad_run,
           (const aft_grad_io *io, const float *q, const float *k, const float *v, const aft_opspec *sp, size_t B,
            size_t kc, int reference, aft_error *err),
           (io, q, k, v, sp, B, kc, reference, err))
+AFT_ENTRY(int, aft_op_grad_saves, (const aft_opspec *sp, size_t B, int reference), (sp, B, reference))
 AFT_ENTRY(aft_status, aft_op_grad_reference_d,
           (double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db, const double *dout,
            const double *q, const double *k, const double *v, const aft_opspec *sp, size_t B, size_t kc,

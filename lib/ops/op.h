@@ -90,6 +90,9 @@ int aft_op_rows(aft_op_rows_ctx *ctx, float *out, const float *q, const float *k
  * and io's for the gradients; reference: the float64 kernel */
 aft_status aft_op_grad_run(const aft_grad_io *io, const float *q, const float *k, const float *v,
                            const aft_opspec *sp, size_t B, size_t kc, int reference, aft_error *err);
+/* Does aft_op_grad_run take io's saved sums (AFT_SUMS_WRITE, _READ) for
+ * sp on B sequences: the dense kernel, (B, T, 2C) floats of them? */
+int aft_op_grad_saves(const aft_opspec *sp, size_t B, int reference);
 
 /* The float64 backward pass (what the reference impl runs) on contiguous
  * float64 arrays, for the layer's float64 reference: dq, dv, out (NULL: not

@@ -276,6 +276,31 @@ class TestBackward(unittest.TestCase):
         want = grads_of(peer.double(), x.double(), torch.ones(x.shape, dtype=torch.float64), call)
         self.assertLess(worst_scaled(x1.grad, want["input"]), GRAD_TOL)
 
+    def test_saved_forward_same_bits(self):
+        """a training step's forward keeps Q, K, V (and full's sums) for
+        its backward (aft_api_layer_forward_saved): the gradients are
+        those of the backward that computes them again, bit for bit"""
+        for name, peer, mine, x, call in pairs():
+            with self.subTest(name):
+                seen = []
+                apply = at._apply
+                at._apply = lambda spec, x, params: seen.append((spec, params)) or apply(spec, x, params)
+                try:
+                    call(mine, x)                 # the module's spec and parameters
+                finally:
+                    at._apply = apply
+                spec, params = seen[0]
+                dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
+                got = []
+                for save in (True, False):
+                    x1 = x.clone().requires_grad_(True)
+                    for p in params:
+                        p.grad = None
+                    at.LayerFunction.apply(spec, save, x1, *params).backward(dy)
+                    got.append([x1.grad] + [p.grad for p in params])
+                for a, b in zip(*got):
+                    self.assertTrue(torch.equal(a, b))
+
 
 def op_reference(q, k, v, bias, causal, window):
     """the operator in float64 from its definition: sigmoid(Q) times the
