@@ -83,7 +83,7 @@ aft_status aft_api_op_forward(float *out, const float *q, const float *k, const 
     if (!out || !q || !k || !v) return api_null(err, !out ? "out" : !q ? "q" : !k ? "k" : "v");
     op_run r;
     aft_status st = setup(&r, options, B, T, C, kc, bias, bias_rows, bias_cols, mask, mask_batched, err);
-    if (!st) st = aft_op_forward(out, q, k, v, &r.w.p.bias, &r.cfg, B, T, C, kc, err);
+    if (!st) st = API_BLAS(aft_op_forward(out, q, k, v, &r.w.p.bias, &r.cfg, B, T, C, kc, err));
     aft_weights_free(&r.w);
     return st;
 }
@@ -102,8 +102,9 @@ aft_status aft_api_op_backward(float *dq, float *dk, float *dv, float *dbias, fl
     aft_bias_grad g = {0};
     if (r.w.p.bias.kind == AFT_BIAS_DENSE) g.dense = dbias;
     else g.conv = dbias;
-    if (!st) st = aft_op_backward(dq, dk, dv, dbias ? &g : NULL, out, dout, q, k, v, &r.w.p.bias, &r.cfg, B, T, C, kc,
-                                  err);
+    if (!st)
+        st = API_BLAS(aft_op_backward(dq, dk, dv, dbias ? &g : NULL, out, dout, q, k, v, &r.w.p.bias, &r.cfg, B, T,
+                                      C, kc, err));
     aft_weights_free(&r.w);
     return st;
 }

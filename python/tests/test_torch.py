@@ -301,6 +301,28 @@ class TestBackward(unittest.TestCase):
                 for a, b in zip(*got):
                     self.assertTrue(torch.equal(a, b))
 
+    def test_openblas_threads_left_as_set(self):
+        """the process has one OpenBLAS, torch's and aft's: after aft's
+        calls its thread count is the one torch's products had"""
+        import ctypes
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[5] for ln in f if len(ln.split()) >= 6 and "openblas" in ln.split()[5]})
+        if not paths:
+            self.skipTest("no OpenBLAS loaded")
+        ob = ctypes.CDLL(paths[0])
+        ob.openblas_set_num_threads.argtypes = [ctypes.c_int]
+        ob.openblas_get_num_threads.restype = ctypes.c_int
+        before = ob.openblas_get_num_threads()
+        try:
+            ob.openblas_set_num_threads(3)
+            for name, peer, mine, x, call in pairs():
+                grads_of(mine, x, torch.ones(x.shape), call)
+                with torch.no_grad():
+                    call(mine, x)
+                self.assertEqual(ob.openblas_get_num_threads(), 3, name)
+        finally:
+            ob.openblas_set_num_threads(before)
+
 
 def op_reference(q, k, v, bias, causal, window):
     """the operator in float64 from its definition: sigmoid(Q) times the

@@ -14,7 +14,9 @@
  *    case (extreme values too, which take the exact paths), and y as the
  *    backward's; a buffer of the wrong size, or one no forward filled, is
  *    refused; a buffer saved on another thread count gives the same bits
- *    (its sums are made again). */
+ *    (its sums are made again);
+ *  - OpenBLAS's thread count (the process's, a binding's host's too) and
+ *    OpenMP's default are as the caller set them after every call. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +28,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include <cblas.h>
+#include <omp.h>
 
 #include "aft.h"
 #include "aftrun.h"
@@ -275,6 +280,36 @@ static void test_saved_other_threads(void **state)
     free_run(&r);
 }
 
+static void test_blas_threads(void **state)
+{
+    (void)state;
+    run r;
+    setup_run(&r, "rish_full", 0);
+    aft_error err;
+    const float *x = r.c.x.data[0];
+    size_t B = r.c.B, T = r.c.T, n;
+    int omp = omp_get_max_threads();
+    openblas_set_num_threads(3);
+    omp_set_num_threads(omp);
+    assert_int_equal(aft_api_layer_forward(r.l, r.y, x, B, T, &err), AFT_OK);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(aft_api_layer_backward(r.l, r.dx, r.g, NULL, r.dy, x, B, T, &err), AFT_OK);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(aft_api_layer_saved_size(r.l, B, T, &n, &err), AFT_OK);
+    float *saved = malloc(n * sizeof(float));
+    assert_int_equal(aft_api_layer_forward_saved(r.l, r.y, saved, n, x, B, T, &err), AFT_OK);
+    assert_int_equal(aft_api_layer_backward_saved(r.l, r.dx, r.g, r.dy, x, saved, n, B, T, &err), AFT_OK);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(omp_get_max_threads(), omp);
+    /* a refused call too */
+    assert_int_equal(aft_api_layer_forward(r.l, r.y, x, B, SIZE_MAX, &err), AFT_ERR_ARG);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    openblas_set_num_threads(1);
+    omp_set_num_threads(omp);
+    free(saved);
+    free_run(&r);
+}
+
 static void test_saved(void **state)
 {
     (void)state;
@@ -291,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_saved),
         cmocka_unit_test(test_saved_other_threads),
+        cmocka_unit_test(test_blas_threads),
     };
     return cmocka_run_group_tests(tests, NULL, aftrun_cleanup);
 }
