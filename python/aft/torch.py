@@ -274,21 +274,7 @@ class LayerFunction(torch.autograd.Function):
     def forward(ctx, spec, save, x, *params):
         x = _check(x, "the input")
         params = _check_all(params, spec.names)
-        err = _lib.error_buffer()
-        h, sh, kept = spec.acquire(params, err)
-        try:
-            B, T = spec.sizes(x, sh[4])
-            y = torch.empty_like(x)
-            if save:
-                n = spec.saved_size(h, sh, B, T, err)
-                saved = torch.empty(n, dtype=_F32)
-                _ok(_C.aft_api_layer_forward_saved(h, y.data_ptr(), saved.data_ptr(), n, x.data_ptr(), B, T, err),
-                    err)
-            else:
-                saved = None
-                _ok(_C.aft_api_layer_forward(h, y.data_ptr(), x.data_ptr(), B, T, err), err)
-        finally:
-            spec.release(h, kept)
+        y, saved = _layer_forward(spec, save, x, params)
         ctx.spec = spec
         ctx.save_for_backward(x, *params)
         ctx.saved = saved
@@ -324,12 +310,33 @@ class LayerFunction(torch.autograd.Function):
         return (None, None, dx if ctx.needs_input_grad[2] else None, *grads)
 
 
+def _layer_forward(spec, save, x, params):
+    """(y, the saved forward's buffer or None) of checked x and params"""
+    err = _lib.error_buffer()
+    h, sh, kept = spec.acquire(params, err)
+    try:
+        B, T = spec.sizes(x, sh[4])
+        y = torch.empty_like(x)
+        if save:
+            n = spec.saved_size(h, sh, B, T, err)
+            saved = torch.empty(n, dtype=_F32)
+            _ok(_C.aft_api_layer_forward_saved(h, y.data_ptr(), saved.data_ptr(), n, x.data_ptr(), B, T, err), err)
+        else:
+            saved = None
+            _ok(_C.aft_api_layer_forward(h, y.data_ptr(), x.data_ptr(), B, T, err), err)
+    finally:
+        spec.release(h, kept)
+    return y, saved
+
+
 def _apply(spec, x, params):
     """LayerFunction over x and params, saving for the backward when one
-    can follow"""
-    save = torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or
-                                        any([p.requires_grad for p in params]))
-    return LayerFunction.apply(spec, save, x, *params)
+    can follow; with none to follow (torch.no_grad(), or nothing requires
+    grad) the forward alone, without autograd's Function (a few us a call,
+    what inference at small sizes notices)"""
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or any([p.requires_grad for p in params])):
+        return LayerFunction.apply(spec, True, x, *params)
+    return _layer_forward(spec, False, _check(x, "the input"), _check_all(params, spec.names))[0]
 
 
 _SPECS = {}

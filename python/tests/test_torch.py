@@ -301,6 +301,18 @@ class TestBackward(unittest.TestCase):
                 for a, b in zip(*got):
                     self.assertTrue(torch.equal(a, b))
 
+    def test_no_grad_forward(self):
+        """without a backward to follow (no_grad, or nothing requiring
+        grad) the forward alone runs, outside autograd: the same y"""
+        for name, peer, mine, x, call in pairs():
+            with self.subTest(name):
+                want = call(mine, x.clone().requires_grad_(True))
+                self.assertIsNotNone(want.grad_fn)
+                with torch.no_grad():
+                    got = call(mine, x)
+                self.assertFalse(got.requires_grad)
+                self.assertLess(worst_rel(got, want.detach()), FWD_TOL)
+
     def test_openblas_threads_left_as_set(self):
         """the process has one OpenBLAS, torch's and aft's: after aft's
         calls its thread count is the one torch's products had"""
