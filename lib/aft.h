@@ -1171,6 +1171,28 @@ aft_status aft_api_op_backward(float *dq, float *dk, float *dv, float *dbias, fl
                                size_t kc, const float *bias, size_t bias_rows, size_t bias_cols, const uint8_t *mask,
                                int mask_batched, const char *options, aft_error *err);
 
+/* A training step without the product done twice: with the dense kernel
+ * (full, masked runs, local and conv on a grid) the backward computes the
+ * forward's sums again; aft_api_op_forward_saved keeps them in saved (a
+ * caller's float32 buffer of exactly *n = aft_api_op_saved_size floats for
+ * these arguments: a few floats where another kernel runs, which keeps
+ * nothing) and aft_api_op_backward_saved takes them: aft_api_op_backward's
+ * results bit for bit for the same arguments. out is the backward's out
+ * (aft_api_op_forward's to rounding). saved is refused unless a
+ * forward_saved of this B and T filled it. */
+aft_status aft_api_op_saved_size(size_t B, size_t T, size_t C, size_t kc, const float *bias, size_t bias_rows,
+                                 size_t bias_cols, const uint8_t *mask, int mask_batched, const char *options,
+                                 size_t *n, aft_error *err);
+aft_status aft_api_op_forward_saved(float *out, float *saved, size_t n_saved, const float *q, const float *k,
+                                    const float *v, size_t B, size_t T, size_t C, size_t kc, const float *bias,
+                                    size_t bias_rows, size_t bias_cols, const uint8_t *mask, int mask_batched,
+                                    const char *options, aft_error *err);
+aft_status aft_api_op_backward_saved(float *dq, float *dk, float *dv, float *dbias, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *saved, size_t n_saved, size_t B,
+                                     size_t T, size_t C, size_t kc, const float *bias, size_t bias_rows,
+                                     size_t bias_cols, const uint8_t *mask, int mask_batched, const char *options,
+                                     aft_error *err);
+
 /* ---- labml's language model (aft model, aft generate). Options: window=S
  * (>= 1) threads=N (default 1 for stepping, as aft generate; the logits'
  * last bits follow the thread count, as aft model --threads's do)

@@ -66,6 +66,14 @@ void api_blas_enter(void);
 aft_status api_blas_leave(aft_status st);
 #define API_BLAS(call) (api_blas_enter(), api_blas_leave(call))
 
+/* The saved forwards' buffers (saved.c) open with API_SAVED_HEAD floats
+ * saying a forward of `rows` rows filled them (done), or none did (a
+ * forward says so when it starts); api_saved_check refuses a buffer not
+ * marked done for these rows. */
+enum { API_SAVED_HEAD = 4 };
+void api_saved_mark(float *saved, size_t rows, int done);
+aft_status api_saved_check(const float *saved, size_t rows, size_t B, size_t T, aft_error *err);
+
 /* "missing (NULL) WHAT" */
 aft_status api_null(aft_error *err, const char *what);
 /* n = B * T * X floats, AFT_ERR_ARG naming what when it overflows */

@@ -362,6 +362,61 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
     return st;
 }
 
+/* ---- the saved forward of the bare operator: the sums of the dense
+ * kernel (aft_op_grad_saves), (B, T, 2C), then their tag */
+
+static aft_status saved_settle(aft_opspec *sp, size_t *n, const aft_bias *bias, const aft_config *cfg, size_t B,
+                               size_t T, size_t C, size_t kc, aft_error *err)
+{
+    aft_status st = aft_spec_settle(sp, bias, cfg, B, T, C, kc, err);
+    if (st) return st;
+    *n = 0;
+    if (B == 0 || T == 0 || C == 0 || !aft_op_grad_saves(sp, B, cfg->impl == AFT_IMPL_REFERENCE)) return AFT_OK;
+    if (!aft_mul_ok(B * T, 2 * C, n) || !aft_add_ok(*n, 1, n))
+        return aft_fail(err, AFT_ERR_ARG, "the saved sums of B * T = %zu * %zu rows overflow", B, T);
+    return AFT_OK;
+}
+
+aft_status aft_op_saved_floats(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
+                               size_t *n, aft_error *err)
+{
+    aft_opspec sp;
+    return saved_settle(&sp, n, bias, cfg, B, T, C, kc, err);
+}
+
+aft_status aft_op_forward_saved(float *out, float *saved, const float *q, const float *k, const float *v,
+                                const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
+                                aft_error *err)
+{
+    aft_opspec sp;
+    size_t n;
+    aft_status st = saved_settle(&sp, &n, bias, cfg, B, T, C, kc, err);
+    if (st) return st;
+    if (n == 0) return aft_op_forward(out, q, k, v, bias, cfg, B, T, C, kc, err);
+    aft_grad_io io = {.out = out, .sums_mode = AFT_SUMS_WRITE, .sums = saved, .sums_tag = saved + n - 1};
+    return aft_op_grad_run(&io, q, k, v, &sp, B, kc, 0, err);
+}
+
+aft_status aft_op_backward_saved(float *dq, float *dk, float *dv, const aft_bias_grad *dbias, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *saved,
+                                 const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
+                                 aft_error *err)
+{
+    aft_opspec sp;
+    size_t n;
+    aft_status st = saved_settle(&sp, &n, bias, cfg, B, T, C, kc, err);
+    if (st) return st;
+    if (C > 0) sp.progress = aft_progress_plan(cfg->progress, B * T);
+    aft_grad_io io = {.dq = dq, .dk = dk, .dv = dv, .lddq = C, .lddk = kc, .lddv = C, .dout = dout};
+    if (dbias) io.db = *dbias;
+    if (n) {   /* the forward's sums, only read */
+        io.sums_mode = AFT_SUMS_READ;
+        io.sums = (float *)saved;
+        io.sums_tag = io.sums + n - 1;
+    }
+    return aft_op_grad_run(&io, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);
+}
+
 aft_status aft_op_grad_reference_d(double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db,
                                    const double *dout, const double *q, const double *k, const double *v,
                                    const aft_opspec *sp, size_t B, size_t kc, aft_error *err)

@@ -78,6 +78,12 @@ _SIGNATURES = {
                                  ctypes.c_char_p, _err]),
     "aft_api_op_backward": (_st, [_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _sz, _sz, _sz, _sz, _vp, _sz, _sz,
                                   _vp, ctypes.c_int, ctypes.c_char_p, _err]),
+    "aft_api_op_saved_size": (_st, [_sz, _sz, _sz, _sz, _vp, _sz, _sz, _vp, ctypes.c_int, ctypes.c_char_p, _c_size_p,
+                                    _err]),
+    "aft_api_op_forward_saved": (_st, [_vp, _vp, _sz, _vp, _vp, _vp, _sz, _sz, _sz, _sz, _vp, _sz, _sz, _vp,
+                                       ctypes.c_int, ctypes.c_char_p, _err]),
+    "aft_api_op_backward_saved": (_st, [_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _sz, _sz, _sz, _sz, _sz, _vp,
+                                        _sz, _sz, _vp, ctypes.c_int, ctypes.c_char_p, _err]),
     # the model
     "aft_api_model_open": (_st, [ctypes.POINTER(_vp), ctypes.c_char_p, ctypes.c_char_p, _err]),
     "aft_api_model_free": (None, [_vp]),

@@ -423,7 +423,9 @@ class OpFunction(torch.autograd.Function):
     """The bare AFT operator as a torch.autograd.Function:
     ``OpFunction.apply(options, mask, q, k, v, bias)`` (bias may be None;
     mask None or a (T, T) / (B, T, T) bool tensor, not differentiated);
-    forward is aft_api_op_forward, backward aft_api_op_backward. Use
+    forward is aft_api_op_forward_saved (it keeps, where the dense kernel
+    runs, the sums its backward would compute again), backward
+    aft_api_op_backward_saved over them (aft_api_op_backward's bits). Use
     :func:`op`."""
 
     @staticmethod
@@ -435,10 +437,14 @@ class OpFunction(torch.autograd.Function):
         m, batched, keep = _mask(mask, B, T)
         out = torch.empty_like(q)
         err = _lib.error_buffer()
-        _ok(_C.aft_api_op_forward(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), B, T, C, kc,
-                                  None if bias is None else bias.data_ptr(), rows, cols, m, batched,
-                                  options.encode(), err), err)
-        ctx.options, ctx.mask, ctx.has_bias = options, keep, bias is not None
+        c_opts = options.encode()
+        bp = None if bias is None else bias.data_ptr()
+        n = ctypes.c_size_t()
+        _ok(_C.aft_api_op_saved_size(B, T, C, kc, bp, rows, cols, m, batched, c_opts, ctypes.byref(n), err), err)
+        saved = torch.empty(n.value, dtype=_F32)
+        _ok(_C.aft_api_op_forward_saved(out.data_ptr(), saved.data_ptr(), n.value, q.data_ptr(), k.data_ptr(),
+                                        v.data_ptr(), B, T, C, kc, bp, rows, cols, m, batched, c_opts, err), err)
+        ctx.options, ctx.mask, ctx.has_bias, ctx.saved = options, keep, bias is not None, saved
         ctx.save_for_backward(q, k, v, *([bias] if bias is not None else []))
         return out
 
@@ -447,17 +453,22 @@ class OpFunction(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, *rest = ctx.saved_tensors
         bias = rest[0] if rest else None
+        saved, ctx.saved = ctx.saved, None
         dout = _check(dout, "the output's gradient")
         B, T, C, kc, rows, cols = _op_sizes(q, k, v, bias)
         m, batched, _ = _mask(ctx.mask, B, T)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dbias = torch.empty_like(bias) if bias is not None and ctx.needs_input_grad[5] else None
         err = _lib.error_buffer()
-        _ok(_C.aft_api_op_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                                   None if dbias is None else dbias.data_ptr(), None, dout.data_ptr(),
-                                   q.data_ptr(), k.data_ptr(), v.data_ptr(), B, T, C, kc,
-                                   None if bias is None else bias.data_ptr(), rows, cols, m, batched,
-                                   ctx.options.encode(), err), err)
+        args = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        tail = (B, T, C, kc, None if bias is None else bias.data_ptr(), rows, cols, m, batched, ctx.options.encode(),
+                err)
+        grads = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), None if dbias is None else dbias.data_ptr())
+        if saved is not None:
+            _ok(_C.aft_api_op_backward_saved(*grads, dout.data_ptr(), *args, saved.data_ptr(), saved.numel(), *tail),
+                err)
+        else:                       # a second backward (retain_graph): the buffer went with the first
+            _ok(_C.aft_api_op_backward(*grads, None, dout.data_ptr(), *args, *tail), err)
         need = ctx.needs_input_grad
         return (None, None, dq if need[2] else None, dk if need[3] else None, dv if need[4] else None, dbias)
 

@@ -376,6 +376,27 @@ class TestOp(unittest.TestCase):
                 for name, a, b in zip("qkvw", ins, ref):
                     self.assertLess(worst_scaled(a.grad, b.grad), GRAD_TOL, name)
 
+    def test_op_saved_same_bits(self):
+        """the operator's forward keeps full's sums for its backward
+        (aft_api_op_forward_saved): the gradients are those of
+        aft.op_backward, which computes them again, bit for bit"""
+        g = torch.Generator().manual_seed(7)
+        B, T, C = 2, 40, 6
+        for variant, causal in (("full", False), ("full", True), ("simple", False)):
+            with self.subTest(variant=variant, causal=causal):
+                q, k, v = (torch.randn(B, T, C, generator=g) for _ in range(3))
+                bias = torch.randn(T, T, generator=g) if variant == "full" else None
+                dout = torch.randn(B, T, C, generator=g)
+                ins = [t.clone().requires_grad_(True) for t in (q, k, v)] + \
+                      ([bias.clone().requires_grad_(True)] if bias is not None else [])
+                at.op(*ins[:3], variant=variant, bias=ins[3] if bias is not None else None,
+                      causal=causal).backward(dout)
+                want = aft.op_backward(q.numpy(), k.numpy(), v.numpy(), dout.numpy(), variant=variant,
+                                       bias=None if bias is None else bias.numpy(), causal=causal,
+                                       threads=torch.get_num_threads())
+                for name, t in zip(("q", "k", "v", "bias"), ins):
+                    self.assertTrue(torch.equal(t.grad, torch.from_numpy(want[name])), name)
+
     def test_op_mask(self):
         g = torch.Generator().manual_seed(6)
         q, k, v = (torch.randn(1, 5, 3, generator=g) for _ in range(3))
