@@ -313,6 +313,7 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
     /* the kernel's first sequence may set the dense entries instead of clearing them here */
     const int set = !reference && B > 0 && T > 0 && C > 0 && aft_bias_grad_sets(sp_in, &io_in->db);
     if (!set) aft_bias_grad_zero(sp_in, &io_in->db);
+    else aft_bias_grad_zero_unset(sp_in, &io_in->db);
     if (B == 0 || T == 0 || C == 0) return AFT_OK;
     const int fwd = io_in->sums && io_in->sums_mode == AFT_SUMS_WRITE;
     if (fwd && (!io_in->out || !io_in->sums_tag || !aft_op_grad_saves(sp_in, B, reference)))
