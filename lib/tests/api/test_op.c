@@ -240,7 +240,8 @@ static void test_refusals(void **state)
     refused(aft_api_op_forward(o, q, k, v, B, 13, C, C, b, 12, 12, NULL, 0, local, &err), &err,
             "sequence length T = 13 exceeds the position bias 'pos_bias' size Tmax = 12");
     refused(aft_api_op_forward(o, q, k, v, B, T, C, C, b, 12, 12, NULL, 0, "variant=local window=3 prefix=a.", &err),
-            &err, "unknown option 'prefix' (the operator takes variant, window, heads, causal, threads, impl, grid)");
+            &err, "unknown option 'prefix' (the operator takes variant, window, heads, causal, threads, impl, grid, "
+                  "precision)");
     refused(aft_api_op_forward(o, q, k, v, SIZE_MAX, T, C, C, b, 12, 12, NULL, 0, local, &err), &err, "overflows");
     assert_int_equal(aft_api_op_forward(o, q, k, v, B, T, C, C, b, 6, 24, NULL, 0, local, &err), AFT_ERR_FORMAT);
     assert_string_equal(err.msg, "'pos_bias' must be a square (Tmax, Tmax) matrix for the local variant");
