@@ -1122,6 +1122,23 @@ aft_status aft_api_layer_grad_info(const aft_api_layer *l, size_t i, const char 
  * dy: like y. As aft grad. Each gradient wanted is written whole. */
 aft_status aft_api_layer_backward(aft_api_layer *l, float *dx, float *const *grads, float *y, const float *dy,
                                   const float *x, size_t B, size_t T, aft_error *err);
+/* A training step without work done twice: aft_api_layer_forward_saved
+ * gives y and keeps in saved (a caller's float32 buffer of exactly
+ * *n = aft_api_layer_saved_size floats for these B and T) what the
+ * backward would compute again: Q, K, V, and with the dense kernel (full,
+ * or local and conv on a grid) the operator's sums, a third of its
+ * backward's products. aft_api_layer_backward_saved takes them: dx and
+ * grads as aft_api_layer_backward's, and bit for bit its results for the
+ * same layer (or one made alike: the same arrays, options and threads), x
+ * and dy. y is the backward's y (aft_api_layer_forward's to rounding).
+ * saved is refused unless a forward_saved of this B and T filled it; the
+ * buffer may be used again for the next step. */
+aft_status aft_api_layer_saved_size(const aft_api_layer *l, size_t B, size_t T, size_t *n, aft_error *err);
+aft_status aft_api_layer_forward_saved(aft_api_layer *l, float *y, float *saved, size_t n_saved, const float *x,
+                                       size_t B, size_t T, aft_error *err);
+aft_status aft_api_layer_backward_saved(aft_api_layer *l, float *dx, float *const *grads, const float *dy,
+                                        const float *x, const float *saved, size_t n_saved, size_t B, size_t T,
+                                        aft_error *err);
 
 /* ---- streaming: a causal layer fed a few rows at a time (aft run
  * --state-in/--state-out; the file is the CLI's state file). The state
@@ -1153,6 +1170,28 @@ aft_status aft_api_op_backward(float *dq, float *dk, float *dv, float *dbias, fl
                                const float *q, const float *k, const float *v, size_t B, size_t T, size_t C,
                                size_t kc, const float *bias, size_t bias_rows, size_t bias_cols, const uint8_t *mask,
                                int mask_batched, const char *options, aft_error *err);
+
+/* A training step without the product done twice: with the dense kernel
+ * (full, masked runs, local and conv on a grid) the backward computes the
+ * forward's sums again; aft_api_op_forward_saved keeps them in saved (a
+ * caller's float32 buffer of exactly *n = aft_api_op_saved_size floats for
+ * these arguments: a few floats where another kernel runs, which keeps
+ * nothing) and aft_api_op_backward_saved takes them: aft_api_op_backward's
+ * results bit for bit for the same arguments. out is the backward's out
+ * (aft_api_op_forward's to rounding). saved is refused unless a
+ * forward_saved of this B and T filled it. */
+aft_status aft_api_op_saved_size(size_t B, size_t T, size_t C, size_t kc, const float *bias, size_t bias_rows,
+                                 size_t bias_cols, const uint8_t *mask, int mask_batched, const char *options,
+                                 size_t *n, aft_error *err);
+aft_status aft_api_op_forward_saved(float *out, float *saved, size_t n_saved, const float *q, const float *k,
+                                    const float *v, size_t B, size_t T, size_t C, size_t kc, const float *bias,
+                                    size_t bias_rows, size_t bias_cols, const uint8_t *mask, int mask_batched,
+                                    const char *options, aft_error *err);
+aft_status aft_api_op_backward_saved(float *dq, float *dk, float *dv, float *dbias, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *saved, size_t n_saved, size_t B,
+                                     size_t T, size_t C, size_t kc, const float *bias, size_t bias_rows,
+                                     size_t bias_cols, const uint8_t *mask, int mask_batched, const char *options,
+                                     aft_error *err);
 
 /* ---- labml's language model (aft model, aft generate). Options: window=S
  * (>= 1) threads=N (default 1 for stepping, as aft generate; the logits'

@@ -31,4 +31,19 @@ aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kern
                                int threads, aft_error *err);
 void aft_layer_prep_free(aft_layer_prep *lp);
 
+/* The saved forward (layer_grad.c): aft_layer_forward_saved gives y
+ * (aft_layer_backward's y: aft_layer_forward's to rounding) and keeps in
+ * saved (n floats, aft_layer_saved_floats: 0 for the reference) what
+ * aft_layer_backward_saved then takes instead of computing it again: Q, K,
+ * V and, where the operator's backward runs the dense kernel, its sums.
+ * The gradients are aft_layer_backward's, bit for bit, for the same p, cfg,
+ * x and dy; saved must be the forward's of the same. */
+aft_status aft_layer_saved_floats(const aft_params *p, const aft_config *cfg, size_t B, size_t T, size_t *n,
+                                  aft_error *err);
+aft_status aft_layer_forward_saved(float *y, float *saved, const float *x, const aft_params *p,
+                                   const aft_config *cfg, size_t B, size_t T, aft_error *err);
+aft_status aft_layer_backward_saved(const aft_layer_grads *g, const float *saved, const float *dy, const float *x,
+                                    const aft_params *p, const aft_config *cfg, size_t B, size_t T,
+                                    aft_error *err);
+
 #endif /* AFT_LAYER_H */

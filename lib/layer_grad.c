@@ -330,15 +330,18 @@ static void own_init(grad_mem *m, const aft_layer_prep *lp)
     m->own = 1;
 }
 
+/* saved (aft_layer_forward_saved's, NULL: none): Q, K, V from it, not
+ * made again, and the operator's sums when its kernel keeps them */
 static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const float *dy, const float *x,
-                                  const aft_layer_prep *lp, aft_opspec sp, size_t B, size_t T, aft_error *err)
+                                  const float *saved, const aft_layer_prep *lp, aft_opspec sp, size_t B, size_t T,
+                                  aft_error *err)
 {
     const aft_params *p = lp->p;
     const size_t D = lp->D, C = lp->C, KC = lp->KC, W = lp->W, N = B * T;
     const size_t nt = (size_t)(sp.threads > 0 ? sp.threads : 1), fine = nt * PIECES_PER_THREAD;
     /* the plan: at most fine pieces for each of the first phase's two
      * products, and nt or fine for each of the second phase's six */
-    grad_mem m = {.qkv = aft_alloc_array(N, W * sizeof(float)),
+    grad_mem m = {.qkv = saved ? NULL : aft_alloc_array(N, W * sizeof(float)),
                   .dqkv = aft_alloc_array(N, W * sizeof(float)),
                   .dh = aft_alloc_array(N, C * sizeof(float)),
                   .h = y || g->wo ? aft_alloc_array(N, C * sizeof(float)) : NULL,
@@ -346,7 +349,7 @@ static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const floa
                   .part = aft_alloc_array(fine, (W + D) * sizeof(double)),
                   .pl = {.p = aft_alloc_array(8, fine * sizeof(piece)), .cap = 8 * fine, .bf16 = lp->bf16}};
     aft_status st = AFT_OK;
-    if (!m.qkv || !m.dqkv || !m.dh || ((y || g->wo) && !m.h) || !m.dw || !m.part || !m.pl.p) {
+    if ((!saved && !m.qkv) || !m.dqkv || !m.dh || ((y || g->wo) && !m.h) || !m.dw || !m.part || !m.pl.p) {
         st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V and their gradients (%zu x %zu)", N, W);
         goto done;
     }
@@ -362,16 +365,23 @@ static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const floa
         b.in_place = 1;
     }
     double *bo_part = m.part + fine * W;
-    if (!plan_add(&m.pl, &a, N, fine, NULL, NULL) || !plan_add(&m.pl, &b, N, fine, g->bo ? bo_part : NULL, &np)) {
+    if ((!saved && !plan_add(&m.pl, &a, N, fine, NULL, NULL)) ||
+        !plan_add(&m.pl, &b, N, fine, g->bo ? bo_part : NULL, &np)) {
         st = aft_fail(err, AFT_ERR_ARG, "too many pieces of work (%zu threads)", nt);
         goto done;
     }
     plan_run(&m.pl, (int)nt);
     if (g->bo) sums_gather(g->bo, bo_part, np, D);
-    sp.ldq = sp.ldk = sp.ldv = W;
+    const float *qkv = saved ? saved : m.qkv;
     aft_grad_io io = {.dq = m.dqkv, .dk = m.dqkv + C, .dv = m.dqkv + C + KC, .lddq = W, .lddk = W, .lddv = W,
                       .dout = m.dh, .out = m.h, .db = g->bias};
-    if ((st = aft_op_grad_run(&io, m.qkv, m.qkv + C, m.qkv + C + KC, &sp, B, KC, 0, err))) goto done;
+    if (saved && aft_op_grad_saves(&sp, B, 0)) {   /* the forward's sums, not their product again */
+        io.sums_mode = AFT_SUMS_READ;
+        io.sums = (float *)saved + N * W;   /* only read */
+        io.sums_tag = io.sums + N * 2 * C;
+    }
+    sp.ldq = sp.ldk = sp.ldv = W;
+    if ((st = aft_op_grad_run(&io, qkv, qkv + C, qkv + C + KC, &sp, B, KC, 0, err))) goto done;
     m.pl.n = 0;
     if (!plan_after(&m, g, y, dy, x, lp, nt, N, &np)) {
         st = aft_fail(err, AFT_ERR_ARG, "too many pieces of work (%zu threads)", nt);
@@ -385,23 +395,100 @@ done:
     return st;
 }
 
-aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *dy, const float *x,
-                              const aft_params *p, const aft_config *cfg, size_t B, size_t T,
-                              aft_error *err)
+/* ---- the saved forward: the backward's first steps, run by the forward
+ *
+ * Q, K, V by the backward's own pieces, and with full's kernel the
+ * operator's forward half as its backward runs it (its sums: a third of
+ * that backward's products), kept in the caller's buffer: (N, W) of Q, K,
+ * V, then (B, T, 2C) sums and their tag. The backward starts from them,
+ * and its results are the bits it gives when it makes them itself. */
+
+/* the saved floats for B x T (N rows) with spec sp (0: the reference,
+ * which saves nothing); 0 with *n unset when that overflows */
+static int saved_floats(const aft_opspec *sp, const aft_config *cfg, size_t N, size_t B, size_t W, size_t C,
+                        size_t *n)
+{
+    size_t a = 0, b = 0;
+    if (cfg->impl == AFT_IMPL_REFERENCE || N == 0) {
+        *n = 0;
+        return 1;
+    }
+    if (!aft_mul_ok(N, W, &a)) return 0;
+    if (aft_op_grad_saves(sp, B, 0) && (!aft_mul_ok(N, 2 * C, &b) || !aft_add_ok(b, 1, &b))) return 0;
+    return aft_add_ok(a, b, n);
+}
+
+static aft_status layer_fast_forward_saved(float *y, float *saved, const float *x, const aft_layer_prep *lp,
+                                           aft_opspec sp, size_t B, size_t T, aft_error *err)
+{
+    const size_t D = lp->D, C = lp->C, KC = lp->KC, W = lp->W, N = B * T;
+    const size_t nt = (size_t)(sp.threads > 0 ? sp.threads : 1), fine = nt * PIECES_PER_THREAD;
+    float *h = aft_alloc_array(N, C * sizeof(float));
+    plan pl = {.p = aft_alloc_array(fine, sizeof(piece)), .cap = fine, .bf16 = lp->bf16};
+    aft_status st = AFT_OK;
+    piece a = {.kind = PIECE_LINEAR, .A = x, .lda = D, .C = saved, .ldc = W, .lin = &lp->qkv, .in_place = 1};
+    piece o = {.kind = PIECE_LINEAR, .A = h, .lda = C, .C = y, .ldc = D, .lin = &lp->o};
+    if (!h || !pl.p) {
+        st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for the layer's hidden rows (%zu x %zu)", N, C);
+        goto done;
+    }
+    if (!plan_add(&pl, &a, N, fine, NULL, NULL)) {   /* Q, K, V as the backward's pieces make them */
+        st = aft_fail(err, AFT_ERR_ARG, "too many pieces of work (%zu threads)", nt);
+        goto done;
+    }
+    plan_run(&pl, (int)nt);
+    const float *q = saved, *k = saved + C, *v = saved + C + KC;
+    if (aft_op_grad_saves(&sp, B, 0)) {
+        aft_grad_io io = {.out = h, .sums_mode = AFT_SUMS_WRITE, .sums = saved + N * W};
+        io.sums_tag = io.sums + N * 2 * C;
+        sp.ldq = sp.ldk = sp.ldv = W;
+        st = aft_op_grad_run(&io, q, k, v, &sp, B, KC, 0, err);
+    } else {
+        sp.ldq = sp.ldk = sp.ldv = W;
+        st = aft_op_run(h, q, k, v, &sp, B, KC, err);
+    }
+    if (st) goto done;
+    pl.n = 0;   /* y = H Wo^T + bo, as the backward's y */
+    if (!plan_add(&pl, &o, N, fine, NULL, NULL)) {
+        st = aft_fail(err, AFT_ERR_ARG, "too many pieces of work (%zu threads)", nt);
+        goto done;
+    }
+    plan_run(&pl, (int)nt);
+done:
+    free(h);
+    free(pl.p);
+    return st;
+}
+
+/* the backward's and the saved forward's start: the parameters' checks
+ * and the stacked weights (lp, freed on failure), the operator settled
+ * (sp), N = B T */
+static aft_status grad_setup(aft_layer_prep *lp, aft_opspec *sp, size_t *N, const aft_params *p,
+                             const aft_config *cfg, size_t B, size_t T, aft_error *err)
+{
+    aft_status st = aft_layer_prep_init(lp, p, cfg->projections, cfg->precision, aft_threads_or_all(cfg->threads),
+                                        err);
+    if (st) return st;
+    if (!aft_mul_ok(B, T, N) || *N > INT_MAX)
+        st = aft_fail(err, AFT_ERR_ARG, "B * T = %zu * %zu exceeds the supported range", B, T);
+    else
+        st = aft_spec_settle(sp, &p->bias, cfg, B, T, lp->C, lp->KC, err);
+    if (st) aft_layer_prep_free(lp);
+    return st;
+}
+
+static aft_status layer_backward(const aft_layer_grads *g, float *y, const float *dy, const float *x,
+                                 const float *saved, const aft_params *p, const aft_config *cfg, size_t B, size_t T,
+                                 aft_error *err)
 {
     if (!g || !p || !cfg) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) gradients, parameters or configuration");
     aft_opspec sp;
     aft_layer_prep lp;
-    /* the parameters' checks, and the stacked weights for the fast path */
-    int nt = aft_threads_or_all(cfg->threads);
-    aft_status st = aft_layer_prep_init(&lp, p, cfg->projections, cfg->precision, nt, err);
+    size_t N;
+    aft_status st = grad_setup(&lp, &sp, &N, p, cfg, B, T, err);
     if (st) return st;
-    size_t C = lp.C, KC = lp.KC, N;
-    if (!aft_mul_ok(B, T, &N) || N > INT_MAX) {
-        st = aft_fail(err, AFT_ERR_ARG, "B * T = %zu * %zu exceeds the supported range", B, T);
-    } else if ((st = aft_spec_settle(&sp, &p->bias, cfg, B, T, C, KC, err))) {
-        /* st says why */
-    } else if (N == 0) {
+    size_t C = lp.C, KC = lp.KC;
+    if (N == 0) {
         /* sums over no rows: every weight's gradient is 0 */
         size_t D = lp.D;
         float *const gs[8] = {g->wq, g->bq, g->wk, g->bk, g->wv, g->bv, g->wo, g->bo};
@@ -417,8 +504,57 @@ aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *d
          * kernels count (the products around them are not counted) */
         sp.progress = aft_progress_plan(cfg->progress, N);
         st = cfg->impl == AFT_IMPL_REFERENCE ? layer_reference_grad(g, y, dy, x, p, &sp, B, T, err)
-                                             : layer_fast_grad(g, y, dy, x, &lp, sp, B, T, err);
+                                             : layer_fast_grad(g, y, dy, x, saved, &lp, sp, B, T, err);
     }
+    aft_layer_prep_free(&lp);
+    return st;
+}
+
+aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *dy, const float *x,
+                              const aft_params *p, const aft_config *cfg, size_t B, size_t T,
+                              aft_error *err)
+{
+    return layer_backward(g, y, dy, x, NULL, p, cfg, B, T, err);
+}
+
+aft_status aft_layer_backward_saved(const aft_layer_grads *g, const float *saved, const float *dy, const float *x,
+                                    const aft_params *p, const aft_config *cfg, size_t B, size_t T,
+                                    aft_error *err)
+{
+    if (!saved && cfg && cfg->impl != AFT_IMPL_REFERENCE && B && T) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) saved");
+    return layer_backward(g, NULL, dy, x, saved, p, cfg, B, T, err);
+}
+
+aft_status aft_layer_saved_floats(const aft_params *p, const aft_config *cfg, size_t B, size_t T, size_t *n,
+                                  aft_error *err)
+{
+    if (!p || !cfg || !n) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) parameters, configuration or n");
+    aft_opspec sp;
+    aft_layer_prep lp;
+    size_t N;
+    aft_status st = grad_setup(&lp, &sp, &N, p, cfg, B, T, err);
+    if (st) return st;
+    if (!saved_floats(&sp, cfg, N, B, lp.W, lp.C, n))
+        st = aft_fail(err, AFT_ERR_ARG, "the saved forward of B * T = %zu * %zu rows overflows", B, T);
+    aft_layer_prep_free(&lp);
+    return st;
+}
+
+aft_status aft_layer_forward_saved(float *y, float *saved, const float *x, const aft_params *p,
+                                   const aft_config *cfg, size_t B, size_t T, aft_error *err)
+{
+    if (!p || !cfg) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) parameters or configuration");
+    /* the reference, and no rows: nothing to save */
+    if (cfg->impl == AFT_IMPL_REFERENCE || B == 0 || T == 0) return aft_layer_forward(y, x, p, cfg, B, T, err);
+    aft_opspec sp;
+    aft_layer_prep lp;
+    size_t N;
+    aft_status st = grad_setup(&lp, &sp, &N, p, cfg, B, T, err);
+    if (st) return st;
+    if (!y || !x || !saved)
+        st = aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !y ? "y" : !x ? "input x" : "saved");
+    else
+        st = layer_fast_forward_saved(y, saved, x, &lp, sp, B, T, err);
     aft_layer_prep_free(&lp);
     return st;
 }

@@ -56,6 +56,24 @@ aft_status api_options_parse(api_options *o, const char *s, unsigned keys, const
  * or a conv bias (have_bias: a bias is given to read it from). */
 aft_status api_options_check(const api_options *o, int have_bias, aft_error *err);
 
+/* OpenBLAS's thread count is the process's, shared with the caller (in a
+ * binding, PyTorch's products run on the same OpenBLAS): aft runs each
+ * product on one OpenBLAS thread, its own threads around them, so every
+ * entry point that computes sets the count to 1 and puts the caller's back
+ * when done. API_BLAS(call) runs call so, its status the result; calls
+ * from several threads at once restore the count when the last is done. */
+void api_blas_enter(void);
+aft_status api_blas_leave(aft_status st);
+#define API_BLAS(call) (api_blas_enter(), api_blas_leave(call))
+
+/* The saved forwards' buffers (saved.c) open with API_SAVED_HEAD floats
+ * saying a forward of `rows` rows filled them (done), or none did (a
+ * forward says so when it starts); api_saved_check refuses a buffer not
+ * marked done for these rows. */
+enum { API_SAVED_HEAD = 4 };
+void api_saved_mark(float *saved, size_t rows, int done);
+aft_status api_saved_check(const float *saved, size_t rows, size_t B, size_t T, aft_error *err);
+
 /* "missing (NULL) WHAT" */
 aft_status api_null(aft_error *err, const char *what);
 /* n = B * T * X floats, AFT_ERR_ARG naming what when it overflows */

@@ -40,7 +40,7 @@ aft_status aft_api_layer_backward(aft_api_layer *l, float *dx, float *const *gra
     if (st) return st;
     aft_layer_grads g = {0};
     grads_into(&g, l, grads);
-    if (l->opt.tbd) return backward_tbd(l, &g, dx, y, dy, x, B, T, n, err);
+    if (l->opt.tbd) return API_BLAS(backward_tbd(l, &g, dx, y, dy, x, B, T, n, err));
     g.dx = dx;
-    return aft_layer_backward(&g, y, dy, x, &l->w.p, &l->cfg, B, T, err);
+    return API_BLAS(aft_layer_backward(&g, y, dy, x, &l->w.p, &l->cfg, B, T, err));
 }

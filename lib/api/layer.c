@@ -78,8 +78,8 @@ aft_status aft_api_layer_forward(aft_api_layer *l, float *y, const float *x, siz
     aft_status st = api_floats(B, T, l->w.p.d_model, &n, "x", err);
     if (!st) st = aft_weights_check_length(&l->w, l->cfg.variant, T, err);
     if (st) return st;
-    if (l->opt.tbd) return forward_tbd(l, y, x, B, T, n, err);
-    return aft_layer_forward(y, x, &l->w.p, &l->cfg, B, T, err);
+    if (l->opt.tbd) return API_BLAS(forward_tbd(l, y, x, B, T, n, err));
+    return API_BLAS(aft_layer_forward(y, x, &l->w.p, &l->cfg, B, T, err));
 }
 
 size_t aft_api_layer_grad_count(const aft_api_layer *l)

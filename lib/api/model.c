@@ -61,7 +61,7 @@ aft_status aft_api_model_logits(aft_api_model *m, float *logits, const int32_t *
     if (!m || !logits || !tokens) return api_null(err, !m ? "model" : !logits ? "logits" : "tokens");
     size_t n;
     aft_status st = api_floats(B, T, aft_model_get_info(m->m)->n_vocab, &n, "logits", err);
-    return st ? st : aft_model_forward(m->m, logits, tokens, B, T, err);
+    return st ? st : API_BLAS(aft_model_forward(m->m, logits, tokens, B, T, err));
 }
 
 aft_status aft_api_model_encode(const aft_api_model *m, int32_t *ids, size_t cap, size_t *n, const char *text,
@@ -136,7 +136,7 @@ aft_status aft_api_model_generate(aft_api_model *m, char *out, size_t cap, size_
         return aft_fail(err, st, "prompt: %s", e.msg);
     aft_sampling smp = {.temperature = (float)temperature, .top_k = top_k, .seed = seed};
     gen_text g = {.m = m->m};
-    st = aft_model_generate(m->m, NULL, NULL, ids, n_prompt, n, &smp, add_token, &g, err);
+    st = API_BLAS(aft_model_generate(m->m, NULL, NULL, ids, n_prompt, n, &smp, add_token, &g, err));
     free(ids);
     if (!st && g.text.oom) st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for the text");
     if (!st) give_text(&g.text, out, cap, len);

@@ -2,6 +2,7 @@
  * operator"): its options and bias read and settled as aft run reads a
  * bare operator's --weights, then aft_op_forward or aft_op_backward. */
 #include "api.h"
+#include "ops/op.h"   /* the saved forward */
 
 #include <string.h>
 
@@ -83,7 +84,7 @@ aft_status aft_api_op_forward(float *out, const float *q, const float *k, const 
     if (!out || !q || !k || !v) return api_null(err, !out ? "out" : !q ? "q" : !k ? "k" : "v");
     op_run r;
     aft_status st = setup(&r, options, B, T, C, kc, bias, bias_rows, bias_cols, mask, mask_batched, err);
-    if (!st) st = aft_op_forward(out, q, k, v, &r.w.p.bias, &r.cfg, B, T, C, kc, err);
+    if (!st) st = API_BLAS(aft_op_forward(out, q, k, v, &r.w.p.bias, &r.cfg, B, T, C, kc, err));
     aft_weights_free(&r.w);
     return st;
 }
@@ -102,8 +103,82 @@ aft_status aft_api_op_backward(float *dq, float *dk, float *dv, float *dbias, fl
     aft_bias_grad g = {0};
     if (r.w.p.bias.kind == AFT_BIAS_DENSE) g.dense = dbias;
     else g.conv = dbias;
-    if (!st) st = aft_op_backward(dq, dk, dv, dbias ? &g : NULL, out, dout, q, k, v, &r.w.p.bias, &r.cfg, B, T, C, kc,
-                                  err);
+    if (!st)
+        st = API_BLAS(aft_op_backward(dq, dk, dv, dbias ? &g : NULL, out, dout, q, k, v, &r.w.p.bias, &r.cfg, B, T,
+                                      C, kc, err));
+    aft_weights_free(&r.w);
+    return st;
+}
+
+/* ---- the saved forward (aft.h): the sums of the dense kernel behind the
+ * header of saved.c */
+
+aft_status aft_api_op_saved_size(size_t B, size_t T, size_t C, size_t kc, const float *bias, size_t bias_rows,
+                                 size_t bias_cols, const uint8_t *mask, int mask_batched, const char *options,
+                                 size_t *n, aft_error *err)
+{
+    if (!n) return api_null(err, "n");
+    op_run r;
+    aft_status st = setup(&r, options, B, T, C, kc, bias, bias_rows, bias_cols, mask, mask_batched, err);
+    if (!st) st = aft_op_saved_floats(&r.w.p.bias, &r.cfg, B, T, C, kc, n, err);
+    if (!st && !aft_add_ok(*n, API_SAVED_HEAD, n)) st = aft_fail(err, AFT_ERR_ARG, "the saved forward overflows");
+    aft_weights_free(&r.w);
+    return st;
+}
+
+/* setup, and n_saved against the size the call takes */
+static aft_status saved_setup(op_run *r, size_t n_saved, const char *options, size_t B, size_t T, size_t C,
+                              size_t kc, const float *bias, size_t bias_rows, size_t bias_cols, const uint8_t *mask,
+                              int mask_batched, aft_error *err)
+{
+    size_t want = 0;
+    aft_status st = setup(r, options, B, T, C, kc, bias, bias_rows, bias_cols, mask, mask_batched, err);
+    if (!st) st = aft_op_saved_floats(&r->w.p.bias, &r->cfg, B, T, C, kc, &want, err);
+    if (!st && want + API_SAVED_HEAD != n_saved)
+        st = aft_fail(err, AFT_ERR_ARG, "saved holds %zu floats, the operator's saved forward of B = %zu, T = %zu "
+                      "takes %zu", n_saved, B, T, want + API_SAVED_HEAD);
+    return st;
+}
+
+aft_status aft_api_op_forward_saved(float *out, float *saved, size_t n_saved, const float *q, const float *k,
+                                    const float *v, size_t B, size_t T, size_t C, size_t kc, const float *bias,
+                                    size_t bias_rows, size_t bias_cols, const uint8_t *mask, int mask_batched,
+                                    const char *options, aft_error *err)
+{
+    if (!out || !saved || !q || !k || !v)
+        return api_null(err, !out ? "out" : !saved ? "saved" : !q ? "q" : !k ? "k" : "v");
+    op_run r;
+    aft_status st = saved_setup(&r, n_saved, options, B, T, C, kc, bias, bias_rows, bias_cols, mask, mask_batched,
+                                err);
+    if (!st) api_saved_mark(saved, B * T, 0);
+    if (!st)
+        st = API_BLAS(aft_op_forward_saved(out, saved + API_SAVED_HEAD, q, k, v, &r.w.p.bias, &r.cfg, B, T, C, kc,
+                                           err));
+    if (!st) api_saved_mark(saved, B * T, 1);
+    aft_weights_free(&r.w);
+    return st;
+}
+
+aft_status aft_api_op_backward_saved(float *dq, float *dk, float *dv, float *dbias, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *saved, size_t n_saved, size_t B,
+                                     size_t T, size_t C, size_t kc, const float *bias, size_t bias_rows,
+                                     size_t bias_cols, const uint8_t *mask, int mask_batched, const char *options,
+                                     aft_error *err)
+{
+    if (!dq || !dk || !dv || !dout || !q || !k || !v || !saved)
+        return api_null(err, !dq ? "dq" : !dk ? "dk" : !dv ? "dv" : !dout ? "dout" : !q ? "q" : !k ? "k" : !v ? "v"
+                                                                                                            : "saved");
+    if (dbias && !bias) return aft_fail(err, AFT_ERR_ARG, "dbias given without a bias: it must be NULL");
+    op_run r;
+    aft_status st = saved_setup(&r, n_saved, options, B, T, C, kc, bias, bias_rows, bias_cols, mask, mask_batched,
+                                err);
+    if (!st) st = api_saved_check(saved, B * T, B, T, err);
+    aft_bias_grad g = {0};
+    if (r.w.p.bias.kind == AFT_BIAS_DENSE) g.dense = dbias;
+    else g.conv = dbias;
+    if (!st)
+        st = API_BLAS(aft_op_backward_saved(dq, dk, dv, dbias ? &g : NULL, dout, q, k, v, saved + API_SAVED_HEAD,
+                                            &r.w.p.bias, &r.cfg, B, T, C, kc, err));
     aft_weights_free(&r.w);
     return st;
 }

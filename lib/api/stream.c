@@ -36,7 +36,7 @@ void aft_api_state_free(aft_api_state *s)
 aft_status aft_api_state_step(aft_api_state *s, float *y, const float *x, size_t n, aft_error *err)
 {
     if (!s || !y || !x) return api_null(err, !s ? "state" : !y ? "y" : "x");
-    return aft_state_step(s->s, y, x, n, err);
+    return API_BLAS(aft_state_step(s->s, y, x, n, err));
 }
 
 size_t aft_api_state_position(const aft_api_state *s)

@@ -43,6 +43,20 @@ AFT_ENTRY(aft_status, aft_op_grad_run,
           (const aft_grad_io *io, const float *q, const float *k, const float *v, const aft_opspec *sp, size_t B,
            size_t kc, int reference, aft_error *err),
           (io, q, k, v, sp, B, kc, reference, err))
+AFT_ENTRY(aft_status, aft_op_saved_floats,
+          (const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc, size_t *n,
+           aft_error *err),
+          (bias, cfg, B, T, C, kc, n, err))
+AFT_ENTRY(aft_status, aft_op_forward_saved,
+          (float *out, float *saved, const float *q, const float *k, const float *v, const aft_bias *bias,
+           const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc, aft_error *err),
+          (out, saved, q, k, v, bias, cfg, B, T, C, kc, err))
+AFT_ENTRY(aft_status, aft_op_backward_saved,
+          (float *dq, float *dk, float *dv, const aft_bias_grad *dbias, const float *dout, const float *q,
+           const float *k, const float *v, const float *saved, const aft_bias *bias, const aft_config *cfg, size_t B,
+           size_t T, size_t C, size_t kc, aft_error *err),
+          (dq, dk, dv, dbias, dout, q, k, v, saved, bias, cfg, B, T, C, kc, err))
+AFT_ENTRY(int, aft_op_grad_saves, (const aft_opspec *sp, size_t B, int reference), (sp, B, reference))
 AFT_ENTRY(aft_status, aft_op_grad_reference_d,
           (double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db, const double *dout,
            const double *q, const double *k, const double *v, const aft_opspec *sp, size_t B, size_t kc,

@@ -35,18 +35,21 @@ static void gemm_part(int trans_b, size_t m0, size_t m1, size_t n0, size_t n1, s
 /* OpenBLAS on one thread a call: aft's threads each make their own calls.
  * OpenBLAS's OpenMP build sets OpenMP's default thread count along with its
  * own, so that is put back as it was: the caller's OpenMP code keeps its
- * setting. */
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-static void blas_one_thread(void)
-{
-    int n = omp_get_max_threads();
-    openblas_set_num_threads(1);
-    omp_set_num_threads(n);
-}
+ * setting. Checked at every product, not once: the binding interface
+ * (lib/api/blas.c) sets 1 for its calls and puts the caller's count back
+ * after, and a call of aft.h's own functions after that needs 1 again. */
+static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void aft_blas_one_thread(void)
 {
-    pthread_once(&blas_once, blas_one_thread);
+    if (openblas_get_num_threads() == 1) return;
+    pthread_mutex_lock(&blas_mu);
+    if (openblas_get_num_threads() != 1) {
+        int n = omp_get_max_threads();
+        openblas_set_num_threads(1);
+        omp_set_num_threads(n);
+    }
+    pthread_mutex_unlock(&blas_mu);
 }
 
 void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,

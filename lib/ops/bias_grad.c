@@ -276,10 +276,22 @@ static void dense_zero_used(const aft_opspec *sp, const aft_bias_grad *db)
 
 int aft_bias_grad_sets(const aft_opspec *sp, const aft_bias_grad *db)
 {
-    if (!aft_bias_grad_wanted(sp, db) || !db->zero_outside || sp->bias->kind != AFT_BIAS_DENSE || sp->bias->mask ||
-        sp->grid_w || sp->t_off != 0)
+    if (!aft_bias_grad_wanted(sp, db) || sp->bias->kind != AFT_BIAS_DENSE || sp->bias->mask || sp->grid_w ||
+        sp->t_off != 0)
         return 0;
-    return (sp->variant == AFT_FULL && !sp->causal) || sp->variant == AFT_LOCAL;
+    /* full's rows [0, T) below column T are all written; the rest, when the
+     * caller does not promise zeros there, aft_bias_grad_zero_unset clears */
+    return (sp->variant == AFT_FULL && !sp->causal) || (sp->variant == AFT_LOCAL && db->zero_outside);
+}
+
+void aft_bias_grad_zero_unset(const aft_opspec *sp, const aft_bias_grad *db)
+{
+    if (db->zero_outside || sp->variant != AFT_FULL) return;
+    const size_t T = sp->T, tm = sp->bias->tmax;
+    if (T < tm) {
+        for (size_t t = 0; t < T; t++) memset(db->dense + t * tm + T, 0, (tm - T) * sizeof(float));
+        aft_zero_stream(db->dense + T * tm, (tm - T) * tm);
+    }
 }
 
 void aft_w_row_grad_set(const aft_opspec *sp, const aft_bias_grad *db, size_t t, size_t j0, size_t j1,

@@ -43,6 +43,8 @@ typedef struct {
     const uint8_t *mask;
     size_t T, C, H, ch, chunk, rows, nt;
     int want_dw;
+    int mode;      /* AFT_SUMS_*, as it applies to this run */
+    float *sums;   /* (T, 2C): the saved sums, or NULL */
     float **hs;   /* per thread (T, 2C): sum of E^T Gp, per head [H1 | H2] */
     float **ds;   /* per thread (T, 2C) or NULL: exact terms, [dv | dk] */
 } fjob;
@@ -107,16 +109,14 @@ row_entries(float *restrict Y, float *restrict A, float *restrict G, unsigned ch
     return any;
 }
 
-/* Entry (i, c) of the block (row t = i0 + i, channel c of head h) that
- * row_entries could not take: a row that sees no key (Y' = 0, G = 0); L in
- * double from den where den is a float still (r + M + log den), else from
- * the exact sums (den underflowed, or num or den overflowed); G = a exp(r +
- * M - L) unless that passes e^GF_EXACT, when redo[c] = 1 and the
- * gradient's terms too are taken exactly (below). */
-static void entry_exact(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t i, size_t c, size_t tv)
+/* Y' of entry (i, c) of the block (row t = i0 + i, channel c of head h)
+ * that row_entries could not take, and L (both kept in sc): a row that
+ * sees no key has Y' = 0; L in double from den where den is a float still
+ * (r + M + log den), else from the exact sums (den underflowed, or num or
+ * den overflowed) */
+static float entry_y(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t i, size_t c, size_t tv)
 {
-    const aft_opspec *ws = jb->ws;
-    const size_t t = i0 + i, C = jb->C, ch = jb->ch, cc = h * ch + c, k = i * ch + c;
+    const size_t t = i0 + i, ch = jb->ch, k = i * ch + c;
     const float num = sc->acc[i * 2 * ch + c], den = sc->acc[i * 2 * ch + ch + c];
     double L = -INFINITY;
     float Y = 0.0f;
@@ -126,11 +126,24 @@ static void entry_exact(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_
         L = (double)sc->r[i] + (double)sc->M[c] + log((double)den);
         Y = num / den;
     } else {
-        aft_w_row(ws, h, t, 0, tv, sc->wrow);
-        exact_forward(jb, t, tv, cc, sc->wrow, &L, &Y);
+        aft_w_row(jb->ws, h, t, 0, tv, sc->wrow);
+        exact_forward(jb, t, tv, h * ch + c, sc->wrow, &L, &Y);
     }
     sc->L[k] = L;
     sc->y[k] = Y;
+    return Y;
+}
+
+/* Entry (i, c) that row_entries could not take: Y' and L by entry_y; the
+ * output, dq, a, and G = a exp(r + M - L) unless that passes e^GF_EXACT,
+ * when redo[c] = 1 and the gradient's terms too are taken exactly
+ * (block_exact). */
+static void entry_exact(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t i, size_t c, size_t tv)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t t = i0 + i, C = jb->C, ch = jb->ch, cc = h * ch + c, k = i * ch + c;
+    float Y = entry_y(jb, sc, h, i0, i, c, tv);
+    double L = sc->L[k];
     float sq, ds, dout = jb->io->dout[t * C + cc];
     aft_sig_parts(jb->q[t * ws->ldq + cc], &sq, &ds);
     if (jb->io->out) jb->io->out[t * C + cc] = sq * Y;
@@ -223,6 +236,43 @@ static void block_entries(const fjob *jb, fscratch *sc, size_t h, size_t i0, siz
     }
 }
 
+/* The forward half alone (AFT_SUMS_WRITE): the block's outputs as
+ * block_entries writes them, by the same code (row_entries, with dout 0
+ * and dq into sc->tmp, free once the sums are made) */
+static void block_outs(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t bi, size_t tv)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t C = jb->C, ch = jb->ch, ch2 = 2 * ch;
+    float *zero = sc->tmp, *dq = sc->tmp + ch;
+    memset(zero, 0, ch * sizeof(float));
+    for (size_t i = 0; i < bi; i++) {
+        size_t t = i0 + i;
+        const float *acc = sc->acc + i * ch2, *q = jb->q + t * ws->ldq + h * ch;
+        float *out = jb->io->out + t * C + h * ch;
+        unsigned char *redo = sc->redo + i * ch;
+        int any = !sc->vis[i] || row_entries(sc->y + i * ch, sc->a + i * ch, sc->g + i * ch, redo, out, dq, acc,
+                                             acc + ch, q, zero, ch);
+        for (size_t c = 0; c < ch && any; c++) {
+            if (sc->vis[i] && !redo[c]) continue;
+            float Y = entry_y(jb, sc, h, i0, i, c, tv), sq, ds;
+            aft_sig_parts(q[c], &sq, &ds);
+            out[c] = sq * Y;
+        }
+    }
+}
+
+/* the block's [num | den] to or from the saved sums (T, 2C), head h's
+ * 2ch columns of rows [i0, i0 + bi) */
+static void sums_copy(const fjob *jb, fscratch *sc, size_t h, size_t i0, size_t bi, int store)
+{
+    const size_t C2 = 2 * jb->C, ch2 = 2 * jb->ch;
+    for (size_t i = 0; i < bi; i++) {
+        float *saved = jb->sums + (i0 + i) * C2 + h * ch2, *acc = sc->acc + i * ch2;
+        if (store) memcpy(saved, acc, ch2 * sizeof(float));
+        else memcpy(acc, saved, ch2 * sizeof(float));
+    }
+}
+
 /* The block's share of the backward: per chunk of keys Gp = f [G | -Y' G],
  * H += E^T Gp (the thread's H) and, wanted, dw = E .* (Gp R^T) a block of
  * DW_COLS columns at a time */
@@ -309,7 +359,13 @@ static int full_block(const fjob *jb, fscratch *sc, const aft_bias_grad *db, siz
     const size_t T = jb->T, chunk = jb->chunk;
     const size_t bi = i1 - i0, tv = jb->ws->causal ? i1 : T, nc = (tv + chunk - 1) / chunk;
     block_e(jb, sc, h, i0, bi, tv, nc);
-    block_sums(jb, sc, h, bi, tv, nc);
+    if (jb->mode == AFT_SUMS_READ) sums_copy(jb, sc, h, i0, bi, 0);   /* the forward's product, kept */
+    else block_sums(jb, sc, h, bi, tv, nc);
+    if (jb->mode == AFT_SUMS_WRITE) {
+        sums_copy(jb, sc, h, i0, bi, 1);
+        block_outs(jb, sc, h, i0, bi, tv);
+        return 1;
+    }
     block_entries(jb, sc, h, i0, bi, tv);
     block_backward(jb, sc, db, tid, h, i0, bi, tv, nc);
     return block_exact(jb, sc, db, tid, h, i0, bi, tv);
@@ -425,9 +481,12 @@ static int grad_blocks(const fjob *jb)
         fscratch sc;
         aft_bias_grad mine;
         float *priv = NULL;
-        int ok = fscratch_alloc(&sc, jb->rows, T, jb->ch) && aft_bias_grad_private(ws, &io->db, &mine, &priv);
-        jb->hs[tid] = aft_calloc_array(T, C2 * sizeof(float));
-        if (!ok || !jb->hs[tid]) {
+        /* the forward half alone needs neither H nor a bias gradient */
+        const int fwd = jb->mode == AFT_SUMS_WRITE;
+        int ok = fscratch_alloc(&sc, jb->rows, T, jb->ch) &&
+                 (fwd || aft_bias_grad_private(ws, &io->db, &mine, &priv));
+        if (!fwd) jb->hs[tid] = aft_calloc_array(T, C2 * sizeof(float));
+        if (!ok || (!fwd && !jb->hs[tid])) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -451,11 +510,11 @@ static int grad_blocks(const fjob *jb)
                 }
                 /* the block's rows, a head's share of them: one add a block */
                 size_t nr = i1 - i0;
-                aft_progress_done(ws->progress, nr * (h + 1) / jb->H - nr * h / jb->H);
+                if (!fwd) aft_progress_done(ws->progress, nr * (h + 1) / jb->H - nr * h / jb->H);
             }
         }
         #pragma omp barrier
-        if (!failed) {
+        if (!failed && !fwd) {
             grad_dv_dk(jb, tid, n);
             if (priv) {
                 #pragma omp critical(aft_full_grad_merge)
@@ -478,7 +537,9 @@ aft_status aft_op_full_grad(const aft_grad_io *io, const float *q, const float *
     aft_blas_one_thread();
     const size_t chunk = ws->causal ? CAUSAL_CHUNK : T, nchunk = (T + chunk - 1) / chunk;
     fjob jb = {.ws = ws, .io = io, .q = q, .k = k, .v = v, .mask = mask, .T = T, .C = C, .H = H, .ch = ch,
-               .chunk = chunk, .rows = aft_full_rows(T, nt), .nt = nt, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
+               .chunk = chunk, .rows = aft_full_rows(T, nt), .nt = nt, .mode = io->sums ? io->sums_mode : 0,
+               .sums = io->sums};
+    if (jb.mode != AFT_SUMS_WRITE) jb.want_dw = aft_bias_grad_wanted(ws, &io->db);
     float *rhs = aft_alloc_array(T, C2 * sizeof(float));
     float *mk = aft_alloc_array(nchunk, C * sizeof(float));
     jb.hs = calloc(nt, sizeof *jb.hs);

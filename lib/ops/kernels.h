@@ -78,14 +78,19 @@ void aft_band_bias_prefetch(const aft_opspec *sp, const aft_bias_grad *db, size_
 /* the field of db for the bias's kind, zeroed (every kernel adds to it) */
 void aft_bias_grad_zero(const aft_opspec *sp, const aft_bias_grad *db);
 /* 1 when db needs no zeroing for a run of sp because the kernel's first
- * sequence sets every entry it would add to (io.db_set), and the caller's
- * zero_outside covers the rest; a dense bias, no mask or grid, and:
+ * sequence sets every entry it would add to (io.db_set), and the rest is
+ * cleared by aft_bias_grad_zero_unset, or the caller's zero_outside covers
+ * it; a dense bias, no mask or grid, and:
  * - full without causality: the first sequence writes all of rows [0, T)
  *   below column T once (64 MiB cleared and then read back to be added to
- *   cost the full backward pass a fortieth of its time at T = 4096);
- * - local: the first head of the first sequence writes each row's band
- *   (aft_w_row_grad_set clears what causality leaves of it). */
+ *   cost the full backward pass a fortieth of its time at T = 4096); what
+ *   is left, the columns from T on and the rows from T on, none at T =
+ *   Tmax, is cleared first unless zero_outside;
+ * - local with zero_outside: the first head of the first sequence writes
+ *   each row's band (aft_w_row_grad_set clears what causality leaves of
+ *   it). */
 int aft_bias_grad_sets(const aft_opspec *sp, const aft_bias_grad *db);
+void aft_bias_grad_zero_unset(const aft_opspec *sp, const aft_bias_grad *db);
 /* aft_w_row_grad where aft_bias_grad_sets holds: sets row t's entries
  * [j0, j1) instead (full: with stores that skip the cache; local: j0, j1
  * the row's band as the band kernel has it, and the rest of the window

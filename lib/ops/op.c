@@ -203,17 +203,25 @@ aft_status aft_op_forward_counted(float *out, const float *q, const float *k, co
 
 /* ---- the backward pass: the kernels as run_kernel picks them */
 
+/* io's arrays from batch b on (those it has) */
+static aft_grad_io io_from(const aft_grad_io *io, size_t b, size_t T, size_t C)
+{
+    aft_grad_io o = *io;
+    if (o.dq) o.dq += b * T * io->lddq;
+    if (o.dk) o.dk += b * T * io->lddk;
+    if (o.dv) o.dv += b * T * io->lddv;
+    if (o.dout) o.dout += b * T * C;
+    if (o.out) o.out += b * T * C;
+    if (o.sums) o.sums += b * T * 2 * C;
+    return o;
+}
+
 /* batches [b0, b0 + B) through the fast backward kernel for sp */
 static aft_status fast_grad(const aft_grad_io *io, const float *q, const float *k, const float *v,
                             const aft_opspec *sp, size_t b0, size_t B, int dense_mask, aft_error *err)
 {
     const size_t T = sp->T, C = sp->C;
-    aft_grad_io iob = *io;
-    iob.dq += b0 * T * io->lddq;
-    iob.dk += b0 * T * io->lddk;
-    iob.dv += b0 * T * io->lddv;
-    iob.dout += b0 * T * C;
-    if (iob.out) iob.out += b0 * T * C;
+    aft_grad_io iob = io_from(io, b0, T, C);
     q += b0 * T * sp->ldq;
     k += b0 * T * sp->ldk;
     v += b0 * T * sp->ldv;
@@ -222,13 +230,8 @@ static aft_status fast_grad(const aft_grad_io *io, const float *q, const float *
     if (dense_mask || sp->variant == AFT_FULL || aft_spec_on_grid(sp)) {
         aft_status st = AFT_OK;
         for (size_t b = 0; b < B && !st; b++) {
-            aft_grad_io one = iob;
+            aft_grad_io one = io_from(&iob, b, T, C);
             one.db_set = io->db_set && b0 + b == 0;   /* later sequences add */
-            one.dq += b * T * io->lddq;
-            one.dk += b * T * io->lddk;
-            one.dv += b * T * io->lddv;
-            one.dout += b * T * C;
-            if (one.out) one.out += b * T * C;
             const uint8_t *m = dense_mask ? sp->bias->mask + (sp->bias->mask_batched ? (b0 + b) * T * T : 0) : NULL;
             st = aft_op_full_grad(&one, q + b * T * sp->ldq, k + b * T * sp->ldk, v + b * T * sp->ldv, m, sp, err);
         }
@@ -286,8 +289,21 @@ static aft_status grad_kernel(const aft_grad_io *io, const float *q, const float
      * arguments */
     size_t ng = op_groups(sp, B), per = aft_bias_grad_copy_floats(sp, &io->db), room;
     int fits = aft_mul_ok(B * sp->T, sp->C, &room) && (per == 0 || (ng - 1) <= room / per);
-    if (ng > 1 && fits) return grouped_grad(io, q, k, v, sp, B, ng, dense_mask, err);
-    return fast_grad(io, q, k, v, sp, 0, B, dense_mask, err);
+    int grouped = ng > 1 && fits;
+    /* the saved sums' thread count: that of the blocks of rows, so of their
+     * bits; sums made on another are made again */
+    float tag = grouped ? 1.0f : (float)sp->threads;
+    aft_grad_io iok = *io;
+    if (iok.sums && iok.sums_mode == AFT_SUMS_WRITE) *iok.sums_tag = tag;
+    if (iok.sums && iok.sums_mode == AFT_SUMS_READ && *iok.sums_tag != tag) iok.sums = NULL;
+    if (grouped) return grouped_grad(&iok, q, k, v, sp, B, ng, dense_mask, err);
+    return fast_grad(&iok, q, k, v, sp, 0, B, dense_mask, err);
+}
+
+int aft_op_grad_saves(const aft_opspec *sp_in, size_t B, int reference)
+{
+    aft_opspec sp = *sp_in;   /* mask_needed settles a copy */
+    return !reference && (mask_needed(&sp, B) || sp.variant == AFT_FULL || aft_spec_on_grid(&sp));
 }
 
 aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float *k, const float *v,
@@ -297,8 +313,14 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
     /* the kernel's first sequence may set the dense entries instead of clearing them here */
     const int set = !reference && B > 0 && T > 0 && C > 0 && aft_bias_grad_sets(sp_in, &io_in->db);
     if (!set) aft_bias_grad_zero(sp_in, &io_in->db);
+    else aft_bias_grad_zero_unset(sp_in, &io_in->db);
     if (B == 0 || T == 0 || C == 0) return AFT_OK;
-    if (!io_in->dq || !io_in->dk || !io_in->dv || !io_in->dout || !q || !k || !v)
+    const int fwd = io_in->sums && io_in->sums_mode == AFT_SUMS_WRITE;
+    if (fwd && (!io_in->out || !io_in->sums_tag || !aft_op_grad_saves(sp_in, B, reference)))
+        return aft_fail(err, AFT_ERR_ARG, "the operator's forward half: %s",
+                        !io_in->out ? "missing (NULL) out" : "only full's kernel keeps its sums");
+    if (fwd && (!q || !k || !v)) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !q ? "q" : !k ? "k" : "v");
+    if (!fwd && (!io_in->dq || !io_in->dk || !io_in->dv || !io_in->dout || !q || !k || !v))
         return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s",
                         !io_in->dq ? "dq" : !io_in->dk ? "dk" : !io_in->dv ? "dv" : !io_in->dout ? "dout" :
                         !q ? "q" : !k ? "k" : "v");
@@ -327,7 +349,7 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
         io.lddk = C;
     }
     aft_status st = grad_kernel(&io, q, k, v, &sp, B, reference, err);
-    if (dkwide && st == AFT_OK) {
+    if (dkwide && st == AFT_OK && !fwd) {
         size_t ch = C / kc;
         for (size_t bt = 0; bt < B * T; bt++)
             for (size_t h = 0; h < kc; h++) {
@@ -339,6 +361,61 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
     free(kwide);
     free(dkwide);
     return st;
+}
+
+/* ---- the saved forward of the bare operator: the sums of the dense
+ * kernel (aft_op_grad_saves), (B, T, 2C), then their tag */
+
+static aft_status saved_settle(aft_opspec *sp, size_t *n, const aft_bias *bias, const aft_config *cfg, size_t B,
+                               size_t T, size_t C, size_t kc, aft_error *err)
+{
+    aft_status st = aft_spec_settle(sp, bias, cfg, B, T, C, kc, err);
+    if (st) return st;
+    *n = 0;
+    if (B == 0 || T == 0 || C == 0 || !aft_op_grad_saves(sp, B, cfg->impl == AFT_IMPL_REFERENCE)) return AFT_OK;
+    if (!aft_mul_ok(B * T, 2 * C, n) || !aft_add_ok(*n, 1, n))
+        return aft_fail(err, AFT_ERR_ARG, "the saved sums of B * T = %zu * %zu rows overflow", B, T);
+    return AFT_OK;
+}
+
+aft_status aft_op_saved_floats(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
+                               size_t *n, aft_error *err)
+{
+    aft_opspec sp;
+    return saved_settle(&sp, n, bias, cfg, B, T, C, kc, err);
+}
+
+aft_status aft_op_forward_saved(float *out, float *saved, const float *q, const float *k, const float *v,
+                                const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
+                                aft_error *err)
+{
+    aft_opspec sp;
+    size_t n;
+    aft_status st = saved_settle(&sp, &n, bias, cfg, B, T, C, kc, err);
+    if (st) return st;
+    if (n == 0) return aft_op_forward(out, q, k, v, bias, cfg, B, T, C, kc, err);
+    aft_grad_io io = {.out = out, .sums_mode = AFT_SUMS_WRITE, .sums = saved, .sums_tag = saved + n - 1};
+    return aft_op_grad_run(&io, q, k, v, &sp, B, kc, 0, err);
+}
+
+aft_status aft_op_backward_saved(float *dq, float *dk, float *dv, const aft_bias_grad *dbias, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *saved,
+                                 const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
+                                 aft_error *err)
+{
+    aft_opspec sp;
+    size_t n;
+    aft_status st = saved_settle(&sp, &n, bias, cfg, B, T, C, kc, err);
+    if (st) return st;
+    if (C > 0) sp.progress = aft_progress_plan(cfg->progress, B * T);
+    aft_grad_io io = {.dq = dq, .dk = dk, .dv = dv, .lddq = C, .lddk = kc, .lddv = C, .dout = dout};
+    if (dbias) io.db = *dbias;
+    if (n) {   /* the forward's sums, only read */
+        io.sums_mode = AFT_SUMS_READ;
+        io.sums = (float *)saved;
+        io.sums_tag = io.sums + n - 1;
+    }
+    return aft_op_grad_run(&io, q, k, v, &sp, B, kc, cfg->impl == AFT_IMPL_REFERENCE, err);
 }
 
 aft_status aft_op_grad_reference_d(double *dq, double *dk, double *dv, double *out, const aft_bias_grad *db,

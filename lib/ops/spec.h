@@ -91,7 +91,19 @@ typedef struct {
     float *out;
     aft_bias_grad db;
     int db_set;   /* the kernel sets db's entries (aft_bias_grad_sets): its first sequence only */
+    /* full's kernel (aft_op_grad_saves) can keep the sums of its forward
+     * half, [num | den] per row and head, (B, T, 2C), so that a backward
+     * later skips their product: AFT_SUMS_WRITE runs that half only (out
+     * and sums written; dq, dk, dv, dout and db unused), AFT_SUMS_READ takes
+     * them. *sums_tag records the thread count they were made with (the
+     * blocks of rows, hence their bits, follow it): a READ made with another
+     * recomputes them, so its results never depend on the saved sums'
+     * history. */
+    int sums_mode;
+    float *sums, *sums_tag;
 } aft_grad_io;
+
+enum { AFT_SUMS_NONE = 0, AFT_SUMS_WRITE = 1, AFT_SUMS_READ = 2 };
 
 /* ---- each kernel's workspace, for the kernels and memory.c's estimates
  *

@@ -63,6 +63,9 @@ _SIGNATURES = {
     "aft_api_layer_grad_count": (_sz, [_vp]),
     "aft_api_layer_grad_info": (_st, [_vp, _sz, _c_char_pp, _c_size_p, _c_size_p, _err]),
     "aft_api_layer_backward": (_st, [_vp, _vp, _vp, _vp, _vp, _vp, _sz, _sz, _err]),
+    "aft_api_layer_saved_size": (_st, [_vp, _sz, _sz, _c_size_p, _err]),
+    "aft_api_layer_forward_saved": (_st, [_vp, _vp, _vp, _sz, _vp, _sz, _sz, _err]),
+    "aft_api_layer_backward_saved": (_st, [_vp, _vp, _vp, _vp, _vp, _vp, _sz, _sz, _sz, _err]),
     # streaming
     "aft_api_state_new": (_st, [ctypes.POINTER(_vp), _vp, _sz, _err]),
     "aft_api_state_free": (None, [_vp]),
@@ -75,6 +78,12 @@ _SIGNATURES = {
                                  ctypes.c_char_p, _err]),
     "aft_api_op_backward": (_st, [_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _sz, _sz, _sz, _sz, _vp, _sz, _sz,
                                   _vp, ctypes.c_int, ctypes.c_char_p, _err]),
+    "aft_api_op_saved_size": (_st, [_sz, _sz, _sz, _sz, _vp, _sz, _sz, _vp, ctypes.c_int, ctypes.c_char_p, _c_size_p,
+                                    _err]),
+    "aft_api_op_forward_saved": (_st, [_vp, _vp, _sz, _vp, _vp, _vp, _sz, _sz, _sz, _sz, _vp, _sz, _sz, _vp,
+                                       ctypes.c_int, ctypes.c_char_p, _err]),
+    "aft_api_op_backward_saved": (_st, [_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _sz, _sz, _sz, _sz, _sz, _vp,
+                                        _sz, _sz, _vp, ctypes.c_int, ctypes.c_char_p, _err]),
     # the model
     "aft_api_model_open": (_st, [ctypes.POINTER(_vp), ctypes.c_char_p, ctypes.c_char_p, _err]),
     "aft_api_model_free": (None, [_vp]),

@@ -156,7 +156,7 @@ class _LayerSpec:
             pass
 
     def shaped(self, shapes):
-        """[shapes, c_ndims, c_shapes, rows, D, grad plan] for these shapes
+        """[shapes, c_ndims, c_shapes, rows, D, grad plan, saved sizes] for these shapes
         (a tuple of torch.Size), made once for them (D and the plan filled in
         by the first layer made)."""
         got = self._shaped.get(shapes)
@@ -166,7 +166,7 @@ class _LayerSpec:
         rows = [(ctypes.c_size_t * max(1, len(s)))(*s) for s in shapes]
         c_ndims = (ctypes.c_size_t * max(1, n))(*[len(s) for s in shapes])
         c_shapes = (_c_size_p * max(1, n))(*[ctypes.cast(r, _c_size_p) for r in rows])
-        got = [shapes, c_ndims, c_shapes, rows, None, None]
+        got = [shapes, c_ndims, c_shapes, rows, None, None, {}]
         if len(self._shaped) >= _KEEP:
             self._shaped.clear()
         self._shaped[shapes] = got
@@ -222,6 +222,20 @@ class _LayerSpec:
             raise ValueError("aft.torch: the input has %d features, the layer's weights take %d" % (x.shape[2], D))
         return (x.shape[1], x.shape[0]) if self.layout == "tbd" else (x.shape[0], x.shape[1])
 
+    def saved_size(self, h, sh, B, T, err):
+        """the floats of aft_api_layer_forward_saved's buffer for (B, T),
+        asked once for each"""
+        key = (B, T)
+        n = sh[6].get(key)
+        if n is None:
+            c = ctypes.c_size_t()
+            _ok(_C.aft_api_layer_saved_size(h, B, T, ctypes.byref(c), err), err)
+            n = c.value
+            if len(sh[6]) >= _KEEP:
+                sh[6].clear()
+            sh[6][key] = n
+        return n
+
     def plan(self, h, sh, err):
         """[(tensor index, shape)] of aft's gradients, in its order."""
         if sh[5] is None:
@@ -246,33 +260,32 @@ class _LayerSpec:
 
 class LayerFunction(torch.autograd.Function):
     """The AFT layer as a torch.autograd.Function:
-    ``LayerFunction.apply(spec, x, *params)``, spec a _LayerSpec (what
-    :func:`layer` makes: the options, the names of params, the layout);
-    forward is aft_api_layer_forward, backward aft_api_layer_backward (the
-    input's and every parameter's gradient, as aft grad computes them).
-    Call :func:`layer` or the modules."""
+    ``LayerFunction.apply(spec, save, x, *params)``, spec a _LayerSpec (what
+    :func:`layer` makes: the options, the names of params, the layout), save
+    whether a backward will follow (grad mode on and x or a param requiring
+    grad). Forward is aft_api_layer_forward, or with save
+    aft_api_layer_forward_saved, which keeps what the backward would compute
+    again (Q, K, V, and full's sums) in a tensor of ctx; backward is
+    aft_api_layer_backward_saved over it (the input's and every parameter's
+    gradient, as aft grad computes them, bit for bit). Call :func:`layer` or
+    the modules."""
 
     @staticmethod
-    def forward(ctx, spec, x, *params):
+    def forward(ctx, spec, save, x, *params):
         x = _check(x, "the input")
         params = _check_all(params, spec.names)
-        err = _lib.error_buffer()
-        h, sh, kept = spec.acquire(params, err)
-        try:
-            B, T = spec.sizes(x, sh[4])
-            y = torch.empty_like(x)
-            _ok(_C.aft_api_layer_forward(h, y.data_ptr(), x.data_ptr(), B, T, err), err)
-        finally:
-            spec.release(h, kept)
+        y, saved = _layer_forward(spec, save, x, params)
         ctx.spec = spec
         ctx.save_for_backward(x, *params)
+        ctx.saved = saved
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, *params = ctx.saved_tensors
-        spec = ctx.spec
+        spec, saved = ctx.spec, ctx.saved
+        ctx.saved = None            # the buffer goes with the step
         dy = _check(dy, "the output's gradient")
         grads = [None] * len(params)
         err = _lib.error_buffer()
@@ -282,14 +295,48 @@ class LayerFunction(torch.autograd.Function):
             plan = spec.plan(h, sh, err)
             ptrs = (ctypes.c_void_p * max(1, len(plan)))()
             for i, (j, shape) in enumerate(plan):
-                if ctx.needs_input_grad[2 + j]:
+                if ctx.needs_input_grad[3 + j]:
                     grads[j] = torch.empty(shape, dtype=_F32)
                     ptrs[i] = grads[j].data_ptr()
             dx = torch.empty_like(x)
-            _ok(_C.aft_api_layer_backward(h, dx.data_ptr(), ptrs, None, dy.data_ptr(), x.data_ptr(), B, T, err), err)
+            if saved is not None:
+                _ok(_C.aft_api_layer_backward_saved(h, dx.data_ptr(), ptrs, dy.data_ptr(), x.data_ptr(),
+                                                    saved.data_ptr(), saved.numel(), B, T, err), err)
+            else:
+                _ok(_C.aft_api_layer_backward(h, dx.data_ptr(), ptrs, None, dy.data_ptr(), x.data_ptr(), B, T, err),
+                    err)
         finally:
             spec.release(h, kept)
-        return (None, dx if ctx.needs_input_grad[1] else None, *grads)
+        return (None, None, dx if ctx.needs_input_grad[2] else None, *grads)
+
+
+def _layer_forward(spec, save, x, params):
+    """(y, the saved forward's buffer or None) of checked x and params"""
+    err = _lib.error_buffer()
+    h, sh, kept = spec.acquire(params, err)
+    try:
+        B, T = spec.sizes(x, sh[4])
+        y = torch.empty_like(x)
+        if save:
+            n = spec.saved_size(h, sh, B, T, err)
+            saved = torch.empty(n, dtype=_F32)
+            _ok(_C.aft_api_layer_forward_saved(h, y.data_ptr(), saved.data_ptr(), n, x.data_ptr(), B, T, err), err)
+        else:
+            saved = None
+            _ok(_C.aft_api_layer_forward(h, y.data_ptr(), x.data_ptr(), B, T, err), err)
+    finally:
+        spec.release(h, kept)
+    return y, saved
+
+
+def _apply(spec, x, params):
+    """LayerFunction over x and params, saving for the backward when one
+    can follow; with none to follow (torch.no_grad(), or nothing requires
+    grad) the forward alone, without autograd's Function (a few us a call,
+    what inference at small sizes notices)"""
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or any([p.requires_grad for p in params])):
+        return LayerFunction.apply(spec, True, x, *params)
+    return _layer_forward(spec, False, _check(x, "the input"), _check_all(params, spec.names))[0]
 
 
 _SPECS = {}
@@ -327,7 +374,7 @@ def layer(x, weights, variant="full", window=None, causal=False, heads=None, lay
     names = tuple(k for k in weights if k != "local_mask" and not k.endswith(".local_mask"))
     options = _options(variant=variant, window=window, causal=bool(causal), heads=heads, layout=layout,
                        grid=grid, threads=_threads(threads), precision=precision)
-    return LayerFunction.apply(_spec(names, options, layout), x, *[weights[k] for k in names])
+    return _apply(_spec(names, options, layout), x, [weights[k] for k in names])
 
 
 # ------------------------------------------------------------------ the operator
@@ -376,7 +423,9 @@ class OpFunction(torch.autograd.Function):
     """The bare AFT operator as a torch.autograd.Function:
     ``OpFunction.apply(options, mask, q, k, v, bias)`` (bias may be None;
     mask None or a (T, T) / (B, T, T) bool tensor, not differentiated);
-    forward is aft_api_op_forward, backward aft_api_op_backward. Use
+    forward is aft_api_op_forward_saved (it keeps, where the dense kernel
+    runs, the sums its backward would compute again), backward
+    aft_api_op_backward_saved over them (aft_api_op_backward's bits). Use
     :func:`op`."""
 
     @staticmethod
@@ -388,10 +437,14 @@ class OpFunction(torch.autograd.Function):
         m, batched, keep = _mask(mask, B, T)
         out = torch.empty_like(q)
         err = _lib.error_buffer()
-        _ok(_C.aft_api_op_forward(out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), B, T, C, kc,
-                                  None if bias is None else bias.data_ptr(), rows, cols, m, batched,
-                                  options.encode(), err), err)
-        ctx.options, ctx.mask, ctx.has_bias = options, keep, bias is not None
+        c_opts = options.encode()
+        bp = None if bias is None else bias.data_ptr()
+        n = ctypes.c_size_t()
+        _ok(_C.aft_api_op_saved_size(B, T, C, kc, bp, rows, cols, m, batched, c_opts, ctypes.byref(n), err), err)
+        saved = torch.empty(n.value, dtype=_F32)
+        _ok(_C.aft_api_op_forward_saved(out.data_ptr(), saved.data_ptr(), n.value, q.data_ptr(), k.data_ptr(),
+                                        v.data_ptr(), B, T, C, kc, bp, rows, cols, m, batched, c_opts, err), err)
+        ctx.options, ctx.mask, ctx.has_bias, ctx.saved = options, keep, bias is not None, saved
         ctx.save_for_backward(q, k, v, *([bias] if bias is not None else []))
         return out
 
@@ -400,17 +453,22 @@ class OpFunction(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, *rest = ctx.saved_tensors
         bias = rest[0] if rest else None
+        saved, ctx.saved = ctx.saved, None
         dout = _check(dout, "the output's gradient")
         B, T, C, kc, rows, cols = _op_sizes(q, k, v, bias)
         m, batched, _ = _mask(ctx.mask, B, T)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dbias = torch.empty_like(bias) if bias is not None and ctx.needs_input_grad[5] else None
         err = _lib.error_buffer()
-        _ok(_C.aft_api_op_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                                   None if dbias is None else dbias.data_ptr(), None, dout.data_ptr(),
-                                   q.data_ptr(), k.data_ptr(), v.data_ptr(), B, T, C, kc,
-                                   None if bias is None else bias.data_ptr(), rows, cols, m, batched,
-                                   ctx.options.encode(), err), err)
+        args = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        tail = (B, T, C, kc, None if bias is None else bias.data_ptr(), rows, cols, m, batched, ctx.options.encode(),
+                err)
+        grads = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), None if dbias is None else dbias.data_ptr())
+        if saved is not None:
+            _ok(_C.aft_api_op_backward_saved(*grads, dout.data_ptr(), *args, saved.data_ptr(), saved.numel(), *tail),
+                err)
+        else:                       # a second backward (retain_graph): the buffer went with the first
+            _ok(_C.aft_api_op_backward(*grads, None, dout.data_ptr(), *args, *tail), err)
         need = ctx.needs_input_grad
         return (None, None, dq if need[2] else None, dk if need[3] else None, dv if need[4] else None, dbias)
 
@@ -486,7 +544,7 @@ class _Layer(nn.Module):
         if self.precision not in ("f32", "bf16"):
             raise ValueError("aft.torch: precision must be 'f32' or 'bf16', not %r" % (self.precision,))
         options = "%s layout=%s threads=%d precision=%s" % (options, layout, _threads(self.threads), self.precision)
-        return LayerFunction.apply(_spec(names, options, layout), x, *tensors)
+        return _apply(_spec(names, options, layout), x, tensors)
 
 
 def _linear_roles(*subs):

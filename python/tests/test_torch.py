@@ -276,6 +276,65 @@ class TestBackward(unittest.TestCase):
         want = grads_of(peer.double(), x.double(), torch.ones(x.shape, dtype=torch.float64), call)
         self.assertLess(worst_scaled(x1.grad, want["input"]), GRAD_TOL)
 
+    def test_saved_forward_same_bits(self):
+        """a training step's forward keeps Q, K, V (and full's sums) for
+        its backward (aft_api_layer_forward_saved): the gradients are
+        those of the backward that computes them again, bit for bit"""
+        for name, peer, mine, x, call in pairs():
+            with self.subTest(name):
+                seen = []
+                apply = at._apply
+                at._apply = lambda spec, x, params: seen.append((spec, params)) or apply(spec, x, params)
+                try:
+                    call(mine, x)                 # the module's spec and parameters
+                finally:
+                    at._apply = apply
+                spec, params = seen[0]
+                dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
+                got = []
+                for save in (True, False):
+                    x1 = x.clone().requires_grad_(True)
+                    for p in params:
+                        p.grad = None
+                    at.LayerFunction.apply(spec, save, x1, *params).backward(dy)
+                    got.append([x1.grad] + [p.grad for p in params])
+                for a, b in zip(*got):
+                    self.assertTrue(torch.equal(a, b))
+
+    def test_no_grad_forward(self):
+        """without a backward to follow (no_grad, or nothing requiring
+        grad) the forward alone runs, outside autograd: the same y"""
+        for name, peer, mine, x, call in pairs():
+            with self.subTest(name):
+                want = call(mine, x.clone().requires_grad_(True))
+                self.assertIsNotNone(want.grad_fn)
+                with torch.no_grad():
+                    got = call(mine, x)
+                self.assertFalse(got.requires_grad)
+                self.assertLess(worst_rel(got, want.detach()), FWD_TOL)
+
+    def test_openblas_threads_left_as_set(self):
+        """the process has one OpenBLAS, torch's and aft's: after aft's
+        calls its thread count is the one torch's products had"""
+        import ctypes
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[5] for ln in f if len(ln.split()) >= 6 and "openblas" in ln.split()[5]})
+        if not paths:
+            self.skipTest("no OpenBLAS loaded")
+        ob = ctypes.CDLL(paths[0])
+        ob.openblas_set_num_threads.argtypes = [ctypes.c_int]
+        ob.openblas_get_num_threads.restype = ctypes.c_int
+        before = ob.openblas_get_num_threads()
+        try:
+            ob.openblas_set_num_threads(3)
+            for name, peer, mine, x, call in pairs():
+                grads_of(mine, x, torch.ones(x.shape), call)
+                with torch.no_grad():
+                    call(mine, x)
+                self.assertEqual(ob.openblas_get_num_threads(), 3, name)
+        finally:
+            ob.openblas_set_num_threads(before)
+
 
 def op_reference(q, k, v, bias, causal, window):
     """the operator in float64 from its definition: sigmoid(Q) times the
@@ -316,6 +375,27 @@ class TestOp(unittest.TestCase):
                 self.assertLess(worst_rel(out, want), FWD_TOL)
                 for name, a, b in zip("qkvw", ins, ref):
                     self.assertLess(worst_scaled(a.grad, b.grad), GRAD_TOL, name)
+
+    def test_op_saved_same_bits(self):
+        """the operator's forward keeps full's sums for its backward
+        (aft_api_op_forward_saved): the gradients are those of
+        aft.op_backward, which computes them again, bit for bit"""
+        g = torch.Generator().manual_seed(7)
+        B, T, C = 2, 40, 6
+        for variant, causal in (("full", False), ("full", True), ("simple", False)):
+            with self.subTest(variant=variant, causal=causal):
+                q, k, v = (torch.randn(B, T, C, generator=g) for _ in range(3))
+                bias = torch.randn(T, T, generator=g) if variant == "full" else None
+                dout = torch.randn(B, T, C, generator=g)
+                ins = [t.clone().requires_grad_(True) for t in (q, k, v)] + \
+                      ([bias.clone().requires_grad_(True)] if bias is not None else [])
+                at.op(*ins[:3], variant=variant, bias=ins[3] if bias is not None else None,
+                      causal=causal).backward(dout)
+                want = aft.op_backward(q.numpy(), k.numpy(), v.numpy(), dout.numpy(), variant=variant,
+                                       bias=None if bias is None else bias.numpy(), causal=causal,
+                                       threads=torch.get_num_threads())
+                for name, t in zip(("q", "k", "v", "bias"), ins):
+                    self.assertTrue(torch.equal(t.grad, torch.from_numpy(want[name])), name)
 
     def test_op_mask(self):
         g = torch.Generator().manual_seed(6)

@@ -8,7 +8,15 @@
  *    grid on one thread: its bias gradient's sums are ordered by the
  *    threads' timing, in aft grad as here);
  *  - a gradient not wanted (NULL) leaves the others as they were;
- *  - the refusals: NULLs, a T past the bias, an index past the gradients. */
+ *  - the refusals: NULLs, a T past the bias, an index past the gradients;
+ *  - the saved forward (lib/api/saved.c): aft_api_layer_backward_saved
+ *    gives aft_api_layer_backward's dX and gradients byte for byte in every
+ *    case (extreme values too, which take the exact paths), and y as the
+ *    backward's; a buffer of the wrong size, or one no forward filled, is
+ *    refused; a buffer saved on another thread count gives the same bits
+ *    (its sums are made again);
+ *  - OpenBLAS's thread count (the process's, a binding's host's too) and
+ *    OpenMP's default are as the caller set them after every call. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +28,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include <cblas.h>
+#include <omp.h>
 
 #include "aft.h"
 #include "aftrun.h"
@@ -211,12 +222,111 @@ static void test_refusals(void **state)
     free_run(&r);
 }
 
+/* the saved forward and backward against the recomputing backward */
+static void saved_case(const char *name)
+{
+    run r;
+    setup_run(&r, name, strncmp(name, "grid_conv", 9) == 0);
+    aft_error err;
+    const float *x = r.c.x.data[0];
+    size_t B = r.c.B, T = r.c.T, n;
+    assert_int_equal(aft_api_layer_backward(r.l, r.dx, r.g, r.y, r.dy, x, B, T, &err), AFT_OK);
+    assert_int_equal(aft_api_layer_saved_size(r.l, B, T, &n, &err), AFT_OK);
+    float *saved = malloc(n * sizeof(float)), *y = malloc(r.n * sizeof(float)), *dx = malloc(r.n * sizeof(float));
+    float *g[AFT_GRAD_SLOTS] = {0};
+    for (size_t i = 0; i < r.ng; i++) g[i] = malloc(r.glen[i] * sizeof(float));
+    assert_int_equal(aft_api_layer_forward_saved(r.l, y, saved, n, x, B, T, &err), AFT_OK);
+    for (size_t i = 0; i < r.n; i++)
+        if (!(fabsf(y[i] - r.y[i]) <= 1e-5f * fmaxf(1.0f, fabsf(r.y[i]))) && !(isnan(y[i]) && isnan(r.y[i])))
+            fail_msg("%s: y[%zu] = %.9g, the backward's %.9g", name, i, (double)y[i], (double)r.y[i]);
+    assert_int_equal(aft_api_layer_backward_saved(r.l, dx, g, r.dy, x, saved, n, B, T, &err), AFT_OK);
+    assert_memory_equal(dx, r.dx, r.n * sizeof(float));
+    for (size_t i = 0; i < r.ng; i++) assert_memory_equal(g[i], r.g[i], r.glen[i] * sizeof(float));
+    /* the wrong size; a buffer no forward filled */
+    assert_int_equal(aft_api_layer_backward_saved(r.l, dx, g, r.dy, x, saved, n - 1, B, T, &err), AFT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "saved holds"));
+    memset(saved, 0, n * sizeof(float));
+    assert_int_equal(aft_api_layer_backward_saved(r.l, dx, g, r.dy, x, saved, n, B, T, &err), AFT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "not what a saved forward left"));
+    assert_int_equal(aft_api_layer_backward_saved(r.l, dx, g, r.dy, x, NULL, n, B, T, &err), AFT_ERR_ARG);
+    assert_string_equal(err.msg, "missing (NULL) saved");
+    for (size_t i = 0; i < r.ng; i++) free(g[i]);
+    free(saved), free(y), free(dx);
+    free_run(&r);
+}
+
+/* saved by a layer on another thread count: its sums have other bits, so
+ * the backward makes them again and still gives its own backward's bits */
+static void test_saved_other_threads(void **state)
+{
+    (void)state;
+    run r, one;
+    setup_run(&r, "rish_full", 0);
+    setup_run(&one, "rish_full", 1);
+    aft_error err;
+    const float *x = r.c.x.data[0];
+    size_t B = r.c.B, T = r.c.T, n, n1;
+    assert_int_equal(aft_api_layer_backward(r.l, r.dx, r.g, NULL, r.dy, x, B, T, &err), AFT_OK);
+    assert_int_equal(aft_api_layer_saved_size(r.l, B, T, &n, &err), AFT_OK);
+    assert_int_equal(aft_api_layer_saved_size(one.l, B, T, &n1, &err), AFT_OK);
+    assert_int_equal(n, n1);
+    float *saved = malloc(n * sizeof(float));
+    assert_int_equal(aft_api_layer_forward_saved(one.l, one.y, saved, n, x, B, T, &err), AFT_OK);
+    assert_int_equal(aft_api_layer_backward_saved(r.l, one.dx, one.g, r.dy, x, saved, n, B, T, &err), AFT_OK);
+    assert_memory_equal(one.dx, r.dx, r.n * sizeof(float));
+    for (size_t i = 0; i < r.ng; i++) assert_memory_equal(one.g[i], r.g[i], r.glen[i] * sizeof(float));
+    free(saved);
+    free_run(&one);
+    free_run(&r);
+}
+
+static void test_blas_threads(void **state)
+{
+    (void)state;
+    run r;
+    setup_run(&r, "rish_full", 0);
+    aft_error err;
+    const float *x = r.c.x.data[0];
+    size_t B = r.c.B, T = r.c.T, n;
+    int omp = omp_get_max_threads();
+    openblas_set_num_threads(3);
+    omp_set_num_threads(omp);
+    assert_int_equal(aft_api_layer_forward(r.l, r.y, x, B, T, &err), AFT_OK);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(aft_api_layer_backward(r.l, r.dx, r.g, NULL, r.dy, x, B, T, &err), AFT_OK);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(aft_api_layer_saved_size(r.l, B, T, &n, &err), AFT_OK);
+    float *saved = malloc(n * sizeof(float));
+    assert_int_equal(aft_api_layer_forward_saved(r.l, r.y, saved, n, x, B, T, &err), AFT_OK);
+    assert_int_equal(aft_api_layer_backward_saved(r.l, r.dx, r.g, r.dy, x, saved, n, B, T, &err), AFT_OK);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    assert_int_equal(omp_get_max_threads(), omp);
+    /* a refused call too */
+    assert_int_equal(aft_api_layer_forward(r.l, r.y, x, B, SIZE_MAX, &err), AFT_ERR_ARG);
+    assert_int_equal(openblas_get_num_threads(), 3);
+    openblas_set_num_threads(1);
+    omp_set_num_threads(omp);
+    free(saved);
+    free_run(&r);
+}
+
+static void test_saved(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"labml_local", "labml_local_extreme", "rish_local", "rish_full",
+                                        "rish_full_extreme", "rish_simple", "grid_conv", "grid_local"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) saved_case(names[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cases),
         cmocka_unit_test(test_names_and_y),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_saved),
+        cmocka_unit_test(test_saved_other_threads),
+        cmocka_unit_test(test_blas_threads),
     };
     return cmocka_run_group_tests(tests, NULL, aftrun_cleanup);
 }

@@ -5,10 +5,13 @@
  *    for byte as aft run and aft grad compute them on the same q, k, v,
  *    bias (--weights' pos_bias), mask and dY: out, dq, dk, dv and the
  *    bias's gradient in the bias's shape;
+ *  - each case's saved forward and backward (aft_api_op_forward_saved,
+ *    _backward_saved): the backward's gradients byte for byte;
  *  - no bias (w = 0) as aft_op_forward with AFT_BIAS_NONE; backward's out;
  *  - the refusals: NULLs, a dbias without a bias, a bias for simple, keys
  *    of the wrong width, a bias that is not square, T past Tmax, a key the
  *    operator does not take. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -111,6 +114,43 @@ static void same(const aft_st_file *f, const char *name, const float *x, size_t 
         fail_msg("'%s' is not aft grad's", name);
 }
 
+/* the saved forward and backward: the gradients of aft_api_op_backward (dq,
+ * dk, dv, db) byte for byte, out as its out; a buffer no forward filled
+ * refused */
+static void saved_same(const op_case *c, const inputs *in, const float *dq, const float *dk, const float *dv,
+                       const float *db)
+{
+    aft_error err;
+    size_t n, nq = B * T * C, nk = B * T * c->kc;
+    const int mb = c->mask == 3;
+    assert_int_equal(aft_api_op_saved_size(B, T, C, c->kc, in->bias, c->bias_rows, c->bias_cols, in->mask, mb,
+                                           c->options, &n, &err), AFT_OK);
+    float *saved = malloc(n * sizeof(float)), *out = malloc(nq * sizeof(float)), *want = malloc(nq * sizeof(float));
+    float *gq = malloc(nq * sizeof(float)), *gk = malloc(nk * sizeof(float)), *gv = malloc(nq * sizeof(float));
+    float *gb = db ? malloc(in->nbias * sizeof(float)) : NULL;
+    assert_int_equal(aft_api_op_forward_saved(out, saved, n, in->q, in->k, in->v, B, T, C, c->kc, in->bias,
+                                              c->bias_rows, c->bias_cols, in->mask, mb, c->options, &err), AFT_OK);
+    assert_int_equal(aft_api_op_backward(gq, gk, gv, NULL, want, in->dy, in->q, in->k, in->v, B, T, C, c->kc,
+                                         in->bias, c->bias_rows, c->bias_cols, in->mask, mb, c->options, &err),
+                     AFT_OK);
+    for (size_t i = 0; i < nq; i++) assert_true(fabsf(out[i] - want[i]) <= 1e-5f * fmaxf(1.0f, fabsf(want[i])));
+    assert_int_equal(aft_api_op_backward_saved(gq, gk, gv, gb, in->dy, in->q, in->k, in->v, saved, n, B, T, C,
+                                               c->kc, in->bias, c->bias_rows, c->bias_cols, in->mask, mb, c->options,
+                                               &err), AFT_OK);
+    assert_memory_equal(gq, dq, nq * sizeof(float));
+    assert_memory_equal(gk, dk, nk * sizeof(float));
+    assert_memory_equal(gv, dv, nq * sizeof(float));
+    if (db) assert_memory_equal(gb, db, in->nbias * sizeof(float));
+    memset(saved, 0, n * sizeof(float));
+    assert_int_equal(aft_api_op_backward_saved(gq, gk, gv, gb, in->dy, in->q, in->k, in->v, saved, n, B, T, C,
+                                               c->kc, in->bias, c->bias_rows, c->bias_cols, in->mask, mb, c->options,
+                                               &err), AFT_ERR_ARG);
+    assert_int_equal(aft_api_op_backward_saved(gq, gk, gv, gb, in->dy, in->q, in->k, in->v, saved, n + 1, B, T, C,
+                                               c->kc, in->bias, c->bias_rows, c->bias_cols, in->mask, mb, c->options,
+                                               &err), AFT_ERR_ARG);
+    free(saved), free(out), free(want), free(gq), free(gk), free(gv), free(gb);
+}
+
 static void against_cli(const op_case *c)
 {
     inputs in;
@@ -137,6 +177,7 @@ static void against_cli(const op_case *c)
     same(f, "v", dv, B * T * C);
     if (db) same(f, "pos_bias", db, in.nbias);
     aft_st_close(f);
+    saved_same(c, &in, dq, dk, dv, db);
     free(out), free(dq), free(dk), free(dv), free(db);
     free_inputs(&in);
 }
@@ -199,7 +240,8 @@ static void test_refusals(void **state)
     refused(aft_api_op_forward(o, q, k, v, B, 13, C, C, b, 12, 12, NULL, 0, local, &err), &err,
             "sequence length T = 13 exceeds the position bias 'pos_bias' size Tmax = 12");
     refused(aft_api_op_forward(o, q, k, v, B, T, C, C, b, 12, 12, NULL, 0, "variant=local window=3 prefix=a.", &err),
-            &err, "unknown option 'prefix' (the operator takes variant, window, heads, causal, threads, impl, grid, precision)");
+            &err, "unknown option 'prefix' (the operator takes variant, window, heads, causal, threads, impl, grid, "
+                  "precision)");
     refused(aft_api_op_forward(o, q, k, v, SIZE_MAX, T, C, C, b, 12, 12, NULL, 0, local, &err), &err, "overflows");
     assert_int_equal(aft_api_op_forward(o, q, k, v, B, T, C, C, b, 6, 24, NULL, 0, local, &err), AFT_ERR_FORMAT);
     assert_string_equal(err.msg, "'pos_bias' must be a square (Tmax, Tmax) matrix for the local variant");
