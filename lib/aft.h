@@ -1031,6 +1031,58 @@ aft_status aft_model_generate(const aft_model *m, int32_t *out, size_t *n_out, c
                               size_t n_prompt, size_t n_new, const aft_sampling *smp, aft_token_fn fn,
                               void *fn_ctx, aft_error *err);
 
+/* ---------------------------------------------------------------- training (model_grad.c)
+ *
+ * A model's parameters as training sees them: every entry of labml's
+ * state dict, under its names and in its order (train_labml_aft.py's model,
+ * so that load_state_dict(strict=True) takes them back): the embedding, the
+ * positional encodings (a buffer), then each layer's self_attn (query, key,
+ * value weight and bias, pos_bias, local_mask, output weight and bias),
+ * feed_forward (layer1, layer2), norm_self_attn, norm_ff, then encoder.norm
+ * and generator.projection. The positional encodings and local_mask are not
+ * trained (aft_model_param_trainable 0; their gradient is always 0, and
+ * local_mask holds 1 inside the band, 0 outside). Only labml's AFTLocal
+ * model with every bias (and its positional encodings) is taken: other
+ * models are refused with AFT_ERR_ARG at the first call that needs the
+ * values.
+ *
+ * The model keeps a float32 master copy of every parameter (a 16-bit
+ * checkpoint is widened at the first call of aft_model_param_data or
+ * aft_model_loss_grad), and the forward pass, the state and generation read
+ * those copies: after writing them, call aft_model_params_changed before the
+ * next forward, step or generation. */
+size_t aft_model_param_count(const aft_model *m);
+/* name (valid while m lives), ndim (<= 4) and shape of parameter i */
+aft_status aft_model_param_info(const aft_model *m, size_t i, const char **name, size_t *ndim, size_t shape[4],
+                                aft_error *err);
+/* 1 when parameter i is trained, 0 for a buffer (positional_encodings,
+ * local_mask) */
+int aft_model_param_trainable(const aft_model *m, size_t i);
+/* parameter i's float32 values (C order, param_info's shape), to read and
+ * write; NULL when i is out of range, or the model cannot be trained, or out
+ * of memory (aft_model_loss_grad says which) */
+float *aft_model_param_data(aft_model *m, size_t i);
+/* repacks what the forward pass uses from the master copies */
+aft_status aft_model_params_changed(aft_model *m, aft_error *err);
+
+typedef struct {
+    float dropout;   /* labml's dropout probability, in [0, 1); 0: none */
+    uint64_t seed;   /* the dropout masks: a pure function of (seed, site, element) */
+    int threads;     /* 0: the model's */
+} aft_train_options;
+
+/* The mean cross-entropy over the B x T positions of tokens[b*T + t]
+ * predicting targets[b*T + t] (a target < 0 is ignored; none counted: loss
+ * 0 and zero gradients), batch-major, every sequence from position 0, T <=
+ * the model's context. When grads is not NULL, d(loss)/d(parameter i) is
+ * written (whole) into grads[i], caller-allocated in param_info's shape
+ * (grads[i] NULL: not wanted). o NULL: no dropout. Dropout as labml's
+ * model applies it, scaled by 1 / (1 - p): after each layer's self_attn,
+ * after its FFN's ReLU and after its FFN. Memory: the activations of one
+ * step, about (4 D + F) B T floats a layer plus B T V for the logits. */
+aft_status aft_model_loss_grad(aft_model *m, const int32_t *tokens, const int32_t *targets, size_t B, size_t T,
+                               const aft_train_options *o, float *loss, float *const *grads, aft_error *err);
+
 /* ---------------------------------------------------------------- the binding interface (lib/api/)
  *
  * A small interface for bindings (python/aft calls it through ctypes):

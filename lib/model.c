@@ -8,6 +8,7 @@
  * embedding (embed.c), the vocabulary (vocab.c), sampling (sample.c). */
 #include "carry.h"
 #include "layer.h"   /* aft_layer_forward_counted */
+#include "model_priv.h"
 #include "nn/bf16.h"
 #include "nn/nn.h"
 
@@ -16,41 +17,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* more layers than any model has; a hostile name cannot make aft allocate
- * for millions */
-enum { MAX_LAYERS = 4096 };
-#define LAYERS_PREFIX "encoder.layers."
-
-typedef struct {
-    char prefix[48];          /* "encoder.layers.N." */
-    aft_weights attn;         /* self_attn: its projections and bias (owned) */
-    aft_config cfg;           /* causal, the variant and window found */
-    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;   /* norm_self_attn, norm_ff: (D) */
-    aft_ffn_params ffp;
-    aft_ffn ffn;              /* packed */
-    int ffn_ready;
-} mlayer;
-
-struct aft_model {
-    aft_model_info info;
-    aft_impl impl;
-    int threads;
-    aft_precision precision;   /* the products' (aft_model_options.precision) */
-    mlayer *layers;
-    aft_embed_params emb;
-    const float *norm_w, *norm_b;   /* encoder.norm: (D) */
-    const float *gen_w, *gen_b;     /* generator.projection: (V, D), (V) */
-    aft_linear gen;
-    int gen_ready;
-    aft_vocab vocab;
-    float **owned;
-    size_t nowned, capowned;
-    char context_from[160];
-    uint8_t *used;            /* while loading: 1 for each tensor of the file
-                               * read (by file position) */
-    char unused[160];         /* the first tensor not read, as shown */
-};
 
 /* ---------------------------------------------------------------- loading */
 
@@ -425,6 +391,7 @@ static void note_unused(aft_model *m, const aft_st_file *f)
 void aft_model_free(aft_model *m)
 {
     if (!m) return;
+    aft_model_train_free(m);
     for (size_t i = 0; m->layers && i < m->info.n_layers; i++) {
         if (m->layers[i].ffn_ready) aft_ffn_free(&m->layers[i].ffn);
         aft_weights_free(&m->layers[i].attn);
@@ -528,6 +495,7 @@ aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model
         m->info.has_vocab = st == AFT_OK;
     }
     if (!st) st = check_peers(m, f, err);
+    if (!st) st = aft_model_train_prepare(m, err);
     if (st) {
         aft_model_free(m);
         return st;
