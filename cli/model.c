@@ -306,8 +306,11 @@ done:
 
 struct model_opts {
     cli_model_opts m;
-    const char *tokens, *out_path;
+    const char *tokens, *out_path, *targets;
     int tbd;
+    int grad;          /* --grad: the loss and every parameter's gradient */
+    double dropout;    /* --grad's dropout (labml's), 0: none */
+    uint64_t seed;     /* its masks' seed */
 };
 
 #define FIELD(f) offsetof(struct model_opts, f)
@@ -320,6 +323,21 @@ static int set_layout(const cli_option *opt, void *opts, const char *v)
 static int set_impl(const cli_option *opt, void *opts, const char *v)
 {
     return cli_set_impl("model", &((struct model_opts *)opts)->m.impl, v);
+}
+
+static int set_dropout(const cli_option *opt, void *opts, const char *v)
+{
+    double *d = &((struct model_opts *)opts)->dropout;
+    if (cli_parse_double(v, d) != 0 || *d < 0.0 || *d >= 1.0)
+        return cli_usage_error("model", "--dropout takes a probability in [0, 1)");
+    return 0;
+}
+
+static int set_seed(const cli_option *opt, void *opts, const char *v)
+{
+    if (aft_parse_u64(v, &((struct model_opts *)opts)->seed) != 0)
+        return cli_usage_error("model", "--seed takes a whole number >= 0");
+    return 0;
 }
 
 static int set_tokens(void *opts, const char *arg)
@@ -352,6 +370,16 @@ static const cli_option options[] = {
      "refuse runs needing more (bytes, or with K, M, G; default: the memory available)",
      cli_model_set_max_memory, FIELD(m), "--max-memory needs a size", 0},
     {"--strict", NULL, NULL, CLI_MODEL_STRICT_HELP, cli_model_set_strict, FIELD(m), NULL, 0},
+    {"--grad", NULL, NULL,
+     "write the mean cross-entropy (metadata 'loss') and every trained parameter's gradient, under labml's "
+     "names, as .safetensors, instead of the logits", cli_set_flag, FIELD(grad), NULL, 0},
+    {"--targets", NULL, "FILE",
+     "--grad: the token each position predicts, shaped as TOKENS (default: the next token of TOKENS; the last "
+     "position predicts nothing)", cli_set_string, FIELD(targets), "--targets needs a file", 0},
+    {"--dropout", NULL, "P", "--grad: labml's dropout with probability P (default 0: none)", set_dropout, 0,
+     "--dropout needs a value", 0},
+    {"--seed", NULL, "N", "--grad: the seed of the dropout masks (default 0)", set_seed, 0,
+     "--seed needs a value", 0},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
@@ -362,7 +390,9 @@ const cli_command cli_model_command = {
              "Runs labml's autoregressive AFT model (its AutoregressiveTransformer) on\n"
              "TOKENS, integer token ids [T] or [B, T] in a .npy ('-': stdin), and writes\n"
              "its logits, float32 [T, V] or [B, T, V]. Layers, sizes, the vocabulary\n"
-             "size and the variant come from the checkpoint.\n",
+             "size and the variant come from the checkpoint. With --grad, the loss of\n"
+             "predicting the next token (or --targets) and its gradient for every\n"
+             "trained parameter instead (PyTorch's loss.backward() on labml's model).\n",
     .options = options,
     .more = CLI_MODEL_MORE,
     .operand = set_tokens,
@@ -482,6 +512,117 @@ static int write_logits(const struct model_opts *o, struct model_run *r)
     return 0;
 }
 
+/* ---------------------------------------------------------------- aft model --grad */
+
+/* the targets: --targets (shaped as TOKENS), else each token's next, -1
+ * (ignored) at a sequence's last position */
+static int load_targets(const struct model_opts *o, const struct model_run *r, int32_t **out)
+{
+    if (o->targets) {
+        cli_tokens tk;
+        int rc = cli_tokens_read("model", o->targets, r->info->n_vocab, o->tbd, &tk);
+        if (rc) return rc;
+        if (tk.B != r->B || tk.T != r->T) {
+            cli_error(NULL, "%s: %zu x %zu targets for %zu x %zu tokens", cli_display_name(o->targets), tk.B, tk.T,
+                      r->B, r->T);
+            free(tk.ids);
+            return EXIT_DATA;
+        }
+        *out = tk.ids;
+        return 0;
+    }
+    int32_t *y = malloc(r->B * r->T * sizeof *y + 1);
+    if (!y) {
+        cli_error("model", "out of memory for the targets");
+        return EXIT_DATA;
+    }
+    for (size_t b = 0; b < r->B; b++)
+        for (size_t t = 0; t < r->T; t++) y[b * r->T + t] = t + 1 < r->T ? r->tokens[b * r->T + t + 1] : -1;
+    *out = y;
+    return 0;
+}
+
+/* the gradients as .safetensors (labml's names, metadata 'loss') to -o or
+ * stdout; on a terminal without -o, the loss only */
+static int write_grads(const struct model_opts *o, aft_model *m, float *const *g, float loss)
+{
+    char lossbuf[32];
+    snprintf(lossbuf, sizeof lossbuf, "%.9g", (double)loss);
+    if (!o->out_path && isatty(STDOUT_FILENO)) {
+        printf("loss %s\n(not saved: -o FILE or a pipe writes the gradients as .safetensors)\n", lossbuf);
+        return 0;
+    }
+    size_t np = aft_model_param_count(m), n = 0;
+    const char **names = calloc(np + 1, sizeof *names);
+    aft_tensor *t = calloc(np + 1, sizeof *t);
+    int rc = 0;
+    if (!names || !t) {
+        cli_error("model", "out of memory");
+        rc = EXIT_DATA;
+    }
+    for (size_t i = 0; !rc && i < np; i++) {
+        if (!aft_model_param_trainable(m, i)) continue;
+        size_t nd, sh[4];
+        aft_model_param_info(m, i, &names[n], &nd, sh, NULL);
+        t[n] = (aft_tensor){.dtype = AFT_F32, .ndim = nd, .data = g[i], .nelem = 1};
+        for (size_t d = 0; d < nd; d++) t[n].nelem *= (t[n].shape[d] = sh[d]);
+        t[n].nbytes = t[n].nelem * sizeof(float);
+        n++;
+    }
+    const char *meta[] = {"format", "pt", "loss", lossbuf};
+    aft_error err;
+    if (!rc && aft_st_write(o->out_path ? o->out_path : "-", names, t, n, meta, 2, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        rc = EXIT_DATA;
+    }
+    free(names);
+    free(t);
+    return rc;
+}
+
+static int run_grad(const struct model_opts *o, struct model_run *r)
+{
+    int32_t *targets = NULL;
+    int rc = load_targets(o, r, &targets);
+    if (rc) return rc;
+    aft_model *m = r->model;
+    size_t np = aft_model_param_count(m);
+    aft_error err;
+    float **g = calloc(np + 1, sizeof *g), loss = 0.0f;
+    if (np == 0) {
+        aft_model_param_info(m, 0, NULL, NULL, NULL, &err);
+        cli_error("model", "%s: %s", o->m.weights, err.msg);
+        rc = EXIT_DATA;
+    } else if (!g) {
+        cli_error("model", "out of memory for the gradients");
+        rc = EXIT_DATA;
+    }
+    for (size_t i = 0; !rc && i < np; i++) {
+        size_t nd, sh[4], n = 1;
+        aft_model_param_info(m, i, NULL, &nd, sh, NULL);
+        for (size_t d = 0; d < nd; d++) n *= sh[d];
+        if (!(g[i] = malloc(n * sizeof(float) + 1))) {
+            cli_error("model", "out of memory for the gradients");
+            rc = EXIT_DATA;
+        }
+    }
+    aft_train_options to = {.dropout = (float)o->dropout, .seed = o->seed, .threads = o->m.threads};
+    if (!rc) {
+        cli_progress_start("aft model --grad: B=%zu T=%zu", r->B, r->T);
+        aft_status st = aft_model_loss_grad(m, r->tokens, targets, r->B, r->T, &to, &loss, g, &err);
+        cli_progress_stop();
+        if (st != AFT_OK) {
+            cli_error("model", "%s", err.msg);
+            rc = EXIT_DATA;
+        }
+    }
+    if (!rc) rc = write_grads(o, m, g, loss);
+    for (size_t i = 0; g && i < np; i++) free(g[i]);
+    free(g);
+    free(targets);
+    return rc;
+}
+
 int cmd_model(int argc, char **argv)
 {
     struct model_opts o = {.m = {.cmd = "model"}};
@@ -489,6 +630,10 @@ int cmd_model(int argc, char **argv)
     if (rc) return rc < 0 ? cli_finish_stdout("model") : rc;
     if (!o.m.weights) return cli_usage_error("model", "--weights FILE is required: the model");
     if (!o.tokens) return cli_usage_error("model", "no TOKENS given");
+    if (!o.grad && (o.targets || o.dropout > 0.0 || o.seed))
+        return cli_usage_error("model", "--targets, --dropout and --seed go with --grad");
+    if (o.grad && (o.m.impl == AFT_IMPL_REFERENCE || o.m.precision == AFT_PRECISION_BF16))
+        return cli_usage_error("model", "--grad computes in float32: drop --impl and --precision");
     if (o.m.precision == AFT_PRECISION_BF16 && o.m.impl == AFT_IMPL_REFERENCE)
         return cli_usage_error("model", "--precision bf16 applies to the fast kernels; --impl reference computes in "
                                "float64");
@@ -499,9 +644,13 @@ int cmd_model(int argc, char **argv)
         r.info = aft_model_get_info(r.model);
         rc = load_tokens(&o, &r);
     }
-    if (!rc) rc = check_memory(&o, &r);
-    if (!rc) rc = compute(&o, &r);
-    if (!rc) rc = write_logits(&o, &r);
+    if (!rc && o.grad) {
+        rc = run_grad(&o, &r);
+    } else {
+        if (!rc) rc = check_memory(&o, &r);
+        if (!rc) rc = compute(&o, &r);
+        if (!rc) rc = write_logits(&o, &r);
+    }
     free(r.tokens);
     free(r.logits);
     aft_model_free(r.model);
