@@ -371,6 +371,90 @@ static void test_dropout(void **state)
     aft_model_free(m);
 }
 
+/* ---------------------------------------------------------------- PyTorch's gradients */
+
+static int32_t *fixture_ids(const char *name, size_t *b, size_t *t)
+{
+    aft_tensor x;
+    aft_error err = {{0}};
+    if (aft_npy_read(files_fixture("model/grad", name), &x, NULL, &err) != AFT_OK) fail_msg("%s: %s", name, err.msg);
+    assert_int_equal(x.dtype, AFT_I32);
+    assert_int_equal(x.ndim, 2);
+    *b = x.shape[0];
+    *t = x.shape[1];
+    int32_t *ids = xmalloc(x.nbytes);
+    memcpy(ids, x.data, x.nbytes);
+    aft_tensor_free(&x);
+    return ids;
+}
+
+static void torch_case(const char *name)
+{
+    char path[160];
+    aft_error err = {{0}};
+    snprintf(path, sizeof path, "%s.safetensors", name);
+    aft_model *m;
+    aft_model_options mo = {.threads = 2};
+    if (aft_model_open(&m, files_fixture("model/grad", path), &mo, &err)) fail_msg("%s: %s", path, err.msg);
+    snprintf(path, sizeof path, "%s_grads.safetensors", name);
+    aft_st_file *f;
+    if (aft_st_open(files_fixture("model/grad", path), &f, &err)) fail_msg("%s: %s", path, err.msg);
+    size_t bb, tt, b2, t2;
+    int32_t *tok = fixture_ids("tokens.npy", &bb, &tt), *tgt = fixture_ids("targets.npy", &b2, &t2);
+    assert_true(bb == b2 && tt == t2);
+    size_t np = aft_model_param_count(m), ntrained = 0;
+    float **g = xcalloc(np, sizeof *g), loss;
+    for (size_t i = 0; i < np; i++) {
+        size_t nd, sh[4], n = 1;
+        aft_model_param_info(m, i, NULL, &nd, sh, NULL);
+        for (size_t d = 0; d < nd; d++) n *= sh[d];
+        g[i] = xmalloc(n * sizeof(float));
+    }
+    aft_train_options o = {.threads = 2};
+    if (aft_model_loss_grad(m, tok, tgt, bb, tt, &o, &loss, g, &err)) fail_msg("%s: %s", name, err.msg);
+    double want = atof(aft_st_metadata_find(f, "loss")), worst = 0;
+    if (fabs(loss - want) > TOL * fmax(1.0, fabs(want))) fail_msg("%s: loss %.9g, torch %.9g", name, loss, want);
+    for (size_t i = 0; i < np; i++) {
+        const char *pn;
+        aft_model_param_info(m, i, &pn, NULL, NULL, NULL);
+        const aft_tensor *t = aft_st_find(f, pn);
+        if (!aft_model_param_trainable(m, i)) {
+            assert_null(t);
+            continue;
+        }
+        if (!t) fail_msg("%s: torch has no gradient '%s'", name, pn);
+        float *tg;
+        if (aft_tensor_to_f32(t, &tg, &err)) fail_msg("%s", err.msg);
+        double gmax = 0;
+        for (size_t j = 0; j < t->nelem; j++) gmax = fmax(gmax, fabs(tg[j]));
+        for (size_t j = 0; j < t->nelem; j++) {
+            double e = fabs(g[i][j] - tg[j]) / fmax(1.0, gmax);
+            if (!(e <= TOL)) fail_msg("%s: %s[%zu] = %.9g, torch %.9g", name, pn, j, g[i][j], tg[j]);
+            /* and relative to the tensor's own scale, for the report (a
+             * gradient that is 0 by symmetry, as the key bias's, aside) */
+            if (gmax > 1e-6) worst = fmax(worst, fabs(g[i][j] - tg[j]) / gmax);
+        }
+        free(tg);
+        ntrained++;
+    }
+    assert_int_equal(ntrained, aft_st_count(f));
+    print_message("torch %s: loss %.7f (torch %.7f), worst error %.2e x max|g| of its tensor\n", name, loss, want,
+                  worst);
+    for (size_t i = 0; i < np; i++) free(g[i]);
+    free(g);
+    free(tok);
+    free(tgt);
+    aft_st_close(f);
+    aft_model_free(m);
+}
+
+static void test_torch(void **state)
+{
+    (void)state;
+    torch_case("small");
+    torch_case("extreme");
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -394,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_extreme_keys),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_torch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
