@@ -27,7 +27,7 @@ _aft_options()
     compare) echo "--rtol --atol --equal-nan --json --max-memory -q --quiet -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -q --quiet -h --help" ;;
     model) echo "--weights -o --output --layout --window --threads --impl --precision --max-memory --strict" \
-                "-q --quiet -h --help" ;;
+                "--grad --targets --dropout --seed -q --quiet -h --help" ;;
     generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
                    "--precision --timing --max-memory --strict -q --quiet -h --help" ;;
     encode) echo "--weights --text-file -o --output --vocab --max-memory -q --quiet -h --help" ;;
@@ -48,7 +48,7 @@ _aft_value()
     run:--mask | run:--weights | run:-o | run:--output | run:--timing | run:--state-in | run:--state-out | mask:-o | \
     convert:-o | convert:--output | bench:--plot | bench:--weights | model:--weights | model:-o | model:--output | \
     generate:--weights | generate:--vocab | generate:--timing | encode:--weights | encode:--text-file | \
-    encode:-o | encode:--output | encode:--vocab | decode:--weights | decode:--vocab) echo file ;;
+    encode:-o | encode:--output | encode:--vocab | decode:--weights | decode:--vocab | model:--targets) echo file ;;
     run:--variant | grad:--variant) echo "list:full local simple conv" ;;
     run:--layout | grad:--layout | model:--layout) echo "list:btd tbd" ;;
     run:--impl | grad:--impl | model:--impl) echo "list:fast reference" ;;
@@ -65,7 +65,7 @@ _aft_value()
     bench:--d-hidden | bench:--window | bench:--heads | bench:--batch | bench:--threads | \
     bench:--repeat | bench:--chunk | bench:--grid | run:--grid | grad:--window | grad:--heads | grad:--prefix | \
     grad:--seed | grad:--d-hidden | grad:--repeat | grad:--threads | grad:--max-memory | grad:--grid | \
-    model:--window | model:--threads | model:--max-memory | generate:--prompt | generate:-n | \
+    model:--window | model:--threads | model:--max-memory | model:--dropout | model:--seed | generate:--prompt | generate:-n | \
     generate:--temperature | generate:--top-k | generate:--seed | generate:--window | generate:--threads | \
     generate:--max-memory | encode:--max-memory | decode:--max-memory) echo none ;;
     *) echo flag ;;
