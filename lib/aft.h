@@ -491,6 +491,11 @@ typedef struct {
     const float *wo;  /* (D, C) */
     const float *bo;  /* (D) or NULL */
     aft_bias bias;
+    /* AFT_F16 or AFT_BF16: wq, wk, wv and wo point at that dtype's 16-bit
+     * values (2 bytes each, any alignment; cast to const float *), kept so
+     * in the packed products, which widen them exactly; any other value (0
+     * in a zeroed struct): float32. The biases are float32 either way. */
+    aft_dtype w_dtype;
 } aft_params;
 
 /* y, x: (B, T, D), row-major, batch-major ("btd").
@@ -957,9 +962,19 @@ typedef struct {
     const char *unused;    /* the first of them in file order, as messages
                             * show names (control characters as '?', cut
                             * short with "..."); NULL when there is none */
+    aft_dtype weights_dtype;   /* what the products' packed weights and the
+                                * embedding are held in: AFT_F16 or AFT_BF16
+                                * when a checkpoint stored so keeps them all
+                                * 16-bit (f16 at the base kernel level, and
+                                * products OpenBLAS runs, are widened),
+                                * else AFT_F32 */
 } aft_model_info;
 
-/* Reads the model from f (converted to float32; f may be closed after).
+/* Reads the model from f (f may be closed after): float32, except that
+ * the projections', the FFN's, the generator's and the embedding's weights
+ * stored in f16 or bf16 stay 16-bit (info.weights_dtype; the LayerNorms,
+ * biases and position biases are widened to float32). Widening is exact:
+ * the outputs are those of a float32 checkpoint of the same values.
  * opt may be NULL (defaults: window from the checkpoint, every core, the
  * fast kernels). Metadata read: "vocab", a JSON array of V strings (token
  * id = index), optional (opt->vocab replaces it); "window", optional. Missing tensors, shapes that do

@@ -82,19 +82,6 @@ static size_t dt_bytes(aft_dtype dt)
     return dt == AFT_F16 || dt == AFT_BF16 ? 2 : sizeof(float);
 }
 
-/* element i of W stored as dt, as float32 (exact) */
-static float w_at(const void *w, aft_dtype dt, size_t i)
-{
-    if (dt == AFT_F32) {
-        float v;
-        memcpy(&v, (const char *)w + i * sizeof v, sizeof v);
-        return v;
-    }
-    uint16_t h;
-    memcpy(&h, (const char *)w + 2 * i, 2);
-    return dt == AFT_BF16 ? aft_bf16_to_f32(h) : aft_f16_to_f32(h);
-}
-
 /* AFT_VL weights of kind wt from p (element i), widened: one vector */
 static inline __attribute__((always_inline)) aft_vf lin_wld(const void *restrict p, size_t i, int wt)
 {
@@ -145,7 +132,7 @@ static aft_status lin_setup(aft_linear *l, const void *w, aft_dtype wdt, const f
         if (wdt == AFT_F32 || n == 0 || k == 0) return AFT_OK;
         if (aft_mul_ok(n, k, &nk)) l->wf = aft_alloc_array(nk, sizeof(float));
         if (!l->wf) return aft_fail(err, AFT_ERR_NOMEM, "out of memory widening weights (%zu x %zu)", n, k);
-        for (size_t i = 0; i < nk; i++) l->wf[i] = w_at(w, wdt, i);
+        for (size_t i = 0; i < nk; i++) l->wf[i] = aft_w_at(w, wdt, i);
         return AFT_OK;
     }
     l->pkdt = wdt == AFT_F16 && !LIN_F16_IN_REGS ? AFT_F32 : wdt;
@@ -214,7 +201,7 @@ aft_status aft_linear_init_dt(aft_linear *l, const void *w, aft_dtype wdt, const
                         const float *src = (const float *)w + (j + u) * k + p0;
                         for (size_t i = 0; i < kc; i++) dst[i * LIN_NR + u] = src[i];
                     } else {
-                        for (size_t i = 0; i < kc; i++) dst[i * LIN_NR + u] = w_at(w, wdt, (j + u) * k + p0 + i);
+                        for (size_t i = 0; i < kc; i++) dst[i * LIN_NR + u] = aft_w_at(w, wdt, (j + u) * k + p0 + i);
                     }
                 }
             }
