@@ -5,6 +5,7 @@
 #include "runner.h"
 
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,8 +404,20 @@ size_t runner_nonfinite_params(const struct run *r)
     size_t D = r->D, C = r->C, KC = r->KC, bad = 0;
     const float *mats[] = {p->wq, p->wk, p->wv, p->wo, p->bq, p->bk, p->bv, p->bo};
     size_t lens[] = {C * D, KC * D, C * D, D * C, C, KC, C, D};
-    for (int i = 0; i < 8; i++)
-        if (mats[i] && !r->bare) bad += aft_count_nonfinite(mats[i], lens[i]);
+    int w16 = p->w_dtype == AFT_F16 || p->w_dtype == AFT_BF16;
+    for (int i = 0; i < 8; i++) {
+        if (!mats[i] || r->bare) continue;
+        if (i < 4 && w16) {   /* weights kept 16-bit: each value widened */
+            for (size_t j = 0; j < lens[i]; j++) {
+                uint16_t h;
+                memcpy(&h, (const char *)mats[i] + 2 * j, 2);
+                float v = p->w_dtype == AFT_F16 ? aft_f16_to_f32(h) : aft_bf16_to_f32(h);
+                bad += !isfinite(v);
+            }
+        } else {
+            bad += aft_count_nonfinite(mats[i], lens[i]);
+        }
+    }
     const aft_bias *b = &p->bias;
     if (b->kind == AFT_BIAS_DENSE) bad += aft_count_nonfinite(b->dense, b->tmax * b->tmax);
     if (b->kind == AFT_BIAS_FACTORED)
