@@ -255,6 +255,8 @@ int cli_model_open(const cli_model_opts *o, aft_model **out);
 /* the model's file and sizes (variant, window, layers, widths, vocabulary,
  * context) into the JSON object j, for --timing and bench's rows */
 void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info *in);
+/* "f32", "f16", "bf16" (weights_dtype in --timing and aft bench --json) */
+const char *cli_dtype_lower(aft_dtype dt);
 
 /* token ids read from a .npy */
 typedef struct {

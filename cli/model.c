@@ -227,6 +227,12 @@ void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info
     cJSON_AddNumberToObject(j, "n_vocab", (double)in->n_vocab);
     if (in->context == SIZE_MAX) cJSON_AddNullToObject(j, "context");
     else cJSON_AddNumberToObject(j, "context", (double)in->context);
+    cJSON_AddStringToObject(j, "weights_dtype", cli_dtype_lower(in->weights_dtype));
+}
+
+const char *cli_dtype_lower(aft_dtype dt)
+{
+    return dt == AFT_F16 ? "f16" : dt == AFT_BF16 ? "bf16" : dt == AFT_F64 ? "f64" : "f32";
 }
 
 /* ---------------------------------------------------------------- token ids */

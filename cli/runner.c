@@ -541,8 +541,8 @@ aft_tensor runner_shaped(const struct run_opts *o, const struct run *r, float *d
 
 /* ---------------------------------------------------------------- timing */
 
-cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
-                          const struct timing *tm)
+cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, aft_dtype wdt, size_t B, size_t T,
+                          size_t D, size_t C, const struct timing *tm)
 {
     aft_blas_info bi;
     aft_blas_get_info(&bi, cfg->projections);
@@ -569,6 +569,8 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
     cJSON_AddStringToObject(j, "blas_library", bi.library);
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    /* what the projections' packed weights hold: 16 bits kept as stored */
+    cJSON_AddStringToObject(j, "weights_dtype", cli_dtype_lower(aft_weights_held(wdt, cfg->projections)));
     cli_level_json(j);
     /* the times, under the keys aft bench gives the same facts (man/aft.1, JSON OUTPUT) */
     cJSON_AddNumberToObject(j, "load_ms", tm->load);
@@ -594,5 +596,6 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
 
 int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D)
 {
-    return cli_write_json(out, o->cmd, runner_timing_json(o, &r->cfg, r->B, r->T, D, r->C, &r->tm));
+    aft_dtype wdt = r->p && !r->bare ? r->p->w_dtype : AFT_F32;
+    return cli_write_json(out, o->cmd, runner_timing_json(o, &r->cfg, wdt, r->B, r->T, D, r->C, &r->tm));
 }

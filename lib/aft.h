@@ -741,7 +741,16 @@ typedef struct {
     size_t nowned;
 } aft_weights;
 
-/* variant decides how the position bias is read. */
+/* The dtype a product's weights stored as `stored` are held in for the
+ * products (packed), under this choice of kernel at the kernel level in
+ * use: AFT_F16 and AFT_BF16 stay 16-bit with aft's kernel (f16 from the
+ * avx2 level up; base packs it widened to float32); OpenBLAS, and every
+ * other dtype, hold float32. What --timing's weights_dtype reports. */
+aft_dtype aft_weights_held(aft_dtype stored, aft_kernel projections);
+
+/* variant decides how the position bias is read. The four projections'
+ * weights stored in one 16-bit dtype (F16, BF16) stay so (p.w_dtype;
+ * aft_weights_held); any other mix is widened to float32. */
 aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                             aft_weights *w, aft_error *err);
 /* The same for a configuration on a grid (grid != 0): conv's bias is then

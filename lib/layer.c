@@ -82,6 +82,18 @@ void aft_layer_prep_free(aft_layer_prep *lp)
     memset(lp, 0, sizeof *lp);
 }
 
+aft_dtype aft_weights_held(aft_dtype stored, aft_kernel projections)
+{
+    if (!aft_dtype_is16(stored)) return AFT_F32;
+    /* a product of one weight, asked how it holds it */
+    const uint16_t w[1] = {0};
+    aft_linear l;
+    if (aft_linear_init_dt(&l, w, stored, NULL, 1, 1, projections, 1, NULL) != AFT_OK) return AFT_F32;
+    aft_dtype dt = aft_linear_dtype(&l);
+    aft_linear_free(&l);
+    return dt;
+}
+
 aft_status aft_params_widen(aft_params *out, float **mem, const aft_params *p, aft_error *err)
 {
     *out = *p;

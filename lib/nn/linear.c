@@ -82,30 +82,45 @@ static size_t dt_bytes(aft_dtype dt)
     return dt == AFT_F16 || dt == AFT_BF16 ? 2 : sizeof(float);
 }
 
-/* AFT_VL weights of kind wt from p (element i), widened: one vector */
-static inline __attribute__((always_inline)) aft_vf lin_wld(const void *restrict p, size_t i, int wt)
+/* A row of a panel (LIN_NR = LIN_NV vectors of weights of kind wt, from
+ * element i of p), widened into b. bf16 rows are packed interleaved: 32-bit
+ * lane j holds feature j in its low half and feature AFT_VL + j in its
+ * high half, so one load and two bit operations (a shift, a mask) widen
+ * both vectors, no shuffles; f16 goes through F16C's vcvtph2ps. */
+_Static_assert(LIN_NV == 2, "the bf16 rows interleave two vectors");
+static inline __attribute__((always_inline)) void lin_wrow(const void *restrict p, size_t i, int wt,
+                                                          aft_vf b[LIN_NV])
 {
-    if (wt == W_F32) return aft_vld((const float *)p + i);
+    if (wt == W_F32) {
+        for (int u = 0; u < LIN_NV; u++) b[u] = aft_vld((const float *)p + i + u * AFT_VL);
+        return;
+    }
     const uint16_t *h = (const uint16_t *)p + i;
+    if (wt == W_BF16) {
+        typedef uint32_t vu __attribute__((vector_size(AFT_VEC_BYTES)));
+        vu x;
+        memcpy(&x, h, sizeof x);
+        b[0] = (aft_vf)(x << 16);
+        b[1] = (aft_vf)(x & 0xffff0000u);
+        return;
+    }
 #if AFT_VEC_BYTES == 64 && defined(__AVX512F__)
-    __m256i x = _mm256_loadu_si256((const __m256i *)h);
-    if (wt == W_F16) return (aft_vf)_mm512_cvtph_ps(x);
-    return (aft_vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
-#elif AFT_VEC_BYTES == 32 && defined(__AVX2__) && defined(__F16C__)
-    __m128i x = _mm_loadu_si128((const __m128i *)h);
-    if (wt == W_F16) return (aft_vf)_mm256_cvtph_ps(x);
-    return (aft_vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16);
-#elif AFT_VEC_BYTES == 16 && defined(__SSE2__)
-    /* bf16 only (f16 is packed widened here): each 16 bits above zeros */
-    __m128i x = _mm_loadl_epi64((const __m128i *)h);
-    return (aft_vf)_mm_unpacklo_epi16(_mm_setzero_si128(), x);
+    for (int u = 0; u < LIN_NV; u++)
+        b[u] = (aft_vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + u * AFT_VL)));
+#elif AFT_VEC_BYTES == 32 && defined(__F16C__)
+    for (int u = 0; u < LIN_NV; u++)
+        b[u] = (aft_vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + u * AFT_VL)));
 #else
-    typedef uint16_t vh __attribute__((vector_size(AFT_VEC_BYTES / 2)));
-    typedef uint32_t vu __attribute__((vector_size(AFT_VEC_BYTES)));
-    vh x;
-    memcpy(&x, h, sizeof x);
-    return (aft_vf)(__builtin_convertvector(x, vu) << 16);
+    /* not reached: f16 is packed widened where the level has no F16C */
+    for (int u = 0; u < LIN_NV; u++)
+        for (int j = 0; j < AFT_VL; j++) b[u][j] = aft_f16_to_f32(h[u * AFT_VL + j]);
 #endif
+}
+
+/* where feature u (< LIN_NR) of a panel row sits in a 16-bit panel of kind wt */
+static size_t lin_slot(int wt, size_t u)
+{
+    return wt == W_BF16 ? 2 * (u % AFT_VL) + u / AFT_VL : u;
 }
 
 /* l's sizes and, when aft's kernel runs the product, its packing's block
@@ -208,8 +223,9 @@ aft_status aft_linear_init_dt(aft_linear *l, const void *w, aft_dtype wdt, const
         }
         return AFT_OK;
     }
-    /* 16-bit panels: the stored bits, copied */
+    /* 16-bit panels: the stored bits, copied (bf16's interleaved: lin_wrow) */
     uint16_t *pk = l->pk;
+    const int wt = lin_wt(l->pkdt);
     const unsigned char *src = w;
     for (size_t p0 = 0; p0 < k; p0 += LIN_KC) {
         size_t kc = k - p0 < LIN_KC ? k - p0 : LIN_KC;
@@ -219,7 +235,7 @@ aft_status aft_linear_init_dt(aft_linear *l, const void *w, aft_dtype wdt, const
                 for (size_t i = 0; i < kc; i++) {
                     uint16_t h = 0;
                     if (j + u < n) memcpy(&h, src + 2 * ((j + u) * k + p0 + i), 2);
-                    dst[i * LIN_NR + u] = h;
+                    dst[i * LIN_NR + lin_slot(wt, u)] = h;
                 }
         }
     }
@@ -315,8 +331,7 @@ lin_tile_s(size_t kc, const float *restrict a, size_t si, size_t sk, const void 
     #pragma GCC unroll 4
     for (size_t k = 0; k < kc; k++) {
         aft_vf b[LIN_NV];
-        #pragma GCC unroll 4
-        for (int u = 0; u < LIN_NV; u++) b[u] = lin_wld(bp, k * LIN_NR + u * AFT_VL, wt);
+        lin_wrow(bp, k * LIN_NR, wt, b);
         #pragma GCC unroll 16
         for (int i = 0; i < LIN_MR; i++) {
             float ai = a[i * si + k * sk];
@@ -396,16 +411,22 @@ lin_row_panels_s(size_t kc, const float *restrict a, const void *restrict bp, si
         for (size_t k = 0; k < kc; k++) {
             float ak = a[k];
             #pragma GCC unroll 4
-            for (int q = 0; q < RP; q++)
+            for (int q = 0; q < RP; q++) {
+                aft_vf b[LIN_NV];
+                lin_wrow(bp, q * pstride + k * LIN_NR, wt, b);
                 #pragma GCC unroll 4
-                for (int u = 0; u < LIN_NV; u++) acc[q][u] += ak * lin_wld(bp, q * pstride + k * LIN_NR + u * AFT_VL, wt);
+                for (int u = 0; u < LIN_NV; u++) acc[q][u] += ak * b[u];
+            }
         }
     } else {
         for (size_t k = 0; k < kc; k++) {
             float ak = a[k];
-            for (size_t q = 0; q < np; q++)
+            for (size_t q = 0; q < np; q++) {
+                aft_vf b[LIN_NV];
+                lin_wrow(bp, q * pstride + k * LIN_NR, wt, b);
                 #pragma GCC unroll 4
-                for (int u = 0; u < LIN_NV; u++) acc[q][u] += ak * lin_wld(bp, q * pstride + k * LIN_NR + u * AFT_VL, wt);
+                for (int u = 0; u < LIN_NV; u++) acc[q][u] += ak * b[u];
+            }
         }
     }
     for (size_t q = 0; q < np; q++)
