@@ -182,6 +182,7 @@ void cli_levels_print(FILE *fp);
 typedef struct {
     aft_params p;
     float *owned[6];
+    uint16_t *w16[4];   /* cli_params_16: wq, wk, wv, wo in 16 bits */
 } cli_params;
 
 /* The one deterministic initialisation, used by aft run without --weights
@@ -197,6 +198,10 @@ typedef struct {
 int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, size_t D, size_t C,
                       int projections, const char *cmd);
 void cli_params_free(cli_params *sp);
+/* sp's projection weights rounded to dt (AFT_F16 or AFT_BF16; anything else
+ * leaves them float32) and kept so (p.w_dtype): aft bench --weights-dtype.
+ * Returns 0, or EXIT_DATA after reporting. */
+int cli_params_16(cli_params *sp, aft_dtype dt, const char *cmd);
 
 /* ---------------------------------------------------------------- the model (model.c)
  *
