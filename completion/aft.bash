@@ -34,7 +34,7 @@ _aft_options()
     decode) echo "--weights --vocab --max-memory -q --quiet -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
                 "--threads --repeat --impl --precision --json --no-ceiling --plot --stream --chunk --grid --grad" \
-                "--generate --weights -q --quiet -h --help" ;;
+                "--generate --weights --weights-dtype -q --quiet -h --help" ;;
     esac
 }
 
@@ -58,6 +58,7 @@ _aft_value()
     convert:--format) echo "list:npy npz safetensors" ;;
     convert:--dtype) echo "list:f32 f16 bf16 f64" ;;
     bench:--impl) echo "list:fast reference both" ;;
+    bench:--weights-dtype) echo "list:f32 f16 bf16" ;;
     bench:--variant) echo "csv:full local simple conv" ;;
     run:--window | run:--heads | run:--prefix | run:--seed | run:--d-hidden | run:--repeat | \
     run:--threads | run:--max-memory | mask:--len | mask:--window | compare:--rtol | \
