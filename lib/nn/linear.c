@@ -480,13 +480,25 @@ static void lin_row(const aft_linear *l, size_t p0, size_t kc, const float *a, f
 /* a part tile of at most this many rows goes a row at a time */
 enum { LIN_ROW_AT_A_TIME = LIN_MR / 2 };
 
-// rows [r0, r1) of y; ap: LIN_MC x LIN_KC floats of scratch. With in_place
-// whole tiles of rows read x where it is (only a last part tile is packed)
+/* a 16-bit panel (kc rows) widened into wb, laid out as a float32 one */
+static void lin_widen_panel(const void *bp, size_t kc, int wt, float *wb)
+{
+    for (size_t k = 0; k < kc; k++) {
+        aft_vf b[LIN_NV];
+        if (wt == W_BF16) lin_wrow(bp, k * LIN_NR, W_BF16, b);
+        else lin_wrow(bp, k * LIN_NR, W_F16, b);
+        for (int u = 0; u < LIN_NV; u++) aft_vst(wb + k * LIN_NR + u * AFT_VL, b[u]);
+    }
+}
+
+// rows [r0, r1) of y; ap: LIN_MC x LIN_KC floats of scratch, and with
+// 16-bit panels wb: LIN_KC x LIN_NR more. With in_place whole tiles of rows
+// read x where it is (only a last part tile is packed)
 static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, size_t ldx, float *y,
-                     size_t ldy, float *ap, int in_place)
+                     size_t ldy, float *ap, float *wb, int in_place)
 {
     const size_t n = l->n, k = l->k;
-    const int wt = lin_wt(l->pkdt);
+    const int wt16 = lin_wt(l->pkdt);
     for (size_t ic = r0; ic < r1; ic += LIN_MC) {
         size_t mc = r1 - ic < LIN_MC ? r1 - ic : LIN_MC;
         for (size_t p0 = 0; p0 < k; p0 += LIN_KC) {
@@ -506,6 +518,15 @@ static void lin_rows(const aft_linear *l, size_t r0, size_t r1, const float *x, 
                 }
             for (size_t j = 0; j < n; j += LIN_NR) {
                 const void *bp = lin_pk(l, p0 * l->npad + (l->f0 + j) * kc);
+                int wt = wt16;
+                /* a 16-bit panel that two or more tiles read: widened once
+                 * (the same floats), and the float32 tiles run; for one
+                 * tile the kernel widens in registers */
+                if (wt != W_F32 && wb && packed >= 2 * LIN_MR) {
+                    lin_widen_panel(bp, kc, wt, wb);
+                    bp = wb;
+                    wt = W_F32;
+                }
                 const float *init = p0 == 0 ? l->bpad + l->f0 + j : NULL;
                 size_t nr = n - j < LIN_NR ? n - j : LIN_NR;
                 for (size_t ir = 0; ir < mc; ir += LIN_MR) {
@@ -564,7 +585,10 @@ void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ld
     size_t nt = omp_in_parallel() ? 1 : (size_t)l->threads;
     size_t tiles = (M + LIN_MR - 1) / LIN_MR;
     if (nt > tiles) nt = tiles;
-    float *ap = l->pk ? aft_alloc_array(nt * LIN_MC, LIN_KC * sizeof(float)) : NULL;
+    /* per thread: LIN_MC x LIN_KC floats for x's rows, and for 16-bit
+     * panels LIN_KC x LIN_NR to widen one into */
+    const size_t per_thread = LIN_MC * LIN_KC + (l->pkdt != AFT_F32 ? LIN_KC * LIN_NR : 0);
+    float *ap = l->pk ? aft_alloc_array(nt, per_thread * sizeof(float)) : NULL;
     if (!ap && l->pk && l->wdt != AFT_F32) {   /* no scratch, and W is 16-bit: a row at a time, in place */
         for (size_t m = 0; m < M; m++)
             for (size_t p0 = 0; p0 < l->k; p0 += LIN_KC)
@@ -582,7 +606,8 @@ void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ld
     #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1)
     for (size_t p = 0; p < nt; p++) {
         size_t r0 = p * per < M ? p * per : M, r1 = r0 + per < M ? r0 + per : M;
-        if (r0 < r1) lin_rows(l, r0, r1, x, ldx, y, ldy, ap + p * LIN_MC * LIN_KC, x_cached);
+        float *tap = ap + p * per_thread, *wb = l->pkdt != AFT_F32 ? tap + LIN_MC * LIN_KC : NULL;
+        if (r0 < r1) lin_rows(l, r0, r1, x, ldx, y, ldy, tap, wb, x_cached);
     }
     free(ap);
 }
