@@ -49,12 +49,12 @@ void aft_ffn_ref(float *y, const float *x, const aft_ffn_params *p, size_t N);
 
 typedef struct {
     const void *table;    /* (V, D), tdt's values */
-    aft_dtype tdt;        /* AFT_F16 or AFT_BF16: the table kept so, each
-                           * row widened as it is looked up; else float32 */
     size_t V, D;
     float scale;          /* each row times this (labml: sqrt(D)) */
     const float *pe;      /* (P, D): added at each row's position, or NULL */
     size_t P;
+    aft_dtype tdt;        /* AFT_F16 or AFT_BF16: the table kept so, each
+                           * row widened as it is looked up; else float32 */
 } aft_embed_params;
 
 /* The first token of tokens (B, n, rows ldt apart) that is negative or not
