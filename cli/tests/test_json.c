@@ -72,7 +72,9 @@ static void collect(const cJSON *v, const char *where)
 /* text holds one JSON document, or one a line */
 static void collect_text(const char *text, const char *where)
 {
-    cJSON *j = cJSON_Parse(text);
+    /* one document and nothing after it (cJSON_Parse would take the first
+     * of several lines and drop the rest) */
+    cJSON *j = cJSON_ParseWithOpts(text, NULL, 1);
     if (j) {
         collect(j, where);
         cJSON_Delete(j);
