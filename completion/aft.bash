@@ -27,7 +27,7 @@ _aft_options()
     compare) echo "--rtol --atol --equal-nan --json --max-memory -q --quiet -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -q --quiet -h --help" ;;
     model) echo "--weights -o --output --layout --window --threads --impl --precision --max-memory --strict" \
-                "-q --quiet -h --help" ;;
+                "--timing -q --quiet -h --help" ;;
     generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
                    "--precision --timing --max-memory --strict -q --quiet -h --help" ;;
     encode) echo "--weights --text-file -o --output --vocab --max-memory -q --quiet -h --help" ;;
@@ -47,8 +47,8 @@ _aft_value()
     grad:--mask | grad:--weights | grad:-o | grad:--output | grad:--timing | grad:--grad-output | grad:--dy | \
     run:--mask | run:--weights | run:-o | run:--output | run:--timing | run:--state-in | run:--state-out | mask:-o | \
     convert:-o | convert:--output | bench:--plot | bench:--weights | model:--weights | model:-o | model:--output | \
-    generate:--weights | generate:--vocab | generate:--timing | encode:--weights | encode:--text-file | \
-    encode:-o | encode:--output | encode:--vocab | decode:--weights | decode:--vocab) echo file ;;
+    generate:--weights | generate:--vocab | generate:--timing | model:--timing | encode:--weights | \
+    encode:--text-file | encode:-o | encode:--output | encode:--vocab | decode:--weights | decode:--vocab) echo file ;;
     run:--variant | grad:--variant) echo "list:full local simple conv" ;;
     run:--layout | grad:--layout | model:--layout) echo "list:btd tbd" ;;
     run:--impl | grad:--impl | model:--impl) echo "list:fast reference" ;;

@@ -829,11 +829,14 @@ static void test_16bit_checkpoint(void **state)
             int base = strcmp(lev[li].name, "base") == 0 || strcmp(lev[li].name, "fixed") == 0;
             /* the model's logits */
             char *a = tmp("l16.npy"), *b = tmp("l32.npy");
-            free(RUN_OUT(&n, "model", "--weights", w16, "-o", a, tok));
+            char *t = tmp("g16.json");
+            free(RUN_OUT(&n, "model", "--weights", w16, "-o", a, tok, "--timing", t));
             free(RUN_OUT(&n, "model", "--weights", w32, "-o", b, tok));
             same_file(a, b);
+            char *mdt = timing_dtype(t);
+            if (!base) assert_string_equal(mdt, dts[di]);
+            free(mdt);
             /* generation, greedy and sampled; --timing says the dtype */
-            char *t = tmp("g16.json");
             char *g1 = GENERATE("--weights", w16, "--prompt", "It is ", "-n", "60", "--greedy", "--timing", t);
             char *g2 = GENERATE("--weights", w32, "--prompt", "It is ", "-n", "60", "--greedy");
             assert_string_equal(g1, g2);
