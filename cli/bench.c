@@ -389,7 +389,7 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
     cli_precision_json(j, cfg->precision);
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
-    cJSON_AddStringToObject(j, "weights_dtype", cli_dtype_lower(aft_weights_held(o->wdt, cfg->projections)));
+    cJSON_AddStringToObject(j, "weights_dtype", cli_weights_dtype(o->wdt, cfg));
     cli_level_json(j);
     /* the times, under the keys aft run --timing gives the same facts (man/aft.1, JSON OUTPUT) */
     cJSON_AddNumberToObject(j, "compute_ms", m->med);

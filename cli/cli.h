@@ -262,6 +262,9 @@ int cli_model_open(const cli_model_opts *o, aft_model **out);
 void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info *in);
 /* "f32", "f16", "bf16" (weights_dtype in --timing and aft bench --json) */
 const char *cli_dtype_lower(aft_dtype dt);
+/* what a layer's products hold weights stored as `stored` in, under cfg's
+ * kernel choice and precision at the level in use ("f32", "f16", "bf16") */
+const char *cli_weights_dtype(aft_dtype stored, const aft_config *cfg);
 
 /* token ids read from a .npy */
 typedef struct {

@@ -230,6 +230,13 @@ void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info
     cJSON_AddStringToObject(j, "weights_dtype", cli_dtype_lower(in->weights_dtype));
 }
 
+const char *cli_weights_dtype(aft_dtype stored, const aft_config *cfg)
+{
+    /* bf16 products (with an engine) hold W as bf16, whatever it was stored as */
+    if (cfg->precision == AFT_PRECISION_BF16 && strcmp(aft_bf16_engine_in_use(), "none") != 0) return "bf16";
+    return cli_dtype_lower(aft_weights_held(stored, cfg->projections));
+}
+
 const char *cli_dtype_lower(aft_dtype dt)
 {
     return dt == AFT_F16 ? "f16" : dt == AFT_BF16 ? "bf16" : dt == AFT_F64 ? "f64" : "f32";

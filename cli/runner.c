@@ -570,7 +570,7 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, aft_d
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
     /* what the projections' packed weights hold: 16 bits kept as stored */
-    cJSON_AddStringToObject(j, "weights_dtype", cli_dtype_lower(aft_weights_held(wdt, cfg->projections)));
+    cJSON_AddStringToObject(j, "weights_dtype", cli_weights_dtype(wdt, cfg));
     cli_level_json(j);
     /* the times, under the keys aft bench gives the same facts (man/aft.1, JSON OUTPUT) */
     cJSON_AddNumberToObject(j, "load_ms", tm->load);

@@ -971,12 +971,12 @@ typedef struct {
     const char *unused;    /* the first of them in file order, as messages
                             * show names (control characters as '?', cut
                             * short with "..."); NULL when there is none */
-    aft_dtype weights_dtype;   /* what the products' packed weights and the
-                                * embedding are held in: AFT_F16 or AFT_BF16
-                                * when a checkpoint stored so keeps them all
-                                * 16-bit (f16 at the base kernel level, and
-                                * products OpenBLAS runs, are widened),
-                                * else AFT_F32 */
+    aft_dtype weights_dtype;   /* what the products' packed weights are held
+                                * in: AFT_F16 or AFT_BF16 when a checkpoint
+                                * stored so keeps them all 16-bit (f16 at the
+                                * base kernel level, and products OpenBLAS
+                                * runs, are widened), AFT_BF16 for bf16
+                                * products (precision), else AFT_F32 */
 } aft_model_info;
 
 /* Reads the model from f (f may be closed after): float32, except that

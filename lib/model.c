@@ -539,12 +539,12 @@ static aft_status load_head(aft_model *m, const aft_st_file *f, aft_error *err)
     return AFT_OK;
 }
 
-/* the dtype every product and the embedding hold their weights in, or
- * AFT_F32 when any is float32 (aft_model_info.weights_dtype) */
+/* the dtype every product holds its weights in (16 bits kept, or bf16
+ * products), or AFT_F32 when any is float32 (aft_model_info.weights_dtype) */
 static aft_dtype held_dtype(const aft_model *m)
 {
     aft_dtype dt = aft_linear_dtype(&m->gen);
-    int same = aft_dtype_is16(dt) && m->emb.tdt == dt;
+    int same = aft_dtype_is16(dt);
     for (size_t i = 0; same && i < m->info.n_layers; i++) {
         const mlayer *L = &m->layers[i];
         /* the attention's products are packed as the FFN's are */

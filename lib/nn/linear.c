@@ -244,6 +244,7 @@ aft_status aft_linear_init_dt(aft_linear *l, const void *w, aft_dtype wdt, const
 
 aft_dtype aft_linear_dtype(const aft_linear *l)
 {
+    if (l->bf16) return AFT_BF16;   /* bf16 products (bf16.c): W packed as bf16 pairs */
     return l->pk ? l->pkdt : AFT_F32;
 }
 

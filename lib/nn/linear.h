@@ -62,7 +62,8 @@ aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, siz
 aft_status aft_linear_init_dt(aft_linear *l, const void *w, aft_dtype wdt, const float *bias, size_t n, size_t k,
                               aft_kernel kernel, int threads, aft_error *err);
 /* the dtype l's weights are held in for its products: pkdt when packed,
- * AFT_F32 when OpenBLAS runs them */
+ * AFT_F32 when OpenBLAS runs them, AFT_BF16 for bf16 products
+ * (aft_linear_init_bf16 with an engine) */
 aft_dtype aft_linear_dtype(const aft_linear *l);
 /* the same product from W^T: wt (k x n, rows ldwt apart), no bias (the
  * backward pass's dy Wo and dQKV Wcat). No views of it. */

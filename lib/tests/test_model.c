@@ -218,8 +218,8 @@ static void test_16bit(void **state)
                 aft_ffn f16, f32;
                 aft_error err = {{0}};
                 aft_kernel kern = k ? AFT_KERNEL_BLAS : AFT_KERNEL_AUTO;
-                assert_int_equal(aft_ffn_init(&f16, &p16, kern, 2, &err), AFT_OK);
-                assert_int_equal(aft_ffn_init(&f32, &p32, kern, 2, &err), AFT_OK);
+                assert_int_equal(aft_ffn_init(&f16, &p16, kern, AFT_PRECISION_F32, 2, &err), AFT_OK);
+                assert_int_equal(aft_ffn_init(&f32, &p32, kern, AFT_PRECISION_F32, 2, &err), AFT_OK);
                 aft_ffn_apply(&f16, y, x, N, h1);
                 aft_ffn_apply(&f32, y2, x, N, h1);
                 if (memcmp(y, y2, N * D * 4) != 0) fail_msg("ffn %s N=%zu kernel %d: not the float32 bits",
