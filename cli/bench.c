@@ -45,6 +45,7 @@ typedef struct {
     aft_precision prec[2];   /* --precision: the products' number types, each a row */
     size_t nprec;
     int prec_set;            /* --precision was given: the table shows them */
+    aft_dtype wdt;         /* --weights-dtype: the seeded weights rounded to f16 or bf16, kept so */
 } bench_opts;
 
 /* a comma-separated list of sizes */
@@ -165,6 +166,17 @@ static int set_impl(const cli_option *opt, void *opts, const char *v)
     return 0;
 }
 
+static int set_weights_dtype(const cli_option *opt, void *opts, const char *v)
+{
+    (void)opt;
+    aft_dtype *dt = &BENCH_OPTS(opts)->wdt;
+    if (strcmp(v, "f32") == 0) *dt = AFT_F32;
+    else if (strcmp(v, "f16") == 0) *dt = AFT_F16;
+    else if (strcmp(v, "bf16") == 0) *dt = AFT_BF16;
+    else return cli_usage_error("bench", "--weights-dtype takes f32, f16 or bf16, not '%s'", v);
+    return 0;
+}
+
 #define NEEDS_VALUE "%s needs a value"
 #define FIELD(f) offsetof(bench_opts, f)
 
@@ -205,6 +217,10 @@ static const cli_option options[] = {
      "token), floor us (reading the weights once), chunked ms and its ratio to the one-shot run",
      cli_set_flag, FIELD(stream), NULL, 0},
     {"--chunk", NULL, "N", "--stream: rows a chunk (default 4096)", set_positive, FIELD(chunk), NEEDS_VALUE, 0},
+    {"--weights-dtype", NULL, "f32|f16|bf16",
+     "the seeded projection weights rounded to f16 or bf16 and kept 16-bit, as a 16-bit checkpoint is (default "
+     "f32); not with --generate, whose --weights file says its own",
+     set_weights_dtype, 0, NEEDS_VALUE, 0},
     {"--grad", NULL, NULL,
      "also time the backward pass (every gradient, the forward pass inside it, as aft grad runs it); columns grad "
      "ms (its median) and x fwd, the median of each call's ratio to a forward pass run after it",
@@ -373,6 +389,7 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
     cli_precision_json(j, cfg->precision);
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    cJSON_AddStringToObject(j, "weights_dtype", cli_weights_dtype(o->wdt, cfg));
     cli_level_json(j);
     /* the times, under the keys aft run --timing gives the same facts (man/aft.1, JSON OUTPUT) */
     cJSON_AddNumberToObject(j, "compute_ms", m->med);
@@ -433,7 +450,8 @@ static int run_one(const bench_opts *o, aft_variant var, size_t T, size_t D)
     int rc = EXIT_DATA;
     if (!x || !y) {
         cli_error("bench", "out of memory for T = %zu, D = %zu", T, D);
-    } else if (cli_params_seeded(&params, &cfg, 0, T, D, C, 1, "bench") == 0) {
+    } else if (cli_params_seeded(&params, &cfg, 0, T, D, C, 1, "bench") == 0 &&
+               cli_params_16(&params, o->wdt, "bench") == 0) {
         for (size_t i = 0; i < nx; i++) x[i] = aft_seeded_bias(11, 1.0f, i / D, i % D);
         rc = measure(o, y, x, &params.p, &cfg, B, T, &m);
         if (!rc && o->impl_both) rc = against_reference(o, y, x, &params.p, &cfg, B, T, nx, &m);
@@ -579,6 +597,10 @@ static int run_child(const char *self, const bench_opts *o, aft_variant var, siz
     if (o->grid_h) { argv[n++] = "--grid"; argv[n++] = a_g; }
     if (o->stream) { argv[n++] = "--stream"; argv[n++] = "--chunk"; argv[n++] = a_c; }
     if (o->grad) argv[n++] = "--grad";
+    if (o->wdt == AFT_F16 || o->wdt == AFT_BF16) {
+        argv[n++] = "--weights-dtype";
+        argv[n++] = o->wdt == AFT_F16 ? "f16" : "bf16";
+    }
     if (o->impl_both) { argv[n++] = "--impl"; argv[n++] = "both"; }
     else if (o->impl_ref) { argv[n++] = "--impl"; argv[n++] = "reference"; }
     if (cli_quiet) argv[n++] = "--quiet";
@@ -956,6 +978,9 @@ int cmd_bench(int argc, char **argv)
     if (o.generate && o.one) return run_generate_one(&o, o.seq[0]);
     for (size_t i = 0; !o.one && i < o.nprec; i++) cli_precision_note(o.prec[i]);
     if (o.stream && !o.causal) return cli_usage_error("bench", "--stream times a causal layer: add --causal");
+    if (o.generate && (o.wdt == AFT_F16 || o.wdt == AFT_BF16))
+        return cli_usage_error("bench", "--generate reads its weights from --weights: convert the file with aft "
+                               "convert --dtype instead of --weights-dtype");
     if (o.stream && o.impl_ref) return cli_usage_error("bench", "--stream runs the fast kernels, not --impl reference");
     if (o.stream && o.grid_h) return cli_usage_error("bench", "--stream carries a 1-D sequence; a grid has no streaming state");
     for (size_t d = 0; d < o.ndm; d++) {

@@ -90,18 +90,21 @@ int cli_bench_stream(const aft_params *p, const aft_config *cfg, size_t B, size_
     out->token_us = best_tok * 1e3 / (double)(B * ntok);
     out->chunked_ms = best_chunk;
     out->chunk = chunk;
-    /* the floor: the four weight matrices read once */
-    size_t nw = (3 * C + C) * D;
+    /* the floor: the four weight matrices read once, in the bytes they are
+     * held in (16-bit weights: half as many) */
+    size_t es = p->w_dtype == AFT_F16 || p->w_dtype == AFT_BF16 ? 2 : 4;
+    size_t nw = (3 * C + C) * D * es / sizeof(float);
     /* on a cache line, as aft's packed weights are: loads that straddle
      * two lines would read at half the rate */
     void *wm = NULL;
     float *w = posix_memalign(&wm, 64, nw * sizeof *w) == 0 ? wm : NULL;
     out->floor_us = 0.0;
     if (w) {
-        memcpy(w, p->wq, C * D * sizeof *w);
-        memcpy(w + C * D, p->wk, C * D * sizeof *w);
-        memcpy(w + 2 * C * D, p->wv, C * D * sizeof *w);
-        memcpy(w + 3 * C * D, p->wo, D * C * sizeof *w);
+        char *wb = (char *)w;
+        memcpy(wb, p->wq, C * D * es);
+        memcpy(wb + C * D * es, p->wk, C * D * es);
+        memcpy(wb + 2 * C * D * es, p->wv, C * D * es);
+        memcpy(wb + 3 * C * D * es, p->wo, D * C * es);
         out->floor_us = read_floor_us(w, nw);
     }
     free(w);

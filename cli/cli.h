@@ -182,6 +182,7 @@ void cli_levels_print(FILE *fp);
 typedef struct {
     aft_params p;
     float *owned[6];
+    uint16_t *w16[4];   /* cli_params_16: wq, wk, wv, wo in 16 bits */
 } cli_params;
 
 /* The one deterministic initialisation, used by aft run without --weights
@@ -197,6 +198,10 @@ typedef struct {
 int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, size_t D, size_t C,
                       int projections, const char *cmd);
 void cli_params_free(cli_params *sp);
+/* sp's projection weights rounded to dt (AFT_F16 or AFT_BF16; anything else
+ * leaves them float32) and kept so (p.w_dtype): aft bench --weights-dtype.
+ * Returns 0, or EXIT_DATA after reporting. */
+int cli_params_16(cli_params *sp, aft_dtype dt, const char *cmd);
 
 /* ---------------------------------------------------------------- the model (model.c)
  *
@@ -255,6 +260,11 @@ int cli_model_open(const cli_model_opts *o, aft_model **out);
 /* the model's file and sizes (variant, window, layers, widths, vocabulary,
  * context) into the JSON object j, for --timing and bench's rows */
 void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info *in);
+/* "f32", "f16", "bf16" (weights_dtype in --timing and aft bench --json) */
+const char *cli_dtype_lower(aft_dtype dt);
+/* what a layer's products hold weights stored as `stored` in, under cfg's
+ * kernel choice and precision at the level in use ("f32", "f16", "bf16") */
+const char *cli_weights_dtype(aft_dtype stored, const aft_config *cfg);
 
 /* token ids read from a .npy */
 typedef struct {

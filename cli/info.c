@@ -205,6 +205,37 @@ static int info_npy(const char *path, int json)
     return 0;
 }
 
+/* The dtype f's matrices (its 2-D float tensors: the projections', the
+ * FFN's, the embedding) share when it is f16 or bf16, else AFT_F32: what
+ * aft keeps 16-bit. */
+static aft_dtype matrices_16(const aft_st_file *f)
+{
+    aft_dtype dt = AFT_F32;
+    for (size_t i = 0; i < aft_st_count(f); i++) {
+        const aft_tensor *t = aft_st_get(f, i, NULL);
+        if (t->ndim != 2 || !aft_dtype_is_float(t->dtype)) continue;
+        if (t->dtype != AFT_F16 && t->dtype != AFT_BF16) return AFT_F32;
+        if (dt != AFT_F32 && dt != t->dtype) return AFT_F32;
+        dt = t->dtype;
+    }
+    return dt;
+}
+
+/* "in memory: f16 (packed panels)": what aft's products hold a 16-bit
+ * file's matrices in at this kernel level; "" for any other file */
+static void in_memory(char *buf, size_t cap, const aft_st_file *f)
+{
+    aft_dtype dt = matrices_16(f), held = aft_weights_held(dt, AFT_KERNEL_AUTO);
+    buf[0] = 0;
+    if (dt == AFT_F32) return;
+    if (held == dt)
+        snprintf(buf, cap, "%s (packed panels; norms, biases and position biases widened to f32)",
+                 cli_dtype_lower(held));
+    else
+        snprintf(buf, cap, "f32 (%s widened: the %s kernel level's products hold float32)", cli_dtype_lower(dt),
+                 cli_level_name());
+}
+
 static int info_st_json(const char *path, const aft_st_file *f)
 {
     size_t n = aft_st_count(f), nm = aft_st_metadata_count(f);
@@ -213,6 +244,12 @@ static int info_st_json(const char *path, const aft_st_file *f)
              cJSON_AddStringToObject(o, "format", aft_st_format(f)) &&
              (tensors = cJSON_AddArrayToObject(o, "tensors")) &&
              (meta = cJSON_AddObjectToObject(o, "metadata"));
+    char mem[160];
+    in_memory(mem, sizeof mem, f);
+    if (ok && mem[0]) {
+        aft_dtype held = aft_weights_held(matrices_16(f), AFT_KERNEL_AUTO);
+        ok = cJSON_AddStringToObject(o, "in_memory", cli_dtype_lower(held)) != NULL;
+    }
     for (size_t i = 0; i < n && ok; i++) {
         const char *name;
         const aft_tensor *t = aft_st_get(f, i, &name);
@@ -238,6 +275,9 @@ static int info_st_text(const char *path, const aft_st_file *f)
     else
         printf("%s: safetensors, %zu tensor%s, %zu metadata entr%s\n", path, n, n == 1 ? "" : "s", nm,
                nm == 1 ? "y" : "ies");
+    char mem[160];
+    in_memory(mem, sizeof mem, f);
+    if (mem[0]) printf("  in memory: %s\n", mem);
     row *rows = calloc(n ? n : 1, sizeof *rows);
     if (!rows) return -1;
     int rc = 0;

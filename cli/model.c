@@ -227,6 +227,19 @@ void cli_model_info_json(struct cJSON *j, const char *path, const aft_model_info
     cJSON_AddNumberToObject(j, "n_vocab", (double)in->n_vocab);
     if (in->context == SIZE_MAX) cJSON_AddNullToObject(j, "context");
     else cJSON_AddNumberToObject(j, "context", (double)in->context);
+    cJSON_AddStringToObject(j, "weights_dtype", cli_dtype_lower(in->weights_dtype));
+}
+
+const char *cli_weights_dtype(aft_dtype stored, const aft_config *cfg)
+{
+    /* bf16 products (with an engine) hold W as bf16, whatever it was stored as */
+    if (cfg->precision == AFT_PRECISION_BF16 && strcmp(aft_bf16_engine_in_use(), "none") != 0) return "bf16";
+    return cli_dtype_lower(aft_weights_held(stored, cfg->projections));
+}
+
+const char *cli_dtype_lower(aft_dtype dt)
+{
+    return dt == AFT_F16 ? "f16" : dt == AFT_BF16 ? "bf16" : dt == AFT_F64 ? "f64" : "f32";
 }
 
 /* ---------------------------------------------------------------- token ids */
@@ -306,7 +319,7 @@ done:
 
 struct model_opts {
     cli_model_opts m;
-    const char *tokens, *out_path, *targets;
+    const char *tokens, *out_path, *targets, *timing_path;
     int tbd;
     int grad;          /* --grad: the loss and every parameter's gradient */
     double dropout;    /* --grad's dropout (labml's), 0: none */
@@ -380,6 +393,9 @@ static const cli_option options[] = {
      "--dropout needs a value", 0},
     {"--seed", NULL, "N", "--grad: the seed of the dropout masks (default 0)", set_seed, 0,
      "--seed needs a value", 0},
+    {"--timing", NULL, "FILE",
+     "write timings and the configuration as JSON (the model's sizes, weights_dtype, load_ms, compute_ms, ...)",
+     cli_set_string, FIELD(timing_path), "--timing needs a file", 0},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
@@ -406,6 +422,7 @@ struct model_run {
     size_t B, T, rank;
     int32_t *tokens;    /* (B, T), batch-major */
     float *logits;      /* (B, T, V), batch-major */
+    double t_start, t_loaded, t_computed, t_written;   /* ms */
 };
 
 /* TOKENS into r, no longer than the model reads at once */
@@ -623,6 +640,25 @@ static int run_grad(const struct model_opts *o, struct model_run *r)
     return rc;
 }
 
+/* --timing's JSON into out: the model, what its weights are held in, the
+ * run's sizes and times */
+static int write_timing(aft_out *out, const struct model_opts *o, const struct model_run *r)
+{
+    cJSON *j = cJSON_CreateObject();
+    cli_model_info_json(j, o->m.weights, r->info);
+    cJSON_AddNumberToObject(j, "threads", o->m.threads ? o->m.threads : aft_cores());
+    cli_level_json(j);
+    cJSON_AddStringToObject(j, "impl", o->m.impl == AFT_IMPL_REFERENCE ? "reference" : "fast");
+    cJSON_AddNumberToObject(j, "batch", (double)r->B);
+    cJSON_AddNumberToObject(j, "seq_len", (double)r->T);
+    cJSON_AddNumberToObject(j, "load_ms", r->t_loaded - r->t_start);
+    cJSON_AddNumberToObject(j, "compute_ms", r->t_computed - r->t_loaded);
+    cJSON_AddNumberToObject(j, "write_ms", r->t_written - r->t_computed);
+    cJSON_AddNumberToObject(j, "total_ms", aft_now_ms() - r->t_start);
+    cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
+    return cli_write_json(out, "model", j);
+}
+
 int cmd_model(int argc, char **argv)
 {
     struct model_opts o = {.m = {.cmd = "model"}};
@@ -638,18 +674,36 @@ int cmd_model(int argc, char **argv)
         return cli_usage_error("model", "--precision bf16 applies to the fast kernels; --impl reference computes in "
                                "float64");
 
-    struct model_run r = {0};
+    struct model_run r = {.t_start = aft_now_ms()};
+    aft_out tout;
+    aft_error err;
+    if (o.timing_path && aft_out_open(&tout, o.timing_path, &err) != AFT_OK) {
+        cli_error("model", "%s", err.msg);
+        return EXIT_DATA;
+    }
     rc = cli_model_open(&o.m, &r.model);
     if (!rc) {
         r.info = aft_model_get_info(r.model);
         rc = load_tokens(&o, &r);
     }
+    r.t_loaded = aft_now_ms();
     if (!rc && o.grad) {
         rc = run_grad(&o, &r);
+        r.t_computed = r.t_written = aft_now_ms();
     } else {
         if (!rc) rc = check_memory(&o, &r);
         if (!rc) rc = compute(&o, &r);
+        r.t_computed = aft_now_ms();
         if (!rc) rc = write_logits(&o, &r);
+        r.t_written = aft_now_ms();
+    }
+    if (o.timing_path) {
+        if (!rc) rc = write_timing(&tout, &o, &r);
+        if (!rc && aft_out_commit(&tout, &err) != AFT_OK) {
+            cli_error("model", "%s", err.msg);
+            rc = EXIT_DATA;
+        }
+        if (rc) aft_out_abort(&tout);
     }
     free(r.tokens);
     free(r.logits);

@@ -132,8 +132,29 @@ int cli_params_seeded(cli_params *sp, aft_config *cfg, uint64_t seed, size_t T, 
     return 0;
 }
 
+int cli_params_16(cli_params *sp, aft_dtype dt, const char *cmd)
+{
+    if (dt != AFT_F16 && dt != AFT_BF16) return 0;
+    aft_params *p = &sp->p;
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C;
+    const size_t n[4] = {C * D, KC * D, C * D, D * C};
+    const float **w[4] = {&p->wq, &p->wk, &p->wv, &p->wo};
+    for (int i = 0; i < 4; i++) {
+        if (!(sp->w16[i] = malloc(n[i] * sizeof(uint16_t) + 1))) {
+            cli_error(cmd, "out of memory for weights");
+            return EXIT_DATA;
+        }
+        for (size_t j = 0; j < n[i]; j++)
+            sp->w16[i][j] = dt == AFT_F16 ? aft_f32_to_f16((*w[i])[j]) : aft_f32_to_bf16((*w[i])[j]);
+        *w[i] = (const float *)sp->w16[i];
+    }
+    p->w_dtype = dt;
+    return 0;
+}
+
 void cli_params_free(cli_params *sp)
 {
     for (int i = 0; i < 6; i++) free(sp->owned[i]);
+    for (int i = 0; i < 4; i++) free(sp->w16[i]);
     memset(sp, 0, sizeof *sp);
 }

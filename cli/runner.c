@@ -5,6 +5,7 @@
 #include "runner.h"
 
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,8 +404,20 @@ size_t runner_nonfinite_params(const struct run *r)
     size_t D = r->D, C = r->C, KC = r->KC, bad = 0;
     const float *mats[] = {p->wq, p->wk, p->wv, p->wo, p->bq, p->bk, p->bv, p->bo};
     size_t lens[] = {C * D, KC * D, C * D, D * C, C, KC, C, D};
-    for (int i = 0; i < 8; i++)
-        if (mats[i] && !r->bare) bad += aft_count_nonfinite(mats[i], lens[i]);
+    int w16 = p->w_dtype == AFT_F16 || p->w_dtype == AFT_BF16;
+    for (int i = 0; i < 8; i++) {
+        if (!mats[i] || r->bare) continue;
+        if (i < 4 && w16) {   /* weights kept 16-bit: each value widened */
+            for (size_t j = 0; j < lens[i]; j++) {
+                uint16_t h;
+                memcpy(&h, (const char *)mats[i] + 2 * j, 2);
+                float v = p->w_dtype == AFT_F16 ? aft_f16_to_f32(h) : aft_bf16_to_f32(h);
+                bad += !isfinite(v);
+            }
+        } else {
+            bad += aft_count_nonfinite(mats[i], lens[i]);
+        }
+    }
     const aft_bias *b = &p->bias;
     if (b->kind == AFT_BIAS_DENSE) bad += aft_count_nonfinite(b->dense, b->tmax * b->tmax);
     if (b->kind == AFT_BIAS_FACTORED)
@@ -528,8 +541,8 @@ aft_tensor runner_shaped(const struct run_opts *o, const struct run *r, float *d
 
 /* ---------------------------------------------------------------- timing */
 
-cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
-                          const struct timing *tm)
+cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, aft_dtype wdt, size_t B, size_t T,
+                          size_t D, size_t C, const struct timing *tm)
 {
     aft_blas_info bi;
     aft_blas_get_info(&bi, cfg->projections);
@@ -556,6 +569,8 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
     cJSON_AddStringToObject(j, "blas_library", bi.library);
     cJSON_AddStringToObject(j, "blas_core", bi.core);
     cJSON_AddStringToObject(j, "projections_kernel", bi.projections);
+    /* what the projections' packed weights hold: 16 bits kept as stored */
+    cJSON_AddStringToObject(j, "weights_dtype", cli_weights_dtype(wdt, cfg));
     cli_level_json(j);
     /* the times, under the keys aft bench gives the same facts (man/aft.1, JSON OUTPUT) */
     cJSON_AddNumberToObject(j, "load_ms", tm->load);
@@ -581,5 +596,6 @@ cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_
 
 int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D)
 {
-    return cli_write_json(out, o->cmd, runner_timing_json(o, &r->cfg, r->B, r->T, D, r->C, &r->tm));
+    aft_dtype wdt = r->p && !r->bare ? r->p->w_dtype : AFT_F32;
+    return cli_write_json(out, o->cmd, runner_timing_json(o, &r->cfg, wdt, r->B, r->T, D, r->C, &r->tm));
 }

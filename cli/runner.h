@@ -147,8 +147,9 @@ void runner_free(struct run *r);
 
 /* --timing's JSON: the configuration as settled, the times, the peak
  * memory; D the output's width (the caller may add to it) */
-cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
-                          const struct timing *tm);
+/* wdt: the layer's weights as stored (aft_params.w_dtype) */
+cJSON *runner_timing_json(const struct run_opts *o, const aft_config *cfg, aft_dtype wdt, size_t B, size_t T,
+                          size_t D, size_t C, const struct timing *tm);
 /* the two for r */
 int runner_write_timing(aft_out *out, const struct run_opts *o, const struct run *r, size_t D);
 

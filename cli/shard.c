@@ -801,7 +801,8 @@ static int write_timing(shard *sh, const struct run_opts *o, const plan *pl, con
     }
     tm.compute_min = tm.compute_med;
     tm.total = aft_now_ms() - t_start;
-    cJSON *j = runner_timing_json(o, &r->cfg, pl->B, pl->T, pl->D, r->C, &tm);
+    aft_dtype wdt = r->p && !r->bare ? r->p->w_dtype : AFT_F32;
+    cJSON *j = runner_timing_json(o, &r->cfg, wdt, pl->B, pl->T, pl->D, r->C, &tm);
     cJSON *m = cJSON_AddObjectToObject(j, "mpi");
     cJSON_AddNumberToObject(m, "ranks", sh->size);
     cJSON_AddStringToObject(m, "path", pl->stream ? "state" : pl->halo == SIZE_MAX ? "dense" : pl->halo == 0 ? "sums"

@@ -27,14 +27,14 @@ _aft_options()
     compare) echo "--rtol --atol --equal-nan --json --max-memory -q --quiet -h --help" ;;
     convert) echo "-o --output --dtype --metadata --format --max-memory -q --quiet -h --help" ;;
     model) echo "--weights -o --output --layout --window --threads --impl --precision --max-memory --strict" \
-                "--grad --targets --dropout --seed -q --quiet -h --help" ;;
+                "--grad --targets --dropout --seed --timing -q --quiet -h --help" ;;
     generate) echo "--weights --prompt -n --temperature --top-k --seed --greedy --vocab --window --threads" \
                    "--precision --timing --max-memory --strict -q --quiet -h --help" ;;
     encode) echo "--weights --text-file -o --output --vocab --max-memory -q --quiet -h --help" ;;
     decode) echo "--weights --vocab --max-memory -q --quiet -h --help" ;;
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
                 "--threads --repeat --impl --precision --json --no-ceiling --plot --stream --chunk --grid --grad" \
-                "--generate --weights -q --quiet -h --help" ;;
+                "--generate --weights --weights-dtype -q --quiet -h --help" ;;
     esac
 }
 
@@ -47,8 +47,9 @@ _aft_value()
     grad:--mask | grad:--weights | grad:-o | grad:--output | grad:--timing | grad:--grad-output | grad:--dy | \
     run:--mask | run:--weights | run:-o | run:--output | run:--timing | run:--state-in | run:--state-out | mask:-o | \
     convert:-o | convert:--output | bench:--plot | bench:--weights | model:--weights | model:-o | model:--output | \
-    generate:--weights | generate:--vocab | generate:--timing | encode:--weights | encode:--text-file | \
-    encode:-o | encode:--output | encode:--vocab | decode:--weights | decode:--vocab | model:--targets) echo file ;;
+    generate:--weights | generate:--vocab | generate:--timing | model:--timing | encode:--weights | \
+    encode:--text-file | encode:-o | encode:--output | encode:--vocab | decode:--weights | decode:--vocab | \
+    model:--targets) echo file ;;
     run:--variant | grad:--variant) echo "list:full local simple conv" ;;
     run:--layout | grad:--layout | model:--layout) echo "list:btd tbd" ;;
     run:--impl | grad:--impl | model:--impl) echo "list:fast reference" ;;
@@ -58,6 +59,7 @@ _aft_value()
     convert:--format) echo "list:npy npz safetensors" ;;
     convert:--dtype) echo "list:f32 f16 bf16 f64" ;;
     bench:--impl) echo "list:fast reference both" ;;
+    bench:--weights-dtype) echo "list:f32 f16 bf16" ;;
     bench:--variant) echo "csv:full local simple conv" ;;
     run:--window | run:--heads | run:--prefix | run:--seed | run:--d-hidden | run:--repeat | \
     run:--threads | run:--max-memory | mask:--len | mask:--window | compare:--rtol | \

@@ -491,6 +491,11 @@ typedef struct {
     const float *wo;  /* (D, C) */
     const float *bo;  /* (D) or NULL */
     aft_bias bias;
+    /* AFT_F16 or AFT_BF16: wq, wk, wv and wo point at that dtype's 16-bit
+     * values (2 bytes each, any alignment; cast to const float *), kept so
+     * in the packed products, which widen them exactly; any other value (0
+     * in a zeroed struct): float32. The biases are float32 either way. */
+    aft_dtype w_dtype;
 } aft_params;
 
 /* y, x: (B, T, D), row-major, batch-major ("btd").
@@ -736,7 +741,16 @@ typedef struct {
     size_t nowned;
 } aft_weights;
 
-/* variant decides how the position bias is read. */
+/* The dtype a product's weights stored as `stored` are held in for the
+ * products (packed), under this choice of kernel at the kernel level in
+ * use: AFT_F16 and AFT_BF16 stay 16-bit with aft's kernel (f16 from the
+ * avx2 level up; base packs it widened to float32); OpenBLAS, and every
+ * other dtype, hold float32. What --timing's weights_dtype reports. */
+aft_dtype aft_weights_held(aft_dtype stored, aft_kernel projections);
+
+/* variant decides how the position bias is read. The four projections'
+ * weights stored in one 16-bit dtype (F16, BF16) stay so (p.w_dtype;
+ * aft_weights_held); any other mix is widened to float32. */
 aft_status aft_weights_load(const aft_st_file *f, const char *prefix, aft_variant variant,
                             aft_weights *w, aft_error *err);
 /* The same for a configuration on a grid (grid != 0): conv's bias is then
@@ -957,9 +971,19 @@ typedef struct {
     const char *unused;    /* the first of them in file order, as messages
                             * show names (control characters as '?', cut
                             * short with "..."); NULL when there is none */
+    aft_dtype weights_dtype;   /* what the products' packed weights are held
+                                * in: AFT_F16 or AFT_BF16 when a checkpoint
+                                * stored so keeps them all 16-bit (f16 at the
+                                * base kernel level, and products OpenBLAS
+                                * runs, are widened), AFT_BF16 for bf16
+                                * products (precision), else AFT_F32 */
 } aft_model_info;
 
-/* Reads the model from f (converted to float32; f may be closed after).
+/* Reads the model from f (f may be closed after): float32, except that
+ * the projections', the FFN's, the generator's and the embedding's weights
+ * stored in f16 or bf16 stay 16-bit (info.weights_dtype; the LayerNorms,
+ * biases and position biases are widened to float32). Widening is exact:
+ * the outputs are those of a float32 checkpoint of the same values.
  * opt may be NULL (defaults: window from the checkpoint, every core, the
  * fast kernels). Metadata read: "vocab", a JSON array of V strings (token
  * id = index), optional (opt->vocab replaces it); "window", optional. Missing tensors, shapes that do

@@ -41,6 +41,19 @@ int aft_bf16_wanted(aft_precision p);
 void *aft_alloc_array(size_t n, size_t size);
 /* same, zero-filled */
 void *aft_calloc_array(size_t n, size_t size);
+/* 16-bit weights kept as stored (the layer's projections, the model's
+ * products and embedding): element i of an array of dt (AFT_F32, AFT_F16,
+ * AFT_BF16; any alignment) as float32, exact; n of them widened into a new
+ * array (malloc'd; NULL when out of memory); and t's values copied as
+ * stored (its dtype's bytes, malloc'd) */
+float aft_w_at(const void *w, aft_dtype dt, size_t i);
+float *aft_w_widen(const void *w, aft_dtype dt, size_t n);
+aft_status aft_tensor_copy(const aft_tensor *t, void **out, aft_error *err);
+/* 1 for AFT_F16 and AFT_BF16 */
+static inline int aft_dtype_is16(aft_dtype dt)
+{
+    return dt == AFT_F16 || dt == AFT_BF16;
+}
 /* n floats set to 0 without reading them into the cache first (streaming
  * stores where the machine has them): a large array that a pass will
  * write only a little of, such as a [Tmax, Tmax] bias gradient of which a

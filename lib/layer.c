@@ -21,11 +21,11 @@ static aft_status check_params(const aft_params *p, aft_error *err)
     return AFT_OK;
 }
 
-aft_status aft_layer_prep_linear(const aft_layer_prep *lp, aft_linear *l, const float *w, const float *bias, size_t n,
-                                 size_t k, int threads, aft_error *err)
+aft_status aft_layer_prep_linear(const aft_layer_prep *lp, aft_linear *l, const void *w, aft_dtype wdt,
+                                 const float *bias, size_t n, size_t k, int threads, aft_error *err)
 {
-    if (lp->bf16) return aft_linear_init_bf16(l, w, AFT_F32, bias, n, k, threads, err);
-    return aft_linear_init(l, w, bias, n, k, lp->kernel, threads, err);
+    if (lp->bf16) return aft_linear_init_bf16(l, w, wdt, bias, n, k, threads, err);
+    return aft_linear_init_dt(l, w, wdt, bias, n, k, lp->kernel, threads, err);
 }
 
 aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, aft_precision precision,
@@ -37,15 +37,19 @@ aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kern
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, W = 2 * C + KC;
     *lp = (aft_layer_prep){.p = p, .D = D, .C = C, .KC = KC, .W = W, .kernel = kernel, .threads = threads,
                            .bf16 = aft_bf16_wanted(precision)};
-    lp->wcat = aft_alloc_array(W, D * sizeof(float));
+    /* 16-bit weights stay 16-bit: stacked as stored, packed so */
+    aft_dtype wdt = aft_dtype_is16(p->w_dtype) ? p->w_dtype : AFT_F32;
+    size_t es = aft_dtype_size(wdt);
+    lp->wcat = aft_alloc_array(W, D * es);
     lp->bcat = aft_alloc_array(W, sizeof(float));
     if (!lp->wcat || !lp->bcat) {
         aft_layer_prep_free(lp);
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the stacked weights (%zu x %zu)", W, D);
     }
-    memcpy(lp->wcat, p->wq, C * D * sizeof(float));
-    memcpy(lp->wcat + C * D, p->wk, KC * D * sizeof(float));
-    memcpy(lp->wcat + (C + KC) * D, p->wv, C * D * sizeof(float));
+    char *wc = lp->wcat;
+    memcpy(wc, p->wq, C * D * es);
+    memcpy(wc + C * D * es, p->wk, KC * D * es);
+    memcpy(wc + (C + KC) * D * es, p->wv, C * D * es);
     int any_bias = p->bq || p->bk || p->bv;
     const float *bs[3] = {p->bq, p->bk, p->bv};
     size_t bn[3] = {C, KC, C}, off = 0;
@@ -54,9 +58,9 @@ aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kern
         else memset(lp->bcat + off, 0, bn[i] * sizeof(float));
         off += bn[i];
     }
-    st = aft_layer_prep_linear(lp, &lp->qkv, lp->wcat, any_bias ? lp->bcat : NULL, W, D, threads, err);
+    st = aft_layer_prep_linear(lp, &lp->qkv, lp->wcat, wdt, any_bias ? lp->bcat : NULL, W, D, threads, err);
     if (st == AFT_OK) {
-        st = aft_layer_prep_linear(lp, &lp->o, p->wo, p->bo, D, C, threads, err);
+        st = aft_layer_prep_linear(lp, &lp->o, p->wo, wdt, p->bo, D, C, threads, err);
         if (st != AFT_OK) aft_linear_free(&lp->qkv);
     }
     if (st != AFT_OK) {
@@ -76,6 +80,43 @@ void aft_layer_prep_free(aft_layer_prep *lp)
     free(lp->wcat);
     free(lp->bcat);
     memset(lp, 0, sizeof *lp);
+}
+
+aft_dtype aft_weights_held(aft_dtype stored, aft_kernel projections)
+{
+    if (!aft_dtype_is16(stored)) return AFT_F32;
+    /* a product of one weight, asked how it holds it */
+    const uint16_t w[1] = {0};
+    aft_linear l;
+    if (aft_linear_init_dt(&l, w, stored, NULL, 1, 1, projections, 1, NULL) != AFT_OK) return AFT_F32;
+    aft_dtype dt = aft_linear_dtype(&l);
+    aft_linear_free(&l);
+    return dt;
+}
+
+aft_status aft_params_widen(aft_params *out, float **mem, const aft_params *p, aft_error *err)
+{
+    *out = *p;
+    *mem = NULL;
+    if (!aft_dtype_is16(p->w_dtype)) return AFT_OK;
+    size_t D = p->d_model, C = p->d_hidden, KC = p->k_out ? p->k_out : C, n = 0;
+    /* the sizes are check_params's, so (3C + KC) D does not overflow */
+    const float *ws[4] = {p->wq, p->wk, p->wv, p->wo};
+    const size_t rows[4] = {C, KC, C, D}, cols[4] = {D, D, D, C};
+    for (int i = 0; i < 4; i++) n += rows[i] * cols[i];
+    float *m = aft_alloc_array(n, sizeof(float));
+    if (!m) return aft_fail(err, AFT_ERR_NOMEM, "out of memory widening the weights (%zu values)", n);
+    const float **outs[4] = {&out->wq, &out->wk, &out->wv, &out->wo};
+    size_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        size_t k = rows[i] * cols[i];
+        for (size_t j = 0; j < k; j++) m[off + j] = aft_w_at(ws[i], p->w_dtype, j);
+        *outs[i] = m + off;
+        off += k;
+    }
+    out->w_dtype = AFT_F32;
+    *mem = m;
+    return AFT_OK;
 }
 
 aft_status aft_layer_forward(float *y, const float *x, const aft_params *p,
@@ -222,7 +263,11 @@ static aft_status layer_forward(float *y, const float *x, const aft_params *p, c
     if (N == 0) return AFT_OK;
     if (!x || !y) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !x ? "input x" : "output y");
     if (cfg->impl == AFT_IMPL_REFERENCE) {
-        st = layer_reference(y, x, p, cfg, B, T, take, &tm, err);
+        aft_params pw;
+        float *wmem;
+        if ((st = aft_params_widen(&pw, &wmem, p, err))) return st;
+        st = layer_reference(y, x, &pw, cfg, B, T, take, &tm, err);
+        free(wmem);
         if (times) *times = tm;
         return st;
     }

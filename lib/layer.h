@@ -30,6 +30,11 @@ aft_status aft_layer_forward_counted(float *y, const float *x, const aft_params 
 aft_status aft_layer_prep_init(aft_layer_prep *lp, const aft_params *p, aft_kernel kernel, aft_precision precision,
                                int threads, aft_error *err);
 void aft_layer_prep_free(aft_layer_prep *lp);
+/* p with 16-bit weights (w_dtype AFT_F16, AFT_BF16) as float32: *out is p
+ * with wq, wk, wv, wo widened into *mem (one block; free it), for the
+ * float64 references and the backward's products from W^T; p's own
+ * weights are already float32: *out = p, *mem = NULL */
+aft_status aft_params_widen(aft_params *out, float **mem, const aft_params *p, aft_error *err);
 
 /* The saved forward (layer_grad.c): aft_layer_forward_saved gives y
  * (aft_layer_backward's y: aft_layer_forward's to rounding) and keeps in

@@ -24,16 +24,19 @@
 typedef struct {
     const aft_params *p;
     size_t D, C, KC, W;   /* W = 2C + KC, a row of the stacked product */
-    float *wcat, *bcat;
+    void *wcat;           /* the stacked W, in p->w_dtype's values (16 bits
+                           * kept as stored) */
+    float *bcat;
     aft_linear qkv, o;
     aft_kernel kernel;    /* who runs the projections */
     int threads;
     int bf16;             /* the projections in bf16 (aft_config.precision, with an engine) */
 } aft_layer_prep;
-/* a projection of lp's kind (its kernel, or bf16): W (n x k), bias (n) or
+/* a projection of lp's kind (its kernel, or bf16): W (n x k) of wdt's
+ * values (AFT_F32, AFT_F16, AFT_BF16: 16 bits kept as stored), bias (n) or
  * NULL (layer.c) */
-aft_status aft_layer_prep_linear(const aft_layer_prep *lp, aft_linear *l, const float *w, const float *bias, size_t n,
-                                 size_t k, int threads, aft_error *err);
+aft_status aft_layer_prep_linear(const aft_layer_prep *lp, aft_linear *l, const void *w, aft_dtype wdt,
+                                 const float *bias, size_t n, size_t k, int threads, aft_error *err);
 /* the rows of the chunked paths' chunks, before the halo rounds them up: a
  * few tiles of the products with aft's kernels (float32 or bf16: W packed
  * once), or OpenBLAS's larger blocks (it packs W again on every call) */

@@ -226,6 +226,9 @@ typedef struct {
      * reads the rows of dy and dQKV in place, where OpenBLAS packs them */
     int own;
     aft_linear dh_lin, dx_lin;
+    /* 16-bit weights: Wo and Wcat widened for the products from W^T (the
+     * forward's read the 16-bit panels) */
+    float *wo, *wcat, *wmem;
 } grad_mem;
 
 /* pieces for a product that packs all of its B operand (N rows) whatever
@@ -275,7 +278,7 @@ static int plan_after(grad_mem *m, const aft_layer_grads *g, float *y, const flo
     }
     *np = 0;
     if (g->dx || any_b) {   /* dX = dQKV Wcat */
-        piece a = {.kind = g->dx ? PIECE_GEMM : PIECE_SUMS, .N = D, .K = W, .A = m->dqkv, .lda = W, .B = lp->wcat,
+        piece a = {.kind = g->dx ? PIECE_GEMM : PIECE_SUMS, .N = D, .K = W, .A = m->dqkv, .lda = W, .B = m->wcat,
                    .ldb = D, .C = g->dx, .ldc = D};
         if (g->dx && m->own) {
             a.kind = PIECE_LINEAR;
@@ -309,6 +312,7 @@ static void grad_mem_free(grad_mem *m)
     free(m->dw);
     free(m->part);
     free(m->pl.p);
+    free(m->wmem);
     if (m->own) {
         aft_linear_free(&m->dh_lin);
         aft_linear_free(&m->dx_lin);
@@ -322,8 +326,8 @@ static void own_init(grad_mem *m, const aft_layer_prep *lp)
     const size_t D = lp->D, C = lp->C, W = lp->W;
     /* (bf16 products: the GEMM pieces, in bf16) */
     if (!lp->qkv.pk || lp->bf16) return;
-    if (aft_linear_init_t(&m->dh_lin, lp->p->wo, C, C, D, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) return;
-    if (aft_linear_init_t(&m->dx_lin, lp->wcat, D, D, W, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) {
+    if (aft_linear_init_t(&m->dh_lin, m->wo, C, C, D, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) return;
+    if (aft_linear_init_t(&m->dx_lin, m->wcat, D, D, W, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) {
         aft_linear_free(&m->dh_lin);
         return;
     }
@@ -354,11 +358,19 @@ static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const floa
         goto done;
     }
     m.db = m.dw + W * D;
+    m.wo = (float *)p->wo;
+    m.wcat = lp->wcat;
+    if (aft_dtype_is16(p->w_dtype)) {   /* Wo and Wcat (stacked as Q, K, V's are) widened */
+        aft_params pw;
+        if ((st = aft_params_widen(&pw, &m.wmem, p, err))) goto done;
+        m.wo = (float *)pw.wo;
+        m.wcat = (float *)pw.wq;   /* wq, wk, wv lie one after another: Wcat */
+    }
     own_init(&m, lp);
     /* Q, K, V again, and dH = dy Wo, whose pieces sum dy's rows for dbo */
     size_t np = 0;
     piece a = {.kind = PIECE_LINEAR, .A = x, .lda = D, .C = m.qkv, .ldc = W, .lin = &lp->qkv, .in_place = 1};
-    piece b = {.kind = PIECE_GEMM, .N = C, .K = D, .A = dy, .lda = D, .B = p->wo, .ldb = C, .C = m.dh, .ldc = C};
+    piece b = {.kind = PIECE_GEMM, .N = C, .K = D, .A = dy, .lda = D, .B = m.wo, .ldb = C, .C = m.dh, .ldc = C};
     if (m.own) {
         b.kind = PIECE_LINEAR;
         b.lin = &m.dh_lin;
@@ -503,8 +515,13 @@ static aft_status layer_backward(const aft_layer_grads *g, float *y, const float
         /* the rows on the caller's counter, which the operator's backward
          * kernels count (the products around them are not counted) */
         sp.progress = aft_progress_plan(cfg->progress, N);
-        st = cfg->impl == AFT_IMPL_REFERENCE ? layer_reference_grad(g, y, dy, x, p, &sp, B, T, err)
-                                             : layer_fast_grad(g, y, dy, x, saved, &lp, sp, B, T, err);
+        aft_params pw;
+        float *wmem = NULL;
+        if (cfg->impl == AFT_IMPL_REFERENCE && !(st = aft_params_widen(&pw, &wmem, p, err)))
+            st = layer_reference_grad(g, y, dy, x, &pw, &sp, B, T, err);
+        else if (cfg->impl != AFT_IMPL_REFERENCE)
+            st = layer_fast_grad(g, y, dy, x, saved, &lp, sp, B, T, err);
+        free(wmem);
     }
     aft_layer_prep_free(&lp);
     return st;

@@ -53,13 +53,16 @@ static void mark(aft_model *m, const aft_st_file *f, const char *name)
     if (i != SIZE_MAX) m->used[i] = 1;
 }
 
-/* Tensor `name` as float32 (owned by m). shape: ndim sizes, SIZE_MAX for
- * "any" (the found size is written back); what: its role, for messages.
- * Absent and not required: *out = NULL. */
-static aft_status get(aft_model *m, const aft_st_file *f, const char *name, int required, size_t ndim,
-                      size_t *shape, const char *what, const float **out, aft_error *err)
+/* Tensor `name` as float32 (owned by m), or, with dt (a product's or the
+ * embedding's weights), an f16 or bf16 one as stored (*dt its dtype;
+ * else AFT_F32). shape: ndim sizes, SIZE_MAX for "any" (the found size is
+ * written back); what: its role, for messages. Absent and not required:
+ * *out = NULL. */
+static aft_status get_dt(aft_model *m, const aft_st_file *f, const char *name, int required, size_t ndim,
+                         size_t *shape, const char *what, const void **out, aft_dtype *dt, aft_error *err)
 {
     *out = NULL;
+    if (dt) *dt = AFT_F32;
     const aft_tensor *t = aft_st_find(f, name);
     if (!t) return required ? aft_fail(err, AFT_ERR_FORMAT, "missing tensor '%s' (%s)", name, what) : AFT_OK;
     mark(m, f, name);
@@ -75,11 +78,28 @@ static aft_status get(aft_model *m, const aft_st_file *f, const char *name, int 
     if (!aft_dtype_is_float(t->dtype))
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' has dtype %s; weights must be F64, F32, F16 or BF16", name,
                         aft_dtype_name(t->dtype));
-    float *p;
-    aft_status st = aft_tensor_to_f32(t, &p, err);
+    void *p;
+    aft_status st;
+    if (dt && aft_dtype_is16(t->dtype)) {
+        st = aft_tensor_copy(t, &p, err);
+        *dt = t->dtype;
+    } else {
+        float *pf = NULL;
+        st = aft_tensor_to_f32(t, &pf, err);
+        p = pf;
+    }
     if (st || (st = own(m, p, err))) return st;
     *out = p;
     return AFT_OK;
+}
+
+static aft_status get(aft_model *m, const aft_st_file *f, const char *name, int required, size_t ndim,
+                      size_t *shape, const char *what, const float **out, aft_error *err)
+{
+    const void *p;
+    aft_status st = get_dt(m, f, name, required, ndim, shape, what, &p, NULL, err);
+    *out = p;
+    return st;
 }
 
 /* a positive whole number up to INT_MAX */
@@ -304,13 +324,16 @@ static aft_status load_norms_ffn(aft_model *m, const aft_st_file *f, size_t i, a
     }
     size_t s1[2] = {SIZE_MAX, D};
     snprintf(name, sizeof name, "%sfeed_forward.layer1.weight", L->prefix);
-    if ((st = get(m, f, name, 1, 2, s1, "the FFN's first layer (d_ff, d_model)", &L->ffp.w1, err))) return st;
+    aft_dtype dt1, dt2;
+    if ((st = get_dt(m, f, name, 1, 2, s1, "the FFN's first layer (d_ff, d_model)", &L->ffp.w1, &dt1, err)))
+        return st;
     size_t F = s1[0], sf[1] = {F}, s2[2] = {D, F};
     if (F == 0) return aft_fail(err, AFT_ERR_FORMAT, "'%s' has no rows", name);
     snprintf(name, sizeof name, "%sfeed_forward.layer1.bias", L->prefix);
     if ((st = get(m, f, name, 0, 1, sf, "the FFN's first bias (d_ff)", &L->ffp.b1, err))) return st;
     snprintf(name, sizeof name, "%sfeed_forward.layer2.weight", L->prefix);
-    if ((st = get(m, f, name, 1, 2, s2, "the FFN's second layer (d_model, d_ff)", &L->ffp.w2, err))) return st;
+    if ((st = get_dt(m, f, name, 1, 2, s2, "the FFN's second layer (d_model, d_ff)", &L->ffp.w2, &dt2, err)))
+        return st;
     snprintf(name, sizeof name, "%sfeed_forward.layer2.bias", L->prefix);
     if ((st = get(m, f, name, 0, 1, sd, "the FFN's second bias (d_model)", &L->ffp.b2, err))) return st;
     if (i == 0) m->info.d_ff = F;
@@ -318,6 +341,21 @@ static aft_status load_norms_ffn(aft_model *m, const aft_st_file *f, size_t i, a
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' has d_ff %zu but layer 0's has %zu", name, F, m->info.d_ff);
     L->ffp.d_model = D;
     L->ffp.d_ff = F;
+    L->ffp.wdt = dt1;
+    if (dt1 != dt2) {   /* two dtypes: both float32 */
+        const void *ws[2] = {L->ffp.w1, L->ffp.w2};
+        const aft_dtype dts[2] = {dt1, dt2};
+        const size_t ns[2] = {F * D, D * F};
+        for (int k = 0; k < 2; k++) {
+            if (dts[k] == AFT_F32) continue;
+            float *wide = aft_w_widen(ws[k], dts[k], ns[k]);
+            if (!wide || (st = own(m, wide, err)))
+                return wide ? st : aft_fail(err, AFT_ERR_NOMEM, "out of memory loading the model");
+            if (k == 0) L->ffp.w1 = wide;
+            else L->ffp.w2 = wide;
+        }
+        L->ffp.wdt = AFT_F32;
+    }
     if ((st = aft_ffn_init(&L->ffn, &L->ffp, AFT_KERNEL_AUTO, m->precision, m->threads, err))) return st;
     L->ffn_ready = 1;
     return AFT_OK;
@@ -416,7 +454,9 @@ static aft_status load_embedding(aft_model *m, const aft_st_file *f, aft_error *
         return aft_fail(err, AFT_ERR_FORMAT, "missing tensor 'src_embed.linear.weight' (the token embedding, with "
                         "'src_embed.positional_encodings'; or 'src_embed.weight' for one without positions)");
     if (!positional) tname = "src_embed.weight";
-    if ((st = get(m, f, tname, 1, 2, se, "the token embedding (n_vocab, d_model)", &m->emb.table, err))) return st;
+    if ((st = get_dt(m, f, tname, 1, 2, se, "the token embedding (n_vocab, d_model)", &m->emb.table, &m->emb.tdt,
+                     err)))
+        return st;
     size_t V = se[0], D = se[1];
     if (V == 0 || D == 0 || V > INT32_MAX || D > INT_MAX)
         return aft_fail(err, AFT_ERR_FORMAT, "'%s' is [%zu, %zu]: the vocabulary and d_model must be from 1 to %d",
@@ -451,17 +491,32 @@ static aft_status load_head(aft_model *m, const aft_st_file *f, aft_error *err)
     aft_status st;
     if ((st = get(m, f, "encoder.norm.weight", 1, 1, sd, "the final LayerNorm's weight (d_model)", &m->norm_w, err)) ||
         (st = get(m, f, "encoder.norm.bias", 0, 1, sd, "the final LayerNorm's bias (d_model)", &m->norm_b, err)) ||
-        (st = get(m, f, "generator.projection.weight", 1, 2, sg, "the logits' projection (n_vocab, d_model)",
-                  &m->gen_w, err)) ||
+        (st = get_dt(m, f, "generator.projection.weight", 1, 2, sg, "the logits' projection (n_vocab, d_model)",
+                     &m->gen_w, &m->gen_dt, err)) ||
         (st = get(m, f, "generator.projection.bias", 0, 1, sv, "the logits' bias (n_vocab)", &m->gen_b, err)))
         return st;
     if (aft_bf16_wanted(m->precision))
-        st = aft_linear_init_bf16(&m->gen, m->gen_w, AFT_F32, m->gen_b, V, D, m->threads, err);
+        st = aft_linear_init_bf16(&m->gen, m->gen_w, m->gen_dt, m->gen_b, V, D, m->threads, err);
     else
-        st = aft_linear_init(&m->gen, m->gen_w, m->gen_b, V, D, AFT_KERNEL_AUTO, m->threads, err);
+        st = aft_linear_init_dt(&m->gen, m->gen_w, m->gen_dt, m->gen_b, V, D, AFT_KERNEL_AUTO, m->threads, err);
     if (st) return st;
     m->gen_ready = 1;
     return AFT_OK;
+}
+
+/* the dtype every product holds its weights in (16 bits kept, or bf16
+ * products), or AFT_F32 when any is float32 (aft_model_info.weights_dtype) */
+static aft_dtype held_dtype(const aft_model *m)
+{
+    aft_dtype dt = aft_linear_dtype(&m->gen);
+    int same = aft_dtype_is16(dt);
+    for (size_t i = 0; same && i < m->info.n_layers; i++) {
+        const mlayer *L = &m->layers[i];
+        /* the attention's products are packed as the FFN's are */
+        same = aft_linear_dtype(&L->ffn.l1) == dt && aft_linear_dtype(&L->ffn.l2) == dt &&
+               L->attn.p.w_dtype == L->ffp.wdt;
+    }
+    return same ? dt : AFT_F32;
 }
 
 aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model_options *opt, aft_error *err)
@@ -501,6 +556,7 @@ aft_status aft_model_load(aft_model **out, const aft_st_file *f, const aft_model
         return st;
     }
     note_unused(m, f);
+    m->info.weights_dtype = held_dtype(m);
     free(m->used);
     m->used = NULL;
     m->info.keep = m->info.context == SIZE_MAX ? SIZE_MAX : m->info.context / 2;
@@ -607,8 +663,17 @@ aft_status aft_model_forward_progress(const aft_model *m, float *logits, const i
         add(x, y, N * D);
     }
     norm(z, x, m->norm_w, m->norm_b, N, D, AFT_LAYERNORM_EPS);
-    if (ref) aft_linear_ref(logits, V, z, D, m->gen_w, m->gen_b, N, D, V);
-    else aft_linear_apply(&m->gen, N, z, D, logits, V);
+    if (ref) {   /* 16-bit weights widened for the reference (exact) */
+        float *gw = aft_w_widen(m->gen_w, m->gen_dt, V * D);
+        if (!gw) {
+            st = aft_fail(err, AFT_ERR_NOMEM, "out of memory widening the logits' projection");
+            goto done;
+        }
+        aft_linear_ref(logits, V, z, D, gw, m->gen_b, N, D, V);
+        free(gw);
+    } else {
+        aft_linear_apply(&m->gen, N, z, D, logits, V);
+    }
 done:
     free(x);
     free(z);

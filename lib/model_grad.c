@@ -219,9 +219,31 @@ static aft_status repack(aft_model *m, aft_error *err)
     return st;
 }
 
+/* t's master copy from the model's values, widened from 16 bits where the
+ * model kept them so (dt AFT_F16, AFT_BF16; anything else: float32) */
+static void copy_in_dt(tparam *t, const void *src, aft_dtype dt)
+{
+    const uint16_t *h = src;
+    if (dt == AFT_F16)
+        for (size_t i = 0; i < t->n; i++) t->data[i] = aft_f16_to_f32(h[i]);
+    else if (dt == AFT_BF16)
+        for (size_t i = 0; i < t->n; i++) t->data[i] = aft_bf16_to_f32(h[i]);
+    else
+        memcpy(t->data, src, t->n * sizeof(float));
+}
+
 static void copy_in(tparam *t, const float *src)
 {
-    memcpy(t->data, src, t->n * sizeof(float));
+    copy_in_dt(t, src, AFT_F32);
+}
+
+/* 16-bit storage's dtype for the model's pointer *src (k a layer's index
+ * P_*), AFT_F32 for the rest */
+static aft_dtype layer_dtype(const mlayer *L, int k)
+{
+    if (k == P_QW || k == P_KW || k == P_VW || k == P_OW) return L->attn.p.w_dtype;
+    if (k == P_W1 || k == P_W2) return L->ffp.wdt;
+    return AFT_F32;
 }
 
 /* the master copies, from the values the model holds; the model's pointers
@@ -237,9 +259,10 @@ static aft_status ensure_data(aft_model *m, aft_error *err)
         if (!t->p[i].data && !(t->p[i].data = aft_alloc_array(t->p[i].n, sizeof(float))))
             return aft_fail(err, AFT_ERR_NOMEM, "out of memory for '%s'", t->p[i].name);
     tparam *P = t->p;
-    copy_in(&P[P_EMB], m->emb.table);
+    copy_in_dt(&P[P_EMB], m->emb.table, m->emb.tdt);
     copy_in(&P[P_PE], m->emb.pe);
     m->emb.table = P[P_EMB].data;
+    m->emb.tdt = AFT_F32;
     m->emb.pe = P[P_PE].data;
     for (size_t l = 0; l < m->info.n_layers; l++) {
         mlayer *L = &m->layers[l];
@@ -248,24 +271,34 @@ static aft_status ensure_data(aft_model *m, aft_error *err)
         const float **src[] = {
             [P_QW] = &p->wq, [P_QB] = &p->bq, [P_KW] = &p->wk, [P_KB] = &p->bk, [P_VW] = &p->wv,
             [P_VB] = &p->bv, [P_POS] = &p->bias.dense, [P_MASK] = NULL, [P_OW] = &p->wo, [P_OB] = &p->bo,
-            [P_W1] = &L->ffp.w1, [P_B1] = &L->ffp.b1, [P_W2] = &L->ffp.w2, [P_B2] = &L->ffp.b2,
+            [P_W1] = NULL, [P_B1] = &L->ffp.b1, [P_W2] = NULL, [P_B2] = &L->ffp.b2,
             [P_LN1W] = &L->ln1_w, [P_LN1B] = &L->ln1_b, [P_LN2W] = &L->ln2_w, [P_LN2B] = &L->ln2_b};
         for (int k = 0; k < P_PER_LAYER; k++) {
             if (!src[k]) continue;
-            copy_in(&q[k], *src[k]);
+            copy_in_dt(&q[k], *src[k], layer_dtype(L, k));
             *src[k] = q[k].data;
         }
+        copy_in_dt(&q[P_W1], L->ffp.w1, L->ffp.wdt);
+        copy_in_dt(&q[P_W2], L->ffp.w2, L->ffp.wdt);
+        L->ffp.w1 = q[P_W1].data;
+        L->ffp.w2 = q[P_W2].data;
+        p->w_dtype = AFT_F32;
+        L->ffp.wdt = AFT_F32;
         /* the band labml's local_mask holds: |t - t'| < S */
         const size_t Tm = q[P_MASK].shape[0], S = L->cfg.window;
         for (size_t r = 0; r < Tm; r++)
             for (size_t c = 0; c < Tm; c++) q[P_MASK].data[r * Tm + c] = (r > c ? r - c : c - r) < S ? 1.0f : 0.0f;
     }
     tparam *q = t->p + tail_index(m, 0);
-    const float **src[] = {&m->norm_w, &m->norm_b, &m->gen_w, &m->gen_b};
+    const float **src[] = {[P_NORMW] = &m->norm_w, [P_NORMB] = &m->norm_b, [P_GENW] = NULL, [P_GENB] = &m->gen_b};
     for (int k = 0; k < P_TAIL; k++) {
+        if (!src[k]) continue;
         copy_in(&q[k], *src[k]);
         *src[k] = q[k].data;
     }
+    copy_in_dt(&q[P_GENW], m->gen_w, m->gen_dt);
+    m->gen_w = q[P_GENW].data;
+    m->gen_dt = AFT_F32;
     t->have_data = 1;
     return repack(m, err);
 }

@@ -32,7 +32,9 @@ struct aft_model {
     mlayer *layers;
     aft_embed_params emb;
     const float *norm_w, *norm_b;   /* encoder.norm: (D) */
-    const float *gen_w, *gen_b;     /* generator.projection: (V, D), (V) */
+    const void *gen_w;              /* generator.projection: (V, D), gen_dt's values */
+    const float *gen_b;             /* (V) */
+    aft_dtype gen_dt;
     aft_linear gen;
     int gen_ready;
     aft_vocab vocab;

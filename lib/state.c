@@ -77,6 +77,19 @@ static uint64_t hash_bias(uint64_t h, const aft_bias *b, const aft_opspec *sp)
     }
 }
 
+/* weights of dt (16 bits kept as stored) hashed as their float32 values,
+ * so a 16-bit checkpoint and its widened copy agree; without the memory to
+ * widen them, their bytes */
+static uint64_t hash_w(uint64_t h, const float *w, aft_dtype dt, size_t n)
+{
+    if (!aft_dtype_is16(dt)) return hash_floats(h, w, n);
+    float *wide = aft_w_widen(w, dt, n);
+    if (!wide) return hash_floats(mix(h, 16), w, n / 2);
+    h = hash_floats(h, wide, n);
+    free(wide);
+    return h;
+}
+
 static void set_fingerprint(aft_state *s)
 {
     uint64_t h = 0x61667473746174ULL;   /* "aftstat" */
@@ -86,13 +99,13 @@ static void set_fingerprint(aft_state *s)
     if (s->layer) {
         const aft_params *p = s->prep.p;
         size_t D = s->D, C = s->C, KC = s->KC;
-        h = hash_floats(h, p->wq, C * D);
+        h = hash_w(h, p->wq, p->w_dtype, C * D);
         h = hash_floats(h, p->bq, p->bq ? C : 0);
-        h = hash_floats(h, p->wk, KC * D);
+        h = hash_w(h, p->wk, p->w_dtype, KC * D);
         h = hash_floats(h, p->bk, p->bk ? KC : 0);
-        h = hash_floats(h, p->wv, C * D);
+        h = hash_w(h, p->wv, p->w_dtype, C * D);
         h = hash_floats(h, p->bv, p->bv ? C : 0);
-        h = hash_floats(h, p->wo, D * C);
+        h = hash_w(h, p->wo, p->w_dtype, D * C);
         h = hash_floats(h, p->bo, p->bo ? D : 0);
     }
     if (s->sp.variant != AFT_SIMPLE) h = hash_bias(h, &s->bias, &s->sp);

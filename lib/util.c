@@ -210,6 +210,36 @@ aft_status aft_tensor_to_f32(const aft_tensor *t, float **out, aft_error *err)
     return AFT_OK;
 }
 
+float aft_w_at(const void *w, aft_dtype dt, size_t i)
+{
+    if (!aft_dtype_is16(dt)) {
+        float v;
+        memcpy(&v, (const char *)w + i * sizeof v, sizeof v);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)w + 2 * i, 2);
+    return dt == AFT_BF16 ? aft_bf16_to_f32(h) : aft_f16_to_f32(h);
+}
+
+float *aft_w_widen(const void *w, aft_dtype dt, size_t n)
+{
+    float *y = aft_alloc_array(n, sizeof(float));
+    if (!y) return NULL;
+    if (!aft_dtype_is16(dt)) memcpy(y, w, n * sizeof(float));
+    else
+        for (size_t i = 0; i < n; i++) y[i] = aft_w_at(w, dt, i);
+    return y;
+}
+
+aft_status aft_tensor_copy(const aft_tensor *t, void **out, aft_error *err)
+{
+    *out = aft_alloc_array(t->nelem ? t->nelem : 1, aft_dtype_size(t->dtype));
+    if (!*out) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu values", t->nelem);
+    memcpy(*out, t->data, t->nelem * aft_dtype_size(t->dtype));
+    return AFT_OK;
+}
+
 static const char *variant_names[] = {"full", "local", "simple", "conv"};
 
 const char *aft_variant_name(aft_variant v)

@@ -228,12 +228,26 @@ aft_status aft_weights_load_grid(const aft_st_file *f, const char *prefix, aft_v
             goto fail;
         }
     if ((st = check_biases(w, bt, err)) || (st = check_peer_biases(f, prefix, w, bt, stems, err))) goto fail;
+    /* the four matrices in one 16-bit dtype stay in it (the products widen
+     * them in registers); any other mix is widened to float32 */
+    aft_dtype wdt = wt[R_Q]->dtype;
+    for (int r = 1; r < 4; r++)
+        if (wt[r]->dtype != wdt) wdt = AFT_F32;
+    if (!aft_dtype_is16(wdt)) wdt = AFT_F32;
     const float *mats[4], *vecs[4] = {NULL, NULL, NULL, NULL};
     for (int r = 0; r < 4; r++) {
-        if ((st = to_f32(w, f, wt[r], w->names[r], &mats[r], err))) goto fail;
+        if (wdt != AFT_F32) {
+            void *copy;
+            if ((st = aft_tensor_copy(wt[r], &copy, err))) goto fail;
+            w->owned[w->nowned++] = copy;
+            mats[r] = copy;
+        } else if ((st = to_f32(w, f, wt[r], w->names[r], &mats[r], err))) {
+            goto fail;
+        }
         if (bt[r] && (st = to_f32(w, f, bt[r], bnames[r], &vecs[r], err))) goto fail;
     }
     aft_params *p = &w->p;
+    p->w_dtype = wdt;
     p->d_model = D; p->d_hidden = C; p->k_out = KC;
     p->wq = mats[R_Q]; p->wk = mats[R_K]; p->wv = mats[R_V]; p->wo = mats[R_O];
     p->bq = vecs[R_Q]; p->bk = vecs[R_K]; p->bv = vecs[R_V]; p->bo = vecs[R_O];

@@ -357,15 +357,44 @@ static void test_usage_errors(void **state)
         {"--window", "0", NULL, "--window"},
         {"--impl", "quick", NULL, "--impl"},
         {"--frobnicate", NULL, NULL, "--frobnicate"},
+        {"--weights-dtype", "f8", NULL, "--weights-dtype"},
+        {"--generate", "--weights-dtype", "f16", "--weights-dtype"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         harness_result r;
-        const char *args[] = {"bench", cases[i][0], cases[i][1], NULL};
+        const char *args[] = {"bench", cases[i][0], cases[i][1], cases[i][2], NULL};
         assert_int_equal(harness_run(&r, args, NULL, 0), 0);
         if (r.exit_code != 2 || r.out_len != 0 || !strstr(r.err, cases[i][3]))
             fail_msg("bench %s %s: exit %d, stderr '%s'", cases[i][0], cases[i][1] ? cases[i][1] : "", r.exit_code,
                      r.err);
         assert_true(harness_count_lines(r.err) <= 2);   /* the message, and maybe "Try 'aft bench --help'" */
+        harness_result_free(&r);
+    }
+}
+
+/* --weights-dtype: the seeded weights rounded to 16 bits and kept so; the
+ * JSON says what the products hold (f32 at base, where they are widened),
+ * and the layer's output is that of the same weights in float32 (aft run
+ * on a file of them is checked byte for byte in test_model) */
+static void test_weights_dtype(void **state)
+{
+    (void)state;
+    skip_under_valgrind();
+    const char *const dts[] = {"f16", "bf16", "f32"};
+    for (int i = 0; i < 3; i++) {
+        harness_result r;
+        assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "40", "--d-model", "32", "--variant", "local",
+                                     "--causal", "--stream", "--repeat", "1", "--no-ceiling", "--json",
+                                     "--weights-dtype", dts[i]),
+                         0);
+        assert_int_equal(r.exit_code, 0);
+        cJSON *j = cJSON_Parse(r.out), *dt = cJSON_GetObjectItemCaseSensitive(j, "weights_dtype"),
+              *lv = cJSON_GetObjectItemCaseSensitive(j, "kernels");
+        assert_true(cJSON_IsString(dt) && cJSON_IsString(lv));
+        int base = strcmp(lv->valuestring, "base") == 0 || strcmp(lv->valuestring, "fixed") == 0;
+        assert_string_equal(dt->valuestring, base ? "f32" : dts[i]);
+        assert_true(num(j, "stream_us_per_token") > 0 && num(j, "floor_us_per_token") > 0);
+        cJSON_Delete(j);
         harness_result_free(&r);
     }
 }
@@ -428,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_grad),
         cmocka_unit_test(test_blas_core),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_weights_dtype),
         cmocka_unit_test(test_plot_checked_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,6 @@
 /* test_json.c - the JSON aft writes and the list of its keys in man/aft.1
  * (JSON OUTPUT) agree: every command that writes JSON runs here on small
- * inputs (run, grad and generate --timing; bench --json plain, --stream,
+ * inputs (run, grad, generate and model --timing; bench --json plain, --stream,
  * --grad, --impl both, with the ceiling, --precision bf16 with the bf16
  * floor, and --generate; info, compare and
  * mask --json; run --timing under mpirun when there is one), every key it
@@ -72,7 +72,9 @@ static void collect(const cJSON *v, const char *where)
 /* text holds one JSON document, or one a line */
 static void collect_text(const char *text, const char *where)
 {
-    cJSON *j = cJSON_Parse(text);
+    /* one document and nothing after it (cJSON_Parse would take the first
+     * of several lines and drop the rest) */
+    cJSON *j = cJSON_ParseWithOpts(text, NULL, 1);
     if (j) {
         collect(j, where);
         cJSON_Delete(j);
@@ -222,6 +224,12 @@ static void test_keys_documented(void **state)
     free(run_json(ARGS("grad", "--variant", "local", "--window", "2", x, "-o", g, "--timing", t), 0, t));
     /* the model: generating, and bench's timing of it */
     free(run_json(ARGS("generate", "--weights", m, "--prompt", "It", "-n", "3", "--greedy", "--timing", t), 0, t));
+    char *tok = path("tok.npy");
+    int32_t ids[4] = {1, 2, 3, 4};
+    aft_tensor tt = harness_tensor(AFT_I32, ids, 1, (size_t[]){4});
+    assert_int_equal(aft_npy_write(tok, &tt, &err), AFT_OK);
+    free(run_json(ARGS("model", "--weights", m, tok, "-o", y, "--timing", t), 0, t));
+    free(tok);
     free(run_json(ARGS("bench", "--generate", "--weights", m, "--seq-len", "4", "--repeat", "1", "--threads", "1",
                        "--json"),
                   1, NULL));

@@ -760,6 +760,121 @@ static void test_shipped_model(void **state)
     free(data); free(here); free(bin); free(copy); free(dir);
 }
 
+/* ------------------------------------------------------------------ 16-bit checkpoints */
+
+/* aft's output (exit 0); malloc'd stdout, its length in *len */
+static char *run_out(const char *const *args, size_t *len)
+{
+    harness_result r;
+    assert_int_equal(harness_run(&r, args, NULL, 0), 0);
+    if (r.exit_code != 0) fail_msg("aft %s ...: exit %d: %s", args[0], r.exit_code, r.err);
+    char *out = r.out;
+    *len = r.out_len;
+    r.out = NULL;
+    harness_result_free(&r);
+    return out;
+}
+#define RUN_OUT(len, ...) run_out((const char *const[]){__VA_ARGS__, NULL}, (len))
+
+/* a --timing file's weights_dtype */
+static char *timing_dtype(const char *path)
+{
+    char *text;
+    assert_int_equal(harness_read_file(path, &text, NULL), 0);
+    cJSON *j = cJSON_Parse(text), *v = cJSON_GetObjectItemCaseSensitive(j, "weights_dtype");
+    if (!cJSON_IsString(v)) fail_msg("%s: no weights_dtype: %s", path, text);
+    char *dt = strdup(v->valuestring);
+    cJSON_Delete(j);
+    free(text);
+    return dt;
+}
+
+/* A checkpoint converted to f16 and to bf16 keeps its products' and
+ * embedding's weights 16-bit, which widening exactly makes give the bits of
+ * the float32 checkpoint of the same values (aft convert --dtype f32 of the
+ * 16-bit file): aft model's logits, aft generate's text (greedy and
+ * sampled), aft run's and aft grad's outputs on a layer of it, at every
+ * kernel level this CPU runs; --timing and aft info say what memory holds
+ * (f16 at base: widened). */
+static void test_16bit_checkpoint(void **state)
+{
+    (void)state;
+    const char *const dts[] = {"f16", "bf16"};
+    char *w = ckpt(), *tok = shipped("bt_tokens.npy"), *x = tmp("x16.npy"), *dy = tmp("dy16.npy");
+    /* a layer's input and output gradient: (2, 40, 128) */
+    enum { B = 2, T = 40, D = 128 };
+    static float xs[B * T * D], dys[B * T * D];
+    for (size_t i = 0; i < B * T * D; i++) {
+        xs[i] = aft_seeded_bias(7, 1.0f, i / D, i % D);
+        dys[i] = aft_seeded_bias(8, 1.0f, i / D, i % D);
+    }
+    const size_t shape[3] = {B, T, D};
+    aft_error err;
+    aft_tensor tx = harness_tensor(AFT_F32, xs, 3, shape), td = harness_tensor(AFT_F32, dys, 3, shape);
+    assert_int_equal(aft_npy_write(x, &tx, &err), AFT_OK);
+    assert_int_equal(aft_npy_write(dy, &td, &err), AFT_OK);
+    size_t nlev;
+    const aft_level *lev = aft_levels(&nlev);
+    for (size_t di = 0; di < 2; di++) {
+        char *w16 = tmp(harness_fmt("m_%s.safetensors", dts[di])), *w32 = tmp(harness_fmt("m_%s_f32.safetensors",
+                                                                                           dts[di]));
+        size_t n;
+        free(RUN_OUT(&n, "convert", "--dtype", dts[di], "-o", w16, w));
+        free(RUN_OUT(&n, "convert", "--dtype", "f32", "-o", w32, w16));
+        for (size_t li = 0; li < nlev; li++) {
+            if (!lev[li].runs) continue;
+            setenv("AFT_KERNELS", lev[li].name, 1);
+            char what[96];
+            snprintf(what, sizeof what, "%s at %s", dts[di], lev[li].name);
+            int base = strcmp(lev[li].name, "base") == 0 || strcmp(lev[li].name, "fixed") == 0;
+            /* the model's logits */
+            char *a = tmp("l16.npy"), *b = tmp("l32.npy");
+            char *t = tmp("g16.json");
+            free(RUN_OUT(&n, "model", "--weights", w16, "-o", a, tok, "--timing", t));
+            free(RUN_OUT(&n, "model", "--weights", w32, "-o", b, tok));
+            same_file(a, b);
+            char *mdt = timing_dtype(t);
+            if (!base) assert_string_equal(mdt, dts[di]);
+            free(mdt);
+            /* generation, greedy and sampled; --timing says the dtype */
+            char *g1 = GENERATE("--weights", w16, "--prompt", "It is ", "-n", "60", "--greedy", "--timing", t);
+            char *g2 = GENERATE("--weights", w32, "--prompt", "It is ", "-n", "60", "--greedy");
+            assert_string_equal(g1, g2);
+            char *dt = timing_dtype(t);
+            if (!base) assert_string_equal(dt, dts[di]);
+            free(dt);
+            free(g1); free(g2);
+            g1 = GENERATE("--weights", w16, "--prompt", "It is ", "-n", "60", "--temperature", "0.8", "--seed", "5");
+            g2 = GENERATE("--weights", w32, "--prompt", "It is ", "-n", "60", "--temperature", "0.8", "--seed", "5");
+            assert_string_equal(g1, g2);
+            free(g1); free(g2);
+            /* a layer of it: aft run and aft grad (local causal, full) */
+            const char *pre = "encoder.layers.0.self_attn.";
+            free(RUN_OUT(&n, "run", "--weights", w16, "--prefix", pre, "--variant", "local", "--window", "8",
+                         "--causal", "--timing", t, "-o", a, x));
+            free(RUN_OUT(&n, "run", "--weights", w32, "--prefix", pre, "--variant", "local", "--window", "8",
+                         "--causal", "-o", b, x));
+            same_file(a, b);
+            dt = timing_dtype(t);
+            if (!base) assert_string_equal(dt, dts[di]);
+            free(dt);
+            char *ga = tmp("g16.safetensors"), *gb = tmp("g32.safetensors");
+            free(RUN_OUT(&n, "grad", "--weights", w16, "--prefix", pre, "--variant", "full", "--dy", dy, "-o", ga, x));
+            free(RUN_OUT(&n, "grad", "--weights", w32, "--prefix", pre, "--variant", "full", "--dy", dy, "-o", gb, x));
+            same_file(ga, gb);
+            /* aft info: what the products hold */
+            char *info = RUN_OUT(&n, "info", w16);
+            char *want = harness_fmt("  in memory: %s", base ? "f32" : dts[di]);
+            if (!strstr(info, want)) fail_msg("%s: aft info lacks '%s': %s", what, want, info);
+            free(want); free(info);
+            free(a); free(b); free(t); free(ga); free(gb);
+        }
+        unsetenv("AFT_KERNELS");
+        free(w16); free(w32);
+    }
+    free(w); free(tok); free(x); free(dy);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -774,6 +889,7 @@ int main(void)
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_bench_generate),
         cmocka_unit_test(test_shipped_model),
+        cmocka_unit_test(test_16bit_checkpoint),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }

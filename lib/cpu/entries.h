@@ -132,6 +132,11 @@ AFT_ENTRY(aft_status, aft_linear_init,
           (aft_linear *l, const float *w, const float *bias, size_t n, size_t k, aft_kernel kernel, int threads,
            aft_error *err),
           (l, w, bias, n, k, kernel, threads, err))
+AFT_ENTRY(aft_status, aft_linear_init_dt,
+          (aft_linear *l, const void *w, aft_dtype wdt, const float *bias, size_t n, size_t k, aft_kernel kernel,
+           int threads, aft_error *err),
+          (l, w, wdt, bias, n, k, kernel, threads, err))
+AFT_ENTRY(aft_dtype, aft_linear_dtype, (const aft_linear *l), (l))
 AFT_ENTRY(aft_status, aft_linear_init_t,
           (aft_linear *l, const float *wt, size_t ldwt, size_t n, size_t k, aft_kernel kernel, int threads,
            aft_error *err),

@@ -72,20 +72,6 @@ static void f32_gemm(int threads, int ta, int tb, size_t M, size_t N, size_t K, 
     }
 }
 
-/* W16's aft_linear_init_dt (iface46 item 1) until it lands: the float32
- * case. Weak, so W16's definition replaces it; delete this then. */
-__attribute__((weak)) aft_status aft_linear_init_dt(aft_linear *l, const void *w, aft_dtype wdt, const float *bias,
-                                                   size_t n, size_t k, aft_kernel kernel, int threads,
-                                                   aft_error *err)
-{
-    if (wdt != AFT_F32) {
-        memset(l, 0, sizeof *l);
-        return aft_fail(err, AFT_ERR_ARG, "%s weights in a float32 product need aft_linear_init_dt",
-                        aft_dtype_name(wdt));
-    }
-    return aft_linear_init(l, (const float *)w, bias, n, k, kernel, threads, err);
-}
-
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define BF16_ENGINE 1
 #else

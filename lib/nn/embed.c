@@ -23,9 +23,24 @@ void aft_embed(float *x, const aft_embed_params *e, const int32_t *tokens, size_
 {
     const size_t D = e->D;
     const float s = e->scale;
+    if (aft_dtype_is16(e->tdt)) {   /* 16 bits: each value widened (exactly) as it is read */
+        const unsigned char *t = e->table;
+        for (size_t q = 0; q < B; q++)
+            for (size_t j = 0; j < n; j++) {
+                const void *row = t + (size_t)tokens[q * ldt + j] * D * 2;
+                float *xr = x + (q * n + j) * D;
+                if (e->pe) {
+                    const float *pr = e->pe + (pos0 + j) * D;
+                    for (size_t i = 0; i < D; i++) xr[i] = aft_w_at(row, e->tdt, i) * s + pr[i];
+                } else {
+                    for (size_t i = 0; i < D; i++) xr[i] = aft_w_at(row, e->tdt, i) * s;
+                }
+            }
+        return;
+    }
     for (size_t q = 0; q < B; q++)
         for (size_t j = 0; j < n; j++) {
-            const float *row = e->table + (size_t)tokens[q * ldt + j] * D;
+            const float *row = (const float *)e->table + (size_t)tokens[q * ldt + j] * D;
             float *xr = x + (q * n + j) * D;
             if (e->pe) {
                 const float *pr = e->pe + (pos0 + j) * D;
@@ -42,9 +57,9 @@ void aft_embed_ref(float *x, const aft_embed_params *e, const int32_t *tokens, s
     const size_t D = e->D;
     for (size_t q = 0; q < B; q++)
         for (size_t j = 0; j < n; j++) {
-            const float *row = e->table + (size_t)tokens[q * ldt + j] * D;
+            size_t row = (size_t)tokens[q * ldt + j] * D;
             for (size_t i = 0; i < D; i++) {
-                double v = (double)row[i] * (double)e->scale;
+                double v = (double)aft_w_at(e->table, e->tdt, row + i) * (double)e->scale;
                 if (e->pe) v += (double)e->pe[(pos0 + j) * D + i];
                 x[(q * n + j) * D + i] = (float)v;
             }

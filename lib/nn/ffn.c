@@ -7,12 +7,13 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* y = x W^T + b packed as the FFN's products run: float32 under kernel, or bf16 */
-static aft_status ffn_linear(aft_linear *l, const float *w, const float *b, size_t n, size_t k, aft_kernel kernel,
-                             int bf16, int threads, aft_error *err)
+/* y = x W^T + b packed as the FFN's products run: float32 under kernel
+ * (a 16-bit W kept so), or bf16 */
+static aft_status ffn_linear(aft_linear *l, const void *w, aft_dtype wdt, const float *b, size_t n, size_t k,
+                             aft_kernel kernel, int bf16, int threads, aft_error *err)
 {
-    if (bf16) return aft_linear_init_bf16(l, w, AFT_F32, b, n, k, threads, err);
-    return aft_linear_init(l, w, b, n, k, kernel, threads, err);
+    if (bf16) return aft_linear_init_bf16(l, w, wdt, b, n, k, threads, err);
+    return aft_linear_init_dt(l, w, wdt, b, n, k, kernel, threads, err);
 }
 
 aft_status aft_ffn_init(aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, aft_precision precision, int threads,
@@ -22,9 +23,10 @@ aft_status aft_ffn_init(aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, 
     if (!p->w1 || !p->w2) return aft_fail(err, AFT_ERR_ARG, "the feed-forward network needs both weights");
     f->p = *p;
     int bf16 = aft_bf16_wanted(precision);
-    aft_status st = ffn_linear(&f->l1, p->w1, p->b1, p->d_ff, p->d_model, kernel, bf16, threads, err);
+    aft_dtype dt = aft_dtype_is16(p->wdt) ? p->wdt : AFT_F32;
+    aft_status st = ffn_linear(&f->l1, p->w1, dt, p->b1, p->d_ff, p->d_model, kernel, bf16, threads, err);
     if (st) return st;
-    if ((st = ffn_linear(&f->l2, p->w2, p->b2, p->d_model, p->d_ff, kernel, bf16, threads, err))) {
+    if ((st = ffn_linear(&f->l2, p->w2, dt, p->b2, p->d_model, p->d_ff, kernel, bf16, threads, err))) {
         aft_linear_free(&f->l1);
         return st;
     }
@@ -57,22 +59,29 @@ void aft_ffn_ref(float *y, const float *x, const aft_ffn_params *p, size_t N)
 {
     size_t D = p->d_model, F = p->d_ff;
     double *h = aft_alloc_array(F ? F : 1, sizeof(double));
-    if (!h) {   /* the tests' reference: no way to report, so poison the output */
+    /* 16-bit weights widened (exact) */
+    int w16 = aft_dtype_is16(p->wdt);
+    float *w1 = w16 ? aft_w_widen(p->w1, p->wdt, F * D) : (float *)p->w1;
+    float *w2 = w16 ? aft_w_widen(p->w2, p->wdt, D * F) : (float *)p->w2;
+    if (!h || !w1 || !w2) {   /* the tests' reference: no way to report, so poison the output */
         for (size_t i = 0; i < N * D; i++) y[i] = NAN;
+        free(h);
+        if (w16) free(w1), free(w2);
         return;
     }
     for (size_t r = 0; r < N; r++) {
         const float *xr = x + r * D;
         for (size_t j = 0; j < F; j++) {
             double s = p->b1 ? (double)p->b1[j] : 0.0;
-            for (size_t i = 0; i < D; i++) s += (double)xr[i] * (double)p->w1[j * D + i];
+            for (size_t i = 0; i < D; i++) s += (double)xr[i] * (double)w1[j * D + i];
             h[j] = s < 0.0 ? 0.0 : s;
         }
         for (size_t o = 0; o < D; o++) {
             double s = p->b2 ? (double)p->b2[o] : 0.0;
-            for (size_t j = 0; j < F; j++) s += h[j] * (double)p->w2[o * F + j];
+            for (size_t j = 0; j < F; j++) s += h[j] * (double)w2[o * F + j];
             y[r * D + o] = (float)s;
         }
     }
     free(h);
+    if (w16) free(w1), free(w2);
 }

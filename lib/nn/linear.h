@@ -26,13 +26,21 @@ void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const floa
  * not depend on the split. */
 typedef struct {
     size_t n, k, npad;
-    const float *w, *bias;
+    const void *w;      /* W as given: wdt's values */
+    aft_dtype wdt;      /* AFT_F32, AFT_F16 or AFT_BF16 */
+    const float *bias;
     size_t ldwt;        /* aft_linear_init_t: w is W^T, rows ldwt apart; else 0 */
-    float *pk, *bpad;   /* packed W and the bias padded to npad features (the
-                         * packing's, a view's too); NULL: OpenBLAS */
-    void *mem;          /* the block holding both, pk on a cache line in it */
+    void *pk;           /* packed W, pkdt's values; NULL: OpenBLAS */
+    aft_dtype pkdt;     /* what pk holds: wdt (the kernel widens 16 bits in
+                         * registers), or AFT_F32 where this level has no
+                         * f16 conversion (base: SSE2) */
+    float *bpad;        /* the bias padded to npad features (the packing's,
+                         * a view's too) */
+    float *wf;          /* OpenBLAS with a 16-bit W: W widened to float32
+                         * (owned unless a view) */
+    void *mem;          /* the block holding pk and bpad, pk on a cache line in it */
     size_t f0;          /* a view (aft_linear_view): features from f0 of pk */
-    int view;           /* pk, bpad belong to another aft_linear */
+    int view;           /* pk, bpad, wf belong to another aft_linear */
     int threads;
     /* aft_linear_init_bf16 with an engine (bf16.h): W as bf16 pairs in
      * pk16 (in mem, pk NULL, bpad the padded bias), from W stored at wsrc
@@ -44,6 +52,19 @@ typedef struct {
 } aft_linear;
 aft_status aft_linear_init(aft_linear *l, const float *w, const float *bias, size_t n, size_t k,
                            aft_kernel kernel, int threads, aft_error *err);
+/* the same with W (n x k) in float32, f16 or bf16 (wdt: AFT_F32, AFT_F16,
+ * AFT_BF16; the values as stored, 2 bytes each for 16 bits, any alignment).
+ * A 16-bit W stays 16-bit in the packed panels and aft's kernel widens it
+ * in registers (bf16: a shift; f16: F16C's vcvtph2ps, from avx2 up); at
+ * base f16 is packed widened, and where OpenBLAS runs the product it reads
+ * a widened copy. Widening is exact: y has the bits a float32 W of the same
+ * values gives. Bias is float32. */
+aft_status aft_linear_init_dt(aft_linear *l, const void *w, aft_dtype wdt, const float *bias, size_t n, size_t k,
+                              aft_kernel kernel, int threads, aft_error *err);
+/* the dtype l's weights are held in for its products: pkdt when packed,
+ * AFT_F32 when OpenBLAS runs them, AFT_BF16 for bf16 products
+ * (aft_linear_init_bf16 with an engine) */
+aft_dtype aft_linear_dtype(const aft_linear *l);
 /* the same product from W^T: wt (k x n, rows ldwt apart), no bias (the
  * backward pass's dy Wo and dQKV Wcat). No views of it. */
 aft_status aft_linear_init_t(aft_linear *l, const float *wt, size_t ldwt, size_t n, size_t k, aft_kernel kernel,

@@ -22,10 +22,12 @@ void aft_layernorm_ref(float *y, const float *x, const float *w, const float *b,
 typedef struct {
     size_t d_model;     /* D */
     size_t d_ff;        /* F */
-    const float *w1;    /* (F, D) */
+    const void *w1;     /* (F, D), wdt's values */
     const float *b1;    /* (F) or NULL */
-    const float *w2;    /* (D, F) */
+    const void *w2;     /* (D, F), wdt's values */
     const float *b2;    /* (D) or NULL */
+    aft_dtype wdt;      /* w1 and w2: AFT_F16 or AFT_BF16 (kept so, packed
+                         * 16-bit); anything else: float32 */
 } aft_ffn_params;
 
 /* both products packed once (linear.c); p and its arrays must outlive it */
@@ -46,11 +48,13 @@ void aft_ffn_ref(float *y, const float *x, const aft_ffn_params *p, size_t N);
 /* ---- the token embedding (embed.c) */
 
 typedef struct {
-    const float *table;   /* (V, D) */
+    const void *table;    /* (V, D), tdt's values */
     size_t V, D;
     float scale;          /* each row times this (labml: sqrt(D)) */
     const float *pe;      /* (P, D): added at each row's position, or NULL */
     size_t P;
+    aft_dtype tdt;        /* AFT_F16 or AFT_BF16: the table kept so, each
+                           * row widened as it is looked up; else float32 */
 } aft_embed_params;
 
 /* The first token of tokens (B, n, rows ldt apart) that is negative or not

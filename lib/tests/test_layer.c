@@ -180,6 +180,91 @@ static void test_grid_layer(void **state)
     op_finish(fails, cases);
 }
 
+/* 16-bit weights (aft_params.w_dtype f16, bf16): the layer's outputs and
+ * gradients, fast and reference, whole and chunked (local causal's
+ * pipeline, simple's gated output), and a streaming state's steps, are
+ * those of the same weights widened to float32, byte for byte */
+static void test_layer_16bit(void **state)
+{
+    (void)state;
+    enum { B = 2, T = 300, D = 40, C = 24 };
+    rng r = {1616};
+    const aft_dtype dts[] = {AFT_F16, AFT_BF16};
+    const aft_variant vars[] = {AFT_LOCAL, AFT_SIMPLE, AFT_FULL};
+    float *x = randf(&r, B * T * D, 1.0), *dy = randf(&r, B * T * D, 1.0);
+    float *y1 = xmalloc(B * T * D * 4), *y2 = xmalloc(B * T * D * 4);
+    for (size_t di = 0; di < 2; di++) {
+        aft_dtype dt = dts[di];
+        const size_t n[4] = {C * D, C * D, C * D, D * C};
+        float *w[4], *b[4];
+        uint16_t *h[4];
+        for (int i = 0; i < 4; i++) {
+            w[i] = randf(&r, n[i], 0.3);
+            b[i] = randf(&r, i == 3 ? D : C, 0.1);
+            h[i] = xmalloc(n[i] * 2);
+            for (size_t j = 0; j < n[i]; j++) {
+                h[i][j] = dt == AFT_F16 ? aft_f32_to_f16(w[i][j]) : aft_f32_to_bf16(w[i][j]);
+                w[i][j] = dt == AFT_F16 ? aft_f16_to_f32(h[i][j]) : aft_bf16_to_f32(h[i][j]);
+            }
+        }
+        aft_params p32 = {.d_model = D, .d_hidden = C, .k_out = C, .wq = w[0], .bq = b[0], .wk = w[1], .bk = b[1],
+                          .wv = w[2], .bv = b[2], .wo = w[3], .bo = b[3],
+                          .bias = {.kind = AFT_BIAS_SEEDED, .seed = 9, .scale = 0.5f}, .w_dtype = AFT_F32};
+        aft_params p16 = p32;
+        p16.wq = (const float *)h[0];
+        p16.wk = (const float *)h[1];
+        p16.wv = (const float *)h[2];
+        p16.wo = (const float *)h[3];
+        p16.w_dtype = dt;
+        for (size_t vi = 0; vi < N_OF(vars); vi++)
+            for (int impl = 0; impl < 2; impl++) {
+                aft_config cfg = {.variant = vars[vi], .window = 5, .causal = vi == 0, .threads = 2,
+                                  .impl = impl ? AFT_IMPL_REFERENCE : AFT_IMPL_FAST};
+                aft_error err = {{0}};
+                assert_int_equal(aft_layer_forward(y1, x, &p16, &cfg, B, T, &err), AFT_OK);
+                assert_int_equal(aft_layer_forward(y2, x, &p32, &cfg, B, T, &err), AFT_OK);
+                if (memcmp(y1, y2, B * T * D * 4) != 0)
+                    fail_msg("%s %s impl %d: forward not the float32 bits", aft_dtype_name(dt),
+                             aft_variant_name(vars[vi]), impl);
+                /* gradients */
+                float *g1 = xcalloc(2 * (B * T * D + 4 * C * D + 3 * C + D), 4);
+                float *g2 = g1 + B * T * D + 4 * C * D + 3 * C + D;
+                aft_layer_grads gr[2];
+                for (int k = 0; k < 2; k++) {
+                    float *g = k ? g2 : g1;
+                    gr[k] = (aft_layer_grads){.dx = g, .wq = g + B * T * D, .wk = g + B * T * D + C * D,
+                                              .wv = g + B * T * D + 2 * C * D, .wo = g + B * T * D + 3 * C * D,
+                                              .bq = g + B * T * D + 4 * C * D, .bk = g + B * T * D + 4 * C * D + C,
+                                              .bv = g + B * T * D + 4 * C * D + 2 * C,
+                                              .bo = g + B * T * D + 4 * C * D + 3 * C};
+                }
+                assert_int_equal(aft_layer_backward(&gr[0], y1, dy, x, &p16, &cfg, B, T, &err), AFT_OK);
+                assert_int_equal(aft_layer_backward(&gr[1], y2, dy, x, &p32, &cfg, B, T, &err), AFT_OK);
+                if (memcmp(g1, g2, (B * T * D + 4 * C * D + 3 * C + D) * 4) != 0 ||
+                    memcmp(y1, y2, B * T * D * 4) != 0)
+                    fail_msg("%s %s impl %d: backward not the float32 bits", aft_dtype_name(dt),
+                             aft_variant_name(vars[vi]), impl);
+                free(g1);
+                /* a stream, a few rows a step */
+                if (!cfg.causal || impl) continue;
+                aft_state *s1, *s2;
+                assert_int_equal(aft_state_new(&s1, &p16, &cfg, B, &err), AFT_OK);
+                assert_int_equal(aft_state_new(&s2, &p32, &cfg, B, &err), AFT_OK);
+                float xs[B * 7 * D], o1[B * 7 * D], o2[B * 7 * D];
+                for (size_t t0 = 0; t0 + 7 <= 70; t0 += 7) {
+                    for (size_t bb = 0; bb < B; bb++) memcpy(xs + bb * 7 * D, x + (bb * T + t0) * D, 7 * D * 4);
+                    assert_int_equal(aft_state_step(s1, o1, xs, 7, &err), AFT_OK);
+                    assert_int_equal(aft_state_step(s2, o2, xs, 7, &err), AFT_OK);
+                    assert_memory_equal(o1, o2, sizeof o1);
+                }
+                aft_state_free(s1);
+                aft_state_free(s2);
+            }
+        for (int i = 0; i < 4; i++) free(w[i]), free(b[i]), free(h[i]);
+    }
+    free(x); free(dy); free(y1); free(y2);
+}
+
 static void test_layer_errors(void **state)
 {
     (void)state;
@@ -263,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_layer),
         cmocka_unit_test(test_grid_layer),
         cmocka_unit_test(test_layer_errors),
+        cmocka_unit_test(test_layer_16bit),
     };
     /* TEST_OP_FILTER=pattern runs only the matching tests (while debugging) */
     const char *filter = getenv("TEST_OP_FILTER");

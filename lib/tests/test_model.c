@@ -136,7 +136,7 @@ static void test_ffn(void **state)
                 float *w2 = randf(&r, D * F, 1.0 / sqrt((double)F)), *b2 = randf(&r, D, 0.3);
                 float *x = randf(&r, N * D, 2.0), *y = xmalloc(N * D * sizeof *y), *yr = xmalloc(N * D * sizeof *yr);
                 float *h = xmalloc(N * F * sizeof *h);
-                aft_ffn_params p = {D, F, w1, bias ? b1 : NULL, w2, bias ? b2 : NULL};
+                aft_ffn_params p = {D, F, w1, bias ? b1 : NULL, w2, bias ? b2 : NULL, AFT_F32};
                 aft_ffn f;
                 aft_error err = {{0}};
                 assert_int_equal(aft_ffn_init(&f, &p, k ? AFT_KERNEL_BLAS : AFT_KERNEL_AUTO, AFT_PRECISION_F32, 1, &err), AFT_OK);
@@ -150,7 +150,7 @@ static void test_ffn(void **state)
             }
     /* relu keeps NaN, as torch.relu */
     float w1[1] = {1.0f}, w2[1] = {1.0f}, x[1] = {NAN}, y[1], h[1];
-    aft_ffn_params p = {1, 1, w1, NULL, w2, NULL};
+    aft_ffn_params p = {1, 1, w1, NULL, w2, NULL, AFT_F32};
     aft_ffn_ref(y, x, &p, 1);
     assert_true(isnan(y[0]));
     aft_ffn f;
@@ -171,7 +171,7 @@ static void test_embed(void **state)
     for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++) tok[i] = (int32_t)(rng_next(&r) % V);
     float *x = xmalloc(B * n * D * sizeof *x), *xr = xmalloc(B * n * D * sizeof *xr);
     for (int withpe = 0; withpe < 2; withpe++) {
-        aft_embed_params e = {table, V, D, 4.8989795f, withpe ? pe : NULL, withpe ? P : 0};
+        aft_embed_params e = {table, V, D, 4.8989795f, withpe ? pe : NULL, withpe ? P : 0, AFT_F32};
         size_t b, t;
         assert_int_equal(aft_embed_bad_token(&e, tok, 12, B, n, &b, &t), 0);
         aft_embed(x, &e, tok, 12, B, n, 31);
@@ -192,6 +192,59 @@ static void test_embed(void **state)
     free(table); free(pe); free(x); free(xr);
 }
 
+/* 16-bit weights: the FFN with f16 or bf16 W1, W2 and the embedding with a
+ * 16-bit table give the bits of the same values widened to float32, with
+ * aft's kernel and OpenBLAS, many rows and one; the references agree too */
+static void test_16bit(void **state)
+{
+    (void)state;
+    rng r = {1616};
+    const aft_dtype dts[] = {AFT_F16, AFT_BF16};
+    for (size_t di = 0; di < 2; di++)
+        for (int k = 0; k < 2; k++)
+            for (size_t N = 1; N <= 40; N += 39) {
+                aft_dtype dt = dts[di];
+                size_t D = 128, F = 96;
+                float *w[2] = {randf(&r, F * D, 0.1), randf(&r, D * F, 0.1)}, *b1 = randf(&r, F, 0.3);
+                uint16_t *h[2] = {xmalloc(F * D * 2), xmalloc(D * F * 2)};
+                for (int m = 0; m < 2; m++)
+                    for (size_t i = 0; i < F * D; i++) {
+                        h[m][i] = dt == AFT_F16 ? aft_f32_to_f16(w[m][i]) : aft_f32_to_bf16(w[m][i]);
+                        w[m][i] = dt == AFT_F16 ? aft_f16_to_f32(h[m][i]) : aft_bf16_to_f32(h[m][i]);
+                    }
+                float *x = randf(&r, N * D, 2.0), *y = xmalloc(N * D * 4), *y2 = xmalloc(N * D * 4);
+                float *h1 = xmalloc(N * F * 4), *yr = xmalloc(N * D * 4), *yr2 = xmalloc(N * D * 4);
+                aft_ffn_params p16 = {D, F, h[0], b1, h[1], NULL, dt}, p32 = {D, F, w[0], b1, w[1], NULL, AFT_F32};
+                aft_ffn f16, f32;
+                aft_error err = {{0}};
+                aft_kernel kern = k ? AFT_KERNEL_BLAS : AFT_KERNEL_AUTO;
+                assert_int_equal(aft_ffn_init(&f16, &p16, kern, AFT_PRECISION_F32, 2, &err), AFT_OK);
+                assert_int_equal(aft_ffn_init(&f32, &p32, kern, AFT_PRECISION_F32, 2, &err), AFT_OK);
+                aft_ffn_apply(&f16, y, x, N, h1);
+                aft_ffn_apply(&f32, y2, x, N, h1);
+                if (memcmp(y, y2, N * D * 4) != 0) fail_msg("ffn %s N=%zu kernel %d: not the float32 bits",
+                                                            aft_dtype_name(dt), N, k);
+                aft_ffn_ref(yr, x, &p16, N);
+                aft_ffn_ref(yr2, x, &p32, N);
+                assert_memory_equal(yr, yr2, N * D * 4);
+                aft_ffn_free(&f16);
+                aft_ffn_free(&f32);
+                /* the embedding: a 16-bit table of the same values */
+                size_t V = 9;
+                int32_t tok[5] = {0, 3, 8, 3, 1};
+                aft_embed_params e16 = {h[0], V, D, 3.0f, x, N, dt}, e32 = {w[0], V, D, 3.0f, x, N, AFT_F32};
+                float *xa = xmalloc(5 * D * 4), *xb = xmalloc(5 * D * 4);
+                for (int ref = 0; ref < 2; ref++) {
+                    (ref ? aft_embed_ref : aft_embed)(xa, &e16, tok, 5, 1, N < 5 ? N : 5, 0);
+                    (ref ? aft_embed_ref : aft_embed)(xb, &e32, tok, 5, 1, N < 5 ? N : 5, 0);
+                    assert_memory_equal(xa, xb, (N < 5 ? N : 5) * D * 4);
+                }
+                free(xa); free(xb);
+                free(w[0]); free(w[1]); free(b1); free(h[0]); free(h[1]);
+                free(x); free(y); free(y2); free(h1); free(yr); free(yr2);
+            }
+}
+
 /* ---------------------------------------------------------------- the trained model */
 
 static void test_info(void **state)
@@ -209,6 +262,11 @@ static void test_info(void **state)
     assert_int_equal(in->positions, 5000);
     assert_int_equal(in->context, 256);
     assert_int_equal(in->keep, 128);
+    /* the shipped checkpoint is stored in f16: kept so where the level's
+     * kernels widen it (avx2, avx512), widened at base */
+    assert_int_equal(in->weights_dtype, aft_weights_held(AFT_F16, AFT_KERNEL_AUTO));
+    assert_int_equal(in->weights_dtype, strcmp(aft_levels(&(size_t){0})[aft_level_in_use()].name, "base") == 0
+                                            ? AFT_F32 : AFT_F16);
     assert_true(in->has_vocab);
     assert_string_equal(in->context_from, "encoder.layers.0.self_attn.pos_bias");
     assert_string_equal(aft_model_token(m, 3), "\n");
@@ -1128,6 +1186,7 @@ int main(void)
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_ffn),
         cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_16bit),
         cmocka_unit_test(test_info),
         cmocka_unit_test(test_logits_vs_torch),
         cmocka_unit_test(test_greedy_vs_torch),

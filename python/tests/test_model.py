@@ -114,5 +114,31 @@ class Model(TmpDir):
             aft.Model(MODEL, threads=-1)
 
 
+class SixteenBit(TmpDir):
+    """A checkpoint converted to f16 or bf16 stays 16-bit (the products
+    widen it exactly): aft.Model and aft.Layer on it give the bits of its
+    widened float32 copy, forward, backward and streaming."""
+
+    def test_16bit_checkpoints(self):
+        x = np.random.default_rng(3).standard_normal((20, 2, 128)).astype(np.float32)
+        for dt in ("f16", "bf16"):
+            w16, w32 = self.path("m_%s.safetensors" % dt), self.path("m_%s_f32.safetensors" % dt)
+            cli("convert", "--dtype", dt, "-o", w16, MODEL)
+            cli("convert", "--dtype", "f32", "-o", w32, w16)
+            a, b = aft.Model(w16, threads=2), aft.Model(w32, threads=2)
+            t = a.encode("It is a")
+            self.assertTrue(np.array_equal(a.logits(t), b.logits(t)), dt)
+            self.assertEqual(a.generate("It is ", 30), b.generate("It is ", 30))
+            kw = dict(prefix="encoder.layers.1.self_attn.", variant="local", window=8, causal=True, layout="tbd")
+            la, lb = aft.Layer(w16, **kw), aft.Layer(w32, **kw)
+            self.assertTrue(np.array_equal(la.forward(x), lb.forward(x)), dt)
+            ga, gb = la.backward(x, x), lb.backward(x, x)
+            self.assertEqual(sorted(ga), sorted(gb))
+            for k in ga:
+                self.assertTrue(np.array_equal(ga[k], gb[k]), (dt, k))
+            sa, sb = la.stream(batch=2), lb.stream(batch=2)
+            self.assertTrue(np.array_equal(sa.step(x[:5]), sb.step(x[:5])), dt)
+
+
 if __name__ == "__main__":
     unittest.main()

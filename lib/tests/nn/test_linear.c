@@ -206,10 +206,118 @@ static void test_linear(void **state)
     op_finish(fails, cases);
 }
 
+/* 16-bit weights (aft_linear_init_dt): the panels hold f16 or bf16 and the
+ * kernels widen them in registers, so every product gives the bits of the
+ * same weights widened to float32 first: y, x in place, views and a row
+ * alone, each against the float32 linear of the widened W, byte for byte,
+ * with aft's kernel and with OpenBLAS (which reads a widened copy). The
+ * panels' dtype is what the level can widen: bf16 everywhere, f16 from
+ * avx2 up (base packs it widened); OpenBLAS holds float32. */
+static void test_linear_16(void **state)
+{
+    (void)state;
+    const size_t Ms[] = {1, 5, 13, 97};
+    const size_t Ks[] = {3, 257, 600};
+    const size_t Ns[] = {15, 17, 40};
+    const aft_kernel modes[] = {AFT_KERNEL_OWN, AFT_KERNEL_BLAS, AFT_KERNEL_AUTO};
+    const aft_dtype dts[] = {AFT_F16, AFT_BF16};
+    const char *level = aft_levels(&(size_t){0})[aft_level_in_use()].name;
+    int f16_in_regs = strcmp(level, "base") != 0;
+    int fails = 0, cases = 0, reports = 0;
+    rng r = {1616};
+    for (size_t mi = 0; mi < N_OF(Ms); mi++)
+        for (size_t ki = 0; ki < N_OF(Ks); ki++)
+            for (size_t ni = 0; ni < N_OF(Ns); ni++)
+                for (size_t di = 0; di < N_OF(dts); di++) {
+                    size_t M = Ms[mi], K = Ks[ki], N = Ns[ni], ldx = K + (cases % 3), ldy = N + 2;
+                    aft_dtype dt = dts[di];
+                    float *x = randf(&r, M * ldx, 2.0), *wr = randf(&r, N * K, 1.0), *b = randf(&r, N, 3.0);
+                    /* W as stored (16 bits, odd-aligned in the buffer: any
+                     * alignment is allowed) and widened */
+                    unsigned char *wbuf = xmalloc(N * K * 2 + 1), *w16 = wbuf + 1;
+                    float *w = xmalloc(N * K * sizeof *w);
+                    for (size_t i = 0; i < N * K; i++) {
+                        uint16_t h = dt == AFT_F16 ? aft_f32_to_f16(wr[i]) : aft_f32_to_bf16(wr[i]);
+                        if (i % 97 == 3 && dt == AFT_F16) h = (uint16_t)(0x0001 + i % 0x3ff);   /* subnormals */
+                        memcpy(w16 + 2 * i, &h, 2);
+                        w[i] = dt == AFT_F16 ? aft_f16_to_f32(h) : aft_bf16_to_f32(h);
+                    }
+                    size_t ny = M * ldy;
+                    float *y = xmalloc(ny * sizeof *y), *y2 = xmalloc(ny * sizeof *y2);
+                    for (size_t mo = 0; mo < N_OF(modes); mo++) {
+                        char what[200];
+                        snprintf(what, sizeof what, "linear %s M=%zu K=%zu N=%zu mode=%d", aft_dtype_name(dt), M, K,
+                                 N, modes[mo]);
+                        int th = 1 + (int)(cases % 2), bad = 0;
+                        aft_linear l, lf;
+                        aft_error err = {{0}};
+                        const float *bias = cases % 3 ? b : NULL;
+                        assert_int_equal(aft_linear_init_dt(&l, w16, dt, bias, N, K, modes[mo], th, &err), AFT_OK);
+                        assert_int_equal(aft_linear_init(&lf, w, bias, N, K, modes[mo], th, &err), AFT_OK);
+                        aft_dtype want = !l.pk ? AFT_F32 : dt == AFT_F16 && !f16_in_regs ? AFT_F32 : dt;
+                        if (aft_linear_dtype(&l) != want)
+                            fail_msg("held as %s, not %s: %s", aft_dtype_name(aft_linear_dtype(&l)),
+                                     aft_dtype_name(want), what);
+                        if (!l.pk != !lf.pk) fail_msg("packed unlike the float32 W: %s", what);
+                        for (int xc = 0; xc < 2 && !bad; xc++) {
+                            memset(y, 0, ny * sizeof *y);
+                            memset(y2, 0, ny * sizeof *y2);
+                            aft_linear_apply_x(&l, M, x, ldx, y, ldy, xc);
+                            aft_linear_apply_x(&lf, M, x, ldx, y2, ldy, xc);
+                            if (memcmp(y, y2, ny * sizeof *y) != 0) {
+                                bad = 1;
+                                if (reports++ < MAX_REPORTS)
+                                    print_message("FAIL not the float32 bits (x in place %d): %s\n", xc, what);
+                            }
+                        }
+                        for (size_t m = 0; m < M && !bad && l.pk; m++) {   /* a row alone */
+                            float row[64];
+                            aft_linear_apply(&l, 1, x + m * ldx, ldx, row, N);
+                            if (memcmp(row, y2 + m * ldy, N * sizeof *row) != 0) {
+                                bad = 1;
+                                if (reports++ < MAX_REPORTS) print_message("FAIL row %zu alone: %s\n", m, what);
+                            }
+                        }
+                        const size_t f0s[] = {16, 1};
+                        for (size_t fi = 0; fi < N_OF(f0s) && !bad; fi++) {
+                            if (f0s[fi] >= N) continue;
+                            aft_linear v, vf;
+                            assert_int_equal(aft_linear_view(&v, &l, f0s[fi], N - f0s[fi], &err), AFT_OK);
+                            assert_int_equal(aft_linear_view(&vf, &lf, f0s[fi], N - f0s[fi], &err), AFT_OK);
+                            memset(y, 0, ny * sizeof *y);
+                            memset(y2, 0, ny * sizeof *y2);
+                            aft_linear_apply(&v, M, x, ldx, y, ldy);
+                            aft_linear_apply(&vf, M, x, ldx, y2, ldy);
+                            aft_linear_free(&v);
+                            aft_linear_free(&vf);
+                            if (memcmp(y, y2, ny * sizeof *y) != 0) {
+                                bad = 1;
+                                if (reports++ < MAX_REPORTS)
+                                    print_message("FAIL view from %zu: %s\n", f0s[fi], what);
+                            }
+                        }
+                        aft_linear_free(&l);
+                        aft_linear_free(&lf);
+                        fails += bad;
+                        cases++;
+                    }
+                    free(x); free(wr); free(b); free(wbuf); free(w); free(y); free(y2);
+                }
+    /* a dtype a product does not take is refused */
+    {
+        aft_linear l;
+        aft_error err = {{0}};
+        float w[4] = {0};
+        assert_int_equal(aft_linear_init_dt(&l, w, AFT_F64, NULL, 2, 2, AFT_KERNEL_OWN, 1, &err), AFT_ERR_ARG);
+    }
+    op_finish(fails, cases);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_linear_16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
