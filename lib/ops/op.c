@@ -16,8 +16,10 @@
 #include "kernels.h"
 #include "op.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Does this batch's mask (combined with causality) equal plain causality
  * (*is_causal) or see everything (*all)? Then the mask adds nothing and the
@@ -136,6 +138,189 @@ static aft_status run_kernel(float *out, const float *q, const float *k, const f
     return fast_kernel(out, q, k, v, sp, 0, B, dense_mask, err);
 }
 
+/* ---- NaN keys
+ *
+ * A NaN key at t' makes every output (t, c) whose sum holds it NaN: channel
+ * c of each row t that sees t' (not masked, not after t under causality),
+ * whatever w[t, t'] is (NaN + -inf is NaN, as 0 * a NaN value is). The fast
+ * kernels' maxima skip a NaN (no value compares larger) and their
+ * exponentials of keys less a maximum may drop one, so they run on keys
+ * whose NaNs are -inf, which reach nothing, and the entries the NaNs reach
+ * are made NaN afterwards. One scan of the keys finds them; keys without
+ * NaN run as before, the same bits. The float64 reference keeps NaN itself
+ * (ref.c, ref_grad.c). */
+
+/* key (row bt, channel c) of keys with kc channels, rows ld apart, each of
+ * C / kc channels sharing one */
+static inline float key_at(const float *k, size_t ld, size_t kc, size_t C, size_t bt, size_t c)
+{
+    return k[bt * ld + c / (C / kc)];
+}
+
+/* whether n rows of kc keys, rows ld apart, hold a NaN */
+static int keys_have_nan(const float *k, size_t n, size_t kc, size_t ld)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned bad = 0;
+        for (size_t c = 0; c < kc; c++) bad |= k[i * ld + c] != k[i * ld + c];
+        if (bad) return 1;
+    }
+    return 0;
+}
+
+/* the keys, one per channel, with NaN as -inf: (n, C) contiguous */
+static float *keys_without_nan(const float *k, size_t n, size_t kc, size_t C, size_t ld)
+{
+    float *kc_out = aft_alloc_array(n, C * sizeof(float));
+    if (!kc_out) return NULL;
+    for (size_t i = 0; i < n; i++)
+        for (size_t c = 0; c < C; c++) {
+            float x = key_at(k, ld, kc, C, i, c);
+            kc_out[i * C + c] = x != x ? -INFINITY : x;
+        }
+    return kc_out;
+}
+
+/* The rows a NaN key reaches, for each channel of one sequence. */
+typedef struct {
+    const aft_opspec *sp;
+    const uint8_t *mask;   /* this sequence's rows of the mask, or NULL */
+    size_t mld;            /* its row length */
+    size_t row0, row1;     /* the query rows held: [row0, row1) */
+    size_t *nanpos;        /* scratch: T positions */
+    uint8_t *reached;      /* (row1 - row0): whether row t (from row0) is reached */
+} nan_reach;
+
+static int sees(const nan_reach *r, size_t t, size_t j)
+{
+    return !(r->sp->causal && j > t) && (!r->mask || r->mask[(t - r->row0) * r->mld + j]);
+}
+
+/* fills r->reached for channel c of keys kb (the sequence's rows, ld
+ * apart); returns the rows reached */
+static size_t reach_rows(nan_reach *r, const float *kb, size_t ld, size_t kc, size_t c)
+{
+    const size_t T = r->sp->T, C = r->sp->C;
+    size_t np = 0, nr = 0;
+    for (size_t j = 0; j < T; j++)
+        if (isnan(key_at(kb, ld, kc, C, j, c))) r->nanpos[np++] = j;
+    for (size_t t = r->row0; t < r->row1; t++) {
+        int hit = 0;
+        if (!r->mask) {
+            hit = np > 0 && !(r->sp->causal && r->nanpos[0] > t);   /* the first NaN key is the earliest */
+        } else {
+            for (size_t p = 0; p < np && !hit; p++) hit = sees(r, t, r->nanpos[p]);
+        }
+        r->reached[t - r->row0] = (uint8_t)hit;
+        nr += (size_t)hit;
+    }
+    return nr;
+}
+
+/* the mask rows of sequence b as per_batch reads them */
+static const uint8_t *seq_mask(const aft_opspec *sp, size_t b, size_t *mld)
+{
+    const aft_bias *bias = sp->bias;
+    const size_t T = sp->T, mrows = sp->q_row1 ? sp->q_row1 - sp->q_row0 : T;
+    *mld = sp->mask_ld ? sp->mask_ld : T;
+    if (!bias->mask) return NULL;
+    return bias->mask + (bias->mask_batched ? b * mrows * *mld : 0);
+}
+
+static aft_status reach_init(nan_reach *r, const aft_opspec *sp, aft_error *err)
+{
+    const size_t T = sp->T;
+    r->sp = sp;
+    r->row1 = sp->q_row1 && sp->q_row1 < T ? sp->q_row1 : T;
+    r->row0 = sp->q_row0 < r->row1 ? sp->q_row0 : r->row1;
+    r->nanpos = aft_alloc_array(T, sizeof(size_t));
+    r->reached = aft_alloc_array(T, 1);
+    if (!r->nanpos || !r->reached) {
+        free(r->nanpos);
+        free(r->reached);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory marking what a NaN key reaches (T = %zu)", T);
+    }
+    return AFT_OK;
+}
+
+static void reach_free(nan_reach *r)
+{
+    free(r->nanpos);
+    free(r->reached);
+}
+
+/* out (B, T, C), rows from q_row0 on: NaN where a NaN key of k reaches */
+static aft_status nan_keys_forward(float *out, const float *k, size_t ldk, size_t kc, const aft_opspec *sp,
+                                   size_t B, aft_error *err)
+{
+    const size_t T = sp->T, C = sp->C;
+    nan_reach r;
+    aft_status st = reach_init(&r, sp, err);
+    if (st) return st;
+    for (size_t b = 0; b < B; b++) {
+        r.mask = seq_mask(sp, b, &r.mld);
+        for (size_t c = 0; c < C; c++) {
+            if (!reach_rows(&r, k + b * T * ldk, ldk, kc, c)) continue;
+            for (size_t t = r.row0; t < r.row1; t++)
+                if (r.reached[t - r.row0]) out[b * T * C + (t - r.row0) * C + c] = NAN;
+        }
+    }
+    reach_free(&r);
+    return AFT_OK;
+}
+
+/* The backward pass's entries a NaN key of k (one per channel, ld apart)
+ * reaches, made NaN: out and dq where the output is NaN; dk and dv of
+ * every key a reached row sees (its den is NaN, and so every term it adds);
+ * the bias gradient's entries w[t, j] (through the adjoint of aft_w_row)
+ * for j seen from a row t reached in a channel of head h. */
+static aft_status nan_keys_backward(const aft_grad_io *io, const float *k, size_t ldk, const aft_opspec *sp,
+                                    size_t B, aft_error *err)
+{
+    const size_t T = sp->T, C = sp->C, H = sp->heads ? sp->heads : 1, ch = C / H;
+    const int want_db = aft_bias_grad_wanted(sp, &io->db);
+    nan_reach r;
+    aft_status st = reach_init(&r, sp, err);
+    if (st) return st;
+    uint8_t *keyhit = aft_alloc_array(T, 1), *rowhit = aft_alloc_array(T, H);
+    float *dw = aft_alloc_array(T, sizeof(float));
+    if (!keyhit || !rowhit || !dw) {
+        free(keyhit); free(rowhit); free(dw);
+        reach_free(&r);
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory marking what a NaN key reaches (T = %zu)", T);
+    }
+    for (size_t b = 0; b < B; b++) {
+        r.mask = seq_mask(sp, b, &r.mld);
+        memset(rowhit, 0, T * H);
+        for (size_t c = 0; c < C; c++) {
+            if (!reach_rows(&r, k + b * T * ldk, ldk, C, c)) continue;
+            memset(keyhit, 0, T);
+            for (size_t t = 0; t < T; t++) {
+                if (!r.reached[t]) continue;
+                size_t i = b * T + t;
+                if (io->dq) io->dq[i * io->lddq + c] = NAN;   /* none in a forward half */
+                if (io->out) io->out[i * C + c] = NAN;
+                rowhit[(c / ch) * T + t] = 1;
+                for (size_t j = 0; j < T; j++) keyhit[j] |= (uint8_t)sees(&r, t, j);
+            }
+            for (size_t j = 0; j < T && io->dk; j++)
+                if (keyhit[j]) {
+                    io->dk[(b * T + j) * io->lddk + c] = NAN;
+                    io->dv[(b * T + j) * io->lddv + c] = NAN;
+                }
+        }
+        for (size_t h = 0; h < H && want_db; h++)
+            for (size_t t = 0; t < T; t++) {
+                if (!rowhit[h * T + t]) continue;
+                for (size_t j = 0; j < T; j++) dw[j] = sees(&r, t, j) ? NAN : 0.0f;
+                aft_w_row_grad(sp, &io->db, h, t, 0, T, dw);
+            }
+    }
+    free(keyhit); free(rowhit); free(dw);
+    reach_free(&r);
+    return AFT_OK;
+}
+
 /* keys widened to one per channel when they have one per head (the
  * paper's conv), then the kernel */
 static aft_status run_all(float *out, const float *q, const float *k, const float *v, const aft_opspec *sp_in,
@@ -148,6 +333,16 @@ static aft_status run_all(float *out, const float *q, const float *k, const floa
     if (sp_in->bias->mask && T > SIZE_MAX / T / B)
         return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     aft_opspec sp = *sp_in;
+    if (!reference && keys_have_nan(k, B * T, kc, sp.ldk)) {
+        /* the kernel on keys whose NaNs are -inf, then what they reach */
+        float *kclean = keys_without_nan(k, B * T, kc, C, sp.ldk);
+        if (!kclean) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for keys of %zu channels", C);
+        sp.ldk = C;
+        aft_status st = run_kernel(out, q, kclean, v, &sp, B, 0, err);
+        free(kclean);
+        if (st == AFT_OK) st = nan_keys_forward(out, k, sp_in->ldk, kc, sp_in, B, err);
+        return st;
+    }
     /* the grid kernel reads keys of one channel per head where they are */
     if (kc != C && !reference && !sp.bias->mask && aft_spec_on_grid(&sp)) {
         aft_status st = aft_op_grid(out, q, k, v, B, kc, &sp, err);
@@ -348,7 +543,22 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
         io.dk = dkwide;
         io.lddk = C;
     }
-    aft_status st = grad_kernel(&io, q, k, v, &sp, B, reference, err);
+    aft_status st;
+    if (!reference && keys_have_nan(k, B * T, C, sp.ldk)) {
+        /* the kernel on keys whose NaNs are -inf, then what they reach */
+        float *kclean = keys_without_nan(k, B * T, C, C, sp.ldk);
+        if (!kclean) {
+            st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for keys of %zu channels", C);
+        } else {
+            aft_opspec spc = sp;
+            spc.ldk = C;
+            st = grad_kernel(&io, q, kclean, v, &spc, B, 0, err);
+            free(kclean);
+            if (st == AFT_OK) st = nan_keys_backward(&io, k, sp.ldk, &sp, B, err);
+        }
+    } else {
+        st = grad_kernel(&io, q, k, v, &sp, B, reference, err);
+    }
     if (dkwide && st == AFT_OK && !fwd) {
         size_t ch = C / kc;
         for (size_t bt = 0; bt < B * T; bt++)

@@ -8,7 +8,10 @@
 // Each row done advances ws->progress by 1.
 // For each (t, c): M = max over visible t' of k[t',c] + w[t,t']; subtracting it
 // makes every exponent <= 0, so nothing overflows and the largest term is 1,
-// so the denominator cannot underflow to 0.
+// so the denominator cannot underflow to 0. A NaN key among the visible ones
+// makes the output NaN, as the sum it is in is (whatever its bias: NaN + -inf
+// is NaN too); masked and causally hidden keys are not in the sum and reach
+// nothing.
 aft_status aft_op_reference(float *out, const float *q, const float *k, const float *v,
                             const uint8_t *mask, const aft_opspec *ws, aft_error *err)
 {
@@ -25,13 +28,17 @@ aft_status aft_op_reference(float *out, const float *q, const float *k, const fl
             for (size_t j = 0; j < T; j++) wd[j] = wrow[j];
             for (size_t c = h * ch; c < (h + 1) * ch; c++) {
                 double M = -INFINITY;
+                int nan_key = 0;
                 for (size_t j = 0; j < T; j++) {
                     if ((ws->causal && j > t) || (mask && !mask[t * T + j])) continue;
+                    nan_key |= isnan(k[j * ws->ldk + c]);
                     double e = (double)k[j * ws->ldk + c] + wd[j];
                     if (e > M) M = e;
                 }
                 double num = 0.0, den = 0.0;
-                if (M > -INFINITY) {
+                if (nan_key) {
+                    num = den = NAN;
+                } else if (M > -INFINITY) {
                     for (size_t j = 0; j < T; j++) {
                         if ((ws->causal && j > t) || (mask && !mask[t * T + j])) continue;
                         double e = exp((double)k[j * ws->ldk + c] + wd[j] - M);
@@ -40,7 +47,7 @@ aft_status aft_op_reference(float *out, const float *q, const float *k, const fl
                     }
                 }
                 double sq = 1.0 / (1.0 + exp(-(double)q[t * ws->ldq + c]));
-                out[t * C + c] = den > 0.0 ? (float)(sq * num / den) : 0.0f;
+                out[t * C + c] = den > 0.0 || nan_key ? (float)(sq * num / den) : 0.0f;
             }
         }
         aft_progress_done(ws->progress, 1);   /* a row: O(T C) work, one add */

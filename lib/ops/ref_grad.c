@@ -136,13 +136,18 @@ static aft_status ref_grad(const ref_io *d, size_t B, const aft_opspec *sp, ref_
                 for (size_t j = 0; j < T; j++) wd[j] = wrow[j];
                 for (size_t c = h * ch; c < (h + 1) * ch; c++) {
                     double M = -INFINITY;
+                    int nan_key = 0;
                     for (size_t j = 0; j < T; j++) {
                         if ((sp->causal && j > t) || (mb && !mb[t * T + j])) continue;
+                        nan_key |= isnan(kb[j * C + c]);
                         double z = kb[j * C + c] + wd[j];
                         M = z > M ? z : M;
                     }
                     double den = 0.0, num = 0.0;
-                    if (M > -INFINITY)
+                    /* a visible NaN key: the sums are NaN, so y is, and so
+                     * is every term below (L = NaN) */
+                    if (nan_key) den = num = M = NAN;
+                    else if (M > -INFINITY)
                         for (size_t j = 0; j < T; j++) {
                             if ((sp->causal && j > t) || (mb && !mb[t * T + j])) continue;
                             double e = exp(kb[j * C + c] + wd[j] - M);
@@ -150,10 +155,10 @@ static aft_status ref_grad(const ref_io *d, size_t B, const aft_opspec *sp, ref_
                             num += e * vb[j * C + c];
                         }
                     size_t i = o + t * C + c;
-                    double y = den > 0.0 ? num / den : 0.0;   /* Y' */
+                    double y = den > 0.0 || nan_key ? num / den : 0.0;   /* Y' */
                     if (out) out[i] = sig(q[i]) * y;
                     dq[i] = dout[i] * y * dsig(q[i]);
-                    if (!(den > 0.0)) continue;
+                    if (!(den > 0.0) && !nan_key) continue;
                     double a = dout[i] * sig(q[i]), L = M + log(den);
                     for (size_t j = 0; j < T; j++) {
                         if ((sp->causal && j > t) || (mb && !mb[t * T + j])) continue;
