@@ -167,13 +167,16 @@ int ref_aft_op_d(double *out, const double *q, const double *k, const double *v,
                 for (size_t h = 0; h < H; h++)
                     w[h * T + t2] = ref_aft_bias_entry(bias, cfg, h, t, t2);
             }
-            /* pass 1: M = max over visible t' of K[t',c] + w[t,t'] */
+            /* pass 1: M = max over visible t' of K[t',c] + w[t,t']; a
+             * visible NaN key makes M NaN (and then stays), and the output
+             * NaN: the sums hold it, whatever its bias */
             for (size_t c = 0; c < C; c++) mx[c] = -INFINITY;
             for (size_t t2 = 0; t2 < T; t2++) {
                 if (!vis[t2]) continue;
                 for (size_t c = 0; c < C; c++) {
                     double z = kb[t2 * kc + kcol[c]] + w[wrow[c] + t2];
-                    if (z > mx[c]) mx[c] = z;
+                    if (isnan(kb[t2 * kc + kcol[c]])) mx[c] = NAN;
+                    else if (z > mx[c]) mx[c] = z;
                 }
             }
             /* pass 2: sums of exp(z - M) <= 1, the largest term exactly 1, so
@@ -195,7 +198,7 @@ int ref_aft_op_d(double *out, const double *q, const double *k, const double *v,
             double *o = out + (b * T + t) * C;
             const double *qt = q + (b * T + t) * C;
             for (size_t c = 0; c < C; c++)
-                o[c] = den[c] > 0.0 ? ref_sigmoid(qt[c]) * (num[c] / den[c]) : 0.0;
+                o[c] = isnan(mx[c]) ? NAN : den[c] > 0.0 ? ref_sigmoid(qt[c]) * (num[c] / den[c]) : 0.0;
         }
     }
     rc = 0;
