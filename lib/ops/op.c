@@ -157,15 +157,18 @@ static inline float key_at(const float *k, size_t ld, size_t kc, size_t C, size_
     return k[bt * ld + c / (C / kc)];
 }
 
-/* whether n rows of kc keys, rows ld apart, hold a NaN */
-static int keys_have_nan(const float *k, size_t n, size_t kc, size_t ld)
+/* whether n rows of kc keys, rows ld apart, hold a NaN: read at the
+ * memory's rate, on `threads` threads when there are many */
+static int keys_have_nan(const float *k, size_t n, size_t kc, size_t ld, int threads)
 {
+    unsigned bad = 0;
+    int nt = n * kc >= ((size_t)1 << 16) ? threads : 1;
+    #pragma omp parallel for num_threads(nt) reduction(|:bad) schedule(static)
     for (size_t i = 0; i < n; i++) {
-        unsigned bad = 0;
-        for (size_t c = 0; c < kc; c++) bad |= k[i * ld + c] != k[i * ld + c];
-        if (bad) return 1;
+        const float *kr = k + i * ld;
+        for (size_t c = 0; c < kc; c++) bad |= kr[c] != kr[c];
     }
-    return 0;
+    return bad != 0;
 }
 
 /* the keys, one per channel, with NaN as -inf: (n, C) contiguous */
@@ -333,7 +336,7 @@ static aft_status run_all(float *out, const float *q, const float *k, const floa
     if (sp_in->bias->mask && T > SIZE_MAX / T / B)
         return aft_fail(err, AFT_ERR_ARG, "a mask of B x T x T = %zu x %zu x %zu entries overflows", B, T, T);
     aft_opspec sp = *sp_in;
-    if (!reference && keys_have_nan(k, B * T, kc, sp.ldk)) {
+    if (!reference && keys_have_nan(k, B * T, kc, sp.ldk, sp.threads)) {
         /* the kernel on keys whose NaNs are -inf, then what they reach */
         float *kclean = keys_without_nan(k, B * T, kc, C, sp.ldk);
         if (!kclean) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for keys of %zu channels", C);
@@ -544,7 +547,7 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
         io.lddk = C;
     }
     aft_status st;
-    if (!reference && keys_have_nan(k, B * T, C, sp.ldk)) {
+    if (!reference && keys_have_nan(k, B * T, C, sp.ldk, sp.threads)) {
         /* the kernel on keys whose NaNs are -inf, then what they reach */
         float *kclean = keys_without_nan(k, B * T, C, C, sp.ldk);
         if (!kclean) {
