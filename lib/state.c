@@ -25,7 +25,11 @@ struct aft_state {
     aft_layer_prep prep;     /* the layer: its weights packed once */
     size_t B, D, C, KC;
     aft_layer_carry lc;
-    int poisoned;
+    int poisoned;            /* a key of +inf: every output from then on NaN */
+    uint8_t *nan_keys;       /* (B, C): a NaN key has gone into channel c of
+                              * sequence b, so its every later output is NaN
+                              * (kept and summed as -inf, which reach nothing) */
+    size_t *first_nan;       /* (C): scratch, a chunk's first NaN key a channel */
     aft_op_rows_ctx *ctx;    /* the band's scratch for steps on this thread */
     char fingerprint[17];    /* "" until first asked for (fingerprint()) */
 };
@@ -147,7 +151,9 @@ static aft_status state_init(aft_state *s, const aft_bias *bias, const aft_confi
     s->KC = kc;
     s->lc.keep = aft_spec_keep(&s->sp);
     s->lc.carry = aft_alloc_array(B, 4 * C * sizeof(float));
-    if (!s->lc.carry) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for a state of %zu sequences", B);
+    s->nan_keys = calloc(B, C);
+    s->first_nan = aft_alloc_array(C, sizeof(size_t));
+    if (!s->lc.carry || !s->nan_keys || !s->first_nan) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for a state of %zu sequences", B);
     /* room for the window twice over: the rows move back to the start once
      * every `keep` rows */
     if (s->sp.variant != AFT_FULL && (st = make_room(s, 0, s->lc.keep, err))) return st;
@@ -198,6 +204,8 @@ void aft_state_free(aft_state *s)
     aft_op_rows_free(s->ctx);
     free(s->lc.carry);
     free(s->lc.kv);
+    free(s->nan_keys);
+    free(s->first_nan);
     free(s);
 }
 
@@ -206,6 +214,7 @@ void aft_state_reset(aft_state *s)
     s->lc.pos = 0;
     s->lc.off = 0;
     s->poisoned = 0;
+    memset(s->nan_keys, 0, s->B * s->C);
     for (size_t b = 0; b < s->B; b++) aft_sums_empty(s->lc.carry + b * 4 * s->C, s->C);
 }
 
@@ -280,6 +289,44 @@ static void put_rows(float *kv, size_t nk, const float *k, size_t ldk, const flo
     }
 }
 
+/* A NaN key reaches, under causality, its channel's output in its own row
+ * and every later one (every variant sees every earlier key: local and
+ * conv with w = 0 outside the window). The chunk's new keys rows [nk, nk +
+ * n) of kv: each NaN becomes -inf (it reaches nothing in the kernel); then
+ * o (n, C) is made NaN from each channel's first NaN key on, and from the
+ * chunk's start in channels one reached before; nan (C) records them. */
+static void nan_keys_in(float *kv, size_t nk, size_t n, size_t C, size_t *first)
+{
+    for (size_t c = 0; c < C; c++) first[c] = n;
+    for (size_t i = 0; i < n; i++) {
+        float *kr = kv + (nk + i) * 2 * C;
+        unsigned bad = 0;
+        for (size_t c = 0; c < C; c++) bad |= kr[c] != kr[c];
+        if (!bad) continue;
+        for (size_t c = 0; c < C; c++)
+            if (kr[c] != kr[c]) {
+                kr[c] = -INFINITY;
+                first[c] = first[c] < i ? first[c] : i;
+            }
+    }
+}
+
+/* carry (4C, or NULL): such a channel's sums, which no output reads any
+ * more, are put back to those of no rows (what -inf keys make of them
+ * is not always a valid sum: a state is written with them) */
+static void nan_keys_out(float *o, size_t n, size_t C, const size_t *first, uint8_t *nan, float *carry)
+{
+    for (size_t c = 0; c < C; c++) {
+        size_t from = nan[c] ? 0 : first[c];
+        for (size_t i = from; i < n; i++) o[i * C + c] = NAN;
+        nan[c] |= from < n;
+        if (nan[c] && carry) {
+            carry[c] = carry[3 * C + c] = -INFINITY;
+            carry[C + c] = carry[2 * C + c] = 0.0f;
+        }
+    }
+}
+
 /* The operator's rows for every sequence: out (B, n, C); q row i of
  * sequence b at q + (b n + i) ldq, likewise k (kc channels) and v. The
  * chunk's keys and values go after the kept rows in each sequence's room,
@@ -296,19 +343,21 @@ static aft_status step_rows(aft_state *s, float *out, const float *q, size_t ldq
         float *rows = lc->kv + (b * lc->cap + lc->off) * C2, *o = out + b * n * C;
         const float *qb = q + b * n * ldq;
         put_rows(rows, nk, k + b * n * ldk, ldk, v + b * n * ldv, ldv, n, C, s->KC);
+        nan_keys_in(rows, nk, n, C, s->first_nan);
         aft_opspec sp = s->sp;
         sp.ldq = ldq;
         sp.ldk = sp.ldv = C2;
         sp.T = nk + n;
         sp.t_off = pos - nk;
         sp.q_row0 = nk;
+        float *carry = lc->carry + b * 4 * C;
         if (full) {
             st = aft_op_run(o, qb, rows, rows + C, &sp, 1, C, err);
-            continue;
+        } else {
+            if (!aft_op_rows(s->ctx, o, qb, rows, rows + C, &sp, nk, nk + n, sp.t_off ? carry : NULL, carry, NULL))
+                s->poisoned = 1;
         }
-        float *carry = lc->carry + b * 4 * C;
-        if (!aft_op_rows(s->ctx, o, qb, rows, rows + C, &sp, nk, nk + n, sp.t_off ? carry : NULL, carry, NULL))
-            s->poisoned = 1;
+        if (!st) nan_keys_out(o, n, C, s->first_nan, s->nan_keys + b * C, full ? NULL : carry);
     }
     /* the kept rows: the last min(pos + n, keep) */
     size_t keep = pos + n < lc->keep ? pos + n : lc->keep;
@@ -365,11 +414,14 @@ aft_status aft_state_step(aft_state *s, float *y, const float *x, size_t n, aft_
     if (st) return st;
     if (!x || !y) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !x ? "input x" : "output y");
     if (!s->poisoned) {
-        /* many rows: the causal pipeline, continued from the state */
+        /* many rows: the causal pipeline, continued from the state; rows
+         * with NaN or infinity (what makes a NaN key) a few at a time,
+         * which keep a NaN key to its channel and the rows after it (the
+         * pipeline would give up on the whole chunk) */
         aft_opspec sp = s->sp;
         sp.T = n;
         aft_layer_times tm = {0, 0, 0};
-        int r = s->sp.variant == AFT_FULL ? 0
+        int r = s->sp.variant == AFT_FULL || aft_count_nonfinite(x, s->B * n * s->D) ? 0
                                           : aft_layer_chunked(y, x, &s->prep, &sp, s->B, n, AFT_LAYER_CHUNK_AUTO, &tm,
                                                               &s->lc, &st, err);
         if (r == -1) return st;
@@ -415,6 +467,12 @@ aft_status aft_state_seed(aft_state *s, size_t pos, const float *sums, const flo
     }
     s->lc.pos = pos;
     s->poisoned = poisoned != 0;
+    /* a NaN among the kept keys: kept as -inf, its channel reached */
+    memset(s->nan_keys, 0, B * C);
+    for (size_t q = 0; q < B && nk; q++) {
+        nan_keys_in(s->lc.kv + q * s->lc.cap * 2 * C, 0, nk, C, s->first_nan);
+        for (size_t c = 0; c < C; c++) s->nan_keys[q * C + c] = s->first_nan[c] < nk;
+    }
     return AFT_OK;
 }
 
@@ -462,7 +520,7 @@ static void state_meta(const aft_state *s, char text[N_META][32], const char *me
 aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err)
 {
     const size_t B = s->B, C = s->C, nk = aft_carry_kept(&s->lc);
-    float *sums = aft_alloc_array(B * N_SUMS, C * sizeof(float));
+    float *sums = aft_alloc_array(B * (N_SUMS + 1), C * sizeof(float));
     float *kv = aft_alloc_array(B * 2 * (nk ? nk : 1), C * sizeof(float));
     if (!sums || !kv) {
         free(sums); free(kv);
@@ -479,8 +537,8 @@ aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err)
             memcpy(keys + (b * nk + r) * C, row, C * sizeof(float));
             memcpy(vals + (b * nk + r) * C, row + C, C * sizeof(float));
         }
-    const char *names[N_SUMS + 2];
-    aft_tensor ts[N_SUMS + 2];
+    const char *names[N_SUMS + 3];
+    aft_tensor ts[N_SUMS + 3];
     for (int i = 0; i < N_SUMS; i++) {
         names[i] = sums_names[i];
         ts[i] = f32_tensor(sums + i * B * C, B, C, 0, 2);
@@ -489,12 +547,21 @@ aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err)
     names[N_SUMS + 1] = "values";
     ts[N_SUMS] = f32_tensor(keys, B, nk, C, 3);
     ts[N_SUMS + 1] = f32_tensor(vals, B, nk, C, 3);
+    /* nan_keys (B, C), 1 where a NaN key has gone into the channel: only
+     * when one has (a state without is written as before) */
+    size_t nt = N_SUMS + 2, nnan = 0;
+    float *nanf = sums + N_SUMS * B * C;
+    for (size_t i = 0; i < B * C; i++) nnan += (nanf[i] = s->nan_keys[i] ? 1.0f : 0.0f) != 0.0f;
+    if (nnan) {
+        names[nt] = "nan_keys";
+        ts[nt++] = f32_tensor(nanf, B, C, 0, 2);
+    }
     char text[N_META][32];
     const char *meta[2 * (N_META + 1)];
     state_meta(s, text, meta);
     meta[2 * N_META] = "fingerprint";
     meta[2 * N_META + 1] = fingerprint(s);
-    aft_status st = aft_st_write(path, names, ts, N_SUMS + 2, meta, N_META + 1, err);
+    aft_status st = aft_st_write(path, names, ts, nt, meta, N_META + 1, err);
     free(sums);
     free(kv);
     return st;
@@ -578,6 +645,14 @@ aft_status aft_state_load(aft_state *s, const aft_st_file *f, aft_error *err)
     if ((st = get_f32(f, "keys", 3, (const size_t[]){B, nk, C}, &keys, err)) ||
         (st = get_f32(f, "values", 3, (const size_t[]){B, nk, C}, &vals, err)))
         return st;
+    const aft_tensor *nan = NULL;   /* optional: no NaN key has gone in */
+    if (aft_st_find(f, "nan_keys") && (st = get_f32(f, "nan_keys", 2, (const size_t[]){B, C}, &nan, err)))
+        return st;
+    for (size_t i = 0; nan && i < B * C; i++) {
+        float x = ((const float *)nan->data)[i];
+        if (x != 0.0f && x != 1.0f)
+            return aft_fail(err, AFT_ERR_FORMAT, "tensor 'nan_keys' holds %g: only 0 and 1 are allowed", (double)x);
+    }
     if (pos > aft_bias_reach(&s->bias, s->sp.variant))
         return aft_fail(err, AFT_ERR_FORMAT, "position %zu is past the position bias's Tmax = %zu", pos,
                         s->bias.tmax);
@@ -600,5 +675,6 @@ aft_status aft_state_load(aft_state *s, const aft_st_file *f, aft_error *err)
     }
     s->lc.pos = pos;
     s->poisoned = poisoned;
+    for (size_t i = 0; i < B * C; i++) s->nan_keys[i] = nan && ((const float *)nan->data)[i] != 0.0f;
     return AFT_OK;
 }

@@ -207,6 +207,87 @@ static void test_operator_chunkings(void **state)
     free(sizes);
 }
 
+/* A NaN key at row t' of sequence b, channel c (or head): that channel's
+ * output from row t' on is NaN, in that sequence only (every variant sees
+ * every earlier key), whatever the chunks, and through a save and load
+ * (the nan_keys tensor); everything else as the reference. */
+static void test_operator_nan_keys(void **state)
+{
+    (void)state;
+    const size_t B = 2, n = B * T * C;
+    size_t *sizes = xmalloc(T * sizeof *sizes);
+    for (size_t ci = 0; ci < layer_ncases; ci++) {
+        layer L;
+        make_layer(&L, &layer_cases[ci], 1, 1, 700 + ci);
+        size_t kc = layer_cases[ci].shared_keys ? H : C;
+        rng r = {800 + ci};
+        float *q = randf(&r, n, 3), *k = randf(&r, B * T * kc, 5), *v = randf(&r, n, 1);
+        /* (sequence, row, key channel) */
+        const size_t bad[3][3] = {{0, 40, 1}, {1, 0, kc - 1}, {1, 150, 0}};
+        for (size_t i = 0; i < 3; i++) k[(bad[i][0] * T + bad[i][1]) * kc + bad[i][2]] = NAN;
+        float *y = xmalloc(n * sizeof *y);
+        double *ref = xmalloc(n * sizeof *ref);
+        assert_int_equal(ref_aft_op(ref, q, k, v, &L.p.bias, &L.cfg, B, T, C, kc), 0);
+        for (size_t b = 0; b < B; b++)   /* the rule, written out */
+            for (size_t t = 0; t < T; t++)
+                for (size_t c = 0; c < C; c++) {
+                    int want = 0;
+                    for (size_t i = 0; i < 3; i++)
+                        want |= bad[i][0] == b && bad[i][1] <= t && bad[i][2] == (kc == C ? c : c / (C / kc));
+                    if (want != isnan(ref[(b * T + t) * C + c]))
+                        fail_msg("%s: reference at b=%zu t=%zu c=%zu: %g", layer_cases[ci].name, b, t, c,
+                                 ref[(b * T + t) * C + c]);
+                }
+        for (int which = 0; which < 4; which++) {
+            size_t ns = chunking(which, &r, sizes), t0 = 0;
+            aft_error err = {{0}};
+            aft_state *s;
+            assert_int_equal(aft_state_new_op(&s, &L.p.bias, &L.cfg, B, C, kc, &err), AFT_OK);
+            float *qc = xmalloc(n * sizeof *qc), *kc_ = xmalloc(B * T * kc * sizeof *kc_), *vc = xmalloc(n * sizeof *vc),
+                  *oc = xmalloc(n * sizeof *oc);
+            for (size_t i = 0; i < ns; i++) {
+                size_t m = sizes[i];
+                for (size_t b = 0; b < B; b++) {
+                    memcpy(qc + b * m * C, q + (b * T + t0) * C, m * C * sizeof *qc);
+                    memcpy(kc_ + b * m * kc, k + (b * T + t0) * kc, m * kc * sizeof *kc_);
+                    memcpy(vc + b * m * C, v + (b * T + t0) * C, m * C * sizeof *vc);
+                }
+                if (aft_state_step_op(s, oc, qc, kc_, vc, m, &err) != AFT_OK)
+                    fail_msg("%s: %s", layer_cases[ci].name, err.msg);
+                for (size_t b = 0; b < B; b++) memcpy(y + (b * T + t0) * C, oc + b * m * C, m * C * sizeof *oc);
+                t0 += m;
+                if (t0 >= 60 && t0 - m < 60) {   /* past the first NaN: written and read back */
+                    char path[] = "/tmp/aft_test_state_XXXXXX";
+                    int fd = mkstemp(path);
+                    assert_true(fd >= 0);
+                    close(fd);
+                    assert_int_equal(aft_state_save(s, path, &err), AFT_OK);
+                    aft_state_free(s);
+                    assert_int_equal(aft_state_new_op(&s, &L.p.bias, &L.cfg, B, C, kc, &err), AFT_OK);
+                    aft_st_file *f;
+                    assert_int_equal(aft_st_open(path, &f, &err), AFT_OK);
+                    assert_non_null(aft_st_find(f, "nan_keys"));
+                    if (aft_state_load(s, f, &err) != AFT_OK) fail_msg("load: %s", err.msg);
+                    aft_st_close(f);
+                    unlink(path);
+                }
+            }
+            aft_state_free(s);
+            free(qc); free(kc_); free(vc); free(oc);
+            char what[128];
+            snprintf(what, sizeof what, "operator %s NaN keys, chunking %d", layer_cases[ci].name, which);
+            for (size_t i = 0; i < n; i++)
+                if (isnan(y[i]) != isnan(ref[i]))
+                    fail_msg("%s: b=%zu t=%zu c=%zu: %g, reference %g", what, i / (T * C), i / C % T, i % C,
+                             (double)y[i], ref[i]);
+            check_close(what, y, ref, n);
+        }
+        free(q); free(k); free(v); free(y); free(ref);
+        free_layer(&L);
+    }
+    free(sizes);
+}
+
 /* saves a state of L (batch B, after `rows` rows) to path */
 static void save_state(const layer *L, size_t B, size_t rows, const char *path)
 {
@@ -376,7 +457,9 @@ static void test_state_needs_causal(void **state)
     free_layer(&L);
 }
 
-/* a NaN input makes NaN keys: that row's output and every later one is NaN */
+/* a NaN input makes NaN keys: that row's output and every later one is
+ * NaN (the output projection mixes the channels), not the rows before it in
+ * its chunk, nor the other sequence's */
 static void test_poisoned(void **state)
 {
     (void)state;
@@ -384,16 +467,17 @@ static void test_poisoned(void **state)
     make_layer(&L, &layer_cases[0], 0, 1, 51);
     aft_error err = {{0}};
     aft_state *s;
-    assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 1, &err), AFT_OK);
-    float x[3 * D], y[3 * D];
-    for (size_t i = 0; i < 3 * D; i++) x[i] = 0.1f;
+    assert_int_equal(aft_state_new(&s, &L.p, &L.cfg, 2, &err), AFT_OK);
+    float x[2 * 3 * D], y[2 * 3 * D];
+    for (size_t i = 0; i < 2 * 3 * D; i++) x[i] = 0.1f;
     assert_int_equal(aft_state_step(s, y, x, 3, &err), AFT_OK);
-    for (size_t i = 0; i < 3 * D; i++) assert_true(isfinite(y[i]));
-    x[D + 2] = NAN;
+    for (size_t i = 0; i < 2 * 3 * D; i++) assert_true(isfinite(y[i]));
+    x[D + 2] = NAN;   /* sequence 0, row 1 of the chunk */
     assert_int_equal(aft_state_step(s, y, x, 3, &err), AFT_OK);
+    for (size_t i = 0; i < 2 * 3 * D; i++) assert_int_equal(isnan(y[i]) != 0, i >= D && i < 3 * D);
     x[D + 2] = 0.1f;
     assert_int_equal(aft_state_step(s, y, x, 3, &err), AFT_OK);
-    for (size_t i = 0; i < 3 * D; i++) assert_true(isnan(y[i]));
+    for (size_t i = 0; i < 2 * 3 * D; i++) assert_int_equal(isnan(y[i]) != 0, i < 3 * D);
     aft_state_free(s);
     free_layer(&L);
 }
@@ -409,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_past_tmax_refused),
         cmocka_unit_test(test_state_needs_causal),
         cmocka_unit_test(test_poisoned),
+        cmocka_unit_test(test_operator_nan_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
