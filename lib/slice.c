@@ -273,14 +273,37 @@ static int slice_key_sums(const slice_args *a, size_t b, const float *kvb, const
     return 1;
 }
 
+/* Causal slices: the first held row (from a0) with a NaN key, or `held`;
+ * with one, kv's keys copied into *clean (NaN as -inf, which reach
+ * nothing), which the caller frees */
+static size_t first_nan_key(const float *kvb, size_t held, size_t C, float **clean)
+{
+    size_t first = held;
+    for (size_t i = 0; i < held && first == held; i++) {
+        unsigned bad = 0;
+        for (size_t c = 0; c < C; c++) bad |= kvb[i * 2 * C + c] != kvb[i * 2 * C + c];
+        if (bad) first = i;
+    }
+    *clean = NULL;
+    if (first == held) return held;
+    *clean = aft_alloc_array(held, 2 * C * sizeof(float));
+    if (!*clean) return first;
+    for (size_t i = 0; i < held * 2 * C; i++) {
+        float x = kvb[i];
+        (*clean)[i] = i % (2 * C) < C && x != x ? -INFINITY : x;
+    }
+    return first;
+}
+
 /* The band (local, conv; causal simple), as the layer's streamed path
  * without causality does it for a whole sequence: the held keys cut into
  * pieces at each chunk's held rows' start and window's end, the pieces'
  * sums added up from the left (after `left`) and from the right (before
  * `right`), then each chunk on its own thread: Q, the band kernel's rows
  * with the sums on either side, the output projection. A sequence with a
- * key of +inf or NaN among those held, or in its sums, comes out NaN.
- * Returns 1 when done, -1 on error (*st). */
+ * key of +inf or NaN in its sums, or among those held without causality,
+ * comes out NaN; with causality a NaN key held makes its row and the later
+ * ones NaN. Returns 1 when done, -1 on error (*st). */
 static int slice_band(const slice_args *a, slice_prep *s, aft_status *st, aft_error *err)
 {
     const size_t C = s->C, D = s->D, n = a->t1 - a->t0, chunk = s->chunk, nch = (n + chunk - 1) / chunk;
@@ -307,7 +330,19 @@ static int slice_band(const slice_args *a, slice_prep *s, aft_status *st, aft_er
     if (ok) npt = slice_points(a, pt, chunk, nch, halo, causal);
     for (size_t b = 0; b < a->B && ret == 1; b++) {
         const float *kvb = a->kv + b * held * 2 * C;
+        /* causal: a NaN key held reaches the rows from its own on (every
+         * channel, after the output projection), not those before it; the
+         * rows run with it as -inf, then those are made NaN */
+        float *clean = NULL;
+        size_t nan_from = causal ? a->a0 + first_nan_key(kvb, held, C, &clean) : a->a1;
+        if (nan_from < a->a1 && !clean) {
+            *st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for a slice's keys of %zu rows", held);
+            ret = -1;
+            break;
+        }
+        if (clean) kvb = clean;
         if (!slice_key_sums(a, b, kvb, pt, npt, C, pre, suf, scr)) {
+            free(clean);
             /* a key of +inf or NaN reaches every row of this sequence */
             fill_nan(a->y + b * n * D, n * D);
             continue;
@@ -335,6 +370,11 @@ static int slice_band(const slice_args *a, slice_prep *s, aft_status *st, aft_er
             }
         }
         if (!rows_ok) fill_nan(a->y + b * n * D, n * D);
+        else if (nan_from < a->t1) {
+            size_t from = nan_from > a->t0 ? nan_from - a->t0 : 0;
+            fill_nan(a->y + (b * n + from) * D, (n - from) * D);
+        }
+        free(clean);
     }
     for (int i = 0; ctx && i < nt; i++) aft_op_rows_free(ctx[i]);
     free(pt); free(pre); free(suf); free(q); free(h); free(scr); free(ctx);

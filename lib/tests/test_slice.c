@@ -6,7 +6,8 @@
  * every variant and key form, causal and not, B = 1 and 3, N = 1 to 4 and
  * 7, slices shorter than the window, keys of +-500 and biases of +-250, the
  * output is within 1e-6 x max(1, |Y|) of the whole sequence's through
- * aft_layer_forward. Also: what the entry points refuse. (The .npy range
+ * aft_layer_forward. A NaN input row gives the whole sequence's NaN
+ * entries. Also: what the entry points refuse. (The .npy range
  * reader the slices read with: io/test_npy.c.) */
 #include <math.h>
 #include <setjmp.h>
@@ -54,13 +55,14 @@ static float *kv_of(const layer *L, const float *x, size_t B, size_t T, size_t r
 }
 
 /* the key sums of rows [r0, r1), (B, 4C) */
-static void sums_of(const layer *L, const float *x, size_t B, size_t T, size_t r0, size_t r1, float *sums)
+static int sums_of(const layer *L, const float *x, size_t B, size_t T, size_t r0, size_t r1, float *sums)
 {
     float *xr = rows_of(x, B, T, D, r0, r1);
     aft_error err;
     int bad = 0;
     assert_int_equal(aft_layer_key_sums(sums, &bad, xr, &L->p, &L->cfg, B, r1 - r0, 0, r1 - r0, &err), AFT_OK);
     free(xr);
+    return bad;
 }
 
 /* slice i of N: rows [i T / N, (i + 1) T / N) */
@@ -68,9 +70,10 @@ static size_t cut(size_t i, size_t N, size_t T) { return i * T / N; }
 
 /* the sums of rows [0, before) as a scan over N slices gives them: slice
  * q's rows shifted by `shift` (their part below `before`), merged in order */
-static void scan_sums(const layer *L, const float *x, size_t B, size_t T, size_t N, size_t shift, size_t before,
-                      float *out)
+static int scan_sums(const layer *L, const float *x, size_t B, size_t T, size_t N, size_t shift, size_t before,
+                     float *out)
 {
+    int bad = 0;
     float *part = xmalloc(B * 4 * C * sizeof *part);
     for (size_t b = 0; b < B; b++) aft_key_sums_empty(out + b * 4 * C, C);
     for (size_t q = 0; q < N; q++) {
@@ -78,10 +81,11 @@ static void scan_sums(const layer *L, const float *x, size_t B, size_t T, size_t
         size_t hi = cut(q + 1, N, T) > shift ? cut(q + 1, N, T) - shift : 0;
         if (hi > before) hi = before;
         if (lo >= hi) continue;
-        sums_of(L, x, B, T, lo, hi, part);
+        bad |= sums_of(L, x, B, T, lo, hi, part);
         for (size_t b = 0; b < B; b++) aft_key_sums_merge(out + b * 4 * C, part + b * 4 * C, C);
     }
     free(part);
+    return bad;
 }
 
 /* the same from the right: rows [after, T) */
@@ -116,8 +120,10 @@ static void run_slice(const layer *L, const float *x, size_t B, size_t T, size_t
         assert_int_equal(aft_state_new(&s, &L->p, &L->cfg, B, &err), AFT_OK);
         size_t keep = aft_state_keep(s), kept = t0 < keep ? t0 : keep;
         float *kv = kv_of(L, x, B, T, t0 - kept, t0), *sums = xmalloc(B * 4 * C * sizeof *sums);
-        scan_sums(L, x, B, T, N, keep == SIZE_MAX ? 0 : keep, t0 - kept, sums);
-        assert_int_equal(aft_state_seed(s, t0, t0 > kept ? sums : NULL, kv, 0, &err), AFT_OK);
+        /* a bad key before: every later output NaN (the shards' flag;
+         * B = 1 in the cases with one) */
+        int bad = scan_sums(L, x, B, T, N, keep == SIZE_MAX ? 0 : keep, t0 - kept, sums);
+        assert_int_equal(aft_state_seed(s, t0, t0 > kept ? sums : NULL, kv, bad, &err), AFT_OK);
         assert_int_equal(aft_state_step(s, ys, xs, n, &err), AFT_OK);
         aft_state_free(s);
         free(kv);
@@ -160,6 +166,7 @@ static int close_enough(const char *what, const float *a, const float *ref, size
 {
     for (size_t i = 0; i < n; i++) {
         double tol = rel * fmax(1.0, fabs((double)ref[i]));
+        if (isnan(ref[i]) && isnan(a[i])) continue;
         if (!(fabs((double)a[i] - (double)ref[i]) <= tol)) {
             print_error("%s: entry %zu is %.9g, the whole sequence's %.9g\n", what, i, (double)a[i], (double)ref[i]);
             return 0;
@@ -169,7 +176,7 @@ static int close_enough(const char *what, const float *a, const float *ref, size
 }
 
 /* every case: the whole sequence, then its N slices */
-static void check_all(size_t T, int with_mask, const size_t *Ns, size_t nN, double rel)
+static void check_all_nan(size_t T, int with_mask, const size_t *Ns, size_t nN, double rel, size_t nan_row)
 {
     rng r = {T * 7 + (size_t)with_mask};
     int failures = 0;
@@ -177,9 +184,13 @@ static void check_all(size_t T, int with_mask, const size_t *Ns, size_t nN, doub
         for (int causal = 0; causal < 2; causal++)
             for (int extreme = 0; extreme < 2; extreme++)
                 for (size_t B = 1; B <= 3; B += 2) {
+                    /* aft_state_seed's flag of a bad key before covers every
+                     * sequence: one sequence when a NaN row leads there */
+                    if (nan_row < T && causal && !with_mask && B > 1) continue;
                     layer L;
                     make_layer(&L, &layer_cases[ci], extreme, causal, 11 + ci);
                     float *x = randf(&r, B * T * D, 1.0), *want = xmalloc(B * T * D * sizeof *want);
+                    if (nan_row < T) x[(B - 1) * T * D + nan_row * D + 3] = NAN;   /* the last sequence */
                     float *got = xmalloc(B * T * D * sizeof *got);
                     uint8_t *mask = NULL;
                     if (with_mask) {
@@ -218,6 +229,11 @@ static void check_all(size_t T, int with_mask, const size_t *Ns, size_t nN, doub
     assert_int_equal(failures, 0);
 }
 
+static void check_all(size_t T, int with_mask, const size_t *Ns, size_t nN, double rel)
+{
+    check_all_nan(T, with_mask, Ns, nN, rel, SIZE_MAX);
+}
+
 static const size_t Ns[] = {1, 2, 3, 4, 7};
 
 static void test_slices_long(void **state) { (void)state; check_all(TMAX, 0, Ns, 5, TOL_REL); }
@@ -226,6 +242,53 @@ static void test_slices_short(void **state) { (void)state; check_all(15, 0, Ns, 
 /* slices of 2 and 3 rows */
 static void test_slices_tiny(void **state) { (void)state; check_all(15, 0, Ns + 4, 1, TOL_REL_TINY); }
 static void test_slices_masked(void **state) { (void)state; check_all(37, 1, Ns, 5, TOL_REL); }
+/* a NaN input row (its keys NaN): the same NaN entries as the whole
+ * sequence's (causal: that row's and the later ones, in its sequence; else
+ * its sequence), the rest as close as without */
+static void test_slices_nan(void **state)
+{
+    (void)state;
+    check_all_nan(TMAX, 0, Ns, 5, TOL_REL, 70);
+    check_all_nan(37, 1, Ns, 5, TOL_REL, 20);
+}
+
+/* the band's slice with causality, called as a library caller may (the
+ * shards step a state instead): rows before a held NaN key's stay finite */
+static void test_causal_band_slice_nan(void **state)
+{
+    (void)state;
+    for (size_t ci = 0; ci < layer_ncases; ci++) {
+        layer L;
+        make_layer(&L, &layer_cases[ci], 0, 1, 31 + ci);
+        if (L.cfg.variant == AFT_FULL) {
+            free_layer(&L);
+            continue;
+        }
+        const size_t B = 2, T = 60, t0 = 30, t1 = 60, nan_row = 45;
+        rng r = {91 + ci};
+        float *x = randf(&r, B * T * D, 1.0), *want = xmalloc(B * T * D * sizeof *want);
+        x[(T + nan_row) * D + 1] = NAN;   /* sequence 1 */
+        aft_error err;
+        assert_int_equal(aft_layer_forward(want, x, &L.p, &L.cfg, B, T, &err), AFT_OK);
+        float *kv = kv_of(&L, x, B, T, 0, t1), *xs = rows_of(x, B, T, D, t0, t1);
+        float *ys = xmalloc(B * (t1 - t0) * D * sizeof *ys);
+        assert_int_equal(aft_layer_forward_slice(ys, xs, kv, NULL, NULL, &L.p, &L.cfg, B, T, t0, t1, 0, t1, &err),
+                         AFT_OK);
+        for (size_t b = 0; b < B; b++)
+            for (size_t t = t0; t < t1; t++)
+                for (size_t d = 0; d < D; d++) {
+                    float g = ys[(b * (t1 - t0) + t - t0) * D + d], w = want[(b * T + t) * D + d];
+                    if (isnan(g) != isnan(w) || isnan(w) != (b == 1 && t >= nan_row))
+                        fail_msg("%s: b=%zu t=%zu d=%zu: %g, whole sequence %g", layer_cases[ci].name, b, t, d,
+                                 (double)g, (double)w);
+                    if (!isnan(w) && !(fabs((double)g - w) <= 1e-5 * fmax(1.0, fabs((double)w))))
+                        fail_msg("%s: b=%zu t=%zu d=%zu: %g, whole sequence %g", layer_cases[ci].name, b, t, d,
+                                 (double)g, (double)w);
+                }
+        free(x); free(want); free(kv); free(xs); free(ys);
+        free_layer(&L);
+    }
+}
 
 static void test_refusals(void **state)
 {
@@ -275,6 +338,8 @@ int main(void)
         cmocka_unit_test(test_slices_short),
         cmocka_unit_test(test_slices_tiny),
         cmocka_unit_test(test_slices_masked),
+        cmocka_unit_test(test_slices_nan),
+        cmocka_unit_test(test_causal_band_slice_nan),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
