@@ -596,8 +596,11 @@ aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *d
  * rounding. Memory: O(B S C) for local and conv (S the window), O(B C) for
  * simple, O(B t C) for full at position t.
  *
- * A key of +inf or NaN (only non-finite inputs or weights make one) poisons
- * the state: that chunk's and every later output is NaN. */
+ * A NaN key (only non-finite inputs or weights make one) makes its
+ * channel's output NaN from its row on, in its sequence (the layer's: every
+ * output of those rows); the state keeps that per (sequence, channel), and
+ * a file written then holds it as the tensor nan_keys (B, C). A key of +inf
+ * poisons the state: that chunk's and every later output is NaN. */
 typedef struct aft_state aft_state;
 
 /* A state at position 0 for the layer p (borrowed: it and what it points to
@@ -626,7 +629,8 @@ size_t aft_state_position(const aft_state *s);
  * kept rows, oldest first. Metadata: aft_state (the format, "1"), kind
  * ("layer" or "operator"), variant, window, heads, d_model, d_hidden,
  * key_channels, batch, position, poisoned, fingerprint (of the weights and
- * bias, as aft_state_fingerprint). */
+ * bias, as aft_state_fingerprint). With a NaN key gone in, also nan_keys
+ * (B, C): 1 for each channel it reached, else 0. */
 aft_status aft_state_save(const aft_state *s, const char *path, aft_error *err);
 aft_status aft_state_load(aft_state *s, const aft_st_file *f, aft_error *err);
 /* 16 hex digits naming the weights, bias and sizes the state runs */
