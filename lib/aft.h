@@ -1111,6 +1111,88 @@ typedef struct {
 aft_status aft_model_loss_grad(aft_model *m, const int32_t *tokens, const int32_t *targets, size_t B, size_t T,
                                const aft_train_options *o, float *loss, float *const *grads, aft_error *err);
 
+/* ---------------------------------------------------------------- training (lib/train.c)
+ *
+ * What aft train needs around the model's gradients: a fresh model as
+ * PyTorch initialises labml's, the learning-rate schedule, gradient
+ * clipping, Adam, and the checkpoint. No I/O but aft_train_save's file.
+ *
+ * The gradients themselves (aft_model_param_*, aft_model_loss_grad) are
+ * the model's (below, the seam with lib/model_grad.c). */
+
+/* the configuration of a fresh labml model */
+typedef struct {
+    size_t n_layers;    /* 6 */
+    size_t d_model;     /* D: 128 */
+    size_t d_ff;        /* F: 256 */
+    size_t window;      /* S: AFTLocal's local_window_size, 32 */
+    size_t seq_len;     /* Tmax: pos_bias and local_mask are (Tmax, Tmax), 256 */
+    size_t positions;   /* rows of the sinusoidal encodings; 0: labml's 5000 */
+    size_t n_vocab;     /* V */
+    const char *vocab;  /* JSON array of the V token strings (metadata "vocab") */
+} aft_model_config;
+
+/* The state dict of labml's AutoregressiveTransformer as PyTorch's default
+ * initialisation makes it, from a generator seeded with seed (aft_rng_next;
+ * not torch's generator: the distributions, not the values, are PyTorch's):
+ * Linear weights and biases uniform in +-1/sqrt(fan_in) (kaiming_uniform
+ * with a = sqrt(5)), Embedding N(0, 1), LayerNorms ones and zeros, pos_bias
+ * zeros, local_mask the band |t - t'| < S, the sinusoidal positional
+ * encodings as labml computes them. Every layer starts equal, as labml's
+ * Encoder deep-copies one layer. State-dict names and order, F32 (local_mask
+ * BOOL), metadata "format" pt, "vocab", "window": a .safetensors in memory
+ * (*buf malloc'd, *len bytes) for aft_st_open_mem and aft_model_load. */
+aft_status aft_train_fresh(void **buf, size_t *len, const aft_model_config *cfg, uint64_t seed, aft_error *err);
+
+/* The vocabulary of a text as train_labml_aft.py builds it: its distinct
+ * characters sorted by code point, as a JSON array (*json malloc'd) of *n
+ * strings. Text that is empty or not UTF-8 (a binary file) is an error
+ * naming the byte offset. */
+aft_status aft_train_vocab(char **json, size_t *n, const char *text, size_t len, aft_error *err);
+
+/* train_labml_aft.py's schedule: linear warm-up over warmup steps
+ * (lr (step + 1) / warmup), then a cosine decay to a tenth at the last
+ * step: lr (0.1 + 0.45 (1 + cos(pi f))), f = (step - warmup) / max(1,
+ * steps - warmup). step counts from 0. */
+typedef struct {
+    double lr;              /* 2e-3 */
+    size_t warmup;          /* 100 */
+    size_t steps;           /* 1000 */
+    double pos_bias_mult;   /* pos_bias's learning rate, a multiple of lr: 100 */
+} aft_schedule;
+double aft_schedule_lr(const aft_schedule *s, size_t step);
+
+/* torch.nn.utils.clip_grad_norm_: the 2-norm of all n tensors together (g[i]
+ * of len[i] floats); every gradient is multiplied by min(1, max_norm /
+ * (norm + 1e-6)). Returns the norm before clipping (NaN or Inf as it is:
+ * the caller stops then). */
+double aft_clip_grad_norm(float *const *g, const size_t *len, size_t n, double max_norm);
+
+/* Adam as torch.optim.Adam (no weight decay, no amsgrad): per tensor i of
+ * len[i] floats, moments m and v (zero at the start), a step counter t:
+ *   t += 1;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+ *   p -= lr[i] / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)  */
+typedef struct aft_adam aft_adam;
+aft_status aft_adam_new(aft_adam **out, const size_t *len, size_t n, double beta1, double beta2, double eps,
+                        aft_error *err);
+void aft_adam_free(aft_adam *a);
+/* one step over every tensor: p[i] updated in place from g[i], at lr[i] */
+void aft_adam_step(aft_adam *a, float *const *p, const float *const *g, const double *lr);
+/* the state, for checkpoints: tensor i's moments (which 0: m, 1: v; len[i]
+ * floats, writable, for restoring) and the steps taken */
+float *aft_adam_moment(aft_adam *a, size_t i, int which);
+uint64_t aft_adam_steps(const aft_adam *a);
+void aft_adam_set_steps(aft_adam *a, uint64_t t);
+
+/* Writes m's checkpoint to path atomically (as aft_st_write): src's tensors
+ * in src's order, each of m's parameters (aft_model_param_info's names) with
+ * its current float32 values, the others (positional encodings, local_mask)
+ * as src has them; then the n_extra tensors extra (names extra_names), and
+ * the metadata meta (nmeta key/value pairs: src's own are not copied). */
+aft_status aft_train_save(const char *path, const aft_st_file *src, aft_model *m, const char *const *extra_names,
+                          const aft_tensor *extra, size_t n_extra, const char *const *meta, size_t nmeta,
+                          aft_error *err);
+
 /* ---------------------------------------------------------------- the binding interface (lib/api/)
  *
  * A small interface for bindings (python/aft calls it through ctypes):
