@@ -132,7 +132,7 @@ build/cli/%.o: cli/%.c lib/aft.h $(CLI_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Icli -c $< -o $@
 
-build/cli/shard.o: cli/shard.c lib/aft.h $(CLI_HDR)
+build/cli/shard.o build/cli/train_mpi.o: build/cli/%.o: cli/%.c lib/aft.h $(CLI_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(if $(MPI_FOUND),-DAFT_MPI $(MPI_CFLAGS)) -Icli -c $< -o $@
 

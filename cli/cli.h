@@ -21,6 +21,7 @@ int cmd_model(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 /* Messages have one shape (README.md, man/aft.1 DIAGNOSTICS): one line on
  * stderr, "aft CMD: [FILE: ]what is wrong" ("aft: " when no command was
@@ -95,7 +96,7 @@ int cli_set_string(const cli_option *opt, void *opts, const char *value);
  * the completion against them */
 extern const cli_command cli_info_command, cli_run_command, cli_grad_command, cli_mask_command, cli_compare_command,
     cli_convert_command, cli_model_command, cli_generate_command, cli_encode_command, cli_decode_command,
-    cli_bench_command;
+    cli_bench_command, cli_train_command;
 
 /* strict number parsing: whole string, range checked (whole numbers:
  * aft_parse_u64, aft_parse_size and aft_parse_grid in aft.h). Return 0 on
