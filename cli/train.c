@@ -153,7 +153,8 @@ typedef struct {
     aft_st_file *src;       /* where the model came from (its buffers are saved as they are) */
     aft_st_file *resume;
     aft_model *m;
-    size_t np;              /* parameters */
+    size_t np;              /* trained parameters */
+    size_t *idx;            /* their indices among the model's (aft_model_param_*) */
     float **p, **g;         /* their values, their gradients (in one block: one allreduce) */
     float *gblock;
     size_t *len;
@@ -312,7 +313,11 @@ static int make_model(run *r)
 static int make_optimiser(run *r)
 {
     aft_error err;
-    r->np = aft_model_param_count(r->m);
+    size_t all = aft_model_param_count(r->m);
+    r->idx = calloc(all ? all : 1, sizeof *r->idx);
+    if (!r->idx) goto oom;
+    for (size_t i = 0; i < all; i++)
+        if (aft_model_param_trainable(r->m, i)) r->idx[r->np++] = i;
     if (r->np == 0) {
         aft_status st = aft_model_param_info(r->m, 0, &(const char *){NULL}, &(size_t){0}, (size_t[4]){0}, &err);
         cli_error(NULL, "%s", st ? err.msg : "the model has no parameters to train");
@@ -327,13 +332,18 @@ static int make_optimiser(run *r)
     for (size_t i = 0; i < r->np; i++) {
         const char *name;
         size_t ndim, shape[4], n = 1;
-        if (aft_model_param_info(r->m, i, &name, &ndim, shape, &err)) {
+        if (aft_model_param_info(r->m, r->idx[i], &name, &ndim, shape, &err)) {
             cli_error(NULL, "%s", err.msg);
             return EXIT_DATA;
         }
         for (size_t d = 0; d < ndim; d++) n *= shape[d];
         r->len[i] = n;
-        r->p[i] = aft_model_param_data(r->m, i);
+        r->p[i] = aft_model_param_data(r->m, r->idx[i]);
+        if (!r->p[i]) {
+            aft_model_loss_grad(r->m, NULL, NULL, 0, 0, NULL, &(float){0}, NULL, &err);
+            cli_error(NULL, "%s: %s", name, err.msg);
+            return EXIT_DATA;
+        }
         r->lr[i] = cli_ends_with(name, ".pos_bias") ? r->o->pos_bias_mult : 1.0;   /* multipliers, for now */
         total += n;
     }
@@ -416,7 +426,7 @@ static int restore(run *r)
     for (size_t i = 0; i < r->np; i++) {
         const char *name;
         aft_error err;
-        aft_model_param_info(r->m, i, &name, &(size_t){0}, (size_t[4]){0}, &err);
+        aft_model_param_info(r->m, r->idx[i], &name, &(size_t){0}, (size_t[4]){0}, &err);
         for (int w = 0; w < 2; w++) {
             char key[300];
             snprintf(key, sizeof key, "adam.%s.%s", w ? "v" : "m", name);
@@ -475,7 +485,7 @@ static int save(run *r)
     }
     for (size_t i = 0; i < r->np; i++) {
         const char *name;
-        aft_model_param_info(r->m, i, &name, &(size_t){0}, (size_t[4]){0}, &err);
+        aft_model_param_info(r->m, r->idx[i], &name, &(size_t){0}, (size_t[4]){0}, &err);
         for (int w = 0; w < 2; w++) {
             size_t k = 2 * i + (size_t)w;
             size_t len = strlen(name) + 8;
@@ -814,7 +824,7 @@ static void run_free(run *r)
 {
     if (r->log) fclose(r->log);
     aft_adam_free(r->adam);
-    free(r->p), free(r->g), free(r->gblock), free(r->len), free(r->lr);
+    free(r->idx), free(r->p), free(r->g), free(r->gblock), free(r->len), free(r->lr);
     aft_model_free(r->m);
     aft_st_close(r->src);
     free(r->fresh);

@@ -435,6 +435,7 @@ aft_status aft_train_save(const char *path, const aft_st_file *src, aft_model *m
     for (size_t i = 0; i < ns; i++) ts[i].owned = NULL;
     /* the parameters: their current values, by name */
     for (size_t k = 0; k < np; k++) {
+        if (!aft_model_param_trainable(m, k)) continue;
         const char *name;
         size_t ndim, shape[4];
         if ((st = aft_model_param_info(m, k, &name, &ndim, shape, err))) goto done;
