@@ -26,7 +26,7 @@
 
 struct train_opts {
     const char *text, *valid, *init, *batches, *output, *state, *resume, *log, *timing;
-    size_t layers, d_model, d_ff, window, seq_len, batch, steps, warmup, val_every, val_windows, save_every;
+    size_t layers, d_model, d_ff, window, seq_len, batch, steps, warmup, val_every, val_windows, save_every, stop_at;
     double lr, pos_bias_mult, dropout;
     uint64_t seed;
     int threads;
@@ -113,6 +113,8 @@ static const cli_option options[] = {
     {"--timing", NULL, "FILE", "write the run's timing and memory as JSON (\"-\": standard output)", cli_set_string,
      FIELD(timing), NEEDS_VALUE, 0},
     {"--threads", NULL, "N", "threads on each rank (default: every core)", set_threads, 0, NEEDS_VALUE, 0},
+    {"--stop-at", NULL, "N", "save and stop after step N, as a signal would, but exit 0 (for tests of --resume)",
+     set_size, FIELD(stop_at), NEEDS_VALUE, 1},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},
 };
 
@@ -155,6 +157,7 @@ typedef struct {
     aft_model *m;
     size_t np;              /* trained parameters */
     size_t *idx;            /* their indices among the model's (aft_model_param_*) */
+    float **gall;           /* the gradients by the model's index (NULL: a buffer, not wanted) */
     float **p, **g;         /* their values, their gradients (in one block: one allreduce) */
     float *gblock;
     size_t *len;
@@ -350,7 +353,9 @@ static int make_optimiser(run *r)
     /* the gradients and, after them, the loss: one allreduce a step */
     r->gblock = calloc(total + 2, sizeof(float));
     if (!r->gblock) goto oom;
-    for (size_t i = 0, off = 0; i < r->np; off += r->len[i++]) r->g[i] = r->gblock + off;
+    r->gall = calloc(all, sizeof *r->gall);
+    if (!r->gall) goto oom;
+    for (size_t i = 0, off = 0; i < r->np; off += r->len[i++]) r->gall[r->idx[i]] = r->g[i] = r->gblock + off;
     if (aft_adam_new(&r->adam, r->len, r->np, 0.9, 0.98, 1e-9, &err)) {
         cli_error(NULL, "%s", err.msg);
         return EXIT_DATA;
@@ -595,7 +600,7 @@ static int step(run *r, int32_t *w, int32_t *x, int32_t *y, float *loss, double 
                                     ((uint64_t)r->ranks.rank << 48)};
     float l = NAN;
     int rc = 0;
-    if (aft_model_loss_grad(r->m, x, y, r->B, T, &to, &l, r->g, &err)) {
+    if (aft_model_loss_grad(r->m, x, y, r->B, T, &to, &l, r->gall, &err)) {
         cli_error(NULL, "step %zu: %s", r->step + 1, err.msg);
         rc = EXIT_DATA;
     }
@@ -698,6 +703,10 @@ static int train_loop(run *r)
         /* a signal on any rank: every rank saves (rank 0 writes) and stops */
         double sig = stop_signal;
         cli_ranks_sum_double(&r->ranks, &sig, 1);
+        if (!rc && r->o->stop_at && r->step == r->o->stop_at && r->step < r->o->steps) {
+            rc = cli_ranks_agree(&r->ranks, save(r));
+            break;
+        }
         if (!rc && sig != 0 && r->step < r->o->steps) {
             rc = cli_ranks_agree(&r->ranks, save(r));
             if (!rc) {
@@ -824,7 +833,7 @@ static void run_free(run *r)
 {
     if (r->log) fclose(r->log);
     aft_adam_free(r->adam);
-    free(r->idx), free(r->p), free(r->g), free(r->gblock), free(r->len), free(r->lr);
+    free(r->idx), free(r->gall), free(r->p), free(r->g), free(r->gblock), free(r->len), free(r->lr);
     aft_model_free(r->m);
     aft_st_close(r->src);
     free(r->fresh);

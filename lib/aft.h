@@ -1184,11 +1184,12 @@ float *aft_adam_moment(aft_adam *a, size_t i, int which);
 uint64_t aft_adam_steps(const aft_adam *a);
 void aft_adam_set_steps(aft_adam *a, uint64_t t);
 
-/* Writes m's checkpoint to path atomically (as aft_st_write): src's tensors
- * in src's order, each of m's trained parameters (aft_model_param_info's
- * names, aft_model_param_trainable) with its current float32 values, the
- * others (positional encodings, local_mask) as src has them; then the n_extra tensors extra (names extra_names), and
- * the metadata meta (nmeta key/value pairs: src's own are not copied). */
+/* Writes m's checkpoint to path atomically (as aft_st_write): labml's state
+ * dict in its order (aft_model_param_*), the trained parameters' current
+ * float32 values, the buffers (positional encodings, local_mask) as src
+ * (the checkpoint the model came from; NULL: the model's float32 copies)
+ * holds them; then the n_extra tensors extra (names extra_names), and the
+ * metadata meta (nmeta key/value pairs). */
 aft_status aft_train_save(const char *path, const aft_st_file *src, aft_model *m, const char *const *extra_names,
                           const aft_tensor *extra, size_t n_extra, const char *const *meta, size_t nmeta,
                           aft_error *err);

@@ -425,41 +425,38 @@ aft_status aft_train_save(const char *path, const aft_st_file *src, aft_model *m
                           const aft_tensor *extra, size_t n_extra, const char *const *meta, size_t nmeta,
                           aft_error *err)
 {
-    size_t ns = aft_st_count(src), np = aft_model_param_count(m), total;
-    if (__builtin_add_overflow(ns, n_extra, &total)) return aft_fail(err, AFT_ERR_ARG, "too many tensors");
+    size_t np = aft_model_param_count(m), total;
+    if (__builtin_add_overflow(np, n_extra, &total)) return aft_fail(err, AFT_ERR_ARG, "too many tensors");
     const char **names = malloc((total ? total : 1) * sizeof *names);
-    aft_tensor *ts = malloc((total ? total : 1) * sizeof *ts);
+    aft_tensor *ts = calloc(total ? total : 1, sizeof *ts);
     aft_status st = AFT_OK;
     if (!names || !ts) { st = aft_fail(err, AFT_ERR_NOMEM, "out of memory saving the model"); goto done; }
-    for (size_t i = 0; i < ns; i++) ts[i] = *aft_st_get(src, i, &names[i]);
-    for (size_t i = 0; i < ns; i++) ts[i].owned = NULL;
-    /* the parameters: their current values, by name */
+    /* the state dict, in the model's (labml's) order */
     for (size_t k = 0; k < np; k++) {
-        if (!aft_model_param_trainable(m, k)) continue;
-        const char *name;
         size_t ndim, shape[4];
-        if ((st = aft_model_param_info(m, k, &name, &ndim, shape, err))) goto done;
-        size_t i = aft_st_index(src, name);
-        if (i == SIZE_MAX) {
-            st = aft_fail(err, AFT_ERR_ARG, "parameter '%s' is not in the checkpoint the model came from", name);
-            goto done;
-        }
-        aft_tensor *t = &ts[i];
-        size_t nelem = 1;
-        for (size_t d = 0; d < ndim; d++) nelem *= shape[d];
-        if (nelem != t->nelem) {
-            st = aft_fail(err, AFT_ERR_ARG, "parameter '%s' has %zu values, its checkpoint tensor %zu", name, nelem,
-                          t->nelem);
-            goto done;
+        if ((st = aft_model_param_info(m, k, &names[k], &ndim, shape, err))) goto done;
+        const aft_tensor *s = src ? aft_st_find(src, names[k]) : NULL;
+        aft_tensor *t = &ts[k];
+        t->ndim = ndim;
+        t->nelem = 1;
+        for (size_t d = 0; d < ndim; d++) t->nelem *= (t->shape[d] = shape[d]);
+        if (!aft_model_param_trainable(m, k) && s && s->nelem == t->nelem) {
+            *t = *s;   /* a buffer as the checkpoint had it (local_mask BOOL) */
+            t->owned = NULL;
+            continue;
         }
         t->dtype = AFT_F32;
-        t->nbytes = nelem * sizeof(float);
+        t->nbytes = t->nelem * sizeof(float);
         t->data = aft_model_param_data(m, k);
+        if (!t->data) {
+            st = aft_fail(err, AFT_ERR_ARG, "parameter '%s' has no values to save", names[k]);
+            goto done;
+        }
     }
     for (size_t i = 0; i < n_extra; i++) {
-        names[ns + i] = extra_names[i];
-        ts[ns + i] = extra[i];
-        ts[ns + i].owned = NULL;
+        names[np + i] = extra_names[i];
+        ts[np + i] = extra[i];
+        ts[np + i].owned = NULL;
     }
     st = aft_st_write(path, names, ts, total, meta, nmeta, err);
 done:
