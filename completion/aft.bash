@@ -9,7 +9,7 @@
 # bash-completion loads it on demand; or source it from ~/.bashrc. It needs
 # nothing from the bash-completion package.
 
-_aft_commands="info run grad mask compare convert model generate encode decode bench help"
+_aft_commands="info run grad mask compare convert model generate encode decode bench train help"
 
 # the options of subcommand $1
 _aft_options()
@@ -35,6 +35,9 @@ _aft_options()
     bench) echo "--seq-len --d-model --d-hidden --variant --window --heads --causal --batch" \
                 "--threads --repeat --impl --precision --json --no-ceiling --plot --stream --chunk --grid --grad" \
                 "--generate --weights --weights-dtype -q --quiet -h --help" ;;
+    train) echo "--text --valid --init --resume --batches -o --output --state --layers --d-model --d-ff --window" \
+                "--seq-len --batch --steps --lr --warmup --pos-bias-lr-mult --dropout --seed --val-every" \
+                "--val-windows --save-every --log --timing --threads -q --quiet -h --help" ;;
     esac
 }
 
@@ -49,7 +52,8 @@ _aft_value()
     convert:-o | convert:--output | bench:--plot | bench:--weights | model:--weights | model:-o | model:--output | \
     generate:--weights | generate:--vocab | generate:--timing | model:--timing | encode:--weights | \
     encode:--text-file | encode:-o | encode:--output | encode:--vocab | decode:--weights | decode:--vocab | \
-    model:--targets) echo file ;;
+    model:--targets | train:--text | train:--valid | train:--init | train:--resume | train:--batches | train:-o | \
+    train:--output | train:--state | train:--log | train:--timing) echo file ;;
     run:--variant | grad:--variant) echo "list:full local simple conv" ;;
     run:--layout | grad:--layout | model:--layout) echo "list:btd tbd" ;;
     run:--impl | grad:--impl | model:--impl) echo "list:fast reference" ;;
@@ -69,7 +73,10 @@ _aft_value()
     grad:--seed | grad:--d-hidden | grad:--repeat | grad:--threads | grad:--max-memory | grad:--grid | \
     model:--window | model:--threads | model:--max-memory | model:--dropout | model:--seed | generate:--prompt | generate:-n | \
     generate:--temperature | generate:--top-k | generate:--seed | generate:--window | generate:--threads | \
-    generate:--max-memory | encode:--max-memory | decode:--max-memory) echo none ;;
+    generate:--max-memory | encode:--max-memory | decode:--max-memory | train:--layers | train:--d-model | \
+    train:--d-ff | train:--window | train:--seq-len | train:--batch | train:--steps | train:--lr | train:--warmup | \
+    train:--pos-bias-lr-mult | train:--dropout | train:--seed | train:--val-every | train:--val-windows | \
+    train:--save-every | train:--threads) echo none ;;
     *) echo flag ;;
     esac
 }

@@ -20,7 +20,7 @@
 #include "harness.h"
 
 static const char *const commands[] = {"info",  "run",      "grad",   "mask",   "compare", "convert",
-                                       "model", "generate", "encode", "decode", "bench"};
+                                       "model", "generate", "encode", "decode", "bench", "train"};
 
 static char *read_repo_file(const char *rel)
 {
@@ -99,7 +99,7 @@ static void test_every_option_documented(void **state)
 static const cli_command *const tables[] = {&cli_info_command,     &cli_run_command,     &cli_grad_command,
                                             &cli_mask_command,     &cli_compare_command, &cli_convert_command,
                                             &cli_model_command,    &cli_generate_command, &cli_encode_command,
-                                            &cli_decode_command,   &cli_bench_command};
+                                            &cli_decode_command,   &cli_bench_command,   &cli_train_command};
 #define NTABLES (sizeof tables / sizeof tables[0])
 
 /* 1 if c may stand before an option's name in prose, a synopsis or roff */
