@@ -28,8 +28,8 @@ static const struct cmd commands[] = {
     {"generate", cmd_generate, "generate text with labml's AFT language model"},
     {"encode", cmd_encode, "text to the model's token ids, for aft model"},
     {"decode", cmd_decode, "the model's token ids back to text"},
-    {"train", cmd_train, "train labml's AFT language model on a text (also over mpirun's ranks)"},
     {"bench", cmd_bench, "time the layer over sizes and variants, or the model generating text"},
+    {"train", cmd_train, "train labml's AFT language model on a text (also over mpirun's ranks)"},
 };
 
 static void usage(FILE *fp)

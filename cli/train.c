@@ -651,6 +651,7 @@ static void log_step(run *r, float loss, double norm, double lr, double tps, dou
                 (double)loss, lr, norm, tps);
         if (!isnan(val)) fprintf(r->log, ",\"val_loss\":%.9g", val);
         fputs("}\n", r->log);
+        fflush(r->log);   /* a line a step, as it happens, for whoever follows the file */
     }
     if (r->ranks.rank == 0) {
         if (!isnan(val)) {

@@ -50,16 +50,6 @@ static char *text_file(void)
     return p;
 }
 
-/* while lib/ has no model gradients (before branch mgrad is merged) there
- * is nothing to train: skipped, saying so */
-static void skip_without_gradients(const harness_result *r)
-{
-    if (r->exit_code != 0 && strstr(r->err, "no model gradients yet")) {
-        print_message("skipped: this aft has no model gradients yet\n");
-        skip();
-    }
-}
-
 /* the "loss" of each line of a --log file; *n lines */
 static double *read_losses(const char *path, size_t *n)
 {
@@ -90,7 +80,6 @@ static void test_step_for_step(void **state)
     assert_int_equal(HARNESS_RUN(&r, "train", "--init", init, "--batches", batches, "--steps", "50", "--lr", "2e-3",
                                  "--warmup", "10", "--dropout", "0", "--threads", "1", "-q", "--log", log, "-o", out),
                      0);
-    skip_without_gradients(&r);
     assert_int_equal(r.exit_code, 0);
     harness_result_free(&r);
     size_t n;
@@ -172,7 +161,6 @@ static void test_resume(void **state)
     assert_int_equal(HARNESS_RUN(&r, "train", "--text", text, SMALL, "--batch", "2", "--steps", "30", "--dropout",
                                  "0.1", "--log", la, "-o", a),
                      0);
-    skip_without_gradients(&r);
     assert_int_equal(r.exit_code, 0);
     harness_result_free(&r);
     assert_int_equal(HARNESS_RUN(&r, "train", "--text", text, SMALL, "--batch", "2", "--steps", "30", "--dropout",
@@ -267,7 +255,6 @@ static void test_nonfinite(void **state)
     assert_int_equal(HARNESS_RUN(&r, "train", "--init", binit, "--batches", batches, "--steps", "5", "--dropout", "0",
                                  "-q", "-o", out),
                      0);
-    skip_without_gradients(&r);
     assert_int_equal(r.exit_code, 1);
     assert_int_equal(harness_count_lines(r.err), 1);
     if (!strstr(r.err, "step 1: the loss is not finite")) fail_msg("%s", r.err);
@@ -293,7 +280,6 @@ static void test_mpi(void **state)
     assert_int_equal(HARNESS_RUN(&r, "train", "--text", text, SMALL, "--batch", "4", "--steps", "10", "--dropout",
                                  "0", "--log", one, "-o", o1),
                      0);
-    skip_without_gradients(&r);
     assert_int_equal(r.exit_code, 0);
     harness_result_free(&r);
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
