@@ -882,10 +882,13 @@ int cmd_train(int argc, char **argv)
     }
     rc = cli_ranks_agree(&r.ranks, rc);
     if (!rc) {
+        /* a signal the parent set to be ignored stays ignored (as main's) */
         struct sigaction sa = {.sa_handler = on_stop}, old_int, old_term;
         sigemptyset(&sa.sa_mask);
-        sigaction(SIGINT, &sa, &old_int);
-        sigaction(SIGTERM, &sa, &old_term);
+        sigaction(SIGINT, NULL, &old_int);
+        sigaction(SIGTERM, NULL, &old_term);
+        if (old_int.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
+        if (old_term.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, NULL);
         rc = train_loop(&r);
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGTERM, &old_term, NULL);

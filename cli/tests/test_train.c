@@ -12,10 +12,19 @@
  *    within 1e-5 relative (skipped without mpirun or MPI built in)
  *  - bad input: an empty text, a binary one, one shorter than a window, a
  *    --resume state of another configuration, a non-finite loss: one line,
- *    exit 1, no checkpoint
+ *    exit 1, no checkpoint; a full disk (a file-size limit) while saving: one
+ *    line, no checkpoint, no temporary left
+ *  - SIGTERM mid-run: the checkpoint and the state saved, exit 143, and
+ *    --resume finishes the run with the losses of one that never stopped
  * No torch at test time. */
 #include <cJSON.h>
 #include <math.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -263,6 +272,92 @@ static void test_nonfinite(void **state)
     free(init), free(batches), free(binit), free(out);
 }
 
+/* a file-size limit (EFBIG, as a full disk's ENOSPC) while saving */
+static void test_full_disk(void **state)
+{
+    (void)state;
+    char *text = text_file(), *dir = harness_tmp("full"), *out;
+    assert_int_equal(mkdir(dir, 0755), 0);
+    out = harness_path(dir, "m.safetensors");
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 64 * 1024;   /* the checkpoint is larger: the positional encodings alone are 320 KB */
+    void (*oldsig)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    harness_result r;
+    int rc = HARNESS_RUN(&r, "train", "--text", text, SMALL, "--batch", "2", "--steps", "3", "-o", out);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, oldsig);
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.exit_code, 1);
+    assert_int_equal(harness_count_lines(r.err), 1);
+    if (!strstr(r.err, "m.safetensors: write failed")) fail_msg("%s", r.err);
+    harness_result_free(&r);
+    char *cmd = harness_fmt("test -z \"$(ls -A '%s')\"", dir);   /* nothing: no checkpoint, no temporary */
+    assert_int_equal(system(cmd), 0);
+    free(cmd), free(text), free(dir), free(out);
+}
+
+/* SIGTERM saves and stops; --resume goes on as if nothing happened */
+static void test_sigterm(void **state)
+{
+    (void)state;
+    char *text = text_file(), *full = harness_tmp("full.jsonl"), *log = harness_tmp("sig.jsonl"),
+         *a = harness_tmp("nosig.safetensors"), *b = harness_tmp("sig.safetensors"),
+         *bstate = harness_tmp("sig.safetensors.state");
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "train", "--text", text, SMALL, "--batch", "2", "--steps", "400", "--log", full,
+                                 "-o", a),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    harness_result_free(&r);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 2);
+        execl(harness_aft_bin(), "aft", "train", "--text", text, SMALL, "--batch", "2", "--steps", "400", "--log",
+              log, "-o", b, (char *)NULL);
+        _exit(127);
+    }
+    /* once a step is logged, a signal */
+    for (int i = 0; i < 2000; i++) {
+        char *s = NULL;
+        size_t n = 0;
+        if (harness_read_file(log, &s, &n) == 0 && n > 0) {
+            free(s);
+            break;
+        }
+        free(s);
+        usleep(5000);
+    }
+    kill(pid, SIGTERM);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    size_t done;
+    free(read_losses(log, &done));
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        print_message("the run ended before the signal (%zu steps); nothing to check\n", done);
+        skip();
+    }
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGTERM);
+    assert_true(harness_exists(b) && harness_exists(bstate));
+    assert_int_equal(HARNESS_RUN(&r, "train", "--text", text, SMALL, "--batch", "2", "--steps", "400", "--log", log,
+                                 "-o", b, "--resume", bstate),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    harness_result_free(&r);
+    size_t n1, n2;
+    double *x = read_losses(full, &n1), *y = read_losses(log, &n2);
+    assert_int_equal(n1, 400);
+    assert_int_equal(n2, 400);
+    for (size_t i = 0; i < n1; i++)
+        if (x[i] != y[i]) fail_msg("step %zu: %.9g uninterrupted, %.9g after SIGTERM at %zu", i + 1, x[i], y[i], done);
+    print_message("stopped by SIGTERM after step %zu of 400; resumed to the same losses\n", done);
+    free(x), free(y), free(text), free(full), free(log), free(a), free(b), free(bstate);
+}
+
 /* mpirun -np 2, batch b, against one process with batch 2 b */
 static void test_mpi(void **state)
 {
@@ -302,7 +397,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_text),  cmocka_unit_test(test_step_for_step), cmocka_unit_test(test_resume),
-        cmocka_unit_test(test_nonfinite), cmocka_unit_test(test_mpi),
+        cmocka_unit_test(test_nonfinite), cmocka_unit_test(test_full_disk), cmocka_unit_test(test_sigterm),
+        cmocka_unit_test(test_mpi),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
