@@ -165,6 +165,7 @@ typedef struct {
     aft_adam *adam;
     uint64_t rng;           /* the windows' generator */
     size_t step;            /* steps done */
+    size_t first_step;      /* where this process began (a resumed run's step) */
     size_t saved_step;      /* the last step saved (SIZE_MAX: none) */
     FILE *log;
     double t_start, t_steps;
@@ -798,33 +799,49 @@ static int prepare(run *r)
     r->saved_step = SIZE_MAX;
     if (o->resume && (rc = restore(r))) return rc;
     if (o->resume) r->saved_step = r->step;
+    r->first_step = r->step;
     return 0;
 }
 
+/* --timing: the model, the run's sizes, its times and memory, in the
+ * vocabulary of the other commands' --timing (man aft, JSON OUTPUT) */
 static int write_timing(run *r)
 {
     if (!r->o->timing || r->ranks.rank != 0) return 0;
     const aft_model_info *in = aft_model_get_info(r->m);
+    aft_out out;
+    aft_error err;
+    if (aft_out_open(&out, r->o->timing, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
     cJSON *j = cJSON_CreateObject();
-    size_t tokens = r->B * (size_t)r->ranks.size * r->T;
-    double steps = (double)(r->o->steps ? r->o->steps : 1);
-    cJSON_AddNumberToObject(j, "steps", steps);
+    const char *src = r->o->resume ? r->o->resume : r->o->init;
+    cli_model_info_json(j, src ? src : r->o->output, in);
+    cJSON_AddNumberToObject(j, "threads", r->o->threads ? r->o->threads : aft_cores());
+    cli_level_json(j);
     cJSON_AddNumberToObject(j, "ranks", r->ranks.size);
-    cJSON_AddNumberToObject(j, "tokens_per_step", (double)tokens);
-    cJSON_AddNumberToObject(j, "ms_per_step", r->t_steps / steps);
-    cJSON_AddNumberToObject(j, "tokens_per_s", r->t_steps > 0 ? (double)tokens * steps / (r->t_steps / 1000.0) : 0);
-    /* the activations one step keeps: O(layers x B x T x d_model) floats */
-    cJSON_AddNumberToObject(j, "activation_unit_bytes",
-                            (double)in->n_layers * (double)r->B * (double)r->T * (double)in->d_model * 4.0);
+    cJSON_AddNumberToObject(j, "batch", (double)r->B);
+    cJSON_AddNumberToObject(j, "seq_len", (double)r->T);
+    size_t done = r->step - r->first_step;
+    cJSON_AddNumberToObject(j, "steps", (double)done);
+    cJSON_AddNumberToObject(j, "train_ms", r->t_steps);
+    cJSON_AddNumberToObject(j, "step_ms", done ? r->t_steps / (double)done : 0.0);
+    double tokens = (double)(r->B * (size_t)r->ranks.size * r->T) * (double)done;
+    cJSON_AddNumberToObject(j, "tokens_per_s", r->t_steps > 0 ? tokens / (r->t_steps / 1000.0) : 0.0);
+    /* what one step keeps for its backward pass, as the model states it:
+     * (4 D + F) B T floats a layer and B T V for the logits, O(layers B T D) */
+    double BT = (double)r->B * (double)r->T;
+    cJSON_AddNumberToObject(j, "activations_bytes",
+                            4.0 * (BT * (double)in->n_layers * (4.0 * (double)in->d_model + (double)in->d_ff) +
+                                   BT * (double)in->n_vocab));
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
-    char *s = cJSON_Print(j);
-    cJSON_Delete(j);
-    FILE *f = strcmp(r->o->timing, "-") == 0 ? stdout : fopen(r->o->timing, "w");
-    int bad = !f || !s || fputs(s, f) < 0 || fputc('\n', f) < 0;
-    if (f && f != stdout && fclose(f) != 0) bad = 1;
-    free(s);
-    if (bad) {
-        cli_error(NULL, "%s: could not write the timing", r->o->timing);
+    if (cli_write_json(&out, "train", j)) {
+        aft_out_abort(&out);
+        return EXIT_DATA;
+    }
+    if (aft_out_commit(&out, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
         return EXIT_DATA;
     }
     return 0;

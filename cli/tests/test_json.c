@@ -1,6 +1,6 @@
 /* test_json.c - the JSON aft writes and the list of its keys in man/aft.1
  * (JSON OUTPUT) agree: every command that writes JSON runs here on small
- * inputs (run, grad, generate and model --timing; bench --json plain, --stream,
+ * inputs (run, grad, generate, model and train --timing; bench --json plain, --stream,
  * --grad, --impl both, with the ceiling, --precision bf16 with the bf16
  * floor, and --generate; info, compare and
  * mask --json; run --timing under mpirun when there is one), every key it
@@ -229,6 +229,14 @@ static void test_keys_documented(void **state)
     aft_tensor tt = harness_tensor(AFT_I32, ids, 1, (size_t[]){4});
     assert_int_equal(aft_npy_write(tok, &tt, &err), AFT_OK);
     free(run_json(ARGS("model", "--weights", m, tok, "-o", y, "--timing", t), 0, t));
+    /* training: a few steps of a small model on the model's README */
+    char *text = path("text.txt"), *ck = path("trained.safetensors");
+    const char *words = "the quick brown fox jumps over the lazy dog; the quick brown fox jumps over the dog. ";
+    assert_int_equal(harness_write_file(text, words, strlen(words)), 0);
+    free(run_json(ARGS("train", "--text", text, "--layers", "1", "--d-model", "8", "--d-ff", "8", "--window", "2",
+                       "--seq-len", "8", "--batch", "2", "--steps", "2", "--threads", "1", "-o", ck, "--timing", t),
+                  0, t));
+    free(text), free(ck);
     free(tok);
     free(run_json(ARGS("bench", "--generate", "--weights", m, "--seq-len", "4", "--repeat", "1", "--threads", "1",
                        "--json"),
