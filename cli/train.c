@@ -164,6 +164,7 @@ typedef struct {
     double *lr;
     aft_adam *adam;
     uint64_t rng;           /* the windows' generator */
+    int stop;               /* a rank had SIGINT or SIGTERM by the last step */
     size_t step;            /* steps done */
     size_t first_step;      /* where this process began (a resumed run's step) */
     size_t saved_step;      /* the last step saved (SIZE_MAX: none) */
@@ -304,8 +305,7 @@ static int make_model(run *r)
                   path);
         return EXIT_DATA;
     }
-    if (!r->o->seq_len || path != r->o->init) r->T = r->o->seq_len ? r->o->seq_len : in->context;
-    else r->T = r->o->seq_len;
+    r->T = r->o->seq_len ? r->o->seq_len : in->context;   /* --init, --resume: the model's unless given */
     if (r->T > in->context) {
         cli_error(NULL, "%s: --seq-len %zu is longer than the model reads at once (%zu)", path, r->T, in->context);
         return EXIT_DATA;
@@ -351,8 +351,8 @@ static int make_optimiser(run *r)
         r->lr[i] = cli_ends_with(name, ".pos_bias") ? r->o->pos_bias_mult : 1.0;   /* multipliers, for now */
         total += n;
     }
-    /* the gradients and, after them, the loss: one allreduce a step */
-    r->gblock = calloc(total + 2, sizeof(float));
+    /* the gradients and, after them, the loss, a failure and a signal: one allreduce a step */
+    r->gblock = calloc(total + 3, sizeof(float));
     if (!r->gblock) goto oom;
     r->gall = calloc(all, sizeof *r->gall);
     if (!r->gall) goto oom;
@@ -608,7 +608,9 @@ static int step(run *r, int32_t *w, int32_t *x, int32_t *y, float *loss, double 
     /* the loss and a failure travel with the gradients: one allreduce */
     r->gblock[nf] = rc ? 0.0f : l;
     r->gblock[nf + 1] = rc ? 1.0f : 0.0f;
-    cli_ranks_sum(&r->ranks, r->gblock, nf + 2);
+    r->gblock[nf + 2] = stop_signal ? 1.0f : 0.0f;
+    cli_ranks_sum(&r->ranks, r->gblock, nf + 3);
+    r->stop = r->gblock[nf + 2] != 0.0f;   /* a signal on any rank stops every rank after this step */
     if (r->gblock[nf + 1] != 0.0f) return cli_ranks_agree(&r->ranks, rc);   /* some rank failed: its message */
     float inv = 1.0f / (float)r->ranks.size;
     if (r->ranks.size > 1)
@@ -696,20 +698,19 @@ static int train_loop(run *r)
         r->t_steps += ms;
         double tps = (double)(r->B * (size_t)r->ranks.size * r->T) / (ms / 1000.0);
         double val = NAN;
-        if (r->n_val && ((r->o->val_every && r->step % r->o->val_every == 0) || r->step == r->o->steps))
+        if (r->n_val && ((r->o->val_every && r->step % r->o->val_every == 0) || r->step == r->o->steps)) {
             val = valid_loss(r, &rc);
-        rc = cli_ranks_agree(&r->ranks, rc);
+            rc = cli_ranks_agree(&r->ranks, rc);
+        }
         log_step(r, loss, norm, lr, tps, val);
         if (!rc && ((r->o->save_every && r->step % r->o->save_every == 0) || r->step == r->o->steps))
             rc = cli_ranks_agree(&r->ranks, save(r));
-        /* a signal on any rank: every rank saves (rank 0 writes) and stops */
-        double sig = stop_signal;
-        cli_ranks_sum_double(&r->ranks, &sig, 1);
+        /* a signal on any rank (told with the step's sums): every rank saves (rank 0 writes) and stops */
         if (!rc && r->o->stop_at && r->step == r->o->stop_at && r->step < r->o->steps) {
             rc = cli_ranks_agree(&r->ranks, save(r));
             break;
         }
-        if (!rc && sig != 0 && r->step < r->o->steps) {
+        if (!rc && r->stop && r->step < r->o->steps) {
             rc = cli_ranks_agree(&r->ranks, save(r));
             if (!rc) {
                 cli_progress_stop();
