@@ -217,14 +217,14 @@ static int tokenize(run *r, const char *path, int32_t **ids, size_t *n)
     /* the vocabulary's checks say what an empty or binary text is */
     if (aft_train_vocab(&json, &nv, text, len, &err) != AFT_OK) {
         free(text);
-        cli_error(NULL, "%s: %s", path, err.msg);
+        cli_report_file(NULL, path, err.msg);
         return EXIT_DATA;
     }
     free(json);
     aft_status st = aft_model_tokenize(r->m, ids, n, text, len, &err);
     free(text);
     if (st) {
-        cli_error(NULL, "%s: %s", path, err.msg);
+        cli_report_file(NULL, path, err.msg);
         return EXIT_DATA;
     }
     return 0;
@@ -292,7 +292,7 @@ static int make_model(run *r)
         if (!st) st = aft_model_load(&r->m, r->src, &mo, &err);
     }
     if (st) {
-        cli_error(NULL, "%s: %s", path, err.msg);
+        cli_report_file(NULL, path, err.msg);
         return EXIT_DATA;
     }
     const aft_model_info *in = aft_model_get_info(r->m);
@@ -345,7 +345,7 @@ static int make_optimiser(run *r)
         r->p[i] = aft_model_param_data(r->m, r->idx[i]);
         if (!r->p[i]) {
             aft_model_loss_grad(r->m, NULL, NULL, 0, 0, NULL, &(float){0}, NULL, &err);
-            cli_error(NULL, "%s: %s", name, err.msg);
+            cli_report_file(NULL, name, err.msg);
             return EXIT_DATA;
         }
         r->lr[i] = cli_ends_with(name, ".pos_bias") ? r->o->pos_bias_mult : 1.0;   /* multipliers, for now */
@@ -474,7 +474,7 @@ static int save(run *r)
                           "model", "labml_nn AutoregressiveTransformer, AFTLocal self-attention",
                           "training", training, "step", stepbuf, "aft_train", r->config};
     if (aft_train_save(r->o->output, r->src, r->m, NULL, NULL, 0, meta, 6, &err)) {
-        cli_error(NULL, "%s: %s", r->o->output, err.msg);
+        cli_report_file(NULL, r->o->output, err.msg);
         return EXIT_DATA;
     }
     /* the state: the model's tensors, Adam's moments, the step and the generator */
@@ -510,7 +510,7 @@ static int save(run *r)
     names[n - 1] = "train.state";
     ts[n - 1] = (aft_tensor){.dtype = AFT_U64, .ndim = 1, .shape = {2}, .nelem = 2, .nbytes = 16, .data = state};
     if (aft_train_save(r->o->state, r->src, r->m, names, ts, n, meta, 7, &err)) {
-        cli_error(NULL, "%s: %s", r->o->state, err.msg);
+        cli_report_file(NULL, r->o->state, err.msg);
         rc = EXIT_DATA;
     } else {
         r->saved_step = r->step;
@@ -731,7 +731,7 @@ static int read_batches(run *r)
 {
     aft_error err;
     if (aft_npy_read(r->o->batches, &r->batches, NULL, &err)) {
-        cli_error(NULL, "%s: %s", r->o->batches, err.msg);
+        cli_report_file(NULL, r->o->batches, err.msg);
         return EXIT_DATA;
     }
     aft_tensor *a = &r->batches;
