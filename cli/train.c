@@ -661,8 +661,7 @@ static void log_step(run *r, float loss, double norm, double lr, double tps, dou
             cli_progress_stop();
             fprintf(stderr, "aft train: step %zu: loss %.4f, held-out loss %.4f\n", r->step, (double)loss, val);
             cli_progress_start("aft train");
-            cli_progress_total(r->o->steps);
-            cli_progress_add(r->step);
+            cli_progress_total(r->o->steps - r->step + 1);   /* the ETA from the pace since */
         }
         cli_progress_label("aft train: step %zu/%zu, loss %.4f, lr %.2e, %.0f tokens/s", r->step, r->o->steps,
                            (double)loss, lr, tps);
@@ -682,8 +681,7 @@ static int train_loop(run *r)
     }
     if (r->ranks.rank == 0) {
         cli_progress_start("aft train");
-        cli_progress_total(r->o->steps);
-        cli_progress_add(r->step);
+        cli_progress_total(r->o->steps - r->step);   /* this process's steps: its pace gives the ETA */
     }
     int rc = 0;
     r->t_start = aft_now_ms();
