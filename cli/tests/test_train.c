@@ -14,6 +14,8 @@
  *    --resume state of another configuration, a non-finite loss: one line,
  *    exit 1, no checkpoint; a full disk (a file-size limit) while saving: one
  *    line, no checkpoint, no temporary left
+ *  - PyTorch's load_state_dict(strict=True) takes the checkpoint (where
+ *    torch is installed; skipped otherwise)
  *  - SIGTERM mid-run: the checkpoint and the state saved, exit 143, and
  *    --resume finishes the run with the losses of one that never stopped
  * No torch at test time. */
@@ -358,6 +360,36 @@ static void test_sigterm(void **state)
     free(x), free(y), free(text), free(full), free(log), free(a), free(b), free(bstate);
 }
 
+/* PyTorch's load_state_dict(strict=True) takes aft's checkpoint (skipped
+ * where /usr/bin/python3 has no torch) */
+static void test_pytorch_loads(void **state)
+{
+    (void)state;
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+        print_message("skipped: /usr/bin/python3 has no torch\n");
+        skip();
+    }
+    char *init = fixture("init.safetensors"), *batches = fixture("batches.npy"), *out = harness_tmp("pt3.safetensors");
+    harness_result r;
+    assert_int_equal(HARNESS_RUN(&r, "train", "--init", init, "--batches", batches, "--steps", "3", "--dropout", "0",
+                                 "--threads", "1", "-q", "-o", out),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    harness_result_free(&r);
+    char *dir = harness_path(harness_testdata(), "train");
+    char *cmd = harness_fmt("cd '%s' && /usr/bin/python3 -c '\n"
+                            "import json, sys, torch\n"
+                            "import make_train_fixtures as mf, train_labml_aft as tl\n"
+                            "named, meta = tl.read_safetensors(sys.argv[1])\n"
+                            "model = mf.make_model(len(json.loads(meta[\"vocab\"])))\n"
+                            "model.load_state_dict(dict(named), strict=True)\n"
+                            "assert torch.isfinite(model(torch.zeros(5, 2, dtype=torch.long))).all()\n"
+                            "' '%s'", dir, out);
+    int st = system(cmd);
+    if (st != 0) fail_msg("PyTorch did not load %s with strict=True (%s)", out, cmd);
+    free(cmd), free(dir), free(init), free(batches), free(out);
+}
+
 /* mpirun -np 2, batch b, against one process with batch 2 b */
 static void test_mpi(void **state)
 {
@@ -398,7 +430,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_text),  cmocka_unit_test(test_step_for_step), cmocka_unit_test(test_resume),
         cmocka_unit_test(test_nonfinite), cmocka_unit_test(test_full_disk), cmocka_unit_test(test_sigterm),
-        cmocka_unit_test(test_mpi),
+        cmocka_unit_test(test_pytorch_loads), cmocka_unit_test(test_mpi),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
