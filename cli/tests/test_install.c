@@ -528,7 +528,8 @@ static void test_completion_words(void **state)
     (void)state;
     ASSERT_COMPLETES("run\n", harness_dir(), "aft", "ru");
     ASSERT_COMPLETES("compare\nconvert\n", harness_dir(), "aft", "co");
-    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nencode\ndecode\nbench\nhelp\n", harness_dir(), "aft",
+    ASSERT_COMPLETES("info\nrun\ngrad\nmask\ncompare\nconvert\nmodel\ngenerate\nencode\ndecode\nbench\ntrain\nhelp\n",
+                     harness_dir(), "aft",
                      "");
     ASSERT_COMPLETES("decode\n", harness_dir(), "aft", "de");
     ASSERT_COMPLETES("--text-file\n", harness_dir(), "aft", "encode", "--te");
