@@ -151,12 +151,12 @@ static aft_status add_layer(state_dict *sd, uint64_t *rng, const aft_model_confi
 static aft_status copy_layer(state_dict *sd, size_t first, size_t n, size_t l, aft_error *err)
 {
     for (size_t i = first; i < first + n; i++) {
-        const sd_entry *src = &sd->e[i];
-        const char *rest = src->name + strlen("encoder.layers.0");
-        void *p = sd_add(sd, src->t.dtype, src->t.ndim, src->t.shape, err, "encoder.layers.%zu%s", l, rest);
+        /* name and shape copied out first: sd_add may move the entries */
+        const sd_entry src = sd->e[i];
+        const char *rest = src.name + strlen("encoder.layers.0");
+        void *p = sd_add(sd, src.t.dtype, src.t.ndim, src.t.shape, err, "encoder.layers.%zu%s", l, rest);
         if (!p) return AFT_ERR_NOMEM;
-        src = &sd->e[i];   /* sd_add may have moved the entries */
-        memcpy(p, src->t.data, src->t.nbytes);
+        memcpy(p, src.t.data, src.t.nbytes);
     }
     return AFT_OK;
 }

@@ -816,8 +816,10 @@ static void test_16bit_checkpoint(void **state)
     size_t nlev;
     const aft_level *lev = aft_levels(&nlev);
     for (size_t di = 0; di < 2; di++) {
-        char *w16 = tmp(harness_fmt("m_%s.safetensors", dts[di])), *w32 = tmp(harness_fmt("m_%s_f32.safetensors",
-                                                                                           dts[di]));
+        char *n16 = harness_fmt("m_%s.safetensors", dts[di]), *n32 = harness_fmt("m_%s_f32.safetensors", dts[di]);
+        char *w16 = tmp(n16), *w32 = tmp(n32);
+        free(n16);
+        free(n32);
         size_t n;
         free(RUN_OUT(&n, "convert", "--dtype", dts[di], "-o", w16, w));
         free(RUN_OUT(&n, "convert", "--dtype", "f32", "-o", w32, w16));
