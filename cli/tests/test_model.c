@@ -815,6 +815,9 @@ static void test_16bit_checkpoint(void **state)
     assert_int_equal(aft_npy_write(dy, &td, &err), AFT_OK);
     size_t nlev;
     const aft_level *lev = aft_levels(&nlev);
+    const int wrapped = !harness_aft_is_binary();
+    const char *env = getenv("AFT_KERNELS");
+    char *kept = env ? strdup(env) : NULL;   /* put back after the loop */
     for (size_t di = 0; di < 2; di++) {
         char *n16 = harness_fmt("m_%s.safetensors", dts[di]), *n32 = harness_fmt("m_%s_f32.safetensors", dts[di]);
         char *w16 = tmp(n16), *w32 = tmp(n32);
@@ -825,6 +828,9 @@ static void test_16bit_checkpoint(void **state)
         free(RUN_OUT(&n, "convert", "--dtype", "f32", "-o", w32, w16));
         for (size_t li = 0; li < nlev; li++) {
             if (!lev[li].runs) continue;
+            /* under make test-valgrind's wrapper aft sees valgrind's CPU,
+             * which has no AVX-512: the levels it runs there */
+            if (wrapped && strcmp(lev[li].name, "avx2") != 0 && strcmp(lev[li].name, "base") != 0) continue;
             setenv("AFT_KERNELS", lev[li].name, 1);
             char what[96];
             snprintf(what, sizeof what, "%s at %s", dts[di], lev[li].name);
@@ -871,9 +877,11 @@ static void test_16bit_checkpoint(void **state)
             free(want); free(info);
             free(a); free(b); free(t); free(ga); free(gb);
         }
-        unsetenv("AFT_KERNELS");
+        if (kept) setenv("AFT_KERNELS", kept, 1);
+        else unsetenv("AFT_KERNELS");
         free(w16); free(w32);
     }
+    free(kept);
     free(w); free(tok); free(x); free(dy);
 }
 
