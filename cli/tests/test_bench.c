@@ -93,6 +93,7 @@ static void test_json_sweep(void **state)
 static void test_precision(void **state)
 {
     (void)state;
+    skip_under_valgrind();
     harness_result r;
     assert_int_equal(HARNESS_RUN(&r, "bench", "--seq-len", "40", "--d-model", "16", "--variant", "full,local",
                                  "--repeat", "1", "--threads", "2", "--precision", "f32,bf16", "--json",
