@@ -829,8 +829,9 @@ static void test_16bit_checkpoint(void **state)
         for (size_t li = 0; li < nlev; li++) {
             if (!lev[li].runs) continue;
             /* under make test-valgrind's wrapper aft sees valgrind's CPU,
-             * which has no AVX-512: the levels it runs there */
-            if (wrapped && strcmp(lev[li].name, "avx2") != 0 && strcmp(lev[li].name, "base") != 0) continue;
+             * which has no AVX-512: avx2 alone, the level it picks there
+             * (base's widening runs natively in make test and test-levels) */
+            if (wrapped && strcmp(lev[li].name, "avx2") != 0) continue;
             setenv("AFT_KERNELS", lev[li].name, 1);
             char what[96];
             snprintf(what, sizeof what, "%s at %s", dts[di], lev[li].name);
