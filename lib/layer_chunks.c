@@ -73,14 +73,7 @@ static int layer_streamed_simple(float *y, const float *x, const aft_params *p, 
         }
         double t2 = aft_now_ms();
         for (size_t j = 1; j < nch; j++) aft_sums_merge(sums, sums + j * 4 * C, C);
-        float *g = sums;   /* the softmax average of v per channel */
-        for (size_t c = 0; c < C; c++) g[c] = sums[C + c] > 0.0f ? sums[2 * C + c] / sums[C + c] : 0.0f;
-        if (aft_dtype_is16(p->w_dtype))   /* 16-bit weights, widened as read: the same values */
-            for (size_t d = 0; d < D; d++)
-                for (size_t c = 0; c < C; c++) wog[d * C + c] = aft_w_at(p->wo, p->w_dtype, d * C + c) * g[c];
-        else
-            for (size_t d = 0; d < D; d++)
-                for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * g[c];
+        aft_wo_scaled(wog, sums, sums, p, D, C);
         aft_linear lo;
         *st = aft_layer_prep_linear(lw, &lo, wog, AFT_F32, p->bo, D, C, sp->threads, err);
         if (*st != AFT_OK) {

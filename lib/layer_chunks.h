@@ -45,6 +45,22 @@ static inline size_t aft_layer_step(const aft_layer_prep *lp)
     return lp->qkv.pk || lp->qkv.pk16 ? AFT_LAYER_PIPE_ROWS : 4 * AFT_LAYER_PIPE_ROWS;
 }
 
+/* wog (D x C) = Wo with column c scaled by avg[c] = s1 / s0 of sums' channel
+ * c (sums.h's 4C floats; 0 where s0 is 0), the softmax average of v: the
+ * simple variant's output projection (layer_chunks.c, slice.c). 16-bit
+ * weights are widened as read: the same values. avg (C floats) may be sums
+ * itself: it overwrites m, which is not read. */
+static inline void aft_wo_scaled(float *wog, float *avg, const float *sums, const aft_params *p, size_t D, size_t C)
+{
+    for (size_t c = 0; c < C; c++) avg[c] = sums[C + c] > 0.0f ? sums[2 * C + c] / sums[C + c] : 0.0f;
+    if (aft_dtype_is16(p->w_dtype))
+        for (size_t d = 0; d < D; d++)
+            for (size_t c = 0; c < C; c++) wog[d * C + c] = aft_w_at(p->wo, p->w_dtype, d * C + c) * avg[c];
+    else
+        for (size_t d = 0; d < D; d++)
+            for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * avg[c];
+}
+
 /* The chunked paths: no mask, a band with keys of one channel per value
  * channel and a window no wider than a chunk (causal: the pipeline; not
  * causal: both-sided), or simple without causality. With lc (causal only)

@@ -416,13 +416,7 @@ static int slice_global(const slice_args *a, slice_prep *s, const aft_params *p,
             fill_nan(a->y + b * n * D, n * D);
             continue;
         }
-        for (size_t c = 0; c < C; c++) mid[c] = tot[C + c] > 0.0f ? tot[2 * C + c] / tot[C + c] : 0.0f;
-        if (aft_dtype_is16(p->w_dtype))   /* 16-bit weights, widened as read: the same values */
-            for (size_t d = 0; d < D; d++)
-                for (size_t c = 0; c < C; c++) wog[d * C + c] = aft_w_at(p->wo, p->w_dtype, d * C + c) * mid[c];
-        else
-            for (size_t d = 0; d < D; d++)
-                for (size_t c = 0; c < C; c++) wog[d * C + c] = p->wo[d * C + c] * mid[c];
+        aft_wo_scaled(wog, mid, tot, p, D, C);
         aft_linear lo;
         if ((*st = aft_layer_prep_linear(&s->lp, &lo, wog, AFT_F32, p->bo, D, C, s->sp.threads, err)) != AFT_OK) {
             ret = -1;
