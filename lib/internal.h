@@ -43,10 +43,11 @@ void *aft_alloc_array(size_t n, size_t size);
 void *aft_calloc_array(size_t n, size_t size);
 /* 16-bit weights kept as stored (the layer's projections, the model's
  * products and embedding): element i of an array of dt (AFT_F32, AFT_F16,
- * AFT_BF16; any alignment) as float32, exact; n of them widened into a new
- * array (malloc'd; NULL when out of memory); and t's values copied as
- * stored (its dtype's bytes, malloc'd) */
+ * AFT_BF16; any alignment) as float32, exact; n of them widened into y (n
+ * floats), or into a new array (malloc'd; NULL when out of memory); and
+ * t's values copied as stored (its dtype's bytes, malloc'd) */
 float aft_w_at(const void *w, aft_dtype dt, size_t i);
+void aft_w_widen_into(float *y, const void *w, aft_dtype dt, size_t n);
 float *aft_w_widen(const void *w, aft_dtype dt, size_t n);
 aft_status aft_tensor_copy(const aft_tensor *t, void **out, aft_error *err);
 /* 1 for AFT_F16 and AFT_BF16 */

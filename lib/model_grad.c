@@ -223,13 +223,7 @@ static aft_status repack(aft_model *m, aft_error *err)
  * model kept them so (dt AFT_F16, AFT_BF16; anything else: float32) */
 static void copy_in_dt(tparam *t, const void *src, aft_dtype dt)
 {
-    const uint16_t *h = src;
-    if (dt == AFT_F16)
-        for (size_t i = 0; i < t->n; i++) t->data[i] = aft_f16_to_f32(h[i]);
-    else if (dt == AFT_BF16)
-        for (size_t i = 0; i < t->n; i++) t->data[i] = aft_bf16_to_f32(h[i]);
-    else
-        memcpy(t->data, src, t->n * sizeof(float));
+    aft_w_widen_into(t->data, src, dt, t->n);
 }
 
 static void copy_in(tparam *t, const float *src)

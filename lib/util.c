@@ -222,13 +222,17 @@ float aft_w_at(const void *w, aft_dtype dt, size_t i)
     return dt == AFT_BF16 ? aft_bf16_to_f32(h) : aft_f16_to_f32(h);
 }
 
-float *aft_w_widen(const void *w, aft_dtype dt, size_t n)
+void aft_w_widen_into(float *y, const void *w, aft_dtype dt, size_t n)
 {
-    float *y = aft_alloc_array(n, sizeof(float));
-    if (!y) return NULL;
     if (!aft_dtype_is16(dt)) memcpy(y, w, n * sizeof(float));
     else
         for (size_t i = 0; i < n; i++) y[i] = aft_w_at(w, dt, i);
+}
+
+float *aft_w_widen(const void *w, aft_dtype dt, size_t n)
+{
+    float *y = aft_alloc_array(n, sizeof(float));
+    if (y) aft_w_widen_into(y, w, dt, n);
     return y;
 }
 
