@@ -849,12 +849,23 @@ static void expect_refused(const ckpt *c, const aft_model_options *o, const char
     printf("  %s: %s\n", what, err.msg);
 }
 
-static void test_hostile_checkpoints(void **state)
+/* c as f holds it, with tensor name's axis resized to n (its element
+ * count and bytes to match); the tensor's index */
+static size_t ck_resize(ckpt *c, const aft_st_file *f, const char *name, size_t axis, size_t n)
 {
-    (void)state;
-    aft_st_file *f;
-    aft_error err = {{0}};
-    assert_int_equal(aft_st_open(model_file(CKPT), &f, &err), AFT_OK);
+    ck_from(c, f);
+    size_t i = ck_index(c, name);
+    aft_tensor *t = &c->t[i];
+    t->shape[axis] = n;
+    t->nelem = 1;
+    for (size_t d = 0; d < t->ndim; d++) t->nelem *= t->shape[d];
+    t->nbytes = t->nelem * aft_dtype_size(t->dtype);
+    return i;
+}
+
+/* tensors missing: each named one, and a whole layer */
+static void hostile_missing(const aft_st_file *f)
+{
     ckpt c;
     const char *missing[] = {"src_embed.linear.weight", "src_embed.positional_encodings",
                              "encoder.layers.3.norm_ff.weight", "encoder.layers.5.feed_forward.layer2.weight",
@@ -876,39 +887,25 @@ static void test_hostile_checkpoints(void **state)
     ck_from(&c, f);
     ck_drop(&c, "encoder.layers.2.");
     expect_refused(&c, NULL, "without layer 2", "encoder.layers.2.", NULL);
-    /* shapes */
-    aft_tensor bad;
-    ck_from(&c, f);
-    size_t i = ck_index(&c, "encoder.layers.1.feed_forward.layer2.weight");
-    c.t[i].shape[1] = 255;
-    c.t[i].nelem = 128 * 255;
-    c.t[i].nbytes = c.t[i].nelem * aft_dtype_size(c.t[i].dtype);
+}
+
+/* tensors of the wrong shape, dtype or values */
+static void hostile_tensors(const aft_st_file *f)
+{
+    ckpt c;
+    ck_resize(&c, f, "encoder.layers.1.feed_forward.layer2.weight", 1, 255);
     expect_refused(&c, NULL, "layer2 of 255 inputs", "encoder.layers.1.feed_forward.layer2.weight", "[128, 255]",
                    "[128, 256]", NULL);
-    ck_from(&c, f);
-    i = ck_index(&c, "generator.projection.bias");
-    c.t[i].shape[0] = 112;
-    c.t[i].nelem = 112;
-    c.t[i].nbytes = 112 * aft_dtype_size(c.t[i].dtype);
+    ck_resize(&c, f, "generator.projection.bias", 0, 112);
     expect_refused(&c, NULL, "112 logit biases", "generator.projection.bias", NULL);
-    ck_from(&c, f);
-    i = ck_index(&c, "encoder.layers.3.self_attn.query.weight");
-    c.t[i].shape[0] = 64;
-    c.t[i].nelem = 64 * 128;
-    c.t[i].nbytes = c.t[i].nelem * aft_dtype_size(c.t[i].dtype);
+    ck_resize(&c, f, "encoder.layers.3.self_attn.query.weight", 0, 64);
     expect_refused(&c, NULL, "a query of 64 rows", "encoder.layers.3.self_attn.", NULL);
-    ck_from(&c, f);
-    i = ck_index(&c, "encoder.layers.0.self_attn.pos_bias");
-    c.t[i].shape[1] = 128;
-    c.t[i].nelem = 256 * 128;
-    c.t[i].nbytes = c.t[i].nelem * aft_dtype_size(c.t[i].dtype);
+    ck_resize(&c, f, "encoder.layers.0.self_attn.pos_bias", 1, 128);
     expect_refused(&c, NULL, "a pos_bias of [256, 128]", "encoder.layers.0.self_attn.pos_bias", NULL);
     /* a dtype that is not a float */
     ck_from(&c, f);
-    i = ck_index(&c, "encoder.norm.weight");
-    bad = c.t[i];
-    bad.dtype = AFT_I16;
-    c.t[i] = bad;
+    size_t i = ck_index(&c, "encoder.norm.weight");
+    c.t[i].dtype = AFT_I16;
     expect_refused(&c, NULL, "an integer norm", "encoder.norm.weight", "I16", NULL);
     /* a local_mask that is not a band */
     ck_from(&c, f);
@@ -919,6 +916,12 @@ static void test_hostile_checkpoints(void **state)
     c.t[i].data = mask;
     expect_refused(&c, NULL, "a torn local_mask", "encoder.layers.4.self_attn.local_mask", "[100, 90]", NULL);
     free(mask);
+}
+
+/* the metadata's window and vocabulary, and the caller's */
+static void hostile_metadata(const aft_st_file *f)
+{
+    ckpt c;
     /* a window against the mask: from the metadata, and asked for */
     ck_from(&c, f);
     ck_meta(&c, "window", "16");
@@ -937,23 +940,33 @@ static void test_hostile_checkpoints(void **state)
     /* the caller's vocabulary replaces the metadata's (even a bad one) */
     aft_model_options vo = {.vocab = "[\"x\", \"y\"]"};
     expect_refused(&c, &vo, "a vocabulary of 2 given", "the vocabulary", "2 tokens", "113", NULL);
-    {
-        char *json = xmalloc(113 * 8 + 8), *w = json;
-        w += sprintf(w, "[");
-        for (int k = 0; k < 113; k++) w += sprintf(w, "%s\"t%d\"", k ? ", " : "", k);
-        sprintf(w, "]");
-        vo.vocab = json;
-        aft_model *vm;
-        aft_error verr = {{0}};
-        if (ck_load(&c, &vo, &vm, &verr) != AFT_OK) fail_msg("a vocabulary given: %s", verr.msg);
-        assert_true(aft_model_get_info(vm)->has_vocab);
-        assert_string_equal(aft_model_token(vm, 112), "t112");
-        aft_model_free(vm);
-        free(json);
-    }
+    char *json = xmalloc(113 * 8 + 8), *w = json;
+    w += sprintf(w, "[");
+    for (int k = 0; k < 113; k++) w += sprintf(w, "%s\"t%d\"", k ? ", " : "", k);
+    sprintf(w, "]");
+    vo.vocab = json;
+    aft_model *vm;
+    aft_error verr = {{0}};
+    if (ck_load(&c, &vo, &vm, &verr) != AFT_OK) fail_msg("a vocabulary given: %s", verr.msg);
+    assert_true(aft_model_get_info(vm)->has_vocab);
+    assert_string_equal(aft_model_token(vm, 112), "t112");
+    aft_model_free(vm);
+    free(json);
+}
+
+static void test_hostile_checkpoints(void **state)
+{
+    (void)state;
+    aft_st_file *f;
+    aft_error err = {{0}};
+    assert_int_equal(aft_st_open(model_file(CKPT), &f, &err), AFT_OK);
+    hostile_missing(f);
+    hostile_tensors(f);
+    hostile_metadata(f);
     /* hostile layer numbers (on an optional tensor's name) */
+    ckpt c;
     ck_from(&c, f);
-    i = ck_index(&c, "generator.projection.bias");
+    size_t i = ck_index(&c, "generator.projection.bias");
     snprintf(c.names[i], sizeof c.names[0], "encoder.layers.99999999.x");
     expect_refused(&c, NULL, "layer 99999999", "encoder.layers.99999999.x", NULL);
     snprintf(c.names[i], sizeof c.names[0], "encoder.layers.x.y");
@@ -962,7 +975,7 @@ static void test_hostile_checkpoints(void **state)
     expect_refused(&c, NULL, "layer 07", "encoder.layers.07.y", NULL);
     /* the same file as it is loads, and with the window asked for */
     ck_from(&c, f);
-    o.window = 32;
+    aft_model_options o = {.window = 32};
     aft_model *m;
     assert_int_equal(ck_load(&c, &o, &m, &err), AFT_OK);
     aft_model_free(m);
