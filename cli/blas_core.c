@@ -22,17 +22,27 @@
 extern void gotoblas_dynamic_init(void) __attribute__((weak));
 extern void gotoblas_dynamic_quit(void) __attribute__((weak));
 
-/* the kernels this CPU runs, newest first; NULL for none better than SSE3 */
+/* OpenBLAS's kernels for the highest of aft's kernel levels that this CPU
+ * and its OS run (lib/cpu's one probe: cpuid and xgetbv): SkylakeX for
+ * avx512 (x86-64-v4), Haswell for avx2 (x86-64-v3); NULL for none better
+ * than SSE3. A build of one level (make ARCH=...) has no levels to ask:
+ * the flags it was compiled with, which every CPU it runs on has, say. */
 static const char *best_core(void)
 {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return "SkylakeX";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+    size_t n;
+    const aft_level *lv = aft_levels(&n);
+    const char *core = NULL;
+    for (size_t i = 0; i < n; i++) {   /* lowest first */
+        if (!lv[i].runs) continue;
+        if (strcmp(lv[i].name, "avx512") == 0) core = "SkylakeX";
+        else if (strcmp(lv[i].name, "avx2") == 0) core = "Haswell";
+    }
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+    if (!core) core = "SkylakeX";
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (!core) core = "Haswell";
 #endif
-    return NULL;
+    return core;
 }
 
 void cli_blas_core(void)
