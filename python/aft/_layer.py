@@ -16,7 +16,7 @@ _lib_ = _lib.lib
 _P_SIZE = ctypes.POINTER(ctypes.c_size_t)
 
 
-class Layer:
+class Layer(_lib.Owned):
     """One AFT layer, as `aft run --weights` and `aft grad` run it.
 
     Layer(weights, variant="full", window=None, causal=False, heads=None,
@@ -107,19 +107,7 @@ class Layer:
         states made from it first; any later call raises ValueError."""
         for s in list(getattr(self, "_states", ())):
             s.close()
-        with self._lock:
-            h, self._h = self._h, None
-            if h:
-                _free(h)
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._release(_free)
 
     def __repr__(self):
         return "aft.Layer(%s, D=%d, C=%d)" % (self.options.decode(), self.d_model, self.d_hidden) \
@@ -223,7 +211,7 @@ class Layer:
         return State(self, batch)
 
 
-class State:
+class State(_lib.Owned):
     """A causal layer's streaming state (`aft run --state-in/--state-out`):
     a sequence fed in chunks of any size gives the one-shot causal output to
     rounding. Made by Layer.stream(batch) or State.load(path, layer, batch).
@@ -257,19 +245,7 @@ class State:
 
     def close(self, _free=_lib_.aft_api_state_free):
         """Free the state now; any later call raises ValueError."""
-        with self._lock:
-            h, self._h = self._h, None
-            if h:
-                _free(h)
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._release(_free)
 
     def _handle(self):
         if not self._h:

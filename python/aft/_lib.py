@@ -193,3 +193,26 @@ def call(fn, *args):
     st = fn(*args, err)
     if st != OK:
         raise_for(st, err)
+
+
+class Owned:
+    """A library handle in self._h (guarded by self._lock), freed by close(),
+    when collected, and on leaving a with block. A subclass's close(self,
+    _free=lib.aft_api_..._free) calls self._release(_free): the default binds
+    the function while the module is alive, so freeing still works during
+    interpreter shutdown."""
+
+    def _release(self, free):
+        with self._lock:
+            h, self._h = self._h, None
+            if h:
+                free(h)
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

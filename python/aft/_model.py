@@ -12,7 +12,7 @@ from ._util import as_tokens, options, path_bytes, shape_str, size
 _lib_ = _lib.lib
 
 
-class Model:
+class Model(_lib.Owned):
     """labml's autoregressive AFT model (AutoregressiveTransformer) from a
     .safetensors of its state_dict(), as `aft model` and `aft generate` run
     it (sizes, vocabulary and each layer's variant from the tensors).
@@ -47,19 +47,7 @@ class Model:
 
     def close(self, _free=_lib_.aft_api_model_free):
         """Free the model now; any later call raises ValueError."""
-        with self._lock:
-            h, self._h = self._h, None
-            if h:
-                _free(h)
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._release(_free)
 
     def __repr__(self):
         return "aft.Model(V=%d, D=%d)" % (self.n_vocab, self.d_model) if self._h else "aft.Model(closed)"
