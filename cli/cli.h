@@ -385,6 +385,14 @@ float *cli_swap_tb(const float *x, size_t B, size_t T, size_t X, int to_tbd);
 aft_tensor cli_output_shaped(float *data, size_t rank, int tbd, size_t B, size_t T, size_t grid_h, size_t grid_w,
                              size_t X);
 
+/* the end of an output opened with aft_out_open: aborted (nothing left)
+ * when rc is an exit status, committed when it is 0; rc, or EXIT_DATA after
+ * reporting a commit that failed (its message names the file) */
+int cli_out_close(aft_out *out, int rc);
+/* t as a .npy to path (NULL: standard output), written atomically; 0, or
+ * EXIT_DATA after reporting */
+int cli_write_npy(const char *path, const aft_tensor *t);
+
 /* --timing's JSON: j printed to out, then deleted (NULL: out of memory); 0,
  * or EXIT_DATA after reporting */
 int cli_write_json(aft_out *out, const char *cmd, struct cJSON *j);

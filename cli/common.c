@@ -293,6 +293,36 @@ aft_tensor cli_output_shaped(float *data, size_t rank, int tbd, size_t B, size_t
 
 /* ---------------------------------------------------------------- --timing */
 
+int cli_out_close(aft_out *out, int rc)
+{
+    if (rc) {
+        aft_out_abort(out);
+        return rc;
+    }
+    aft_error err;
+    if (aft_out_commit(out, &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
+    return 0;
+}
+
+int cli_write_npy(const char *path, const aft_tensor *t)
+{
+    aft_error err;
+    aft_out out;
+    if (aft_out_open(&out, path ? path : "-", &err) != AFT_OK) {
+        cli_error(NULL, "%s", err.msg);
+        return EXIT_DATA;
+    }
+    int rc = 0;
+    if (aft_npy_write_fp(out.fp, t, &err) != AFT_OK) {
+        cli_error(NULL, "%s: %s", path ? path : "standard output", err.msg);
+        rc = EXIT_DATA;
+    }
+    return cli_out_close(&out, rc);
+}
+
 int cli_write_json(aft_out *out, const char *cmd, cJSON *j)
 {
     char *text = j ? cJSON_Print(j) : NULL;

@@ -615,6 +615,19 @@ static void write_failed(const char *out_path, int e)
     cli_error(NULL, "%s: write failed: %s", cli_display_name(out_path), strerror(e));
 }
 
+/* it's input, once written, freed when the item read it (one .npy in
+ * memory at a time); malloc_trim hands its pages back (glibc keeps a freed
+ * block this large in the heap otherwise, and the next tensor need not
+ * land on the same pages) */
+static void item_release(item *it)
+{
+    if (it->src == &it->held) {
+        aft_tensor_free(&it->held);
+        it->src = NULL;
+        malloc_trim(0);
+    }
+}
+
 /* the copy buffer and out_path opened to be written atomically: 0, or
  * EXIT_DATA after saying why (nothing left to free) */
 static int open_output(const char *out_path, aft_out *o, unsigned char **buf)
@@ -643,7 +656,6 @@ static int write_safetensors(job *j, const char *out_path)
         return rc;
     }
     unsigned char *buf;
-    aft_error err = {{0}};
     aft_out o;
     if (open_output(out_path, &o, &buf)) {
         free(h.p);
@@ -669,26 +681,11 @@ static int write_safetensors(job *j, const char *out_path)
             write_failed(out_path, errno);
             rc = EXIT_DATA;
         }
-        /* one .npy in memory at a time; malloc_trim hands its pages back
-         * (glibc keeps a freed block this large in the heap otherwise, and
-         * the next tensor need not land on the same pages) */
-        if (it->src == &it->held) {
-            aft_tensor_free(&it->held);
-            it->src = NULL;
-            malloc_trim(0);
-        }
+        item_release(it);
     }
     free(buf);
     cli_progress_stop();
-    if (rc) {
-        aft_out_abort(&o);
-        return rc;
-    }
-    if (aft_out_commit(&o, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
-    return 0;
+    return cli_out_close(&o, rc);
 }
 
 static int write_npy(job *j, const char *out_path)
@@ -705,13 +702,12 @@ static int write_npy(job *j, const char *out_path)
     size_t hn;
     aft_tensor shape_of = {.dtype = it->out, .ndim = it->ndim};
     memcpy(shape_of.shape, it->shape, it->ndim * sizeof(size_t));
-    aft_error herr;
-    if (aft_npy_header(&shape_of, head, sizeof head, &hn, &herr) != AFT_OK) {
-        cli_error(cmd, "%s", herr.msg);
+    aft_error err;
+    if (aft_npy_header(&shape_of, head, sizeof head, &hn, &err) != AFT_OK) {
+        cli_error(cmd, "%s", err.msg);
         return EXIT_DATA;
     }
     unsigned char *buf;
-    aft_error err = {{0}};
     aft_out o;
     if (open_output(out_path, &o, &buf)) return EXIT_DATA;
     errno = 0;
@@ -726,15 +722,7 @@ static int write_npy(job *j, const char *out_path)
     }
     cli_progress_stop();
     free(buf);
-    if (rc) {
-        aft_out_abort(&o);
-        return rc;
-    }
-    if (aft_out_commit(&o, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
-    return 0;
+    return cli_out_close(&o, rc);
 }
 
 /* A .npz of stored members, one a tensor: for each, its .npy header, then
@@ -782,11 +770,7 @@ static int write_npz(job *j, const char *out_path)
             cli_error(NULL, "%s: %s", cli_display_name(out_path), err.msg);
             rc = EXIT_DATA;
         }
-        if (it->src == &it->held) {
-            aft_tensor_free(&it->held);
-            it->src = NULL;
-            malloc_trim(0);
-        }
+        item_release(it);
     }
     if (!rc && aft_npz_writer_finish(w, &err) != AFT_OK) {
         cli_error(NULL, "%s: %s", cli_display_name(out_path), err.msg);
@@ -795,15 +779,7 @@ static int write_npz(job *j, const char *out_path)
     aft_npz_writer_free(w);
     free(buf);
     cli_progress_stop();
-    if (rc) {
-        aft_out_abort(&o);
-        return rc;
-    }
-    if (aft_out_commit(&o, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
-    return 0;
+    return cli_out_close(&o, rc);
 }
 
 

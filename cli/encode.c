@@ -152,22 +152,7 @@ static int write_ids(const struct encode_opts *o, int32_t *ids, size_t n)
     if (!o->out_path && isatty(STDOUT_FILENO)) return show_ids(ids, n);
     aft_tensor t = {.dtype = AFT_I32, .ndim = 1, .data = ids, .nelem = n, .nbytes = n * sizeof(int32_t)};
     t.shape[0] = n;
-    aft_error err;
-    aft_out out;
-    if (aft_out_open(&out, o->out_path ? o->out_path : "-", &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
-    if (aft_npy_write_fp(out.fp, &t, &err) != AFT_OK) {
-        aft_out_abort(&out);
-        cli_error(NULL, "%s: %s", o->out_path ? o->out_path : "standard output", err.msg);
-        return EXIT_DATA;
-    }
-    if (aft_out_commit(&out, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
-    return 0;
+    return cli_write_npy(o->out_path, &t);
 }
 
 /* the text in the model's tokens; a character outside the vocabulary

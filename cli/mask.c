@@ -118,14 +118,7 @@ static int write_mask(const struct mask_opts *o)
         }
     }
 #undef VIS
-    if (rc) {
-        aft_out_abort(&out);
-        return rc;
-    }
-    if (aft_out_commit(&out, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
+    if ((rc = cli_out_close(&out, rc))) return rc;
     return out_path ? 0 : cli_finish_stdout("mask");
 }
 

@@ -503,7 +503,6 @@ static int write_logits(const struct model_opts *o, struct model_run *r)
     }
     /* tokens [T] or [B, T] give logits as an input [T, D] or [B, T, D] would */
     aft_tensor yt = cli_output_shaped(y, r->rank + 1, o->tbd, B, T, 0, 0, V);
-    aft_error err;
     if (!o->out_path && isatty(STDOUT_FILENO)) {
         if (cli_show_tensor(stdout, &yt) != 0) {
             cli_error("model", "out of memory");
@@ -512,21 +511,7 @@ static int write_logits(const struct model_opts *o, struct model_run *r)
         puts("(not saved: -o FILE or a pipe writes the logits as .npy)");
         return 0;
     }
-    aft_out out;
-    if (aft_out_open(&out, o->out_path ? o->out_path : "-", &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
-    if (aft_npy_write_fp(out.fp, &yt, &err) != AFT_OK) {
-        aft_out_abort(&out);
-        cli_error(NULL, "%s: %s", o->out_path ? o->out_path : "standard output", err.msg);
-        return EXIT_DATA;
-    }
-    if (aft_out_commit(&out, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
-    return 0;
+    return cli_write_npy(o->out_path, &yt);
 }
 
 /* ---------------------------------------------------------------- aft model --grad */
