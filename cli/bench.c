@@ -368,6 +368,17 @@ static int against_reference(const bench_opts *o, const float *y, const float *x
     return 0;
 }
 
+/* j as one line on stdout, then deleted; 0, or an exit status */
+static int print_json_line(cJSON *j)
+{
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!text) return EXIT_DATA;
+    printf("%s\n", text);
+    free(text);
+    return cli_finish_stdout("bench");
+}
+
 /* the configuration and what it measured, as one JSON line on stdout */
 static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_t T, size_t D, size_t C,
                      const measured *m)
@@ -418,12 +429,7 @@ static int print_one(const bench_opts *o, const aft_config *cfg, size_t B, size_
         cJSON_AddNumberToObject(j, "max_abs_error", m->maxdiff);
         cJSON_AddNumberToObject(j, "max_abs_reference", m->maxref);
     }
-    char *text = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    if (!text) return EXIT_DATA;
-    printf("%s\n", text);
-    free(text);
-    return cli_finish_stdout("bench");
+    return print_json_line(j);
 }
 
 /* One configuration, run in this (child) process: the inputs ~ U(-1, 1)
@@ -510,12 +516,7 @@ static int run_generate_one(const bench_opts *o, size_t n)
     cJSON_AddNumberToObject(j, "tokens_per_s", (double)n / (t.ms * 1e-3));
     cJSON_AddNumberToObject(j, "us_per_token", t.ms * 1e3 / (double)n);
     aft_model_free(m);
-    char *text = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    if (!text) return EXIT_DATA;
-    printf("%s\n", text);
-    free(text);
-    return cli_finish_stdout("bench");
+    return print_json_line(j);
 }
 
 /* ---------------------------------------------------------------- the sweep (the parent) */
