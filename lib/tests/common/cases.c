@@ -25,6 +25,23 @@ uint8_t *make_mask(rng *r, size_t nb, size_t T)
     return m;
 }
 
+size_t make_factored(rng *r, aft_bias *b, float **u, float **v, size_t T, int extreme)
+{
+    size_t tmax = T + 2, rank = extreme ? 2 : 3;
+    double s = extreme ? 11.0 : 0.6;
+    *u = xmalloc(tmax * rank * sizeof **u);
+    *v = xmalloc(tmax * rank * sizeof **v);
+    for (size_t i = 0; i < tmax * rank; i++) {
+        (*u)[i] = extreme ? on_grid(s * rng_sym(r), 0x1p-4) : (float)(s * rng_sym(r));
+        (*v)[i] = extreme ? on_grid(s * rng_sym(r), 0x1p-4) : (float)(s * rng_sym(r));
+    }
+    b->u = *u;
+    b->v = *v;
+    b->rank = rank;
+    b->tmax = tmax;
+    return tmax * rank;
+}
+
 int grid_threads(int n)
 {
     return n % 4 == 0 ? 0 : 1;

@@ -46,6 +46,12 @@ const char *impl_name(aft_impl impl);
  * fully invisible (rows t with (t + b) % 5 == 2; b = 0 for a shared mask). */
 uint8_t *make_mask(rng *r, size_t nb, size_t T);
 
+/* A factored bias for T rows into b, tmax T + 2 (*u, *v malloc'd, tmax x
+ * rank each, drawn in turn): rank 3 with u, v ~ U[-0.6, 0.6]; extreme: rank
+ * 2 with |u|, |v| <= 11 on a grid of 1/16, so |w| <= 242. Returns the
+ * entries of each, tmax x rank. */
+size_t make_factored(rng *r, aft_bias *b, float **u, float **v, size_t T, int extreme);
+
 /* the lengths the small grids of cases walk through, and the (B, C) pairs
  * cycled through them: every T meets each pair */
 extern const size_t small_T[4];

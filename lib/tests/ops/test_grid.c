@@ -125,21 +125,9 @@ static void build_case(case_data *d, const grid_case *c)
         d->bias.tmax = tmax;
         break;
     }
-    case AFT_BIAS_FACTORED: {
-        size_t tmax = T + 2, rank = extreme ? 2 : 3;
-        double s = extreme ? 11.0 : 0.6;
-        d->fu = xmalloc(tmax * rank * sizeof *d->fu);
-        d->fv = xmalloc(tmax * rank * sizeof *d->fv);
-        for (size_t i = 0; i < tmax * rank; i++) {
-            d->fu[i] = extreme ? on_grid(s * rng_sym(&r), 0x1p-4) : (float)(s * rng_sym(&r));
-            d->fv[i] = extreme ? on_grid(s * rng_sym(&r), 0x1p-4) : (float)(s * rng_sym(&r));
-        }
-        d->bias.u = d->fu;
-        d->bias.v = d->fv;
-        d->bias.rank = rank;
-        d->bias.tmax = tmax;
+    case AFT_BIAS_FACTORED:
+        make_factored(&r, &d->bias, &d->fu, &d->fv, T, extreme);
         break;
-    }
     case AFT_BIAS_SEEDED:
         d->bias.seed = c->seed ^ 0xA5A5A5A5u;
         d->bias.scale = (float)span;
