@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <dirent.h>
+#include <unistd.h>
 
 const char *files_testdata(void)
 {
@@ -39,4 +41,38 @@ unsigned char *files_slurp(const char *path, size_t *len)
     b[n] = 0;
     *len = (size_t)n;
     return b;
+}
+
+static char tmp_dir[64];
+
+int files_tmpdir_make(const char *template)
+{
+    snprintf(tmp_dir, sizeof tmp_dir, "%s", template);
+    return mkdtemp(tmp_dir) ? 0 : -1;
+}
+
+const char *files_tmpdir(void)
+{
+    return tmp_dir;
+}
+
+const char *files_tmp(const char *name)
+{
+    static char bufs[4][512];
+    static int k;
+    char *b = bufs[k++ & 3];
+    snprintf(b, sizeof bufs[0], "%s/%s", tmp_dir, name);
+    return b;
+}
+
+int files_tmpdir_remove(void)
+{
+    DIR *d = opendir(tmp_dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlink(files_tmp(e->d_name));
+        closedir(d);
+    }
+    return rmdir(tmp_dir);
 }

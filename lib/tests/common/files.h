@@ -14,4 +14,14 @@ const char *files_fixture(const char *room, const char *name);
  * when it cannot be read */
 unsigned char *files_slurp(const char *path, size_t *len);
 
+/* A temporary directory for the test program, made from template (mkdtemp's
+ * "/tmp/NAME.XXXXXX", at most 63 characters): 0, or -1 when it cannot be
+ * made. files_tmpdir() is its path; files_tmp(NAME) is NAME inside it, in a
+ * rotating set of buffers so four can be live; files_tmpdir_remove()
+ * removes the files in it and then it: 0, or -1 when rmdir fails. */
+int files_tmpdir_make(const char *template);
+const char *files_tmpdir(void);
+const char *files_tmp(const char *name);
+int files_tmpdir_remove(void);
+
 #endif

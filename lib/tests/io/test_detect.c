@@ -17,38 +17,19 @@
 #include "aft.h"
 #include "files.h"
 
-static char tmpdir[64];
-
 static const char *fixture(const char *name)
 {
     return files_fixture("npz", name);
 }
 
-static const char *tmppath(const char *name)
-{
-    static char bufs[4][512];
-    static int k;
-    char *b = bufs[k++ & 3];
-    snprintf(b, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return b;
-}
-
 static int setup(void **state)
 {
-    strcpy(tmpdir, "/tmp/aft_test_detect.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return files_tmpdir_make("/tmp/aft_test_detect.XXXXXX");
 }
 
 static int teardown(void **state)
 {
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlink(tmppath(e->d_name));
-        closedir(d);
-    }
-    return rmdir(tmpdir);
+    return files_tmpdir_remove();
 }
 
 static void test_formats(void **state)
@@ -72,22 +53,22 @@ static void test_formats(void **state)
     aft_error err = {{0}};
     assert_int_equal(aft_file_format(fixture("savez.npz"), &fmt, &err), AFT_OK);
     assert_int_equal(fmt, AFT_FORMAT_NPZ);
-    FILE *fp = fopen(tmppath("looks.npy"), "wb");
+    FILE *fp = fopen(files_tmp("looks.npy"), "wb");
     fwrite("PK\x05\x06", 1, 4, fp);
     fclose(fp);
-    assert_int_equal(aft_file_format(tmppath("looks.npy"), &fmt, &err), AFT_OK);
+    assert_int_equal(aft_file_format(files_tmp("looks.npy"), &fmt, &err), AFT_OK);
     assert_int_equal(fmt, AFT_FORMAT_NPZ);
-    fp = fopen(tmppath("text.npz"), "wb");
+    fp = fopen(files_tmp("text.npz"), "wb");
     fputs("hello", fp);
     fclose(fp);
-    assert_int_equal(aft_file_format(tmppath("text.npz"), &fmt, &err), AFT_OK);
+    assert_int_equal(aft_file_format(files_tmp("text.npz"), &fmt, &err), AFT_OK);
     assert_int_equal(fmt, AFT_FORMAT_NPZ);
-    fp = fopen(tmppath("text.bin"), "wb");
+    fp = fopen(files_tmp("text.bin"), "wb");
     fputs("hello", fp);
     fclose(fp);
-    assert_int_equal(aft_file_format(tmppath("text.bin"), &fmt, &err), AFT_ERR_FORMAT);
+    assert_int_equal(aft_file_format(files_tmp("text.bin"), &fmt, &err), AFT_ERR_FORMAT);
     assert_string_equal(err.msg, "not a .npy, .npz or .safetensors file");
-    assert_int_equal(aft_file_format(tmppath("none.bin"), &fmt, &err), AFT_ERR_IO);
+    assert_int_equal(aft_file_format(files_tmp("none.bin"), &fmt, &err), AFT_ERR_IO);
     assert_int_equal(aft_file_format("-", &fmt, &err), AFT_OK);
     assert_int_equal(fmt, AFT_FORMAT_UNKNOWN);
     assert_int_equal(aft_file_format("/dev/null", &fmt, &err), AFT_OK);   /* a device: not read */

@@ -23,21 +23,10 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static char tmpdir[64];   /* made by setup(), removed by teardown() */
-
 /* a fixture of testdata/npy (files.h: four can be live) */
 static const char *fixture(const char *name)
 {
     return files_fixture("npy", name);
-}
-
-static const char *tmppath(const char *name)
-{
-    static char bufs[4][512];
-    static int k;
-    char *b = bufs[k++ & 3];
-    snprintf(b, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return b;
 }
 
 /* a malloc'd copy of n bytes (strdup would stop at the first NUL) */
@@ -63,7 +52,7 @@ static double now_ms(void)
  * leftover target or temporary ("x.npy.tmp.XXXXXX") of a failed write */
 static int count_files_like(const char *prefix)
 {
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(files_tmpdir());
     assert_non_null(d);
     int n = 0;
     struct dirent *e;
@@ -75,20 +64,12 @@ static int count_files_like(const char *prefix)
 
 static int setup(void **state)
 {
-    strcpy(tmpdir, "/tmp/aft_test_npy.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return files_tmpdir_make("/tmp/aft_test_npy.XXXXXX");
 }
 
 static int teardown(void **state)
 {
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlink(tmppath(e->d_name));
-        closedir(d);
-    }
-    return rmdir(tmpdir);
+    return files_tmpdir_remove();
 }
 
 /* The numpy dtype codes of the fixtures, their aft_dtype and item size.
@@ -465,10 +446,10 @@ static void test_stdin(void **state)
     uint16_t *v = malloc(n * 2);
     for (size_t i = 0; i < n; i++) v[i] = (uint16_t)(i * 7);
     aft_tensor src = {.dtype = AFT_U16, .ndim = 1, .shape = {n}, .nelem = n, .nbytes = n * 2, .data = v};
-    assert_int_equal(aft_npy_write(tmppath("pipe.npy"), &src, &err), AFT_OK);
+    assert_int_equal(aft_npy_write(files_tmp("pipe.npy"), &src, &err), AFT_OK);
     size_t flen;
-    unsigned char *file = files_slurp(tmppath("pipe.npy"), &flen);
-    unlink(tmppath("pipe.npy"));
+    unsigned char *file = files_slurp(files_tmp("pipe.npy"), &flen);
+    unlink(files_tmp("pipe.npy"));
 
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
@@ -516,13 +497,13 @@ static void test_bad_magic(void **state)
     refused(MEM("\x93NUMPY\x02\x00\x10\x00"), "file ends inside the .npy preamble");
 
     /* an empty file on disk */
-    FILE *f = fopen(tmppath("empty.npy"), "wb");
+    FILE *f = fopen(files_tmp("empty.npy"), "wb");
     fclose(f);
     aft_tensor t;
     aft_error err = {{0}};
-    assert_int_equal(aft_npy_read(tmppath("empty.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
+    assert_int_equal(aft_npy_read(files_tmp("empty.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
     assert_string_equal(err.msg, "bad magic: not a .npy file");
-    unlink(tmppath("empty.npy"));
+    unlink(files_tmp("empty.npy"));
 }
 
 static void test_bad_version(void **state)
@@ -716,18 +697,18 @@ static void test_huge_shape_tiny_file(void **state)
     size_t len;
     unsigned char *b = build_dict("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000, 1000000000), }",
                                   20, &len);
-    FILE *f = fopen(tmppath("huge.npy"), "wb");
+    FILE *f = fopen(files_tmp("huge.npy"), "wb");
     assert_int_equal(fwrite(b, 1, len, f), len);
     fclose(f);
     free(b);
     aft_tensor t;
     aft_error err = {{0}};
     double t0 = now_ms();
-    assert_int_equal(aft_npy_read(tmppath("huge.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
+    assert_int_equal(aft_npy_read(files_tmp("huge.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
     assert_true(now_ms() - t0 < 1000);
     assert_string_equal(err.msg, "data truncated: header promises 4000000000000000000 bytes, file holds 20");
     assert_null(t.data);
-    unlink(tmppath("huge.npy"));
+    unlink(files_tmp("huge.npy"));
 
     /* the Fortran path must check first too */
     b = build_dict("{'descr': '<f8', 'fortran_order': True, 'shape': (1000000000, 2000000000), }", 20, &len);
@@ -738,10 +719,10 @@ static void test_io_errors(void **state)
 {
     aft_tensor t;
     aft_error err = {{0}};
-    assert_int_equal(aft_npy_read(tmppath("no-such-file.npy"), &t, NULL, &err), AFT_ERR_IO);
+    assert_int_equal(aft_npy_read(files_tmp("no-such-file.npy"), &t, NULL, &err), AFT_ERR_IO);
     assert_non_null(strstr(err.msg, "cannot open: No such file or directory"));
     assert_null(t.data);
-    assert_int_equal(aft_npy_read(tmpdir, &t, NULL, &err), AFT_ERR_IO);
+    assert_int_equal(aft_npy_read(files_tmpdir(), &t, NULL, &err), AFT_ERR_IO);
     assert_non_null(strstr(err.msg, "read failed: Is a directory"));
 }
 
@@ -862,15 +843,15 @@ static void test_write_matches_numpy(void **state)
             }
             t.nbytes = t.nelem * codes[c].size;
             formula_fill(t.dtype, buf, t.nelem);
-            if (aft_npy_write(tmppath("w.npy"), &t, &err)) fail_msg("%s: %s", name, err.msg);
+            if (aft_npy_write(files_tmp("w.npy"), &t, &err)) fail_msg("%s: %s", name, err.msg);
             size_t n1, n2;
-            unsigned char *ours = files_slurp(tmppath("w.npy"), &n1);
+            unsigned char *ours = files_slurp(files_tmp("w.npy"), &n1);
             unsigned char *theirs = files_slurp(fixture(name), &n2);
             assert_int_equal(n1, n2);
             if (memcmp(ours, theirs, n1) != 0) fail_msg("%s: bytes differ from numpy's", name);
             free(ours);
             free(theirs);
-            unlink(tmppath("w.npy"));
+            unlink(files_tmp("w.npy"));
         }
     }
 }
@@ -887,15 +868,15 @@ static void test_rewrite_identical(void **state)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         aft_tensor t;
         accept_file(names[i], &t, NULL);
-        if (aft_npy_write(tmppath("w.npy"), &t, &err)) fail_msg("%s: %s", names[i], err.msg);
+        if (aft_npy_write(files_tmp("w.npy"), &t, &err)) fail_msg("%s: %s", names[i], err.msg);
         aft_tensor_free(&t);
         size_t n1, n2;
-        unsigned char *ours = files_slurp(tmppath("w.npy"), &n1);
+        unsigned char *ours = files_slurp(files_tmp("w.npy"), &n1);
         unsigned char *theirs = files_slurp(fixture(names[i]), &n2);
         if (n1 != n2 || memcmp(ours, theirs, n1) != 0) fail_msg("%s: bytes differ from numpy's", names[i]);
         free(ours);
         free(theirs);
-        unlink(tmppath("w.npy"));
+        unlink(files_tmp("w.npy"));
     }
 }
 
@@ -921,10 +902,10 @@ static void test_write_roundtrip(void **state)
                 data[i] = codes[c].dt == AFT_BOOL ? (unsigned char)(seed & 1) : (unsigned char)seed;
             }
             t.data = data;
-            if (aft_npy_write(tmppath("rt.npy"), &t, &err)) fail_msg("%s: %s", codes[c].code, err.msg);
+            if (aft_npy_write(files_tmp("rt.npy"), &t, &err)) fail_msg("%s: %s", codes[c].code, err.msg);
             aft_tensor back;
             aft_npy_info info;
-            if (aft_npy_read(tmppath("rt.npy"), &back, &info, &err)) fail_msg("%s", err.msg);
+            if (aft_npy_read(files_tmp("rt.npy"), &back, &info, &err)) fail_msg("%s", err.msg);
             assert_int_equal(back.dtype, t.dtype);
             check_shape(&back, t.ndim, t.shape);
             assert_memory_equal(back.data, data, t.nbytes);
@@ -934,7 +915,7 @@ static void test_write_roundtrip(void **state)
             assert_int_equal(info.byteorder, codes[c].size == 1 ? '|' : '<');
             aft_tensor_free(&back);
             free(data);
-            unlink(tmppath("rt.npy"));
+            unlink(files_tmp("rt.npy"));
         }
     assert_int_equal(count_files_like("rt.npy"), 0);
 }
@@ -954,9 +935,9 @@ static void test_write_fp(void **state)
     rewind(f);
     assert_int_equal(fread(got, 1, sizeof got, f), sizeof got);
     fclose(f);
-    assert_int_equal(aft_npy_write(tmppath("fp.npy"), &t, &err), AFT_OK);
+    assert_int_equal(aft_npy_write(files_tmp("fp.npy"), &t, &err), AFT_OK);
     size_t len;
-    unsigned char *want = files_slurp(tmppath("fp.npy"), &len);
+    unsigned char *want = files_slurp(files_tmp("fp.npy"), &len);
     assert_int_equal(len, sizeof got);
     assert_memory_equal(got, want, len);
     /* numpy's exact header text */
@@ -964,7 +945,7 @@ static void test_write_fp(void **state)
     assert_memory_equal(got + 10, h, strlen(h));
     assert_int_equal(got[127], '\n');
     free(want);
-    unlink(tmppath("fp.npy"));
+    unlink(files_tmp("fp.npy"));
 }
 
 /* aft_npy_header: the first bytes of numpy's own file for every dtype and a
@@ -1065,20 +1046,20 @@ static void test_read_header(void **state)
     /* a file whose data is cut short: its size is checked too */
     size_t len;
     unsigned char *b = files_slurp(fixture("v1_C_le_f4.npy"), &len);
-    FILE *f = fopen(tmppath("cut.npy"), "wb");
+    FILE *f = fopen(files_tmp("cut.npy"), "wb");
     assert_non_null(f);
     assert_int_equal(fwrite(b, 1, len - 5, f), len - 5);
     fclose(f);
     free(b);
     aft_tensor t;
     aft_error err = {{0}};
-    assert_int_equal(aft_npy_peek(tmppath("cut.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
+    assert_int_equal(aft_npy_peek(files_tmp("cut.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "truncated"));
-    assert_int_equal(aft_npy_read(tmppath("cut.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
-    unlink(tmppath("cut.npy"));
+    assert_int_equal(aft_npy_read(files_tmp("cut.npy"), &t, NULL, &err), AFT_ERR_FORMAT);
+    unlink(files_tmp("cut.npy"));
     /* not standard input, and not a missing file */
     assert_int_not_equal(aft_npy_peek("-", &t, NULL, &err), AFT_OK);
-    assert_int_equal(aft_npy_peek(tmppath("none.npy"), &t, NULL, &err), AFT_ERR_IO);
+    assert_int_equal(aft_npy_peek(files_tmp("none.npy"), &t, NULL, &err), AFT_ERR_IO);
     assert_non_null(strstr(err.msg, "cannot open"));
 }
 
@@ -1089,34 +1070,34 @@ static void test_write_refusals(void **state)
 
     /* bfloat16 has no numpy dtype; no file, not even a temporary, is left */
     aft_tensor bf = {.dtype = AFT_BF16, .ndim = 1, .shape = {4}, .nelem = 4, .nbytes = 8, .data = v};
-    assert_int_equal(aft_npy_write(tmppath("bf.npy"), &bf, &err), AFT_ERR_ARG);
+    assert_int_equal(aft_npy_write(files_tmp("bf.npy"), &bf, &err), AFT_ERR_ARG);
     assert_string_equal(err.msg, "bfloat16 cannot be stored in .npy");
     assert_int_equal(aft_npy_write_fp(stdout, &bf, &err), AFT_ERR_ARG);
     assert_string_equal(err.msg, "bfloat16 cannot be stored in .npy");
 
     /* counts that disagree with the shape; the temporary is removed */
     aft_tensor bad = {.dtype = AFT_U16, .ndim = 1, .shape = {4}, .nelem = 3, .nbytes = 6, .data = v};
-    assert_int_equal(aft_npy_write(tmppath("bad.npy"), &bad, &err), AFT_ERR_ARG);
+    assert_int_equal(aft_npy_write(files_tmp("bad.npy"), &bad, &err), AFT_ERR_ARG);
     assert_non_null(strstr(err.msg, "do not match its shape"));
     aft_tensor nodata = {.dtype = AFT_U16, .ndim = 1, .shape = {4}, .nelem = 4, .nbytes = 8};
-    assert_int_equal(aft_npy_write(tmppath("bad.npy"), &nodata, &err), AFT_ERR_ARG);
+    assert_int_equal(aft_npy_write(files_tmp("bad.npy"), &nodata, &err), AFT_ERR_ARG);
     assert_string_equal(err.msg, "tensor has no data");
     aft_tensor over = {.dtype = AFT_U16, .ndim = 2, .shape = {SIZE_MAX, 2}, .nelem = 1, .nbytes = 2, .data = v};
-    assert_int_equal(aft_npy_write(tmppath("bad.npy"), &over, &err), AFT_ERR_ARG);
+    assert_int_equal(aft_npy_write(files_tmp("bad.npy"), &over, &err), AFT_ERR_ARG);
     assert_string_equal(err.msg, "shape element count overflows");
     /* even with a zero dimension, as the reader would refuse the file */
     aft_tensor over0 = {.dtype = AFT_U16, .ndim = 3, .shape = {0, SIZE_MAX, 2}, .nelem = 0, .nbytes = 0};
-    assert_int_equal(aft_npy_write(tmppath("bad.npy"), &over0, &err), AFT_ERR_ARG);
+    assert_int_equal(aft_npy_write(files_tmp("bad.npy"), &over0, &err), AFT_ERR_ARG);
     assert_string_equal(err.msg, "shape element count overflows");
     aft_tensor overb = {.dtype = AFT_U64, .ndim = 2, .shape = {0, SIZE_MAX / 4}, .nelem = 0, .nbytes = 0};
-    assert_int_equal(aft_npy_write(tmppath("bad.npy"), &overb, &err), AFT_ERR_ARG);
+    assert_int_equal(aft_npy_write(files_tmp("bad.npy"), &overb, &err), AFT_ERR_ARG);
     assert_string_equal(err.msg, "shape byte count overflows");
     assert_int_equal(count_files_like("bf.npy"), 0);
     assert_int_equal(count_files_like("bad.npy"), 0);
 
     /* a directory that does not exist */
     aft_tensor ok = {.dtype = AFT_U16, .ndim = 1, .shape = {4}, .nelem = 4, .nbytes = 8, .data = v};
-    assert_int_equal(aft_npy_write(tmppath("nodir/x.npy"), &ok, &err), AFT_ERR_IO);
+    assert_int_equal(aft_npy_write(files_tmp("nodir/x.npy"), &ok, &err), AFT_ERR_IO);
 
     /* a full disk */
     FILE *full = fopen("/dev/full", "wb");

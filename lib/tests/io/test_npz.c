@@ -26,38 +26,19 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static char tmpdir[64];
-
 static const char *fixture(const char *name)
 {
     return files_fixture("npz", name);
 }
 
-static const char *tmppath(const char *name)
-{
-    static char bufs[4][512];
-    static int k;
-    char *b = bufs[k++ & 3];
-    snprintf(b, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return b;
-}
-
 static int setup(void **state)
 {
-    strcpy(tmpdir, "/tmp/aft_test_npz.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return files_tmpdir_make("/tmp/aft_test_npz.XXXXXX");
 }
 
 static int teardown(void **state)
 {
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlink(tmppath(e->d_name));
-        closedir(d);
-    }
-    return rmdir(tmpdir);
+    return files_tmpdir_remove();
 }
 
 static aft_st_file *open_ok(const char *path, size_t max_bytes)
@@ -364,7 +345,7 @@ static void test_bomb_within_ratio(void **state)
     uint32_t crc = aft_crc32(0, raw, usize);
     free(raw);
 
-    FILE *fp = fopen(tmppath("bomb.npz"), "wb");
+    FILE *fp = fopen(files_tmp("bomb.npz"), "wb");
     assert_non_null(fp);
     unsigned char l[30] = {'P', 'K', 3, 4, 20, 0, 0, 0, 8, 0, 0, 0, 0x21, 0};
     #define PUT32(p, v) ((p)[0] = (unsigned char)(v), (p)[1] = (unsigned char)((v) >> 8), \
@@ -391,10 +372,10 @@ static void test_bomb_within_ratio(void **state)
     free(z);
     assert_true(csize < usize / 500);
 
-    open_fails(tmppath("bomb.npz"), (size_t)1 << 20, AFT_ERR_NOMEM,
+    open_fails(files_tmp("bomb.npz"), (size_t)1 << 20, AFT_ERR_NOMEM,
                "member 'a.npy': inflates to 67108992 bytes, past the memory limit of 1048576 bytes");
     /* with room for it, it is an ordinary archive */
-    aft_st_file *f = open_ok(tmppath("bomb.npz"), (size_t)80 << 20);
+    aft_st_file *f = open_ok(files_tmp("bomb.npz"), (size_t)80 << 20);
     assert_int_equal(aft_st_find(f, "a")->nbytes, big);
     aft_st_close(f);
 }
@@ -427,16 +408,16 @@ static void test_writer_matches_python(void **state)
     expect_tensors(t, bufs);
     const char *keys[4] = {"f4", "i2", "blocks.0.attn.query.weight", "b1"};
     aft_error err;
-    assert_int_equal(aft_npz_write(tmppath("w.npz"), keys, t, 4, &err), AFT_OK);
+    assert_int_equal(aft_npz_write(files_tmp("w.npz"), keys, t, 4, &err), AFT_OK);
     size_t la, lb;
-    unsigned char *got = files_slurp(tmppath("w.npz"), &la), *want = files_slurp(fixture("writer_expect.npz"), &lb);
+    unsigned char *got = files_slurp(files_tmp("w.npz"), &la), *want = files_slurp(fixture("writer_expect.npz"), &lb);
     assert_int_equal(la, lb);
     assert_memory_equal(got, want, la);
     free(got);
     free(want);
 
     /* and it reads back */
-    aft_st_file *f = open_ok(tmppath("w.npz"), 0);
+    aft_st_file *f = open_ok(files_tmp("w.npz"), 0);
     for (int i = 0; i < 4; i++) {
         const aft_tensor *r = aft_st_find(f, keys[i]);
         assert_non_null(r);
@@ -464,7 +445,7 @@ static void test_writer_zip64(void **state)
         formula_fill(t[i].dtype, bufs[i], 24);
         t[i].data = bufs[i];
     }
-    FILE *fp = fopen(tmppath("z64.npz"), "wb");
+    FILE *fp = fopen(files_tmp("z64.npz"), "wb");
     assert_non_null(fp);
     aft_npz_writer *w;
     aft_error err;
@@ -485,12 +466,12 @@ static void test_writer_zip64(void **state)
     aft_npz_writer_free(w);
     fclose(fp);
     size_t la, lb;
-    unsigned char *got = files_slurp(tmppath("z64.npz"), &la), *want = files_slurp(fixture("writer_zip64_expect.npz"), &lb);
+    unsigned char *got = files_slurp(files_tmp("z64.npz"), &la), *want = files_slurp(fixture("writer_zip64_expect.npz"), &lb);
     assert_int_equal(la, lb);
     assert_memory_equal(got, want, la);
     free(got);
     free(want);
-    aft_st_file *f = open_ok(tmppath("z64.npz"), 0);
+    aft_st_file *f = open_ok(files_tmp("z64.npz"), 0);
     check_formula(aft_st_find(f, "a"), "zip64 a");
     check_formula(aft_st_find(f, "b"), "zip64 b");
     aft_st_close(f);
@@ -519,8 +500,8 @@ static void test_writer_roundtrip(void **state)
     }
     formula_fill(AFT_U8, data, sizeof data);
     aft_error err;
-    assert_int_equal(aft_npz_write(tmppath("rt.npz"), (const char *const *)keys, t, N, &err), AFT_OK);
-    aft_st_file *f = open_ok(tmppath("rt.npz"), 0);
+    assert_int_equal(aft_npz_write(files_tmp("rt.npz"), (const char *const *)keys, t, N, &err), AFT_OK);
+    aft_st_file *f = open_ok(files_tmp("rt.npz"), 0);
     assert_int_equal(aft_st_count(f), N);
     for (int i = 0; i < N; i++) {
         const char *name;
@@ -537,10 +518,10 @@ static void test_writer_roundtrip(void **state)
 static void write_refused(const char *key, const aft_tensor *t, const char *want)
 {
     aft_error err = {{0}};
-    aft_status st = aft_npz_write(tmppath("bad.npz"), &key, t, 1, &err);
+    aft_status st = aft_npz_write(files_tmp("bad.npz"), &key, t, 1, &err);
     if (st != AFT_ERR_ARG || !strstr(err.msg, want))
         fail_msg("key '%s': want AFT_ERR_ARG with \"%s\", got %d: \"%s\"", key ? key : "(null)", want, (int)st, err.msg);
-    assert_int_equal(access(tmppath("bad.npz"), F_OK), -1);
+    assert_int_equal(access(files_tmp("bad.npz"), F_OK), -1);
 }
 
 static void test_writer_refusals(void **state)
@@ -565,11 +546,11 @@ static void test_writer_refusals(void **state)
     aft_tensor two[2] = {t, t};
     const char *dup[2] = {"x", "x"};
     aft_error err;
-    assert_int_equal(aft_npz_write(tmppath("bad.npz"), dup, two, 2, &err), AFT_ERR_ARG);
+    assert_int_equal(aft_npz_write(files_tmp("bad.npz"), dup, two, 2, &err), AFT_ERR_ARG);
     assert_non_null(strstr(err.msg, "key 'x' is given twice"));
 
     /* the streaming writer checks what it is handed */
-    FILE *fp = fopen(tmppath("s.npz"), "wb");
+    FILE *fp = fopen(files_tmp("s.npz"), "wb");
     aft_npz_writer *w;
     assert_int_equal(aft_npz_writer_new(fp, &w, &err), AFT_OK);
     assert_int_equal(aft_npz_writer_write(w, "x", 1, &err), AFT_ERR_ARG);   /* no member begun */
@@ -580,7 +561,7 @@ static void test_writer_refusals(void **state)
     aft_npz_writer_free(w);
     fclose(fp);
 
-    fp = fopen(tmppath("s.npz"), "wb");
+    fp = fopen(files_tmp("s.npz"), "wb");
     assert_int_equal(aft_npz_writer_new(fp, &w, &err), AFT_OK);
     assert_int_equal(aft_npz_writer_begin(w, "a", 4, aft_crc32(0, "abcd", 4), &err), AFT_OK);
     assert_int_equal(aft_npz_writer_write(w, "abcd!", 5, &err), AFT_ERR_ARG);
@@ -588,7 +569,7 @@ static void test_writer_refusals(void **state)
     aft_npz_writer_free(w);
     fclose(fp);
 
-    fp = fopen(tmppath("s.npz"), "wb");
+    fp = fopen(files_tmp("s.npz"), "wb");
     assert_int_equal(aft_npz_writer_new(fp, &w, &err), AFT_OK);
     assert_int_equal(aft_npz_writer_begin(w, "a", 4, aft_crc32(0, "abcd", 4), &err), AFT_OK);
     assert_int_equal(aft_npz_writer_write(w, "abcx", 4, &err), AFT_OK);
@@ -597,7 +578,7 @@ static void test_writer_refusals(void **state)
     aft_npz_writer_free(w);
     fclose(fp);
 
-    fp = fopen(tmppath("s.npz"), "wb");
+    fp = fopen(files_tmp("s.npz"), "wb");
     assert_int_equal(aft_npz_writer_new(fp, &w, &err), AFT_OK);
     assert_int_equal(aft_npz_writer_begin(w, "a", 0, 0, &err), AFT_OK);
     assert_int_equal(aft_npz_writer_begin(w, "a", 0, 0, &err), AFT_ERR_ARG);

@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "aft.h"
+#include "files.h"
 
-static char tmpdir[64];
 static volatile sig_atomic_t raise_after_create, handler_calls;
 
 static void after_create(const char *path)
@@ -67,19 +67,10 @@ static void on_usr1(int sig)
     handler_calls++;
 }
 
-static char *path_in(const char *name)
-{
-    static char bufs[4][400];
-    static int k;
-    char *b = bufs[k++ & 3];
-    snprintf(b, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return b;
-}
-
-/* the names in tmpdir that hold ".tmp." (and start with prefix, if given) */
+/* the names in the temporary directory that hold ".tmp." (and start with prefix, if given) */
 static int temporaries_of(const char *prefix)
 {
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(files_tmpdir());
     int n = 0;
     for (struct dirent *e; d && (e = readdir(d));)
         if (strstr(e->d_name, ".tmp.") && (!prefix || strncmp(e->d_name, prefix, strlen(prefix)) == 0)) n++;
@@ -111,8 +102,7 @@ static void assert_file_is(const char *path, const char *text)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/aft-test-output-XXXXXX");
-    if (!mkdtemp(tmpdir)) return -1;
+    if (files_tmpdir_make("/tmp/aft-test-output-XXXXXX")) return -1;
     signal(SIGUSR1, on_usr1);
     return 0;
 }
@@ -120,11 +110,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    DIR *d = opendir(tmpdir);
-    for (struct dirent *e; d && (e = readdir(d));)
-        if (e->d_name[0] != '.') unlink(path_in(e->d_name));
-    if (d) closedir(d);
-    rmdir(tmpdir);
+    files_tmpdir_remove();
     return 0;
 }
 
@@ -134,7 +120,7 @@ static int teardown(void **state)
 static void test_stale_temporaries_are_not_taken_over(void **state)
 {
     (void)state;
-    const char *out = path_in("stale.npy");
+    const char *out = files_tmp("stale.npy");
     char name[256];
     for (int i = 0; i < 3; i++) {
         snprintf(name, sizeof name, "%s.tmp.%ld.%d", out, (long)getpid(), i);
@@ -159,7 +145,7 @@ static void test_stale_temporaries_are_not_taken_over(void **state)
 static void test_commit_replaces_abort_keeps(void **state)
 {
     (void)state;
-    const char *out = path_in("out.npy");
+    const char *out = files_tmp("out.npy");
     write_file(out, "earlier\n");
     aft_out o;
     aft_error err;
@@ -190,7 +176,7 @@ static void test_commit_replaces_abort_keeps(void **state)
 static void test_signal_right_after_create_removes_it(void **state)
 {
     (void)state;
-    const char *out = path_in("sig.npy");
+    const char *out = files_tmp("sig.npy");
     aft_out o;
     aft_error err;
     handler_calls = 0;
@@ -213,7 +199,7 @@ static void test_missing_directory_is_an_error(void **state)
     (void)state;
     aft_out o;
     aft_error err;
-    assert_int_equal(aft_out_open(&o, path_in("no-such-dir/out.npy"), &err), AFT_ERR_IO);
+    assert_int_equal(aft_out_open(&o, files_tmp("no-such-dir/out.npy"), &err), AFT_ERR_IO);
     assert_non_null(strstr(err.msg, "cannot create"));
     assert_int_equal(temporaries(), 0);
 }

@@ -29,23 +29,12 @@
 #include "aft.h"
 #include "files.h"
 
-static char tmpdir[64];
-
 /* ---------------------------------------------------------------- helpers */
 
 /* a fixture of testdata/st (files.h: four can be live) */
 static const char *fixture(const char *name)
 {
     return files_fixture("st", name);
-}
-
-static const char *tmp_path(const char *name)
-{
-    static char bufs[4][256];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return b;
 }
 
 static aft_st_file *open_ok(const char *path)
@@ -505,17 +494,17 @@ static void test_open_errors(void **state)
 {
     aft_st_file *f = NULL;
     aft_error err = {{0}};
-    assert_int_equal(aft_st_open(tmp_path("does-not-exist"), &f, &err), AFT_ERR_IO);
+    assert_int_equal(aft_st_open(files_tmp("does-not-exist"), &f, &err), AFT_ERR_IO);
     assert_null(f);
     check_msg(&err, "cannot open: No such file or directory");
 
     /* a directory opens but cannot be read */
-    assert_int_equal(aft_st_open(tmpdir, &f, &err), AFT_ERR_IO);
+    assert_int_equal(aft_st_open(files_tmpdir(), &f, &err), AFT_ERR_IO);
     assert_null(f);
     check_msg(&err, "cannot read");
 
     /* shorter than the size field, on disk: refused before mmap */
-    const char *p = tmp_path("short.safetensors");
+    const char *p = files_tmp("short.safetensors");
     FILE *fp = fopen(p, "wb");
     assert_non_null(fp);
     fwrite("\x02\0\0\0", 1, 5, fp);
@@ -529,7 +518,7 @@ static void test_open_errors(void **state)
     unlink(p);
 
     /* a format error through the mapped path too */
-    p = tmp_path("bad.safetensors");
+    p = files_tmp("bad.safetensors");
     size_t len;
     const char *h = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
     unsigned char *b = mkfile_n(h, strlen(h), 4, &len);
@@ -986,7 +975,7 @@ static void test_write_round_trip(void **state)
     golden_set *g = malloc(sizeof *g);
     assert_non_null(g);
     make_golden(g);
-    const char *path = tmp_path("rt.safetensors");
+    const char *path = files_tmp("rt.safetensors");
     aft_error err = {{0}};
     if (aft_st_write(path, g->name_ptr, g->t, g->n, golden_meta, 2, &err) != AFT_OK)
         fail_msg("write: %s", err.msg);
@@ -1054,7 +1043,7 @@ static void test_write_escapes_and_order(void **state)
         {.dtype = AFT_U8, .ndim = 0, .nelem = 1, .nbytes = 1, .data = bytes},
     };
     const char *meta[] = {"k\"\\\x02", "v\n\r\x7f"};
-    const char *path = tmp_path("esc.safetensors");
+    const char *path = files_tmp("esc.safetensors");
     aft_error err = {{0}};
     if (aft_st_write(path, names, t, 5, meta, 1, &err) != AFT_OK) fail_msg("write: %s", err.msg);
     aft_st_file *f = open_ok(path);
@@ -1091,7 +1080,7 @@ static void test_write_stdout(void **state)
     static const int32_t v[3] = {7, -8, 9};
     aft_tensor t = {.dtype = AFT_I32, .ndim = 1, .shape = {3}, .nelem = 3, .nbytes = 12, .data = v};
     const char *name = "v";
-    const char *path = tmp_path("stdout.safetensors");
+    const char *path = files_tmp("stdout.safetensors");
     fflush(stdout);
     int saved = dup(1);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -1113,7 +1102,7 @@ static void test_write_stdout(void **state)
 static void write_refused(const char *const *names, const aft_tensor *t, size_t n,
                           const char *const *meta, size_t nmeta, aft_status want, const char *needle)
 {
-    const char *path = tmp_path("refused.safetensors");
+    const char *path = files_tmp("refused.safetensors");
     aft_error err = {{0}};
     aft_status st = aft_st_write(path, names, t, n, meta, nmeta, &err);
     if (st == AFT_OK) fail_msg("write accepted, expected \"%s\"", needle);
@@ -1166,7 +1155,7 @@ static void test_write_refusals(void **state)
 
     /* a directory that does not exist: an I/O error from the atomic output */
     aft_error err = {{0}};
-    assert_int_equal(aft_st_write(tmp_path("no/such/dir.safetensors"), ok, &t, 1, NULL, 0, &err), AFT_ERR_IO);
+    assert_int_equal(aft_st_write(files_tmp("no/such/dir.safetensors"), ok, &t, 1, NULL, 0, &err), AFT_ERR_IO);
     check_msg(&err, "cannot create");
 }
 
@@ -1174,13 +1163,12 @@ static void test_write_refusals(void **state)
 
 static int setup(void **state)
 {
-    strcpy(tmpdir, "/tmp/aft_st_test.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return files_tmpdir_make("/tmp/aft_st_test.XXXXXX");
 }
 
 static int teardown(void **state)
 {
-    return rmdir(tmpdir);
+    return rmdir(files_tmpdir());
 }
 
 int main(void)
