@@ -160,6 +160,50 @@ static void test_save_load_same_bits(void **state)
         }
 }
 
+/* y (B, T, C) = L's operator on q, k (kc key channels), v, stepped through
+ * chunks of sizes[0 .. ns) rows; with reload_at > 0 the state is saved
+ * after the chunk that reaches row reload_at and loaded into a new one (its
+ * file holds nan_keys: the NaN test's) */
+static void step_op_chunks(float *y, const layer *L, const float *q, const float *k, const float *v, size_t B,
+                           size_t kc, const size_t *sizes, size_t ns, size_t reload_at, const char *name)
+{
+    const size_t n = B * T * C;
+    size_t t0 = 0;
+    aft_error err = {{0}};
+    aft_state *s;
+    assert_int_equal(aft_state_new_op(&s, &L->p.bias, &L->cfg, B, C, kc, &err), AFT_OK);
+    float *qc = xmalloc(n * sizeof *qc), *kc_ = xmalloc(B * T * kc * sizeof *kc_), *vc = xmalloc(n * sizeof *vc),
+          *oc = xmalloc(n * sizeof *oc);
+    for (size_t i = 0; i < ns; i++) {
+        size_t m = sizes[i];
+        for (size_t b = 0; b < B; b++) {
+            memcpy(qc + b * m * C, q + (b * T + t0) * C, m * C * sizeof *qc);
+            memcpy(kc_ + b * m * kc, k + (b * T + t0) * kc, m * kc * sizeof *kc_);
+            memcpy(vc + b * m * C, v + (b * T + t0) * C, m * C * sizeof *vc);
+        }
+        if (aft_state_step_op(s, oc, qc, kc_, vc, m, &err) != AFT_OK) fail_msg("%s: %s", name, err.msg);
+        for (size_t b = 0; b < B; b++) memcpy(y + (b * T + t0) * C, oc + b * m * C, m * C * sizeof *oc);
+        t0 += m;
+        if (reload_at && t0 >= reload_at && t0 - m < reload_at) {
+            char path[] = "/tmp/aft_test_state_XXXXXX";
+            int fd = mkstemp(path);
+            assert_true(fd >= 0);
+            close(fd);
+            assert_int_equal(aft_state_save(s, path, &err), AFT_OK);
+            aft_state_free(s);
+            assert_int_equal(aft_state_new_op(&s, &L->p.bias, &L->cfg, B, C, kc, &err), AFT_OK);
+            aft_st_file *f;
+            assert_int_equal(aft_st_open(path, &f, &err), AFT_OK);
+            assert_non_null(aft_st_find(f, "nan_keys"));
+            if (aft_state_load(s, f, &err) != AFT_OK) fail_msg("load: %s", err.msg);
+            aft_st_close(f);
+            unlink(path);
+        }
+    }
+    aft_state_free(s);
+    free(qc); free(kc_); free(vc); free(oc);
+}
+
 /* the bare operator: q, k, v in chunks against the one-shot and the reference */
 static void test_operator_chunkings(void **state)
 {
@@ -178,25 +222,8 @@ static void test_operator_chunkings(void **state)
         assert_int_equal(aft_op_forward(y1, q, k, v, &L.p.bias, &L.cfg, B, T, C, kc, &err), AFT_OK);
         assert_int_equal(ref_aft_op(ref, q, k, v, &L.p.bias, &L.cfg, B, T, C, kc), 0);
         for (int which = 0; which < 4; which++) {
-            size_t ns = chunking(which, &r, sizes), t0 = 0;
-            aft_state *s;
-            assert_int_equal(aft_state_new_op(&s, &L.p.bias, &L.cfg, B, C, kc, &err), AFT_OK);
-            float *qc = xmalloc(n * sizeof *qc), *kc_ = xmalloc(B * T * kc * sizeof *kc_), *vc = xmalloc(n * sizeof *vc),
-                  *oc = xmalloc(n * sizeof *oc);
-            for (size_t i = 0; i < ns; i++) {
-                size_t m = sizes[i];
-                for (size_t b = 0; b < B; b++) {
-                    memcpy(qc + b * m * C, q + (b * T + t0) * C, m * C * sizeof *qc);
-                    memcpy(kc_ + b * m * kc, k + (b * T + t0) * kc, m * kc * sizeof *kc_);
-                    memcpy(vc + b * m * C, v + (b * T + t0) * C, m * C * sizeof *vc);
-                }
-                if (aft_state_step_op(s, oc, qc, kc_, vc, m, &err) != AFT_OK)
-                    fail_msg("%s: %s", layer_cases[ci].name, err.msg);
-                for (size_t b = 0; b < B; b++) memcpy(y + (b * T + t0) * C, oc + b * m * C, m * C * sizeof *oc);
-                t0 += m;
-            }
-            aft_state_free(s);
-            free(qc); free(kc_); free(vc); free(oc);
+            size_t ns = chunking(which, &r, sizes);
+            step_op_chunks(y, &L, q, k, v, B, kc, sizes, ns, 0, layer_cases[ci].name);
             char what[128];
             snprintf(what, sizeof what, "operator %s chunking %d", layer_cases[ci].name, which);
             check_close(what, y, ref, n);
@@ -239,41 +266,9 @@ static void test_operator_nan_keys(void **state)
                                  ref[(b * T + t) * C + c]);
                 }
         for (int which = 0; which < 4; which++) {
-            size_t ns = chunking(which, &r, sizes), t0 = 0;
-            aft_error err = {{0}};
-            aft_state *s;
-            assert_int_equal(aft_state_new_op(&s, &L.p.bias, &L.cfg, B, C, kc, &err), AFT_OK);
-            float *qc = xmalloc(n * sizeof *qc), *kc_ = xmalloc(B * T * kc * sizeof *kc_), *vc = xmalloc(n * sizeof *vc),
-                  *oc = xmalloc(n * sizeof *oc);
-            for (size_t i = 0; i < ns; i++) {
-                size_t m = sizes[i];
-                for (size_t b = 0; b < B; b++) {
-                    memcpy(qc + b * m * C, q + (b * T + t0) * C, m * C * sizeof *qc);
-                    memcpy(kc_ + b * m * kc, k + (b * T + t0) * kc, m * kc * sizeof *kc_);
-                    memcpy(vc + b * m * C, v + (b * T + t0) * C, m * C * sizeof *vc);
-                }
-                if (aft_state_step_op(s, oc, qc, kc_, vc, m, &err) != AFT_OK)
-                    fail_msg("%s: %s", layer_cases[ci].name, err.msg);
-                for (size_t b = 0; b < B; b++) memcpy(y + (b * T + t0) * C, oc + b * m * C, m * C * sizeof *oc);
-                t0 += m;
-                if (t0 >= 60 && t0 - m < 60) {   /* past the first NaN: written and read back */
-                    char path[] = "/tmp/aft_test_state_XXXXXX";
-                    int fd = mkstemp(path);
-                    assert_true(fd >= 0);
-                    close(fd);
-                    assert_int_equal(aft_state_save(s, path, &err), AFT_OK);
-                    aft_state_free(s);
-                    assert_int_equal(aft_state_new_op(&s, &L.p.bias, &L.cfg, B, C, kc, &err), AFT_OK);
-                    aft_st_file *f;
-                    assert_int_equal(aft_st_open(path, &f, &err), AFT_OK);
-                    assert_non_null(aft_st_find(f, "nan_keys"));
-                    if (aft_state_load(s, f, &err) != AFT_OK) fail_msg("load: %s", err.msg);
-                    aft_st_close(f);
-                    unlink(path);
-                }
-            }
-            aft_state_free(s);
-            free(qc); free(kc_); free(vc); free(oc);
+            size_t ns = chunking(which, &r, sizes);
+            /* past the first NaN (row 40): written and read back */
+            step_op_chunks(y, &L, q, k, v, B, kc, sizes, ns, 60, layer_cases[ci].name);
             char what[128];
             snprintf(what, sizeof what, "operator %s NaN keys, chunking %d", layer_cases[ci].name, which);
             for (size_t i = 0; i < n; i++)
