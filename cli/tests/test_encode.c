@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "aft.h"
+#include "checks.h"
 #include "harness.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -135,17 +136,6 @@ static void write_ids(const char *path, const int32_t *ids, size_t n)
     if (aft_npy_write(path, &t, &err) != AFT_OK) fail_msg("%s: %s", path, err.msg);
 }
 
-static void assert_same_file(const char *a, const char *b)
-{
-    char *x, *y;
-    size_t nx, ny;
-    assert_int_equal(harness_read_file(a, &x, &nx), 0);
-    assert_int_equal(harness_read_file(b, &y, &ny), 0);
-    if (nx != ny || memcmp(x, y, nx) != 0) fail_msg("%s differs from %s", a, b);
-    free(x);
-    free(y);
-}
-
 /* a fortune, with a tab, quotes, a newline and a non-ASCII entry ("é") */
 static const char fortune[] = "\tIt is a truth universally acknowledged, that \"caf\xc3\xa9\" (1813)\nhas 2 lines.";
 
@@ -167,11 +157,11 @@ static void test_encode_feeds_model(void **state)
     assert_int_equal(t.shape[0], n);
     assert_memory_equal(t.data, want, n * sizeof *want);
     aft_tensor_free(&t);
-    assert_same_file(enc, hand);
+    check_same_file(enc, hand);
 
     free(run_ok(ARGS("model", "--weights", w, enc, "-o", la), NULL, 0, NULL));
     free(run_ok(ARGS("model", "--weights", w, hand, "-o", lb), NULL, 0, NULL));
-    assert_same_file(la, lb);
+    check_same_file(la, lb);
     /* and down a pipe: encode's stdout is model's stdin */
     size_t len, llen;
     char *npy = run_ok(ARGS("encode", "--weights", w, fortune), NULL, 0, &len);
@@ -369,7 +359,7 @@ static void test_vocab(void **state)
     free(want);
     free(run_ok(ARGS("encode", "--weights", w, fortune, "-o", a), NULL, 0, NULL));
     free(run_ok(ARGS("encode", "--weights", bare, "--vocab", vocab, fortune, "-o", b), NULL, 0, NULL));
-    assert_same_file(a, b);
+    check_same_file(a, b);
     char *x = run_ok(ARGS("decode", "--weights", bare, "--vocab", vocab, b), NULL, 0, NULL);
     char *with_nl = harness_fmt("%s\n", fortune);
     assert_string_equal(x, with_nl);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "aft.h"
+#include "checks.h"
 #include "harness.h"
 
 /* the fixture files, written once into a temp dir by the group setup */
@@ -105,16 +106,6 @@ static int teardown(void **state)
     return rc;
 }
 
-/* a successful run: exit 0, nothing on stderr */
-static void run_ok(harness_result *r, const char *const *args)
-{
-    assert_int_equal(harness_run(r, args, NULL, 0), 0);
-    if (r->exit_code != 0 || r->err_len != 0)
-        fprintf(stderr, "exit %d, stderr: %s\n", r->exit_code, r->err);
-    assert_int_equal(r->exit_code, 0);
-    assert_int_equal(r->err_len, 0);
-}
-
 /* parses the single JSON line of r's stdout */
 static cJSON *json_line(const harness_result *r)
 {
@@ -167,7 +158,7 @@ static void test_npy_text(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", p_x, NULL});
+    check_ok(&r, (const char *[]){"info", p_x, NULL});
     char *want = harness_fmt("%s: npy 1.0, little-endian, C order\n"
                              "  name  dtype  shape   bytes\n"
                              "  x     F32    [2, 3]     24\n",
@@ -181,7 +172,7 @@ static void test_npy_json(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", "--json", p_x, NULL});
+    check_ok(&r, (const char *[]){"info", "--json", p_x, NULL});
     cJSON *o = json_line(&r);
     assert_string_equal(str_field(o, "file"), p_x);
     assert_string_equal(str_field(o, "format"), "npy");
@@ -206,7 +197,7 @@ static void test_npy_big_endian_fortran(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", "--json", p_be, NULL});
+    check_ok(&r, (const char *[]){"info", "--json", p_be, NULL});
     cJSON *o = json_line(&r);
     const cJSON *t = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "tensors"), 0);
     assert_non_null(t);
@@ -218,7 +209,7 @@ static void test_npy_big_endian_fortran(void **state)
     cJSON_Delete(o);
     harness_result_free(&r);
 
-    run_ok(&r, (const char *[]){"info", p_be, NULL});
+    check_ok(&r, (const char *[]){"info", p_be, NULL});
     char *want = harness_fmt("%s: npy 1.0, big-endian, Fortran order\n", p_be);
     assert_true(strncmp(r.out, want, strlen(want)) == 0);
     free(want);
@@ -230,7 +221,7 @@ static void test_npy_no_byte_order(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", "--json", p_u8, NULL});
+    check_ok(&r, (const char *[]){"info", "--json", p_u8, NULL});
     cJSON *o = json_line(&r);
     check_npy(o, "none", 0);
     const cJSON *t = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "tensors"), 0);
@@ -239,7 +230,7 @@ static void test_npy_no_byte_order(void **state)
     cJSON_Delete(o);
     harness_result_free(&r);
 
-    run_ok(&r, (const char *[]){"info", p_u8, NULL});
+    check_ok(&r, (const char *[]){"info", p_u8, NULL});
     assert_non_null(strstr(r.out, "byte order n/a, C order\n"));
     harness_result_free(&r);
 }
@@ -248,7 +239,7 @@ static void test_safetensors_text(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", p_model, NULL});
+    check_ok(&r, (const char *[]){"info", p_model, NULL});
     char *want = harness_fmt("%s: safetensors, 3 tensors, 2 metadata entries\n"
                              "  name         dtype  shape   bytes\n"
                              "  to_q.weight  F32    [4, 3]     48\n"
@@ -267,7 +258,7 @@ static void test_safetensors_json(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", "--json", p_model, NULL});
+    check_ok(&r, (const char *[]){"info", "--json", p_model, NULL});
     cJSON *o = json_line(&r);
     assert_string_equal(str_field(o, "file"), p_model);
     assert_string_equal(str_field(o, "format"), "safetensors");
@@ -299,12 +290,12 @@ static void test_odd_name(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", p_odd, NULL});
+    check_ok(&r, (const char *[]){"info", p_odd, NULL});
     assert_int_equal(harness_count_lines(r.out), 3);
     assert_non_null(strstr(r.out, "  line\\nbreak  F32"));
     harness_result_free(&r);
 
-    run_ok(&r, (const char *[]){"info", "--json", p_odd, NULL});
+    check_ok(&r, (const char *[]){"info", "--json", p_odd, NULL});
     cJSON *o = json_line(&r);
     const cJSON *t = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "tensors"), 0);
     assert_string_equal(str_field(t, "name"), "line\nbreak");
@@ -317,7 +308,7 @@ static void test_sniff(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", "--json", p_sniff_npy, p_sniff_st, NULL});
+    check_ok(&r, (const char *[]){"info", "--json", p_sniff_npy, p_sniff_st, NULL});
     assert_int_equal(harness_count_lines(r.out), 2);
     char *nl = strchr(r.out, '\n');
     *nl = '\0';
@@ -339,7 +330,7 @@ static void test_several_files_text(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", p_x, p_model, NULL});
+    check_ok(&r, (const char *[]){"info", p_x, p_model, NULL});
     char *second = harness_fmt("\n\n%s: safetensors", p_model);
     assert_non_null(strstr(r.out, second));
     free(second);
@@ -472,14 +463,14 @@ static void test_help(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"info", "--help", NULL});
+    check_ok(&r, (const char *[]){"info", "--help", NULL});
     assert_true(strncmp(r.out, "usage: aft info [--json] [--max-memory SIZE] FILE...\n", 52) == 0);
     harness_result_free(&r);
     /* -h too, and `aft help info` */
-    run_ok(&r, (const char *[]){"info", "-h", NULL});
+    check_ok(&r, (const char *[]){"info", "-h", NULL});
     assert_true(strncmp(r.out, "usage: aft info", 15) == 0);
     harness_result_free(&r);
-    run_ok(&r, (const char *[]){"help", "info", NULL});
+    check_ok(&r, (const char *[]){"help", "info", NULL});
     assert_true(strncmp(r.out, "usage: aft info", 15) == 0);
     harness_result_free(&r);
 }
@@ -492,7 +483,7 @@ static void test_double_dash(void **state)
     assert_int_equal(HARNESS_RUN(&r, "info", "--", "--json"), 0);
     check_one_error_line(&r, "--json", "cannot open");
     harness_result_free(&r);
-    run_ok(&r, (const char *[]){"info", "--json", "--", p_x, NULL});
+    check_ok(&r, (const char *[]){"info", "--json", "--", p_x, NULL});
     cJSON *o = json_line(&r);
     assert_string_equal(str_field(o, "file"), p_x);
     cJSON_Delete(o);

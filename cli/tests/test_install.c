@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "aft.h"
+#include "checks.h"
 #include "harness.h"
 
 static char *root;   /* the repository */
@@ -156,17 +157,6 @@ static const char *const sources[] = {
     "testdata/model/labml_aft_fortunes.safetensors", "testdata/model/README.md",
 };
 #define N_INSTALLED (sizeof installed / sizeof installed[0])
-
-static void assert_same_file(const char *a, const char *b)
-{
-    char *x, *y;
-    size_t nx, ny;
-    assert_int_equal(harness_read_file(a, &x, &nx), 0);
-    assert_int_equal(harness_read_file(b, &y, &ny), 0);
-    if (nx != ny || memcmp(x, y, nx) != 0) fail_msg("%s differs from %s", a, b);
-    free(x);
-    free(y);
-}
 
 /* A program that uses the installed library: an .npy written and read
  * back, and the bare AFT operator (simple variant) on a tiny input checked
@@ -349,7 +339,7 @@ static void test_install_uninstall(void **state)
         if (!exists(p)) fail_msg("not installed: %s", p);
         if (sources[i]) {
             char *src = at(root, sources[i]);
-            assert_same_file(p, src);
+            check_same_file(p, src);
             free(src);
         }
         free(p);

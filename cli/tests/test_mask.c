@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "aft.h"
+#include "checks.h"
 #include "harness.h"
 
 /* entries in a directory, not counting . and .. */
@@ -50,21 +51,11 @@ static char *rule_text(size_t n, size_t s, int causal)
     return t;
 }
 
-/* a successful run: exit 0, nothing on stderr */
-static void run_ok(harness_result *r, const char *const *args)
-{
-    assert_int_equal(harness_run(r, args, NULL, 0), 0);
-    if (r->exit_code != 0 || r->err_len != 0)
-        fprintf(stderr, "exit %d, stderr: %s\n", r->exit_code, r->err);
-    assert_int_equal(r->exit_code, 0);
-    assert_int_equal(r->err_len, 0);
-}
-
 /* `aft mask ARGS` prints exactly want on stdout */
 static void expect_text(const char *const *args, const char *want)
 {
     harness_result r;
-    run_ok(&r, args);
+    check_ok(&r, args);
     assert_string_equal(r.out, want);
     assert_int_equal(r.out_len, strlen(want));
     harness_result_free(&r);
@@ -191,17 +182,17 @@ static void test_npy_stdout(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"mask", "--len", "37", "--window", "5", "--format", "npy", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "37", "--window", "5", "--format", "npy", NULL});
     check_npy_bytes(r.out, r.out_len, 37, 5, 0);
     harness_result_free(&r);
-    run_ok(&r, (const char *[]){"mask", "--len", "37", "--window", "5", "--causal", "--format", "npy", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "37", "--window", "5", "--causal", "--format", "npy", NULL});
     check_npy_bytes(r.out, r.out_len, 37, 5, 1);
     harness_result_free(&r);
     /* the edge windows too */
-    run_ok(&r, (const char *[]){"mask", "--len", "6", "--window", "0", "--format", "npy", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "6", "--window", "0", "--format", "npy", NULL});
     check_npy_bytes(r.out, r.out_len, 6, 0, 0);
     harness_result_free(&r);
-    run_ok(&r, (const char *[]){"mask", "--len", "6", "--window", "100", "--causal", "--format=npy", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "6", "--window", "100", "--causal", "--format=npy", NULL});
     check_npy_bytes(r.out, r.out_len, 6, 100, 1);
     harness_result_free(&r);
 }
@@ -230,24 +221,24 @@ static void test_json(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"mask", "--len", "37", "--window", "5", "--format", "json", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "37", "--window", "5", "--format", "json", NULL});
     check_json(r.out, 37, 5, 0);
     harness_result_free(&r);
-    run_ok(&r, (const char *[]){"mask", "--len", "5", "--window", "2", "--causal", "--format", "json", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "5", "--window", "2", "--causal", "--format", "json", NULL});
     check_json(r.out, 5, 2, 1);
     harness_result_free(&r);
-    run_ok(&r, (const char *[]){"mask", "--len", "1", "--window", "1", "--format", "json", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "1", "--window", "1", "--format", "json", NULL});
     check_json(r.out, 1, 1, 0);
     harness_result_free(&r);
     /* --json, as every command that prints JSON spells it; the later of it
      * and --format counts */
-    run_ok(&r, (const char *[]){"mask", "--len", "5", "--window", "2", "--causal", "--json", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "5", "--window", "2", "--causal", "--json", NULL});
     check_json(r.out, 5, 2, 1);
     harness_result_free(&r);
-    run_ok(&r, (const char *[]){"mask", "--len", "5", "--window", "2", "--format", "npy", "--json", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "5", "--window", "2", "--format", "npy", "--json", NULL});
     check_json(r.out, 5, 2, 0);
     harness_result_free(&r);
-    run_ok(&r, (const char *[]){"mask", "--len", "2", "--window", "2", "--json", "--format", "text", NULL});
+    check_ok(&r, (const char *[]){"mask", "--len", "2", "--window", "2", "--json", "--format", "text", NULL});
     assert_string_equal(r.out, "1 1\n1 1\n");
     harness_result_free(&r);
 }
@@ -262,10 +253,10 @@ static void test_output_file(void **state)
         assert_int_equal(mkdir(sub, 0700), 0);
         char *path = harness_path(sub, "mask.out");
         harness_result r, s;
-        run_ok(&r, (const char *[]){"mask", "--len", "9", "--window", "3", "--causal", "--format", formats[f],
+        check_ok(&r, (const char *[]){"mask", "--len", "9", "--window", "3", "--causal", "--format", formats[f],
                                     "-o", path, NULL});
         assert_int_equal(r.out_len, 0);
-        run_ok(&s, (const char *[]){"mask", "--len", "9", "--window", "3", "--causal", "--format", formats[f], NULL});
+        check_ok(&s, (const char *[]){"mask", "--len", "9", "--window", "3", "--causal", "--format", formats[f], NULL});
         char *data;
         size_t len;
         assert_int_equal(harness_read_file(path, &data, &len), 0);
@@ -287,7 +278,7 @@ static void test_output_file(void **state)
                                   "................................................................\n";
         assert_int_equal(harness_write_file(path, old, sizeof old - 1), 0);
         harness_result_free(&r);
-        run_ok(&r, (const char *[]){"mask", "--len", "9", "--window", "3", "--causal", "--format", formats[f],
+        check_ok(&r, (const char *[]){"mask", "--len", "9", "--window", "3", "--causal", "--format", formats[f],
                                     "-o", path, NULL});
         assert_int_equal(harness_read_file(path, &data, &len), 0);
         assert_int_equal(len, s.out_len);
@@ -355,7 +346,7 @@ static void test_help(void **state)
 {
     (void)state;
     harness_result r;
-    run_ok(&r, (const char *[]){"mask", "--help", NULL});
+    check_ok(&r, (const char *[]){"mask", "--help", NULL});
     assert_true(strncmp(r.out, "usage: aft mask", 15) == 0);
     harness_result_free(&r);
 }

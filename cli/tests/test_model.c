@@ -38,6 +38,7 @@
 
 #include "aft.h"
 #include "cli.h"
+#include "checks.h"
 #include "harness.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -529,26 +530,12 @@ static void test_data_errors(void **state)
     free(w); free(seq); free(out); free(miss); free(bad); free(tp);
 }
 
-/* a run that must exit `code` with exactly `want` on stderr (and, when it
- * fails, nothing on stdout) */
-static void expect_stderr(const char *const *args, int code, const char *want)
-{
-    harness_result r;
-    assert_int_equal(harness_run(&r, args, NULL, 0), 0);
-    if (r.exit_code != code || strcmp(r.err, want) != 0) {
-        fprintf(stderr, "aft %s ...: exit %d (want %d), stderr:\n%s  want:\n%s", args[0], r.exit_code, code, r.err,
-                want);
-        fail();
-    }
-    if (code) assert_int_equal(r.out_len, 0);
-    harness_result_free(&r);
-}
 
 /* expect_stderr of the one line "aft CMD: what" (CMD: args[0]) */
 static void expect_message(const char *const *args, int code, const char *what)
 {
     char *want = harness_fmt("aft %s: %s", args[0], what);
-    expect_stderr(args, code, want);
+    check_stderr(args, code, want);
     free(want);
 }
 
@@ -589,7 +576,7 @@ static void test_layers_alike(void **state)
     }
     every[6] = NULL;
     rewrite_with(p, every, NULL, 0, 0, NULL, 0);
-    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, "");
+    check_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, "");
     /* a bias the query and value have and the key lacks */
     rewrite(p, "encoder.layers.2.self_attn.key.bias", NULL, 0, 0, 0);
     want = harness_fmt("%s: missing tensor 'encoder.layers.2.self_attn.key.bias' beside "
@@ -617,7 +604,7 @@ static void test_layers_alike(void **state)
     rewrite_with(p, NULL, NULL, 0, 0, "encoder.layers.0.feed_forward.linear_v.weight", 0);
     want = harness_fmt("aft model: warning: %s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', "
                        "which the model does not use\n", p);
-    expect_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, want);
+    check_stderr(ARGS("model", "--weights", p, seq, "-o", out), 0, want);
     same_file(out, ref);
     free(want);
     want = harness_fmt("%s: unexpected tensor 'encoder.layers.0.feed_forward.linear_v.weight', which the model does not "

@@ -41,6 +41,7 @@
 
 #include "aft.h"
 #include "cli.h"
+#include "checks.h"
 #include "harness.h"
 
 /* ------------------------------------------------------------------ small helpers */
@@ -94,19 +95,6 @@ static float *rand_array(size_t n, uint64_t seed, float scale)
         a[i] = scale * (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
     }
     return a;
-}
-
-/* a successful run: exit 0, nothing on stderr */
-static void run_ok_in(harness_result *r, const char *const *args, const void *in, size_t in_len)
-{
-    assert_int_equal(harness_run(r, args, in, in_len), 0);
-    if (r->exit_code != 0 || r->err_len != 0) {
-        fprintf(stderr, "exit %d, stderr: %s\n  command: aft", r->exit_code, r->err);
-        for (size_t i = 0; args[i]; i++) fprintf(stderr, " %s", args[i]);
-        fputc('\n', stderr);
-    }
-    assert_int_equal(r->exit_code, 0);
-    assert_int_equal(r->err_len, 0);
 }
 
 /* a data or I/O error: exit 1, nothing on stdout, one line on stderr starting
@@ -226,20 +214,6 @@ static void assert_close_f(const char *what, const aft_tensor *got, const aft_te
     double d = max_diff(F(got), F(want), got->nelem), tol = tol_f(F(want), want->nelem);
     if (!(d <= tol)) fprintf(stderr, "%s: max abs error %g > tolerance %g\n", what, d, tol);
     assert_true(d <= tol);
-}
-
-/* two output files hold the same bytes */
-static void assert_same_file(const char *a, const char *b)
-{
-    char *da, *db;
-    size_t la, lb;
-    assert_int_equal(harness_read_file(a, &da, &la), 0);
-    assert_int_equal(harness_read_file(b, &db, &lb), 0);
-    if (la != lb || memcmp(da, db, la) != 0) fprintf(stderr, "%s and %s differ\n", a, b);
-    assert_int_equal(la, lb);
-    assert_memory_equal(da, db, la);
-    free(da);
-    free(db);
 }
 
 static int same_file(const char *a, const char *b)
@@ -421,7 +395,7 @@ static void run_line(const char *name, const char *weights, const char *line, co
     args[n++] = out;
     args[n] = NULL;
     harness_result r;
-    run_ok_in(&r, args, NULL, 0);
+    check_ok_in(&r, args, NULL, 0);
     harness_result_free(&r);
     for (size_t i = 0; i < nowned; i++) free(owned[i]);
     free(words);
@@ -576,7 +550,7 @@ static void test_torch_input_encodings(void **state)
         free(x);
         free(o);
     }
-    for (int i = 1; i < 4; i++) assert_same_file(outs[0], outs[i]);
+    for (int i = 1; i < 4; i++) check_same_file(outs[0], outs[i]);
     /* and that output is y.npy */
     check_line("rish_full", "weights.safetensors", "--variant full --layout btd", "x_fortran.npy", "y.npy");
     for (int i = 0; i < 4; i++) free(outs[i]);
@@ -629,7 +603,7 @@ static void run_opts(const char *const *opts, const char *input, const char *out
     args[n++] = out;
     args[n] = NULL;
     harness_result r;
-    run_ok_in(&r, args, NULL, 0);
+    check_ok_in(&r, args, NULL, 0);
     harness_result_free(&r);
 }
 
@@ -813,7 +787,7 @@ static void test_precision(void **state)
                 fail_msg("config %zu: bf16 is %.3g from the reference (bound 5e-3) and %.3g from float32 (must "
                          "exceed 1e-5)", c, e, d);
         } else {
-            assert_same_file(f, b);
+            check_same_file(f, b);
         }
         char *json;
         size_t jl;
@@ -908,7 +882,7 @@ static void test_layout_tbd(void **state)
         opts[n] = NULL;
         char *yb2 = tmp("lay_y_btd2.npy");
         run_opts(opts, xb, yb2);   /* btd is the default */
-        assert_same_file(yb, yb2);
+        check_same_file(yb, yb2);
         free(yb2);
         opts[n - 1] = "tbd";
         run_opts(opts, xt, yt);
@@ -1000,7 +974,7 @@ static void test_stdin_stdout(void **state)
 
     harness_result r;
     /* stdin -> stdout */
-    run_ok_in(&r, (const char *const[]){"run", "--variant", "local", "--window", "2", "-", NULL}, xbytes, xlen);
+    check_ok_in(&r, (const char *const[]){"run", "--variant", "local", "--window", "2", "-", NULL}, xbytes, xlen);
     assert_int_equal(r.out_len, ylen);
     assert_memory_equal(r.out, ybytes, ylen);
     read_out_mem(r.out, r.out_len, &t);
@@ -1008,16 +982,16 @@ static void test_stdin_stdout(void **state)
     aft_tensor_free(&t);
     harness_result_free(&r);
     /* file -> stdout */
-    run_ok_in(&r, (const char *const[]){"run", "--variant", "local", "--window", "2", x, NULL}, NULL, 0);
+    check_ok_in(&r, (const char *const[]){"run", "--variant", "local", "--window", "2", x, NULL}, NULL, 0);
     assert_int_equal(r.out_len, ylen);
     assert_memory_equal(r.out, ybytes, ylen);
     harness_result_free(&r);
     /* stdin -> file */
-    run_ok_in(&r, (const char *const[]){"run", "--variant", "local", "--window", "2", "-", "-o", y2, NULL}, xbytes,
+    check_ok_in(&r, (const char *const[]){"run", "--variant", "local", "--window", "2", "-", "-o", y2, NULL}, xbytes,
               xlen);
     assert_int_equal(r.out_len, 0);
     harness_result_free(&r);
-    assert_same_file(y, y2);
+    check_same_file(y, y2);
     /* empty stdin is a data error naming standard input */
     assert_int_equal(HARNESS_RUN(&r, "run", "-"), 0);
     assert_int_equal(r.exit_code, 1);
@@ -1079,7 +1053,7 @@ static void test_timing_json(void **state)
 
     /* conv with heads, the defaults otherwise; output on stdout */
     harness_result r;
-    run_ok_in(&r, (const char *const[]){"run", "--variant", "conv", "--window", "2", "--heads", "3", "--d-hidden",
+    check_ok_in(&r, (const char *const[]){"run", "--variant", "conv", "--window", "2", "--heads", "3", "--d-hidden",
                                         "9", "--timing", tj, x, NULL},
               NULL, 0);
     assert_true(r.out_len > 0);
@@ -1149,17 +1123,17 @@ static void test_seeded_init(void **state)
         opts[n] = NULL;
         run_opts(opts, x, a);
         run_opts(opts, x, b);
-        assert_same_file(a, b);
+        check_same_file(a, b);
         opts[n] = "--seed";
         opts[n + 1] = "0";   /* the default */
         opts[n + 2] = NULL;
         run_opts(opts, x, b);
-        assert_same_file(a, b);
+        check_same_file(a, b);
         opts[n + 1] = "1";
         run_opts(opts, x, b);
         assert_false(same_file(a, b));
         run_opts(opts, x, a);
-        assert_same_file(a, b);
+        check_same_file(a, b);
         opts[n + 1] = "18446744073709551615";   /* the largest seed */
         run_opts(opts, x, a);
         assert_false(same_file(a, b));
@@ -1392,9 +1366,9 @@ static void test_mask_batched(void **state)
     write_npy(mp_i4, AFT_I32, mi, 3, (size_t[]){B, T, T});
     run_opts(OPTS("--causal", "--weights", w, "--mask", mp), in.path, out);
     run_opts(OPTS("--causal", "--weights", w, "--mask", mp_u8), in.path, out2);
-    assert_same_file(out, out2);
+    check_same_file(out, out2);
     run_opts(OPTS("--causal", "--weights", w, "--mask", mp_i4), in.path, out2);
-    assert_same_file(out, out2);
+    check_same_file(out, out2);
     free(pb); free(w); free(mp); free(mp_u8); free(mp_i4); free(out); free(out2);
     bare_free(&in);
 }
@@ -1804,27 +1778,13 @@ static void test_weights_errors(void **state)
     free(x); free(out); free(pb);
 }
 
-/* a run that must exit `code` with exactly `want` on stderr (and, when it
- * fails, nothing on stdout) */
-static void expect_stderr(const char *const *args, int code, const char *want)
-{
-    harness_result r;
-    assert_int_equal(harness_run(&r, args, NULL, 0), 0);
-    if (r.exit_code != code || strcmp(r.err, want) != 0) {
-        fprintf(stderr, "aft %s ...: exit %d (want %d), stderr:\n%s  want:\n%s", args[0], r.exit_code, code, r.err,
-                want);
-        fail();
-    }
-    if (code) assert_int_equal(r.out_len, 0);
-    harness_result_free(&r);
-}
 #define ARGV(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* expect_stderr of the one line "aft CMD: what" (CMD: args[0]) */
 static void expect_message(const char *const *args, int code, const char *what)
 {
     char *want = harness_fmt("aft %s: %s", args[0], what);
-    expect_stderr(args, code, want);
+    check_stderr(args, code, want);
     free(want);
 }
 
@@ -1851,7 +1811,7 @@ static void test_weights_strict(void **state)
     write_st(clean, e, n);
     run_opts(OPTS("--weights", clean), x, ref);
     harness_result hr;
-    run_ok_in(&hr, ARGV("grad", "--weights", clean, x, "-o", gref), NULL, 0);
+    check_ok_in(&hr, ARGV("grad", "--weights", clean, x, "-o", gref), NULL, 0);
     harness_result_free(&hr);
 
     /* an unexpected tensor: a warning, the same output; --strict refuses it */
@@ -1859,12 +1819,12 @@ static void test_weights_strict(void **state)
     write_st(extra, e, n + 1);
     char *want = harness_fmt("aft run: warning: %s: unexpected tensor 'norm.weight', which the layer does not use\n",
                              extra);
-    expect_stderr(ARGV("run", "--weights", extra, x, "-o", out), 0, want);
-    assert_same_file(out, ref);
+    check_stderr(ARGV("run", "--weights", extra, x, "-o", out), 0, want);
+    check_same_file(out, ref);
     free(want);
     want = harness_fmt("aft grad: warning: %s: unexpected tensor 'norm.weight', which the layer does not use\n", extra);
-    expect_stderr(ARGV("grad", "--weights", extra, x, "-o", gout), 0, want);
-    assert_same_file(gout, gref);
+    check_stderr(ARGV("grad", "--weights", extra, x, "-o", gout), 0, want);
+    check_same_file(gout, gref);
     free(want);
     want = harness_fmt("%s: unexpected tensor 'norm.weight', which the layer does not use; --strict refuses it\n",
                extra);
@@ -1888,11 +1848,11 @@ static void test_weights_strict(void **state)
     e[m++] = (st_entry){"blocks.1.attn.norm.weight", junk, 1, {3}};
     write_st(p, e, m);
     run_opts(OPTS("--weights", p, "--prefix", "blocks.0.attn."), x, out);
-    assert_same_file(out, ref);
+    check_same_file(out, ref);
     want = harness_fmt("aft run: warning: %s: unexpected tensor 'blocks.1.attn.norm.weight', which the layer does not "
                        "use\n", p);
-    expect_stderr(ARGV("run", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", out), 0, want);
-    assert_same_file(out, ref);
+    check_stderr(ARGV("run", "--weights", p, "--prefix", "blocks.1.attn.", x, "-o", out), 0, want);
+    check_same_file(out, ref);
     free(want);
     /* the second layer with its output's bias alone, the first with all four:
      * --prefix finds some of the layer's biases but not all */
