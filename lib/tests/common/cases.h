@@ -52,6 +52,13 @@ uint8_t *make_mask(rng *r, size_t nb, size_t T);
  * entries of each, tmax x rank. */
 size_t make_factored(rng *r, aft_bias *b, float **u, float **v, size_t T, int extreme);
 
+/* A case's inputs, malloc'd, drawn from r: q, v (B, T, C) a row entry at a
+ * time (q ~ N(0,1), or U[-100, 100] for VALS_WIDE; v ~ U[-1,1]), then k (B,
+ * T, kc) as vals says, VALS_ADVERSE's from bias under cfg (the bias the
+ * operator is given; its heads when cfg->variant is AFT_CONV). */
+void make_qkv(rng *r, float **q, float **k, float **v, vals_mode vals, const aft_bias *bias, const aft_config *cfg,
+              size_t B, size_t T, size_t C, size_t kc);
+
 /* the lengths the small grids of cases walk through, and the (B, C) pairs
  * cycled through them: every T meets each pair */
 extern const size_t small_T[4];

@@ -91,44 +91,8 @@ void build_case(case_data *d, const op_case *c)
         d->bias.mask_batched = c->mask == MASK_BATCHED;
     }
 
-    size_t nq = B * T * C, nk = B * T * d->kc;
-    d->q = xmalloc(nq * sizeof *d->q);
-    d->v = xmalloc(nq * sizeof *d->v);
-    d->k = xmalloc(nk * sizeof *d->k);
-    for (size_t i = 0; i < nq; i++) {
-        d->q[i] = c->vals == VALS_WIDE ? (float)(100.0 * rng_sym(&r)) : (float)rng_normal(&r);
-        d->v[i] = (float)rng_sym(&r);
-    }
-    size_t H = c->variant == AFT_CONV ? c->heads : 1;
-    for (size_t b = 0; b < B; b++)
-        for (size_t t2 = 0; t2 < T; t2++)
-            for (size_t j = 0; j < d->kc; j++) {
-                float *kk = &d->k[(b * T + t2) * d->kc + j];
-                switch (c->vals) {
-                case VALS_NORMAL:
-                case VALS_RISING:
-                case VALS_BEYOND_KEY:    /* the backward's modes: normal keys here */
-                case VALS_BEYOND_BIAS:
-                    *kk = (float)rng_normal(&r);
-                    break;
-                case VALS_WIDE:
-                    *kk = on_grid(500.0 * rng_sym(&r), 0x1p-8);
-                    break;
-                case VALS_ONE_HUGE:
-                    *kk = t2 == 2 * T / 3 ? 500.0f : -500.0f;
-                    break;
-                case VALS_ADVERSE: {
-                    /* row t* differs per key channel; w from the same bias the
-                     * operator uses (head of channel j) */
-                    size_t head = d->kc == C ? j / (C / H) : j;
-                    size_t ts = (j * 7 + 3) % T;
-                    double w = ref_aft_bias_entry(&d->bias, &d->cfg, head, ts, t2);
-                    *kk = (float)(375.0 - 0.5 * w);
-                    break;
-                }
-                }
-            }
-
+    make_qkv(&r, &d->q, &d->k, &d->v, c->vals, &d->bias, &d->cfg, B, T, C, d->kc);
+    size_t nq = B * T * C;
     d->ref = xmalloc(nq * sizeof *d->ref);
     int rc = ref_aft_op(d->ref, d->q, d->k, d->v, &d->bias, &d->cfg, B, T, C, d->kc);
     if (rc != 0) {
