@@ -778,14 +778,18 @@ static void print_header(const bench_opts *o, int threads, double ceiling, doubl
 
 /* one configuration's result (a child's JSON with the parent's peak and
  * ceiling added) as a line of the table or of JSON */
-static void print_row(const bench_opts *o, cJSON *j, double ceiling, double floor16)
+static int print_row(const bench_opts *o, cJSON *j, double ceiling, double floor16)
 {
     if (o->json) {
         char *text = cJSON_PrintUnformatted(j);
+        if (!text) {   /* out of memory: the row is lost, the run says so */
+            cli_error("bench", "out of memory printing a result");
+            return EXIT_DATA;
+        }
         printf("%s\n", text);
         free(text);
         fflush(stdout);
-        return;
+        return 0;
     }
 #define NUM(key) cJSON_GetObjectItem(j, key)->valuedouble
     cJSON *md = cJSON_GetObjectItem(j, "max_abs_error");
@@ -811,6 +815,7 @@ static void print_row(const bench_opts *o, cJSON *j, double ceiling, double floo
            ceil_txt, ms_min > 0 ? 100.0 * proj / ms_min : 0.0, stream, grad, diff);
 #undef NUM
     fflush(stdout);
+    return 0;
 }
 
 /* every configuration, each in a child process, printed as it ends and
@@ -859,7 +864,7 @@ static int sweep(const bench_opts *o, const char *self, double ceiling, double f
                                                 cJSON_GetObjectItem(j, "gflop_per_s")->valuedouble / floor16);
                 }
                 if (tty) fputs("\r\033[K", stderr);
-                print_row(o, j, ceiling, floor16);
+                if (print_row(o, j, ceiling, floor16)) rc = EXIT_DATA;
                 cJSON_AddItemToArray(rows, j);
             }
     return rc;

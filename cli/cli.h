@@ -147,6 +147,8 @@ void cli_progress_stop(void);
 
 /* "-" is shown as "standard input" in messages and reports */
 const char *cli_display_name(const char *path);
+/* an output path as messages name it: "-" is standard output */
+const char *cli_output_name(const char *path);
 /* "aft CMD: FILE: msg" (CMD NULL: as for cli_error), unless msg already
  * starts with the file's name */
 void cli_report_file(const char *cmd, const char *path, const char *msg);

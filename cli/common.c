@@ -94,6 +94,11 @@ const char *cli_display_name(const char *path)
     return strcmp(path, "-") == 0 ? "standard input" : path;
 }
 
+const char *cli_output_name(const char *path)
+{
+    return strcmp(path, "-") == 0 ? "standard output" : path;
+}
+
 void cli_report_file(const char *cmd, const char *path, const char *msg)
 {
     /* the readers may already start msg with the path: do not say it twice */

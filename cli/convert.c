@@ -612,7 +612,7 @@ static int st_header(const job *j, char **hp, size_t *hlen)
 /* "aft: OUT: write failed: ..." for an error while writing the output */
 static void write_failed(const char *out_path, int e)
 {
-    cli_error(NULL, "%s: write failed: %s", cli_display_name(out_path), strerror(e));
+    cli_error(NULL, "%s: write failed: %s", cli_output_name(out_path), strerror(e));
 }
 
 /* it's input, once written, freed when the item read it (one .npy in
@@ -767,13 +767,13 @@ static int write_npz(job *j, const char *out_path)
             aft_npz_writer_begin(w, it->name, (uint64_t)hn + it->nbytes_out, crc, &err) != AFT_OK ||
             aft_npz_writer_write(w, head, hn, &err) != AFT_OK ||
             write_data(&out_sink, it->src->data, it->dtype, it->out, it->nelem, buf) != 0) {
-            cli_error(NULL, "%s: %s", cli_display_name(out_path), err.msg);
+            cli_error(NULL, "%s: %s", cli_output_name(out_path), err.msg);
             rc = EXIT_DATA;
         }
         item_release(it);
     }
     if (!rc && aft_npz_writer_finish(w, &err) != AFT_OK) {
-        cli_error(NULL, "%s: %s", cli_display_name(out_path), err.msg);
+        cli_error(NULL, "%s: %s", cli_output_name(out_path), err.msg);
         rc = EXIT_DATA;
     }
     aft_npz_writer_free(w);

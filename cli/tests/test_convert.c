@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "aft.h"
@@ -809,6 +810,26 @@ static void test_stdio(void **state)
     st = open_st(odd);
     assert_same_tensor(st_tensor(st, "v"), &want);
     aft_st_close(st);
+
+    /* standard output on a full device is named so: a .npy's, and a whole
+     * .safetensors copied, past stdio's buffer (its writer's error named
+     * standard input) */
+    char *big = harness_path(harness_testdata(), "model/labml_aft_fortunes.safetensors");
+    const char *const ins[] = {in, big};
+    for (int i = 0; i < 2; i++) {
+        char *log = in_dir("full.txt");
+        char *cmd = harness_fmt("'%s' convert -o - '%s' >/dev/full 2>'%s'", harness_aft_bin(), ins[i], log);
+        int st_code = system(cmd);
+        assert_true(WIFEXITED(st_code) && WEXITSTATUS(st_code) == 1);
+        char *got;
+        size_t n;
+        assert_int_equal(harness_read_file(log, &got, &n), 0);
+        if (!strstr(got, "aft convert: standard output: write failed: No space left on device\n")) fail_msg("%s", got);
+        free(got);
+        free(cmd);
+        free(log);
+    }
+    free(big);
 
     free(odd);
     free(bytes);
