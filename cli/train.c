@@ -829,11 +829,11 @@ static int write_timing(run *r)
     double tokens = (double)(r->B * (size_t)r->ranks.size * r->T) * (double)done;
     cJSON_AddNumberToObject(j, "tokens_per_s", r->t_steps > 0 ? tokens / (r->t_steps / 1000.0) : 0.0);
     /* what one step keeps for its backward pass, as the model states it:
-     * (4 D + F) B T floats a layer and B T V for the logits, O(layers B T D) */
+     * (2 D + 3 C + F) B T floats a layer, O(layers B T D) */
     double BT = (double)r->B * (double)r->T;
     cJSON_AddNumberToObject(j, "activations_bytes",
-                            4.0 * (BT * (double)in->n_layers * (4.0 * (double)in->d_model + (double)in->d_ff) +
-                                   BT * (double)in->n_vocab));
+                            4.0 * BT * (double)in->n_layers *
+                                (2.0 * (double)in->d_model + 3.0 * (double)in->d_hidden + (double)in->d_ff));
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
     if (cli_write_json(&out, "train", j)) {
         aft_out_abort(&out);

@@ -1107,7 +1107,11 @@ typedef struct {
  * (grads[i] NULL: not wanted). o NULL: no dropout. Dropout as labml's
  * model applies it, scaled by 1 / (1 - p): after each layer's self_attn,
  * after its FFN's ReLU and after its FFN. Memory: the activations of one
- * step, about (4 D + F) B T floats a layer plus B T V for the logits. */
+ * step, (2 D + 3 C + F) B T floats a layer, and for a batch cut into
+ * groups (whole sequences a thread takes at a time) their copies of the
+ * gradients, at most as many floats again. The results do not depend on
+ * the thread count, unless the batch makes one group (one sequence, or
+ * too few rows for more). */
 aft_status aft_model_loss_grad(aft_model *m, const int32_t *tokens, const int32_t *targets, size_t B, size_t T,
                                const aft_train_options *o, float *loss, float *const *grads, aft_error *err);
 

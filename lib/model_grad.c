@@ -3,12 +3,12 @@
  * loss with its gradient for every parameter.
  *
  * The forward pass keeps, per layer, its input x, the residual stream after
- * self_attn (xm) and the FFN's hidden units after the ReLU (h): (2 D + F)
- * floats a row. The LayerNorms' outputs are computed again in the backward
- * pass (cheap, and it saves 2 D a row), dropout masks are a pure function of
- * (seed, site, element), and each AFT layer's backward (layer_grad.c) runs
- * its own forward. The backward pass then goes layer by layer from the
- * cross-entropy down to the embedding:
+ * self_attn (xm), the FFN's hidden units after the ReLU (h) and what the AFT
+ * layer's saved forward keeps for its backward (Q, K, V: layer_grad.c):
+ * (2 D + F + 3 C) floats a row. The LayerNorms' outputs are computed again
+ * in the backward pass (cheap, and it saves 2 D a row), and dropout masks
+ * are a pure function of (seed, site, element). The backward pass then goes
+ * layer by layer from the cross-entropy down to the embedding:
  *   LayerNorm:  dx = rstd (dy - mean(dy) - xhat mean(dy xhat)), dy = dz w,
  *               dw = sum dz xhat, db = sum dz
  *   Linear:     dX = dY W, dW = dY^T X, db = column sums of dY
@@ -41,6 +41,9 @@ enum { P_NORMW, P_NORMB, P_GENW, P_GENB, P_TAIL };
 /* a sum over rows is cut into this many fixed chunks, added in order: the
  * same bits for any number of threads */
 enum { SUM_CHUNKS = 64 };
+/* a step's batch is cut into at most this many groups of whole sequences
+ * (step_groups) */
+enum { GROUPS_MAX = 8 };
 
 typedef struct {
     char name[96];
@@ -49,16 +52,28 @@ typedef struct {
     float *data;   /* the master copy; NULL until the first data call */
 } tparam;
 
+/* one thread's temporaries, for a group of at most rows_cap rows */
+typedef struct {
+    float *z, *y, *dx, *dz, *dh, *hd, *zf, *logits;
+    double *part;         /* SUM_CHUNKS x 2 max(D, F, V) partial sums */
+} temps;
+
 struct aft_train {
     char why[200];        /* nonempty: the model cannot be trained, and why */
     size_t np;
     tparam *p;
     int have_data;
-    /* the activations of a step, for cap rows */
-    size_t cap;
-    float **x, **xm, **h; /* per layer (n_layers + 1 x's: the last the encoder's output) */
-    float *z, *y, *dx, *dz, *dh, *hd, *zf, *logits;
-    double *part;         /* SUM_CHUNKS x max(D, F, V) partial sums */
+    /* the activations of a step, for cap rows: per layer its input x (n_layers
+     * + 1 x's: the last the encoder's output), xm and h, and what its AFT
+     * layer's forward saved for its backward (saved_cap floats a layer) */
+    size_t cap, saved_cap;
+    float **x, **xm, **h, **saved;
+    /* the threads' temporaries (ntemps of them) */
+    size_t ntemps, rows_cap;
+    temps *tmp;
+    /* the groups' copies of the gradients (copy_cap floats) */
+    float *copies;
+    size_t copy_cap;
 };
 
 static size_t layer_index(size_t l, int k)
@@ -166,23 +181,35 @@ static aft_status prepare(aft_model *m, aft_error *err)
     return AFT_OK;
 }
 
+static void free_temps(temps *w)
+{
+    float *s[] = {w->z, w->y, w->dx, w->dz, w->dh, w->hd, w->zf, w->logits};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) free(s[i]);
+    free(w->part);
+    memset(w, 0, sizeof *w);
+}
+
 static void free_scratch(struct aft_train *t, size_t nl)
 {
     for (size_t l = 0; t->x && l <= nl; l++) free(t->x[l]);
-    for (size_t l = 0; t->xm && l < nl; l++) free(t->xm[l]);
-    for (size_t l = 0; t->h && l < nl; l++) free(t->h[l]);
+    for (size_t l = 0; l < nl; l++) {
+        if (t->xm) free(t->xm[l]);
+        if (t->h) free(t->h[l]);
+        if (t->saved) free(t->saved[l]);
+    }
     free(t->x);
     free(t->xm);
     free(t->h);
-    t->x = t->xm = t->h = NULL;
-    float **s[] = {&t->z, &t->y, &t->dx, &t->dz, &t->dh, &t->hd, &t->zf, &t->logits};
-    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
-        free(*s[i]);
-        *s[i] = NULL;
-    }
-    free(t->part);
-    t->part = NULL;
-    t->cap = 0;
+    free(t->saved);
+    t->x = t->xm = t->h = t->saved = NULL;
+    t->cap = t->saved_cap = 0;
+    for (size_t i = 0; i < t->ntemps; i++) free_temps(&t->tmp[i]);
+    free(t->tmp);
+    t->tmp = NULL;
+    t->ntemps = t->rows_cap = 0;
+    free(t->copies);
+    t->copies = NULL;
+    t->copy_cap = 0;
 }
 
 void aft_model_train_free(aft_model *m)
@@ -354,13 +381,14 @@ double aft_train_dropout_scale(uint64_t seed, uint64_t site, uint64_t i, float p
     return u < (double)p ? 0.0 : 1.0 / (1.0 - (double)p);
 }
 
-/* a *= the dropout mask of (seed, site) over n elements */
-static void dropout(float *a, size_t n, uint64_t seed, uint64_t site, float p, int nt)
+/* a *= the dropout mask of (seed, site) over n elements, the first of them
+ * the site's element i0 */
+static void dropout(float *a, size_t n, uint64_t seed, uint64_t site, float p, size_t i0, int nt)
 {
     if (p <= 0.0f) return;
     const float inv = (float)(1.0 / (1.0 - (double)p));
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (size_t i = 0; i < n; i++) a[i] = aft_train_dropout_scale(seed, site, i, p) == 0.0 ? 0.0f : a[i] * inv;
+    for (size_t i = 0; i < n; i++) a[i] = aft_train_dropout_scale(seed, site, i0 + i, p) == 0.0 ? 0.0f : a[i] * inv;
 }
 
 /* ---------------------------------------------------------------- pieces */
@@ -443,46 +471,71 @@ static void layernorm_back(float *dx, int add, float *dw, float *db, const float
     }
 }
 
-static void add_to(float *x, const float *y, size_t n, int nt)
+/* out = x + y over n floats */
+static void add_into(float *out, const float *x, const float *y, size_t n, int nt)
 {
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
+    for (size_t i = 0; i < n; i++) out[i] = x[i] + y[i];
 }
 
-static aft_status scratch(aft_model *m, size_t N, aft_error *err)
+/* ---------------------------------------------------------------- memory */
+
+/* the activations of N rows, and each layer's saved forward (saved floats) */
+static aft_status scratch_acts(aft_model *m, size_t N, size_t saved, aft_error *err)
 {
     struct aft_train *t = m->train;
-    if (N <= t->cap) return AFT_OK;
-    const size_t nl = m->info.n_layers, D = m->info.d_model, F = m->info.d_ff, V = m->info.n_vocab;
+    if (N <= t->cap && saved <= t->saved_cap) return AFT_OK;
+    const size_t nl = m->info.n_layers, D = m->info.d_model, F = m->info.d_ff;
     free_scratch(t, nl);
     int ok = (t->x = calloc(nl + 1, sizeof *t->x)) && (t->xm = calloc(nl, sizeof *t->xm)) &&
-             (t->h = calloc(nl, sizeof *t->h));
+             (t->h = calloc(nl, sizeof *t->h)) && (t->saved = calloc(nl, sizeof *t->saved));
     for (size_t l = 0; ok && l <= nl; l++) ok = (t->x[l] = aft_alloc_array(N, D * sizeof(float))) != NULL;
     for (size_t l = 0; ok && l < nl; l++)
-        ok = (t->xm[l] = aft_alloc_array(N, D * sizeof(float))) && (t->h[l] = aft_alloc_array(N, F * sizeof(float)));
-    size_t w = D > F ? D : F;
-    if (V > w) w = V;
-    ok = ok && (t->z = aft_alloc_array(N, D * sizeof(float))) && (t->y = aft_alloc_array(N, D * sizeof(float))) &&
-         (t->dx = aft_alloc_array(N, D * sizeof(float))) && (t->dz = aft_alloc_array(N, D * sizeof(float))) &&
-         (t->dh = aft_alloc_array(N, F * sizeof(float))) && (t->hd = aft_alloc_array(N, F * sizeof(float))) &&
-         (t->zf = aft_alloc_array(N, D * sizeof(float))) && (t->logits = aft_alloc_array(N, V * sizeof(float))) &&
-         (t->part = aft_alloc_array(SUM_CHUNKS, 2 * w * sizeof(double)));
+        ok = (t->xm[l] = aft_alloc_array(N, D * sizeof(float))) && (t->h[l] = aft_alloc_array(N, F * sizeof(float))) &&
+             (t->saved[l] = aft_alloc_array(saved ? saved : 1, sizeof(float)));
     if (!ok) {
         free_scratch(t, nl);
         return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the activations of %zu rows (%zu layers)", N, nl);
     }
     t->cap = N;
+    t->saved_cap = saved;
     return AFT_OK;
 }
 
-/* cross-entropy of the logits (N, V) against targets; dlogits in place
- * (softmax - one-hot) / count when grad */
-static double cross_entropy(float *lg, const int32_t *targets, size_t N, size_t V, int grad, int nt)
+/* n sets of temporaries for groups of up to rows rows */
+static aft_status scratch_temps(aft_model *m, size_t n, size_t rows, aft_error *err)
 {
-    size_t count = 0;
-    for (size_t i = 0; i < N; i++) count += targets[i] >= 0;
+    struct aft_train *t = m->train;
+    if (n <= t->ntemps && rows <= t->rows_cap) return AFT_OK;
+    const size_t D = m->info.d_model, F = m->info.d_ff, V = m->info.n_vocab;
+    for (size_t i = 0; i < t->ntemps; i++) free_temps(&t->tmp[i]);
+    free(t->tmp);
+    t->ntemps = t->rows_cap = 0;
+    int ok = (t->tmp = calloc(n, sizeof *t->tmp)) != NULL;
+    size_t w = D > F ? D : F;
+    if (V > w) w = V;
+    for (size_t i = 0; ok && i < n; i++) {
+        temps *q = &t->tmp[i];
+        ok = (q->z = aft_alloc_array(rows, D * sizeof(float))) && (q->y = aft_alloc_array(rows, D * sizeof(float))) &&
+             (q->dx = aft_alloc_array(rows, D * sizeof(float))) &&
+             (q->dz = aft_alloc_array(rows, D * sizeof(float))) &&
+             (q->dh = aft_alloc_array(rows, F * sizeof(float))) &&
+             (q->hd = aft_alloc_array(rows, F * sizeof(float))) &&
+             (q->zf = aft_alloc_array(rows, D * sizeof(float))) &&
+             (q->logits = aft_alloc_array(rows, V * sizeof(float))) &&
+             (q->part = aft_alloc_array(SUM_CHUNKS, 2 * w * sizeof(double)));
+    }
+    if (t->tmp) t->ntemps = n;
+    if (!ok) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the temporaries of %zu rows", rows);
+    t->rows_cap = rows;
+    return AFT_OK;
+}
+
+/* cross-entropy of the logits (N, V) against targets, summed over the
+ * rows; dlogits in place, (softmax - one-hot) inv, when grad */
+static double cross_entropy(float *lg, const int32_t *targets, size_t N, size_t V, int grad, double inv, int nt)
+{
     double total = 0.0;
-    const double inv = count ? 1.0 / (double)count : 0.0;
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1) reduction(+ : total)
     for (size_t i = 0; i < N; i++) {
         float *r = lg + i * V;
@@ -503,10 +556,201 @@ static double cross_entropy(float *lg, const int32_t *targets, size_t N, size_t 
     }
     /* the sum above is per thread; its order differs with threads only in the
      * last bits of a double */
-    return count ? total / (double)count : 0.0;
+    return total;
 }
 
-/* ---------------------------------------------------------------- loss and gradient */
+/* ---------------------------------------------------------------- loss and gradient
+ *
+ * A step cuts its batch into groups of whole sequences, as many as
+ * step_groups says whatever the threads. Each thread takes a group as it
+ * comes free and runs the whole model's forward and backward pass on its
+ * rows alone (its products single-threaded), writing the weight gradients
+ * into the group's own copy; the copies are then added in group order. One
+ * parallel region a step: no thread waits for another between the
+ * products (on a shared machine each wait is a core lost), a weight's
+ * gradient is one product over the group's rows, not one cut between the
+ * threads, and the bits do not depend on the thread count. With fewer
+ * groups than threads, the groups run one after another, each on every
+ * thread. */
+
+typedef struct {
+    aft_model *m;
+    const int32_t *tokens, *targets;
+    size_t T;
+    float p;                /* dropout */
+    uint64_t seed;
+    double inv;             /* 1 / the targets counted */
+    float *const *grads;    /* the caller's; NULL: the loss alone */
+    int inner;              /* threads inside a group */
+} step;
+
+typedef struct {
+    size_t nb, r0, n;       /* nb sequences, rows [r0, r0 + n) */
+    size_t saved;           /* its saved forward at saved of each layer's */
+    float **g;              /* its gradients (NULL: not wanted) */
+    temps *w;
+    double loss;            /* its rows' losses, summed */
+} group;
+
+/* groups of a step of B sequences (N rows): at most GROUPS_MAX, and their
+ * copies of the gradient (grad floats each) no more floats than the
+ * activations the step keeps anyway, or than GROUPS_FLOATS */
+enum { GROUPS_FLOATS = 1 << 20 };
+static size_t step_groups(const aft_model *m, size_t B, size_t N, size_t grad)
+{
+    const size_t nl = m->info.n_layers, D = m->info.d_model, F = m->info.d_ff;
+    size_t act, G = B < GROUPS_MAX ? B : GROUPS_MAX;
+    if (!aft_mul_ok(N, nl * (2 * D + F), &act)) act = SIZE_MAX;
+    if (act < GROUPS_FLOATS) act = GROUPS_FLOATS;
+    while (G > 1 && G > act / (grad ? grad : 1)) G--;
+    return G;
+}
+
+static aft_config layer_cfg(const mlayer *L, int threads)
+{
+    aft_config cfg = L->cfg;
+    cfg.impl = AFT_IMPL_FAST;
+    cfg.precision = AFT_PRECISION_F32;
+    cfg.threads = threads;
+    cfg.progress = NULL;
+    return cfg;
+}
+
+/* layer l's FFN hidden units after its dropout: h itself, or a copy */
+static const float *hidden_dropped(const step *s, const group *q, const float *h, size_t l)
+{
+    const size_t F = s->m->info.d_ff;
+    if (s->p <= 0.0f) return h;
+    memcpy(q->w->hd, h, q->n * F * sizeof(float));
+    dropout(q->w->hd, q->n * F, s->seed, 3 * l + 1, s->p, q->r0 * F, s->inner);
+    return q->w->hd;
+}
+
+/* the group's forward pass, keeping x, xm, h and the saved forward of each
+ * layer, to its logits and its loss (dlogits in their place with grads) */
+static aft_status group_forward(const step *s, group *q, aft_error *err)
+{
+    aft_model *m = s->m;
+    struct aft_train *t = m->train;
+    const size_t nl = m->info.n_layers, D = m->info.d_model, F = m->info.d_ff, V = m->info.n_vocab;
+    const size_t n = q->n, r0 = q->r0;
+    const int nt = s->inner;
+    temps *w = q->w;
+    aft_embed(t->x[0] + r0 * D, &m->emb, s->tokens + r0, s->T, q->nb, s->T, 0);
+    for (size_t l = 0; l < nl; l++) {
+        const mlayer *L = &m->layers[l];
+        const aft_config cfg = layer_cfg(L, nt);
+        float *x = t->x[l] + r0 * D, *xm = t->xm[l] + r0 * D, *h = t->h[l] + r0 * F;
+        aft_layernorm(w->z, x, L->ln1_w, L->ln1_b, n, D, AFT_LAYERNORM_EPS);
+        aft_error e2;
+        aft_status st = aft_layer_forward_saved(w->y, t->saved[l] + q->saved, w->z, &L->attn.p, &cfg, q->nb, s->T,
+                                                &e2);
+        if (st) return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
+        dropout(w->y, n * D, s->seed, 3 * l, s->p, r0 * D, nt);
+        add_into(xm, x, w->y, n * D, nt);
+        aft_layernorm(w->z, xm, L->ln2_w, L->ln2_b, n, D, AFT_LAYERNORM_EPS);
+        aft_gemm(nt, 1, n, F, D, w->z, D, L->ffp.w1, D, L->ffp.b1, h, F);
+        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+        for (size_t i = 0; i < n * F; i++) h[i] = h[i] > 0.0f || isnan(h[i]) ? h[i] : 0.0f;
+        aft_gemm(nt, 1, n, D, F, hidden_dropped(s, q, h, l), F, L->ffp.w2, F, L->ffp.b2, w->y, D);
+        dropout(w->y, n * D, s->seed, 3 * l + 2, s->p, r0 * D, nt);
+        add_into(t->x[l + 1] + r0 * D, xm, w->y, n * D, nt);
+    }
+    aft_layernorm(w->zf, t->x[nl] + r0 * D, m->norm_w, m->norm_b, n, D, AFT_LAYERNORM_EPS);
+    aft_gemm(nt, 1, n, V, D, w->zf, D, m->gen_w, D, m->gen_b, w->logits, V);
+    q->loss = cross_entropy(w->logits, s->targets + r0, n, V, s->grads != NULL, s->inv, nt);
+    return AFT_OK;
+}
+
+/* the generator and encoder.norm: w->dx = d/d(the encoder's output) */
+static void head_backward(const step *s, const group *q)
+{
+    const aft_model *m = s->m;
+    const size_t nl = m->info.n_layers, D = m->info.d_model, V = m->info.n_vocab, n = q->n, th = tail_index(m, 0);
+    temps *w = q->w;
+    float *const *g = q->g;
+    if (g[th + P_GENW]) gemm_tn(s->inner, V, D, n, w->logits, V, w->zf, D, g[th + P_GENW], D);
+    if (g[th + P_GENB]) col_sums(g[th + P_GENB], w->logits, n, V, w->part, s->inner);
+    aft_gemm(s->inner, 0, n, D, V, w->logits, V, m->gen_w, D, NULL, w->dz, D);
+    layernorm_back(w->dx, 0, g[th + P_NORMW], g[th + P_NORMB], w->dz, m->train->x[nl] + q->r0 * D, m->norm_w, n, D,
+                   w->part, s->inner);
+}
+
+/* layer l's FFN and norm_ff: w->dx from d/d(x[l + 1]) to d/d(xm[l]) */
+static void ffn_backward(const step *s, const group *q, size_t l)
+{
+    const aft_model *m = s->m;
+    const mlayer *L = &m->layers[l];
+    const size_t D = m->info.d_model, F = m->info.d_ff, n = q->n, r0 = q->r0;
+    const int nt = s->inner;
+    temps *w = q->w;
+    float *const *gl = q->g + layer_index(l, 0);
+    const float *h = m->train->h[l] + r0 * F, *xm = m->train->xm[l] + r0 * D;
+    /* dy = dropout(dx); y = hd W2^T + b2 */
+    float *dy = w->y;
+    memcpy(dy, w->dx, n * D * sizeof(float));
+    dropout(dy, n * D, s->seed, 3 * l + 2, s->p, r0 * D, nt);
+    if (gl[P_W2]) gemm_tn(nt, D, F, n, dy, D, hidden_dropped(s, q, h, l), F, gl[P_W2], F);
+    if (gl[P_B2]) col_sums(gl[P_B2], dy, n, D, w->part, nt);
+    aft_gemm(nt, 0, n, F, D, dy, D, L->ffp.w2, F, NULL, w->dh, F);
+    dropout(w->dh, n * F, s->seed, 3 * l + 1, s->p, r0 * F, nt);
+    float *dh = w->dh;
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (size_t i = 0; i < n * F; i++) dh[i] = h[i] > 0.0f ? dh[i] : 0.0f;
+    aft_layernorm(w->z, xm, L->ln2_w, L->ln2_b, n, D, AFT_LAYERNORM_EPS);
+    if (gl[P_W1]) gemm_tn(nt, F, D, n, dh, F, w->z, D, gl[P_W1], D);
+    if (gl[P_B1]) col_sums(gl[P_B1], dh, n, F, w->part, nt);
+    aft_gemm(nt, 0, n, D, F, dh, F, L->ffp.w1, D, NULL, w->dz, D);
+    layernorm_back(w->dx, 1, gl[P_LN2W], gl[P_LN2B], w->dz, xm, L->ln2_w, n, D, w->part, nt);
+}
+
+/* layer l's self_attn and norm_self_attn: w->dx from d/d(xm[l]) to d/d(x[l]) */
+static aft_status attn_backward(const step *s, const group *q, size_t l, aft_error *err)
+{
+    const aft_model *m = s->m;
+    const mlayer *L = &m->layers[l];
+    const size_t D = m->info.d_model, n = q->n, r0 = q->r0;
+    temps *w = q->w;
+    float *const *gl = q->g + layer_index(l, 0);
+    const float *x = m->train->x[l] + r0 * D;
+    /* dy = dropout(dx) */
+    memcpy(w->y, w->dx, n * D * sizeof(float));
+    dropout(w->y, n * D, s->seed, 3 * l, s->p, r0 * D, s->inner);
+    aft_layernorm(w->z, x, L->ln1_w, L->ln1_b, n, D, AFT_LAYERNORM_EPS);
+    const aft_config cfg = layer_cfg(L, s->inner);
+    aft_layer_grads lg = {.dx = w->dz, .wq = gl[P_QW], .bq = gl[P_QB], .wk = gl[P_KW], .bk = gl[P_KB],
+                          .wv = gl[P_VW], .bv = gl[P_VB], .wo = gl[P_OW], .bo = gl[P_OB]};
+    lg.bias.dense = gl[P_POS];
+    aft_error e2;
+    aft_status st = aft_layer_backward_saved(&lg, m->train->saved[l] + q->saved, w->y, w->z, &L->attn.p, &cfg,
+                                             q->nb, s->T, &e2);
+    if (st) return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
+    layernorm_back(w->dx, 1, gl[P_LN1W], gl[P_LN1B], w->dz, x, L->ln1_w, n, D, w->part, s->inner);
+    return AFT_OK;
+}
+
+/* the group's backward pass, from its dlogits down to the embedding */
+static aft_status group_backward(const step *s, const group *q, aft_error *err)
+{
+    const aft_model *m = s->m;
+    const size_t D = m->info.d_model, V = m->info.n_vocab, n = q->n;
+    head_backward(s, q);
+    for (size_t l = m->info.n_layers; l-- > 0;) {
+        ffn_backward(s, q, l);
+        aft_status st = attn_backward(s, q, l, err);
+        if (st) return st;
+    }
+    /* the embedding: each row's gradient to its token's, times the scale */
+    float *ge = q->g[P_EMB];
+    if (!ge) return AFT_OK;
+    const float *dx = q->w->dx;
+    const int32_t *tok = s->tokens + q->r0;
+    memset(ge, 0, V * D * sizeof(float));
+    #pragma omp parallel for schedule(static) num_threads(s->inner) if (s->inner > 1)
+    for (size_t j = 0; j < D; j++)
+        for (size_t i = 0; i < n; i++) ge[(size_t)tok[i] * D + j] += m->emb.scale * dx[i * D + j];
+    return AFT_OK;
+}
 
 static aft_status check_call(const aft_model *m, const int32_t *tokens, const int32_t *targets, size_t B, size_t T,
                              const aft_train_options *o, float *loss, size_t *N, aft_error *err)
@@ -532,114 +776,141 @@ static aft_status check_call(const aft_model *m, const int32_t *tokens, const in
     return AFT_OK;
 }
 
+/* the groups' places: their sequences and rows, their saved forwards
+ * (*saved: the floats of all, a layer), their gradients (the caller's for
+ * one group, else ptr's G x np pointers into the copies, *copy floats
+ * each); NULL copies: only sizes */
+static aft_status plan_groups(const step *s, group *grp, size_t G, size_t B, float **ptr, float *copies,
+                              size_t *saved, size_t *copy, aft_error *err)
+{
+    const struct aft_train *t = s->m->train;
+    const aft_config cfg = layer_cfg(&s->m->layers[0], s->inner);
+    *saved = *copy = 0;
+    for (size_t i = 0; s->grads && i < t->np; i++) *copy += s->grads[i] && t->p[i].trainable ? t->p[i].n : 0;
+    for (size_t g = 0; g < G; g++) {
+        size_t b0 = B * g / G, nf;
+        group *q = &grp[g];
+        q->nb = B * (g + 1) / G - b0;
+        q->r0 = b0 * s->T;
+        q->n = q->nb * s->T;
+        q->saved = *saved;
+        aft_status st = aft_layer_saved_floats(&s->m->layers[0].attn.p, &cfg, q->nb, s->T, &nf, err);
+        if (st) return st;
+        if (!aft_add_ok(*saved, nf, saved)) return aft_fail(err, AFT_ERR_ARG, "the saved forward overflows");
+        q->g = G == 1 ? (float **)s->grads : ptr + g * t->np;
+        for (size_t i = 0, at = 0; G > 1 && s->grads && i < t->np; i++) {
+            int want = s->grads[i] && t->p[i].trainable;
+            q->g[i] = want && copies ? copies + g * *copy + at : NULL;
+            at += want ? t->p[i].n : 0;
+        }
+    }
+    return AFT_OK;
+}
+
+/* the caller's gradients: the groups' copies added in group order, and 0
+ * for the buffers */
+static void gather_grads(const step *s, const group *grp, size_t G, int nt)
+{
+    const struct aft_train *t = s->m->train;
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    for (size_t i = 0; i < t->np; i++) {
+        float *out = s->grads[i];
+        if (!out) continue;
+        if (!t->p[i].trainable) {
+            #pragma omp single nowait
+            memset(out, 0, t->p[i].n * sizeof(float));
+            continue;
+        }
+        if (G == 1) continue;
+        #pragma omp for schedule(static) nowait
+        for (size_t e = 0; e < t->p[i].n; e++) {
+            float a = grp[0].g[i][e];
+            for (size_t g = 1; g < G; g++) a += grp[g].g[i][e];
+            out[e] = a;
+        }
+    }
+}
+
+/* the groups, each forward then backward, one a thread as they come free */
+static aft_status run_groups(const step *s, group *grp, size_t G, int outer, aft_error *err)
+{
+    struct aft_train *t = s->m->train;
+    aft_status st = AFT_OK;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(outer) if (outer > 1)
+    for (size_t g = 0; g < G; g++) {
+        /* OpenBLAS's OpenMP build runs a product on omp_get_max_threads()
+         * threads outside an active region (a region of one thread is not
+         * active): a group of one thread runs its products on it alone */
+        if (s->inner == 1) omp_set_num_threads(1);
+        aft_error e;
+        group *q = &grp[g];
+        q->w = &t->tmp[outer > 1 ? omp_get_thread_num() : 0];
+        aft_status sg = group_forward(s, q, &e);
+        if (!sg && s->grads) sg = group_backward(s, q, &e);
+        if (sg) {
+            #pragma omp critical(aft_model_grad_error)
+            if (!st) {
+                st = sg;
+                *err = e;
+            }
+        }
+    }
+    return st;
+}
+
+/* the step's memory: the activations and saved forwards, each thread's
+ * temporaries, and with more than one group their copies of the gradients */
+static aft_status step_memory(const step *s, group *grp, size_t G, size_t B, size_t N, int outer, float **ptr,
+                              aft_error *err)
+{
+    struct aft_train *t = s->m->train;
+    size_t saved, copy, all;
+    aft_status st = plan_groups(s, grp, G, B, ptr, NULL, &saved, &copy, err);
+    if (!st) st = scratch_acts(s->m, N, saved, err);
+    if (!st) st = scratch_temps(s->m, (size_t)outer, (B + G - 1) / G * s->T, err);
+    if (st) return st;
+    if (G > 1 && s->grads) {
+        if (!aft_mul_ok(G, copy, &all)) return aft_fail(err, AFT_ERR_NOMEM, "%zu copies of the gradients", G);
+        if (all > t->copy_cap) {
+            free(t->copies);
+            t->copy_cap = 0;
+            if (!(t->copies = aft_alloc_array(all, sizeof(float))))
+                return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu copies of the gradients", G);
+            t->copy_cap = all;
+        }
+    }
+    return plan_groups(s, grp, G, B, ptr, t->copies, &saved, &copy, err);
+}
+
 aft_status aft_model_loss_grad(aft_model *m, const int32_t *tokens, const int32_t *targets, size_t B, size_t T,
                                const aft_train_options *o, float *loss, float *const *grads, aft_error *err)
 {
-    size_t N;
+    size_t N = 0, count = 0, saved, copy;
     aft_status st = check_call(m, tokens, targets, B, T, o, loss, &N, err);
-    if (st || (st = ensure_data(m, err)) || (st = scratch(m, N, err))) return st;
+    if (st || (st = ensure_data(m, err))) return st;
     struct aft_train *t = m->train;
-    const size_t nl = m->info.n_layers, D = m->info.d_model, F = m->info.d_ff, V = m->info.n_vocab;
-    const float p = o ? o->dropout : 0.0f;
-    const uint64_t seed = o ? o->seed : 0;
     const int nt = aft_threads_or_all(o && o->threads ? o->threads : m->threads);
-    aft_error e2;
-
-    /* forward, keeping x, xm, h of each layer */
-    aft_embed(t->x[0], &m->emb, tokens, T, B, T, 0);
-    for (size_t l = 0; l < nl; l++) {
-        const mlayer *L = &m->layers[l];
-        aft_config cfg = L->cfg;
-        cfg.impl = AFT_IMPL_FAST;
-        cfg.precision = AFT_PRECISION_F32;
-        cfg.threads = nt;
-        cfg.progress = NULL;
-        aft_layernorm(t->z, t->x[l], L->ln1_w, L->ln1_b, N, D, AFT_LAYERNORM_EPS);
-        if ((st = aft_layer_forward(t->y, t->z, &L->attn.p, &cfg, B, T, &e2)))
-            return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
-        dropout(t->y, N * D, seed, 3 * l, p, nt);
-        memcpy(t->xm[l], t->x[l], N * D * sizeof(float));
-        add_to(t->xm[l], t->y, N * D, nt);
-        aft_layernorm(t->z, t->xm[l], L->ln2_w, L->ln2_b, N, D, AFT_LAYERNORM_EPS);
-        aft_gemm(nt, 1, N, F, D, t->z, D, L->ffp.w1, D, L->ffp.b1, t->h[l], F);
-        float *h = t->h[l];
-        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (size_t i = 0; i < N * F; i++) h[i] = h[i] > 0.0f || isnan(h[i]) ? h[i] : 0.0f;
-        const float *hd = h;
-        if (p > 0.0f) {
-            memcpy(t->hd, h, N * F * sizeof(float));
-            dropout(t->hd, N * F, seed, 3 * l + 1, p, nt);
-            hd = t->hd;
-        }
-        aft_gemm(nt, 1, N, D, F, hd, F, L->ffp.w2, F, L->ffp.b2, t->y, D);
-        dropout(t->y, N * D, seed, 3 * l + 2, p, nt);
-        memcpy(t->x[l + 1], t->xm[l], N * D * sizeof(float));
-        add_to(t->x[l + 1], t->y, N * D, nt);
+    for (size_t i = 0; i < N; i++) count += targets[i] >= 0;
+    step s = {.m = m, .tokens = tokens, .targets = targets, .T = T, .p = o ? o->dropout : 0.0f,
+              .seed = o ? o->seed : 0, .inv = count ? 1.0 / (double)count : 0.0, .grads = grads, .inner = nt};
+    /* the gradients' floats (plan_groups of one group), then the groups */
+    group one;
+    if ((st = plan_groups(&s, &one, 1, B, NULL, NULL, &saved, &copy, err))) return st;
+    const size_t G = step_groups(m, B, N, copy);
+    const int outer = G > 1 && nt > 1 ? (int)(G < (size_t)nt ? G : (size_t)nt) : 1;
+    s.inner = outer > 1 ? 1 : nt;
+    group *grp = calloc(G, sizeof *grp);
+    float **ptr = calloc(G * t->np, sizeof *ptr);
+    if (!grp || !ptr) st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu groups", G);
+    if (!st) st = step_memory(&s, grp, G, B, N, outer, ptr, err);
+    if (!st) st = run_groups(&s, grp, G, outer, err);
+    if (!st) {
+        double total = 0.0;
+        for (size_t g = 0; g < G; g++) total += grp[g].loss;
+        *loss = (float)(total * s.inv);
+        if (grads) gather_grads(&s, grp, G, nt);
     }
-    aft_layernorm(t->zf, t->x[nl], m->norm_w, m->norm_b, N, D, AFT_LAYERNORM_EPS);
-    aft_gemm(nt, 1, N, V, D, t->zf, D, m->gen_w, D, m->gen_b, t->logits, V);
-    *loss = (float)cross_entropy(t->logits, targets, N, V, grads != NULL, nt);
-    if (!grads) return AFT_OK;
-
-    /* backward: the head */
-    float *const *g = grads;
-    const size_t th = tail_index(m, 0);
-    if (g[th + P_GENW]) gemm_tn(nt, V, D, N, t->logits, V, t->zf, D, g[th + P_GENW], D);
-    if (g[th + P_GENB]) col_sums(g[th + P_GENB], t->logits, N, V, t->part, nt);
-    aft_gemm(nt, 0, N, D, V, t->logits, V, m->gen_w, D, NULL, t->dz, D);
-    layernorm_back(t->dx, 0, g[th + P_NORMW], g[th + P_NORMB], t->dz, t->x[nl], m->norm_w, N, D, t->part, nt);
-    /* the layers, last first */
-    for (size_t l = nl; l-- > 0;) {
-        const mlayer *L = &m->layers[l];
-        float *const *gl = g + layer_index(l, 0);
-        /* the FFN: dy = dropout(dx); y = hd W2^T + b2 */
-        float *dy = t->y;
-        memcpy(dy, t->dx, N * D * sizeof(float));
-        dropout(dy, N * D, seed, 3 * l + 2, p, nt);
-        const float *hd = t->h[l];
-        if (p > 0.0f) {
-            memcpy(t->hd, t->h[l], N * F * sizeof(float));
-            dropout(t->hd, N * F, seed, 3 * l + 1, p, nt);
-            hd = t->hd;
-        }
-        if (gl[P_W2]) gemm_tn(nt, D, F, N, dy, D, hd, F, gl[P_W2], F);
-        if (gl[P_B2]) col_sums(gl[P_B2], dy, N, D, t->part, nt);
-        aft_gemm(nt, 0, N, F, D, dy, D, L->ffp.w2, F, NULL, t->dh, F);
-        dropout(t->dh, N * F, seed, 3 * l + 1, p, nt);
-        const float *h = t->h[l];
-        float *dh = t->dh;
-        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (size_t i = 0; i < N * F; i++) dh[i] = h[i] > 0.0f ? dh[i] : 0.0f;
-        aft_layernorm(t->z, t->xm[l], L->ln2_w, L->ln2_b, N, D, AFT_LAYERNORM_EPS);
-        if (gl[P_W1]) gemm_tn(nt, F, D, N, dh, F, t->z, D, gl[P_W1], D);
-        if (gl[P_B1]) col_sums(gl[P_B1], dh, N, F, t->part, nt);
-        aft_gemm(nt, 0, N, D, F, dh, F, L->ffp.w1, D, NULL, t->dz, D);
-        layernorm_back(t->dx, 1, gl[P_LN2W], gl[P_LN2B], t->dz, t->xm[l], L->ln2_w, N, D, t->part, nt);
-        /* self_attn: dy = dropout(dx) */
-        memcpy(dy, t->dx, N * D * sizeof(float));
-        dropout(dy, N * D, seed, 3 * l, p, nt);
-        aft_layernorm(t->z, t->x[l], L->ln1_w, L->ln1_b, N, D, AFT_LAYERNORM_EPS);
-        aft_config cfg = L->cfg;
-        cfg.impl = AFT_IMPL_FAST;
-        cfg.precision = AFT_PRECISION_F32;
-        cfg.threads = nt;
-        cfg.progress = NULL;
-        aft_layer_grads lg = {.dx = t->dz, .wq = gl[P_QW], .bq = gl[P_QB], .wk = gl[P_KW], .bk = gl[P_KB],
-                              .wv = gl[P_VW], .bv = gl[P_VB], .wo = gl[P_OW], .bo = gl[P_OB]};
-        lg.bias.dense = gl[P_POS];
-        if ((st = aft_layer_backward(&lg, NULL, dy, t->z, &L->attn.p, &cfg, B, T, &e2)))
-            return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
-        layernorm_back(t->dx, 1, gl[P_LN1W], gl[P_LN1B], t->dz, t->x[l], L->ln1_w, N, D, t->part, nt);
-        if (gl[P_MASK]) memset(gl[P_MASK], 0, t->p[layer_index(l, P_MASK)].n * sizeof(float));
-    }
-    /* the embedding: each row's gradient to its token's, times the scale */
-    if (g[P_EMB]) {
-        float *ge = g[P_EMB];
-        memset(ge, 0, V * D * sizeof(float));
-        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (size_t j = 0; j < D; j++)
-            for (size_t i = 0; i < N; i++) ge[(size_t)tokens[i] * D + j] += m->emb.scale * t->dx[i * D + j];
-    }
-    if (g[P_PE]) memset(g[P_PE], 0, t->p[P_PE].n * sizeof(float));
-    return AFT_OK;
+    free(grp);
+    free(ptr);
+    return st;
 }

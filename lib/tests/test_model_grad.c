@@ -9,6 +9,8 @@
  *    layer's stabilisers); with ignored targets;
  *  - dropout: the same seed gives the same bits, another seed another loss,
  *    and the loss and gradients match the reference fed the same masks;
+ *  - threads: the batch cut into groups of sequences, one a thread, gives
+ *    the same bits for 1, 2 and 3 threads;
  *  - the parameters: labml's names in its state-dict order, writes reach the
  *    forward pass after aft_model_params_changed;
  *  - the PyTorch fixture (testdata/model/grad, made by
@@ -371,6 +373,41 @@ static void test_dropout(void **state)
     aft_model_free(m);
 }
 
+/* the batch's sequences are cut into groups fixed by the sizes alone, each
+ * run on one thread: the loss and every gradient the same bits for 1, 2
+ * and 3 threads (and with dropout) */
+static void test_threads(void **state)
+{
+    (void)state;
+    aft_model *m = small_model();
+    int32_t tok[B * T], tgt[B * T];
+    tokens(tok, tgt, 5);
+    float *g[3][NPAR], loss[3];
+    size_t len[NPAR];
+    for (size_t i = 0; i < NPAR; i++) {
+        size_t nd, sh[4];
+        aft_model_param_info(m, i, NULL, &nd, sh, NULL);
+        len[i] = 1;
+        for (size_t d = 0; d < nd; d++) len[i] *= sh[d];
+    }
+    for (int drop = 0; drop < 2; drop++)
+        for (int k = 0; k < 3; k++) {
+            for (size_t i = 0; i < NPAR; i++) g[k][i] = xmalloc(len[i] * sizeof(float));
+            aft_train_options o = {.dropout = drop ? 0.3f : 0.0f, .seed = 9, .threads = k + 1};
+            aft_error err = {{0}};
+            if (aft_model_loss_grad(m, tok, tgt, B, T, &o, &loss[k], g[k], &err)) fail_msg("%s", err.msg);
+            if (k == 0) continue;
+            assert_memory_equal(&loss[k], &loss[0], sizeof loss[0]);
+            for (size_t i = 0; i < NPAR; i++) {
+                assert_memory_equal(g[k][i], g[0][i], len[i] * sizeof(float));
+                free(g[k][i]);
+            }
+            if (k == 2)
+                for (size_t i = 0; i < NPAR; i++) free(g[0][i]);
+        }
+    aft_model_free(m);
+}
+
 /* ---------------------------------------------------------------- PyTorch's gradients */
 
 static int32_t *fixture_ids(const char *name, size_t *b, size_t *t)
@@ -478,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_extreme_keys),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_threads),
         cmocka_unit_test(test_torch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
