@@ -43,12 +43,20 @@ aft_status aft_params_widen(aft_params *out, float **mem, const aft_params *p, a
  * V and, where the operator's backward runs the dense kernel, its sums.
  * The gradients are aft_layer_backward's, bit for bit, for the same p, cfg,
  * x and dy; saved must be the forward's of the same. */
+/* ws: where their temporaries go, kept by a caller that calls again and
+ * again (the model's training steps: no page faults each call), grown as
+ * needed and freed by aft_layer_ws_free; NULL: each call's own. */
+typedef struct {
+    void *mem;
+    size_t cap;   /* bytes */
+} aft_layer_ws;
+void aft_layer_ws_free(aft_layer_ws *ws);
 aft_status aft_layer_saved_floats(const aft_params *p, const aft_config *cfg, size_t B, size_t T, size_t *n,
                                   aft_error *err);
 aft_status aft_layer_forward_saved(float *y, float *saved, const float *x, const aft_params *p,
-                                   const aft_config *cfg, size_t B, size_t T, aft_error *err);
+                                   const aft_config *cfg, size_t B, size_t T, aft_layer_ws *ws, aft_error *err);
 aft_status aft_layer_backward_saved(const aft_layer_grads *g, const float *saved, const float *dy, const float *x,
                                     const aft_params *p, const aft_config *cfg, size_t B, size_t T,
-                                    aft_error *err);
+                                    aft_layer_ws *ws, aft_error *err);
 
 #endif /* AFT_LAYER_H */

@@ -214,6 +214,43 @@ static aft_status layer_reference_grad(const aft_layer_grads *g, float *y, const
 
 /* ---- the fast path */
 
+/* ---- the temporaries' memory: one block, the caller's workspace (kept
+ * from call to call: no page faults each time) or the call's own */
+
+void aft_layer_ws_free(aft_layer_ws *ws)
+{
+    if (!ws) return;
+    free(ws->mem);
+    ws->mem = NULL;
+    ws->cap = 0;
+}
+
+/* at *at of the block, n items of size bytes, 64-byte aligned; *at moves on
+ * (base NULL: sizes only); 0 when the sizes overflow */
+static int ws_take(void **out, char *base, size_t *at, size_t n, size_t size)
+{
+    size_t b, end;
+    if (!aft_mul_ok(n, size, &b) || !aft_add_ok(*at, b, &end) || !aft_add_ok(end, 63, &end)) return 0;
+    if (out) *out = base ? base + *at : NULL;
+    *at = end / 64 * 64;
+    return 1;
+}
+
+/* bytes of ws (grown to them) or of *own (the call's own block, freed by
+ * the caller) for the sizes ws_take is asked for; NULL: out of memory */
+static char *ws_block(aft_layer_ws *ws, char **own, size_t bytes)
+{
+    *own = NULL;
+    if (!ws) return *own = malloc(bytes ? bytes : 1);
+    if (ws->cap < bytes) {
+        free(ws->mem);
+        ws->cap = 0;
+        if (!(ws->mem = malloc(bytes))) return NULL;
+        ws->cap = bytes;
+    }
+    return ws->mem;
+}
+
 /* What the fast path holds besides its inputs */
 typedef struct {
     float *qkv, *dqkv, *dh, *h;   /* (N, W), (N, W), (N, C), (N, C) */
@@ -229,7 +266,41 @@ typedef struct {
     /* 16-bit weights: Wo and Wcat widened for the products from W^T (the
      * forward's read the 16-bit panels) */
     float *wo, *wcat, *wmem;
+    char *own_block;              /* the temporaries' block, without a workspace */
 } grad_mem;
+
+/* the temporaries of the backward of N rows, in ws (or the call's own
+ * block); 0: out of memory or too many rows */
+static int grad_mem_take(grad_mem *m, aft_layer_ws *ws, int with_qkv, int with_h, const aft_layer_prep *lp,
+                         size_t N, size_t fine)
+{
+    const size_t W = lp->W, C = lp->C, D = lp->D;
+    char *base = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t at = 0;
+        void *q = NULL, *dq, *dh, *h = NULL, *dw, *part, *pp;
+        int ok = (!with_qkv || (ws_take(&q, base, &at, N, W * sizeof(float)))) &&
+                 ws_take(&dq, base, &at, N, W * sizeof(float)) && ws_take(&dh, base, &at, N, C * sizeof(float)) &&
+                 (!with_h || ws_take(&h, base, &at, N, C * sizeof(float))) &&
+                 ws_take(&dw, base, &at, W, (D + 1) * sizeof(float)) &&
+                 ws_take(&part, base, &at, fine, (W + D) * sizeof(double)) &&
+                 ws_take(&pp, base, &at, 8 * fine, sizeof(piece));
+        if (!ok) return 0;
+        if (pass == 0) {
+            if (!(base = ws_block(ws, &m->own_block, at))) return 0;
+            continue;
+        }
+        m->qkv = q;
+        m->dqkv = dq;
+        m->dh = dh;
+        m->h = h;
+        m->dw = dw;
+        m->part = part;
+        m->pl.p = pp;
+        m->pl.cap = 8 * fine;
+    }
+    return 1;
+}
 
 /* pieces for a product that packs all of its B operand (N rows) whatever
  * its rows: as few as leave no thread more than its share of the phase's
@@ -305,13 +376,7 @@ static void stacked_copy(const aft_layer_grads *g, const grad_mem *m, const aft_
 
 static void grad_mem_free(grad_mem *m)
 {
-    free(m->qkv);
-    free(m->dqkv);
-    free(m->dh);
-    free(m->h);
-    free(m->dw);
-    free(m->part);
-    free(m->pl.p);
+    free(m->own_block);
     free(m->wmem);
     if (m->own) {
         aft_linear_free(&m->dh_lin);
@@ -338,22 +403,16 @@ static void own_init(grad_mem *m, const aft_layer_prep *lp)
  * made again, and the operator's sums when its kernel keeps them */
 static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const float *dy, const float *x,
                                   const float *saved, const aft_layer_prep *lp, aft_opspec sp, size_t B, size_t T,
-                                  aft_error *err)
+                                  aft_layer_ws *ws, aft_error *err)
 {
     const aft_params *p = lp->p;
     const size_t D = lp->D, C = lp->C, KC = lp->KC, W = lp->W, N = B * T;
     const size_t nt = (size_t)(sp.threads > 0 ? sp.threads : 1), fine = nt * PIECES_PER_THREAD;
     /* the plan: at most fine pieces for each of the first phase's two
      * products, and nt or fine for each of the second phase's six */
-    grad_mem m = {.qkv = saved ? NULL : aft_alloc_array(N, W * sizeof(float)),
-                  .dqkv = aft_alloc_array(N, W * sizeof(float)),
-                  .dh = aft_alloc_array(N, C * sizeof(float)),
-                  .h = y || g->wo ? aft_alloc_array(N, C * sizeof(float)) : NULL,
-                  .dw = aft_alloc_array(W, (D + 1) * sizeof(float)),
-                  .part = aft_alloc_array(fine, (W + D) * sizeof(double)),
-                  .pl = {.p = aft_alloc_array(8, fine * sizeof(piece)), .cap = 8 * fine, .bf16 = lp->bf16}};
+    grad_mem m = {.pl = {.bf16 = lp->bf16}};
     aft_status st = AFT_OK;
-    if ((!saved && !m.qkv) || !m.dqkv || !m.dh || ((y || g->wo) && !m.h) || !m.dw || !m.part || !m.pl.p) {
+    if (!grad_mem_take(&m, ws, !saved, y || g->wo, lp, N, fine)) {
         st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for Q, K, V and their gradients (%zu x %zu)", N, W);
         goto done;
     }
@@ -431,12 +490,21 @@ static int saved_floats(const aft_opspec *sp, const aft_config *cfg, size_t N, s
 }
 
 static aft_status layer_fast_forward_saved(float *y, float *saved, const float *x, const aft_layer_prep *lp,
-                                           aft_opspec sp, size_t B, size_t T, aft_error *err)
+                                           aft_opspec sp, size_t B, size_t T, aft_layer_ws *ws, aft_error *err)
 {
     const size_t D = lp->D, C = lp->C, KC = lp->KC, W = lp->W, N = B * T;
     const size_t nt = (size_t)(sp.threads > 0 ? sp.threads : 1), fine = nt * PIECES_PER_THREAD;
-    float *h = aft_alloc_array(N, C * sizeof(float));
-    plan pl = {.p = aft_alloc_array(fine, sizeof(piece)), .cap = fine, .bf16 = lp->bf16};
+    size_t bytes = 0;
+    void *hv = NULL, *pv = NULL;
+    char *own = NULL, *base = NULL;
+    if (ws_take(NULL, NULL, &bytes, N, C * sizeof(float)) && ws_take(NULL, NULL, &bytes, fine, sizeof(piece)) &&
+        (base = ws_block(ws, &own, bytes))) {
+        bytes = 0;
+        ws_take(&hv, base, &bytes, N, C * sizeof(float));
+        ws_take(&pv, base, &bytes, fine, sizeof(piece));
+    }
+    float *h = hv;
+    plan pl = {.p = pv, .cap = fine, .bf16 = lp->bf16};
     aft_status st = AFT_OK;
     piece a = {.kind = PIECE_LINEAR, .A = x, .lda = D, .C = saved, .ldc = W, .lin = &lp->qkv, .in_place = 1};
     piece o = {.kind = PIECE_LINEAR, .A = h, .lda = C, .C = y, .ldc = D, .lin = &lp->o};
@@ -467,8 +535,7 @@ static aft_status layer_fast_forward_saved(float *y, float *saved, const float *
     }
     plan_run(&pl, (int)nt);
 done:
-    free(h);
-    free(pl.p);
+    free(own);
     return st;
 }
 
@@ -491,7 +558,7 @@ static aft_status grad_setup(aft_layer_prep *lp, aft_opspec *sp, size_t *N, cons
 
 static aft_status layer_backward(const aft_layer_grads *g, float *y, const float *dy, const float *x,
                                  const float *saved, const aft_params *p, const aft_config *cfg, size_t B, size_t T,
-                                 aft_error *err)
+                                 aft_layer_ws *ws, aft_error *err)
 {
     if (!g || !p || !cfg) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) gradients, parameters or configuration");
     aft_opspec sp;
@@ -520,7 +587,7 @@ static aft_status layer_backward(const aft_layer_grads *g, float *y, const float
         if (cfg->impl == AFT_IMPL_REFERENCE && !(st = aft_params_widen(&pw, &wmem, p, err)))
             st = layer_reference_grad(g, y, dy, x, &pw, &sp, B, T, err);
         else if (cfg->impl != AFT_IMPL_REFERENCE)
-            st = layer_fast_grad(g, y, dy, x, saved, &lp, sp, B, T, err);
+            st = layer_fast_grad(g, y, dy, x, saved, &lp, sp, B, T, ws, err);
         free(wmem);
     }
     aft_layer_prep_free(&lp);
@@ -531,15 +598,15 @@ aft_status aft_layer_backward(const aft_layer_grads *g, float *y, const float *d
                               const aft_params *p, const aft_config *cfg, size_t B, size_t T,
                               aft_error *err)
 {
-    return layer_backward(g, y, dy, x, NULL, p, cfg, B, T, err);
+    return layer_backward(g, y, dy, x, NULL, p, cfg, B, T, NULL, err);
 }
 
 aft_status aft_layer_backward_saved(const aft_layer_grads *g, const float *saved, const float *dy, const float *x,
                                     const aft_params *p, const aft_config *cfg, size_t B, size_t T,
-                                    aft_error *err)
+                                    aft_layer_ws *ws, aft_error *err)
 {
     if (!saved && cfg && cfg->impl != AFT_IMPL_REFERENCE && B && T) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) saved");
-    return layer_backward(g, NULL, dy, x, saved, p, cfg, B, T, err);
+    return layer_backward(g, NULL, dy, x, saved, p, cfg, B, T, ws, err);
 }
 
 aft_status aft_layer_saved_floats(const aft_params *p, const aft_config *cfg, size_t B, size_t T, size_t *n,
@@ -558,7 +625,7 @@ aft_status aft_layer_saved_floats(const aft_params *p, const aft_config *cfg, si
 }
 
 aft_status aft_layer_forward_saved(float *y, float *saved, const float *x, const aft_params *p,
-                                   const aft_config *cfg, size_t B, size_t T, aft_error *err)
+                                   const aft_config *cfg, size_t B, size_t T, aft_layer_ws *ws, aft_error *err)
 {
     if (!p || !cfg) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) parameters or configuration");
     /* the reference, and no rows: nothing to save */
@@ -571,7 +638,7 @@ aft_status aft_layer_forward_saved(float *y, float *saved, const float *x, const
     if (!y || !x || !saved)
         st = aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !y ? "y" : !x ? "input x" : "saved");
     else
-        st = layer_fast_forward_saved(y, saved, x, &lp, sp, B, T, err);
+        st = layer_fast_forward_saved(y, saved, x, &lp, sp, B, T, ws, err);
     aft_layer_prep_free(&lp);
     return st;
 }

@@ -56,6 +56,7 @@ typedef struct {
 typedef struct {
     float *z, *y, *dx, *dz, *dh, *hd, *zf, *logits;
     double *part;         /* SUM_CHUNKS x 2 max(D, F, V) partial sums */
+    aft_layer_ws ws;      /* the AFT layers' temporaries */
 } temps;
 
 struct aft_train {
@@ -186,6 +187,7 @@ static void free_temps(temps *w)
     float *s[] = {w->z, w->y, w->dx, w->dz, w->dh, w->hd, w->zf, w->logits};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) free(s[i]);
     free(w->part);
+    aft_layer_ws_free(&w->ws);
     memset(w, 0, sizeof *w);
 }
 
@@ -644,7 +646,7 @@ static aft_status group_forward(const step *s, group *q, aft_error *err)
         aft_layernorm(w->z, x, L->ln1_w, L->ln1_b, n, D, AFT_LAYERNORM_EPS);
         aft_error e2;
         aft_status st = aft_layer_forward_saved(w->y, t->saved[l] + q->saved, w->z, &L->attn.p, &cfg, q->nb, s->T,
-                                                &e2);
+                                                &w->ws, &e2);
         if (st) return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
         dropout(w->y, n * D, s->seed, 3 * l, s->p, r0 * D, nt);
         add_into(xm, x, w->y, n * D, nt);
@@ -723,7 +725,7 @@ static aft_status attn_backward(const step *s, const group *q, size_t l, aft_err
     lg.bias.dense = gl[P_POS];
     aft_error e2;
     aft_status st = aft_layer_backward_saved(&lg, m->train->saved[l] + q->saved, w->y, w->z, &L->attn.p, &cfg,
-                                             q->nb, s->T, &e2);
+                                             q->nb, s->T, &w->ws, &e2);
     if (st) return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
     layernorm_back(w->dx, 1, gl[P_LN1W], gl[P_LN1B], w->dz, x, L->ln1_w, n, D, w->part, s->inner);
     return AFT_OK;

@@ -80,12 +80,12 @@ aft_status aft_api_layer_forward_saved(aft_api_layer *l, float *y, float *saved,
     api_saved_mark(saved, 0, 0);
     size_t D = l->w.p.d_model;
     if (!l->opt.tbd) {
-        st = API_BLAS(aft_layer_forward_saved(y, saved + API_SAVED_HEAD, x, &l->w.p, &l->cfg, B, T, err));
+        st = API_BLAS(aft_layer_forward_saved(y, saved + API_SAVED_HEAD, x, &l->w.p, &l->cfg, B, T, NULL, err));
     } else {
         float *xb = tbd_copies(n, 2, err), *yb = xb + n;
         if (!xb) return AFT_ERR_NOMEM;
         aft_swap_tb(xb, x, B, T, D, 0);
-        st = API_BLAS(aft_layer_forward_saved(yb, saved + API_SAVED_HEAD, xb, &l->w.p, &l->cfg, B, T, err));
+        st = API_BLAS(aft_layer_forward_saved(yb, saved + API_SAVED_HEAD, xb, &l->w.p, &l->cfg, B, T, NULL, err));
         if (!st) aft_swap_tb(y, yb, B, T, D, 1);
         free(xb);
     }
@@ -108,14 +108,14 @@ aft_status aft_api_layer_backward_saved(aft_api_layer *l, float *dx, float *cons
     size_t D = l->w.p.d_model;
     if (!l->opt.tbd) {
         g.dx = dx;
-        return API_BLAS(aft_layer_backward_saved(&g, saved + API_SAVED_HEAD, dy, x, &l->w.p, &l->cfg, B, T, err));
+        return API_BLAS(aft_layer_backward_saved(&g, saved + API_SAVED_HEAD, dy, x, &l->w.p, &l->cfg, B, T, NULL, err));
     }
     float *xb = tbd_copies(n, 3, err), *dyb = xb + n;
     if (!xb) return AFT_ERR_NOMEM;
     aft_swap_tb(xb, x, B, T, D, 0);
     aft_swap_tb(dyb, dy, B, T, D, 0);
     g.dx = dx ? dyb + n : NULL;
-    st = API_BLAS(aft_layer_backward_saved(&g, saved + API_SAVED_HEAD, dyb, xb, &l->w.p, &l->cfg, B, T, err));
+    st = API_BLAS(aft_layer_backward_saved(&g, saved + API_SAVED_HEAD, dyb, xb, &l->w.p, &l->cfg, B, T, NULL, err));
     if (!st && dx) aft_swap_tb(dx, g.dx, B, T, D, 1);
     free(xb);
     return st;
