@@ -428,6 +428,58 @@ static void col_sums(float *out, const float *a, size_t rows, size_t n, double *
     }
 }
 
+/* LayerNorm's backward pass for one row x (D) given dz, its weight w:
+ * o (+)= rstd (dy - mean(dy) - xhat mean(dy xhat)), dy = dz w, and dz
+ * xhat, dz added into sw, sb. Each row's sums run in LANES partial sums
+ * added in order at the end: they vectorize, where one running sum waits
+ * for each add, and the order is fixed. */
+enum { LANES = 8 };
+static void layernorm_back_row(float *o, int add, double *sw, double *sb, const float *g, const float *xr,
+                               const float *w, size_t D)
+{
+    double a[LANES] = {0}, b[LANES] = {0};
+    size_t j = 0, D8 = D / LANES * LANES;
+    for (; j < D8; j += LANES)
+        for (size_t u = 0; u < LANES; u++) a[u] += xr[j + u];
+    double mean = 0.0, var = 0.0, m1 = 0.0, m2 = 0.0;
+    for (size_t u = 0; u < LANES; u++) mean += a[u];
+    for (; j < D; j++) mean += xr[j];
+    mean /= (double)D;
+    for (j = 0; j < D8; j += LANES)
+        for (size_t u = 0; u < LANES; u++) {
+            double c = xr[j + u] - mean;
+            b[u] += c * c;
+        }
+    for (size_t u = 0; u < LANES; u++) var += b[u];
+    for (; j < D; j++) var += (xr[j] - mean) * (xr[j] - mean);
+    var /= (double)D;
+    const double rstd = 1.0 / sqrt(var + (double)AFT_LAYERNORM_EPS);
+    for (size_t u = 0; u < LANES; u++) a[u] = b[u] = 0.0;
+    for (j = 0; j < D8; j += LANES)
+        for (size_t u = 0; u < LANES; u++) {
+            double xh = (xr[j + u] - mean) * rstd, dy = (double)g[j + u] * w[j + u];
+            a[u] += dy;
+            b[u] += dy * xh;
+        }
+    for (size_t u = 0; u < LANES; u++) {
+        m1 += a[u];
+        m2 += b[u];
+    }
+    for (; j < D; j++) {
+        double xh = (xr[j] - mean) * rstd, dy = (double)g[j] * w[j];
+        m1 += dy;
+        m2 += dy * xh;
+    }
+    m1 /= (double)D;
+    m2 /= (double)D;
+    for (j = 0; j < D; j++) {
+        double xh = (xr[j] - mean) * rstd, v = rstd * ((double)g[j] * w[j] - m1 - xh * m2);
+        sw[j] += (double)g[j] * xh;
+        sb[j] += g[j];
+        o[j] = add ? (float)(o[j] + v) : (float)v;
+    }
+}
+
 /* LayerNorm's backward pass: dx (+)= d/dx of the norm of x (N, D) given dz,
  * its weight w; dw, db (D) written. add: dx += rather than =. */
 static void layernorm_back(float *dx, int add, float *dw, float *db, const float *dz, const float *x, const float *w,
@@ -437,30 +489,8 @@ static void layernorm_back(float *dx, int add, float *dw, float *db, const float
     for (size_t c = 0; c < SUM_CHUNKS; c++) {
         double *sw = part + c * 2 * D, *sb = sw + D;
         for (size_t j = 0; j < 2 * D; j++) sw[j] = 0.0;
-        for (size_t i = N * c / SUM_CHUNKS; i < N * (c + 1) / SUM_CHUNKS; i++) {
-            const float *xr = x + i * D, *g = dz + i * D;
-            double mean = 0.0, var = 0.0;
-            for (size_t j = 0; j < D; j++) mean += xr[j];
-            mean /= (double)D;
-            for (size_t j = 0; j < D; j++) var += (xr[j] - mean) * (xr[j] - mean);
-            var /= (double)D;
-            const double rstd = 1.0 / sqrt(var + (double)AFT_LAYERNORM_EPS);
-            double m1 = 0.0, m2 = 0.0;
-            for (size_t j = 0; j < D; j++) {
-                double xh = (xr[j] - mean) * rstd, dy = (double)g[j] * w[j];
-                m1 += dy;
-                m2 += dy * xh;
-                sw[j] += (double)g[j] * xh;
-                sb[j] += g[j];
-            }
-            m1 /= (double)D;
-            m2 /= (double)D;
-            float *o = dx + i * D;
-            for (size_t j = 0; j < D; j++) {
-                double xh = (xr[j] - mean) * rstd, v = rstd * ((double)g[j] * w[j] - m1 - xh * m2);
-                o[j] = add ? (float)(o[j] + v) : (float)v;
-            }
-        }
+        for (size_t i = N * c / SUM_CHUNKS; i < N * (c + 1) / SUM_CHUNKS; i++)
+            layernorm_back_row(dx + i * D, add, sw, sb, dz + i * D, x + i * D, w, D);
     }
     for (size_t j = 0; j < D; j++) {
         double sw = 0.0, sb = 0.0;
@@ -628,6 +658,17 @@ static const float *hidden_dropped(const step *s, const group *q, const float *h
     return q->w->hd;
 }
 
+/* the gradient w->dx after the dropout of site: a copy in w->y, or dx
+ * itself without dropout */
+static float *dropped(const step *s, const group *q, uint64_t site)
+{
+    const size_t D = s->m->info.d_model;
+    if (s->p <= 0.0f) return q->w->dx;
+    memcpy(q->w->y, q->w->dx, q->n * D * sizeof(float));
+    dropout(q->w->y, q->n * D, s->seed, site, s->p, q->r0 * D, s->inner);
+    return q->w->y;
+}
+
 /* the group's forward pass, keeping x, xm, h and the saved forward of each
  * layer, to its logits and its loss (dlogits in their place with grads) */
 static aft_status group_forward(const step *s, group *q, aft_error *err)
@@ -688,10 +729,9 @@ static void ffn_backward(const step *s, const group *q, size_t l)
     temps *w = q->w;
     float *const *gl = q->g + layer_index(l, 0);
     const float *h = m->train->h[l] + r0 * F, *xm = m->train->xm[l] + r0 * D;
-    /* dy = dropout(dx); y = hd W2^T + b2 */
-    float *dy = w->y;
-    memcpy(dy, w->dx, n * D * sizeof(float));
-    dropout(dy, n * D, s->seed, 3 * l + 2, s->p, r0 * D, nt);
+    /* dy = dropout(dx) (dx itself without dropout: read before dx changes);
+     * y = hd W2^T + b2 */
+    float *dy = dropped(s, q, 3 * l + 2);
     if (gl[P_W2]) gemm_tn(nt, D, F, n, dy, D, hidden_dropped(s, q, h, l), F, gl[P_W2], F);
     if (gl[P_B2]) col_sums(gl[P_B2], dy, n, D, w->part, nt);
     aft_gemm(nt, 0, n, F, D, dy, D, L->ffp.w2, F, NULL, w->dh, F);
@@ -715,16 +755,14 @@ static aft_status attn_backward(const step *s, const group *q, size_t l, aft_err
     temps *w = q->w;
     float *const *gl = q->g + layer_index(l, 0);
     const float *x = m->train->x[l] + r0 * D;
-    /* dy = dropout(dx) */
-    memcpy(w->y, w->dx, n * D * sizeof(float));
-    dropout(w->y, n * D, s->seed, 3 * l, s->p, r0 * D, s->inner);
+    float *dy = dropped(s, q, 3 * l);
     aft_layernorm(w->z, x, L->ln1_w, L->ln1_b, n, D, AFT_LAYERNORM_EPS);
     const aft_config cfg = layer_cfg(L, s->inner);
     aft_layer_grads lg = {.dx = w->dz, .wq = gl[P_QW], .bq = gl[P_QB], .wk = gl[P_KW], .bk = gl[P_KB],
                           .wv = gl[P_VW], .bv = gl[P_VB], .wo = gl[P_OW], .bo = gl[P_OB]};
     lg.bias.dense = gl[P_POS];
     aft_error e2;
-    aft_status st = aft_layer_backward_saved(&lg, m->train->saved[l] + q->saved, w->y, w->z, &L->attn.p, &cfg,
+    aft_status st = aft_layer_backward_saved(&lg, m->train->saved[l] + q->saved, dy, w->z, &L->attn.p, &cfg,
                                              q->nb, s->T, &w->ws, &e2);
     if (st) return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
     layernorm_back(w->dx, 1, gl[P_LN1W], gl[P_LN1B], w->dz, x, L->ln1_w, n, D, w->part, s->inner);
