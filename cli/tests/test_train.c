@@ -14,6 +14,7 @@
  *    --resume state of another configuration, a non-finite loss: one line,
  *    exit 1, no checkpoint; a full disk (a file-size limit) while saving: one
  *    line, no checkpoint, no temporary left
+ *  - --threads 1 and 2: the same tensors, bit for bit, dropout on
  *  - PyTorch's load_state_dict(strict=True) takes the checkpoint (where
  *    torch is installed; skipped otherwise)
  *  - SIGTERM mid-run: the checkpoint and the state saved, exit 143, and
@@ -360,6 +361,39 @@ static void test_sigterm(void **state)
     free(x), free(y), free(text), free(full), free(log), free(a), free(b), free(bstate);
 }
 
+/* a step's windows run in groups, a thread each: --threads 1 and 2 give
+ * the same checkpoint, bit for bit, with dropout too */
+static void test_threads(void **state)
+{
+    (void)state;
+    char *init = fixture("init.safetensors"), *batches = fixture("batches.npy");
+    char *out[2] = {harness_tmp("th1.safetensors"), harness_tmp("th2.safetensors")};
+    for (int k = 0; k < 2; k++) {
+        harness_result r;
+        assert_int_equal(HARNESS_RUN(&r, "train", "--init", init, "--batches", batches, "--steps", "3", "--dropout",
+                                     "0.1", "--threads", k ? "2" : "1", "-q", "-o", out[k]),
+                         0);
+        assert_int_equal(r.exit_code, 0);
+        harness_result_free(&r);
+    }
+    aft_st_file *f[2];
+    aft_error err;
+    for (int k = 0; k < 2; k++) assert_int_equal(aft_st_open(out[k], &f[k], &err), AFT_OK);
+    assert_int_equal(aft_st_count(f[0]), aft_st_count(f[1]));
+    for (size_t i = 0; i < aft_st_count(f[0]); i++) {
+        const char *name;
+        const aft_tensor *a = aft_st_get(f[0], i, &name), *b = aft_st_find(f[1], name);
+        assert_non_null(b);
+        assert_int_equal(a->nbytes, b->nbytes);
+        if (memcmp(a->data, b->data, a->nbytes) != 0) fail_msg("%s differs between --threads 1 and 2", name);
+    }
+    for (int k = 0; k < 2; k++) {
+        aft_st_close(f[k]);
+        free(out[k]);
+    }
+    free(init), free(batches);
+}
+
 /* PyTorch's load_state_dict(strict=True) takes aft's checkpoint (skipped
  * where /usr/bin/python3 has no torch) */
 static void test_pytorch_loads(void **state)
@@ -436,6 +470,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_text),  cmocka_unit_test(test_step_for_step), cmocka_unit_test(test_resume),
         cmocka_unit_test(test_nonfinite), cmocka_unit_test(test_full_disk), cmocka_unit_test(test_sigterm),
+        cmocka_unit_test(test_threads),
         cmocka_unit_test(test_pytorch_loads), cmocka_unit_test(test_mpi),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
