@@ -1109,9 +1109,9 @@ typedef struct {
  * after its FFN's ReLU and after its FFN. Memory: the activations of one
  * step, (2 D + 3 C + F) B T floats a layer, and for a batch cut into
  * groups (whole sequences a thread takes at a time) their copies of the
- * gradients, at most as many floats again. The results do not depend on
- * the thread count, unless the batch makes one group (one sequence, or
- * too few rows for more). */
+ * gradients, at most as many floats again. The results are the same bits
+ * for any thread count up to the groups (min(B, 8), fewer when rows are
+ * few); with more threads the groups run one after another on all. */
 aft_status aft_model_loss_grad(aft_model *m, const int32_t *tokens, const int32_t *targets, size_t B, size_t T,
                                const aft_train_options *o, float *loss, float *const *grads, aft_error *err);
 

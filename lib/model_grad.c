@@ -601,9 +601,10 @@ static double cross_entropy(float *lg, const int32_t *targets, size_t N, size_t 
  * parallel region a step: no thread waits for another between the
  * products (on a shared machine each wait is a core lost), a weight's
  * gradient is one product over the group's rows, not one cut between the
- * threads, and the bits do not depend on the thread count. With fewer
- * groups than threads, the groups run one after another, each on every
- * thread. */
+ * threads, and the bits do not depend on the thread count. With more
+ * threads than groups (one sequence, or more than GROUPS_MAX threads) the
+ * groups run one after another, each on every thread, as the bits of the
+ * threaded kernels give them. */
 
 typedef struct {
     aft_model *m;
@@ -937,7 +938,8 @@ aft_status aft_model_loss_grad(aft_model *m, const int32_t *tokens, const int32_
     group one;
     if ((st = plan_groups(&s, &one, 1, B, NULL, NULL, &saved, &copy, err))) return st;
     const size_t G = step_groups(m, B, N, copy);
-    const int outer = G > 1 && nt > 1 ? (int)(G < (size_t)nt ? G : (size_t)nt) : 1;
+    /* more threads than groups: the groups one after another, on all of them */
+    const int outer = G > 1 && nt > 1 && (size_t)nt <= G ? nt : 1;
     s.inner = outer > 1 ? 1 : nt;
     group *grp = calloc(G, sizeof *grp);
     float **ptr = calloc(G * t->np, sizeof *ptr);
