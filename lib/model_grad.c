@@ -865,9 +865,9 @@ static void gather_grads(const step *s, const group *grp, size_t G, int nt)
         if (G == 1) continue;
         #pragma omp for schedule(static) nowait
         for (size_t e = 0; e < t->p[i].n; e++) {
-            float a = grp[0].g[i][e];
+            double a = grp[0].g[i][e];
             for (size_t g = 1; g < G; g++) a += grp[g].g[i][e];
-            out[e] = a;
+            out[e] = (float)a;
         }
     }
 }
