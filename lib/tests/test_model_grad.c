@@ -220,6 +220,17 @@ static void free_ref(ref *R)
     for (size_t i = 0; i < NPAR; i++) free(R->p[i]);
 }
 
+/* len[i] = parameter i's elements */
+static void param_lens(const aft_model *m, size_t len[NPAR])
+{
+    for (size_t i = 0; i < NPAR; i++) {
+        size_t nd, sh[4];
+        aft_model_param_info(m, i, NULL, &nd, sh, NULL);
+        len[i] = 1;
+        for (size_t d = 0; d < nd; d++) len[i] *= sh[d];
+    }
+}
+
 /* aft's loss and every gradient against the reference's */
 static void check_grads(aft_model *m, const int32_t *tok, const int32_t *tgt, float drop, uint64_t seed,
                         const char *what)
@@ -228,11 +239,8 @@ static void check_grads(aft_model *m, const int32_t *tok, const int32_t *tgt, fl
     fill_ref(&R, m);
     float *g[NPAR];
     size_t len[NPAR];
+    param_lens(m, len);
     for (size_t i = 0; i < NPAR; i++) {
-        size_t nd, sh[4];
-        aft_model_param_info(m, i, NULL, &nd, sh, NULL);
-        len[i] = 1;
-        for (size_t d = 0; d < nd; d++) len[i] *= sh[d];
         g[i] = xmalloc(len[i] * sizeof(float));
         for (size_t j = 0; j < len[i]; j++) g[i][j] = NAN;
     }
@@ -386,12 +394,7 @@ static void test_threads(void **state)
     tokens(tok, tgt, 5);
     float *g[3][NPAR], loss[3];
     size_t len[NPAR];
-    for (size_t i = 0; i < NPAR; i++) {
-        size_t nd, sh[4];
-        aft_model_param_info(m, i, NULL, &nd, sh, NULL);
-        len[i] = 1;
-        for (size_t d = 0; d < nd; d++) len[i] *= sh[d];
-    }
+    param_lens(m, len);
     for (int drop = 0; drop < 2; drop++) {
         for (int k = 0; k < 3; k++) {
             for (size_t i = 0; i < NPAR; i++) g[k][i] = xmalloc(len[i] * sizeof(float));
