@@ -6,6 +6,9 @@ checks aft's model against.
     /usr/bin/python3 testdata/model/train_labml_aft.py            # train, export, fixtures
     /usr/bin/python3 testdata/model/train_labml_aft.py --fixtures # fixtures from the shipped checkpoint
     /usr/bin/python3 testdata/model/train_labml_aft.py --check    # recompute them and compare
+    /usr/bin/python3 testdata/model/train_labml_aft.py --texts DIR        # the split, for aft train
+    /usr/bin/python3 testdata/model/train_labml_aft.py --ship aft.safetensors  # aft train's checkpoint
+                                                                  # shipped as float16, then fixtures
 
 Needs Debian's python3-torch and numpy (/usr/bin/python3) and the text of the
 `fortunes` package (apt-get install fortunes): every fortune file in
@@ -414,10 +417,42 @@ def make_fixtures(out, check=False):
     return 0
 
 
+def write_texts(out):
+    """the text split as train() makes it, as the two files aft train reads"""
+    _, tr, va = read_fortunes()
+    for name, text in (("fortunes_train.txt", tr), ("fortunes_valid.txt", va)):
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+            f.write(text)
+        print("wrote %s: %d characters" % (os.path.join(out, name), len(text)))
+
+
+def ship(src, out):
+    """aft train's checkpoint as the shipped one: float tensors rounded to
+    float16 as train() rounds PyTorch's, its metadata kept, and the text
+    and the validation loss of the float16 weights (this script's model)
+    added"""
+    named, meta = read_safetensors(src)
+    named = [(k, v.to(torch.float16) if v.is_floating_point() else v) for k, v in named]
+    vocab = json.loads(meta["vocab"])
+    stoi = {c: i for i, c in enumerate(vocab)}
+    names, _, valid_text = read_fortunes()
+    va = torch.tensor([stoi[c] for c in valid_text], dtype=torch.long)
+    meta = {k: v for k, v in meta.items() if k != "step"}
+    meta["data"] = "Debian package fortunes 1:1.99.1: /usr/share/games/fortunes/{%s}" % ",".join(names)
+    meta["valid_loss"] = "%.4f" % valid_loss(load_model(named, len(vocab)), va)
+    ckpt = os.path.join(out, CKPT_NAME)
+    write_safetensors(ckpt, named, meta)
+    print("wrote %s (%d bytes), validation loss %s" % (ckpt, os.path.getsize(ckpt), meta["valid_loss"]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fixtures", action="store_true", help="only remake the fixtures from the checkpoint")
     ap.add_argument("--check", action="store_true", help="recompute the fixtures and compare")
+    ap.add_argument("--texts", metavar="DIR", help="only write the split text (fortunes_train.txt, "
+                    "fortunes_valid.txt) into DIR, for aft train")
+    ap.add_argument("--ship", metavar="FILE", help="ship aft train's checkpoint FILE (float16, validation "
+                    "loss), then remake the fixtures")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--layers", type=int, default=N_LAYERS)
@@ -431,7 +466,12 @@ def main():
     ap.add_argument("--out", default=HERE, help="where the checkpoint and fixtures go (default: beside this script)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if not (args.fixtures or args.check):
+    if args.texts:
+        write_texts(args.texts)
+        return 0
+    if args.ship:
+        ship(args.ship, args.out)
+    elif not (args.fixtures or args.check):
         train(args, args.out)
     return make_fixtures(args.out, check=args.check)
 
