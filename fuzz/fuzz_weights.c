@@ -25,6 +25,25 @@ static void touch(const float *a, size_t n, int may_be_null)
     for (size_t i = 0; i < n; i++) sink = a[i];
 }
 
+/* reads n weights of a in the dtype lib/aft.h says the projections are
+ * held in (p.w_dtype): F16 and BF16 as 2 bytes each at any alignment,
+ * anything else float32 */
+static volatile uint16_t sink16;
+static void touch_w(const float *a, size_t n, aft_dtype dt)
+{
+    FUZZ_REQUIRE(a != NULL);
+    if (dt != AFT_F16 && dt != AFT_BF16) {
+        touch(a, n, 0);
+        return;
+    }
+    const unsigned char *h = (const unsigned char *)a;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v;
+        memcpy(&v, h + 2 * i, sizeof v);
+        sink16 = v;
+    }
+}
+
 static size_t mul(size_t a, size_t b)
 {
     size_t r;
@@ -59,10 +78,10 @@ static void check_layer(const aft_weights *w, aft_variant v, int grid)
 {
     const aft_params *p = &w->p;
     size_t D = p->d_model, C = p->d_hidden, KC = p->k_out;
-    touch(p->wq, mul(C, D), 0);
-    touch(p->wk, mul(KC, D), 0);
-    touch(p->wv, mul(C, D), 0);
-    touch(p->wo, mul(D, C), 0);
+    touch_w(p->wq, mul(C, D), p->w_dtype);
+    touch_w(p->wk, mul(KC, D), p->w_dtype);
+    touch_w(p->wv, mul(C, D), p->w_dtype);
+    touch_w(p->wo, mul(D, C), p->w_dtype);
     touch(p->bq, C, 1);
     touch(p->bk, KC, 1);
     touch(p->bv, C, 1);
