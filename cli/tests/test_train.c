@@ -430,7 +430,7 @@ static void test_mpi(void **state)
     (void)state;
     if (!harness_aft_is_binary()) {
         /* memcheck reports Open MPI's own leaks and PMIx's writes, not
-         * aft's; make test and make test-asan run this */
+         * aft's; make test runs this (the sanitizer build has no MPI) */
         print_message("skipped: mpirun of a wrapper (make test-valgrind)\n");
         skip();
     }
