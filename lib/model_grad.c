@@ -18,7 +18,6 @@
 #include "model_priv.h"
 #include "nn/bf16.h"
 
-#include <cblas.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -395,22 +394,6 @@ static void dropout(float *a, size_t n, uint64_t seed, uint64_t site, float p, s
 
 /* ---------------------------------------------------------------- pieces */
 
-/* C (M, N) = A^T B: A (K, M), B (K, N); the rows of C dealt to the threads */
-static void gemm_tn(int nt, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
-                    float *C, size_t ldc)
-{
-    aft_blas_one_thread();
-    size_t parts = (size_t)nt, step = (M + parts - 1) / parts;
-    step = (step + 15) / 16 * 16;
-    #pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
-    for (size_t p = 0; p < parts; p++) {
-        size_t a = p * step < M ? p * step : M, b = a + step < M ? a + step : M;
-        if (b > a)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(b - a), (int)N, (int)K, 1.0f, A + a,
-                        (int)lda, B, (int)ldb, 0.0f, C + a * ldc, (int)ldc);
-    }
-}
-
 /* out (n) = column sums of a (rows, n), in fixed chunks added in order */
 static void col_sums(float *out, const float *a, size_t rows, size_t n, double *part, int nt)
 {
@@ -713,7 +696,7 @@ static void head_backward(const step *s, const group *q)
     const size_t nl = m->info.n_layers, D = m->info.d_model, V = m->info.n_vocab, n = q->n, th = tail_index(m, 0);
     temps *w = q->w;
     float *const *g = q->g;
-    if (g[th + P_GENW]) gemm_tn(s->inner, V, D, n, w->logits, V, w->zf, D, g[th + P_GENW], D);
+    if (g[th + P_GENW]) aft_gemm_tn(s->inner, V, D, n, w->logits, V, w->zf, D, g[th + P_GENW], D);
     if (g[th + P_GENB]) col_sums(g[th + P_GENB], w->logits, n, V, w->part, s->inner);
     aft_gemm(s->inner, 0, n, D, V, w->logits, V, m->gen_w, D, NULL, w->dz, D);
     layernorm_back(w->dx, 0, g[th + P_NORMW], g[th + P_NORMB], w->dz, m->train->x[nl] + q->r0 * D, m->norm_w, n, D,
@@ -733,7 +716,7 @@ static void ffn_backward(const step *s, const group *q, size_t l)
     /* dy = dropout(dx) (dx itself without dropout: read before dx changes);
      * y = hd W2^T + b2 */
     float *dy = dropped(s, q, 3 * l + 2);
-    if (gl[P_W2]) gemm_tn(nt, D, F, n, dy, D, hidden_dropped(s, q, h, l), F, gl[P_W2], F);
+    if (gl[P_W2]) aft_gemm_tn(nt, D, F, n, dy, D, hidden_dropped(s, q, h, l), F, gl[P_W2], F);
     if (gl[P_B2]) col_sums(gl[P_B2], dy, n, D, w->part, nt);
     aft_gemm(nt, 0, n, F, D, dy, D, L->ffp.w2, F, NULL, w->dh, F);
     dropout(w->dh, n * F, s->seed, 3 * l + 1, s->p, r0 * F, nt);
@@ -741,7 +724,7 @@ static void ffn_backward(const step *s, const group *q, size_t l)
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (size_t i = 0; i < n * F; i++) dh[i] = h[i] > 0.0f ? dh[i] : 0.0f;
     aft_layernorm(w->z, xm, L->ln2_w, L->ln2_b, n, D, AFT_LAYERNORM_EPS);
-    if (gl[P_W1]) gemm_tn(nt, F, D, n, dh, F, w->z, D, gl[P_W1], D);
+    if (gl[P_W1]) aft_gemm_tn(nt, F, D, n, dh, F, w->z, D, gl[P_W1], D);
     if (gl[P_B1]) col_sums(gl[P_B1], dh, n, F, w->part, nt);
     aft_gemm(nt, 0, n, D, F, dh, F, L->ffp.w1, D, NULL, w->dz, D);
     layernorm_back(w->dx, 1, gl[P_LN2W], gl[P_LN2B], w->dz, xm, L->ln2_w, n, D, w->part, nt);

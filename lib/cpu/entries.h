@@ -128,6 +128,10 @@ AFT_ENTRY_VOID(aft_gemm,
                (int threads, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B,
                 size_t ldb, const float *bias, float *C, size_t ldc),
                (threads, trans_b, M, N, K, A, lda, B, ldb, bias, C, ldc))
+AFT_ENTRY_VOID(aft_gemm_tn,
+               (int threads, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
+                float *C, size_t ldc),
+               (threads, M, N, K, A, lda, B, ldb, C, ldc))
 AFT_ENTRY(aft_status, aft_linear_init,
           (aft_linear *l, const float *w, const float *bias, size_t n, size_t k, aft_kernel kernel, int threads,
            aft_error *err),

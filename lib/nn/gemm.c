@@ -19,16 +19,19 @@
 /* parts are multiples of 16 rows (or columns): the kernel's register block */
 enum { PART_ALIGN = 16 };
 
-static void gemm_part(int trans_b, size_t m0, size_t m1, size_t n0, size_t n1, size_t K,
+/* rows [m0, m1) and columns [n0, n1) of C = op(A) op(B) (+ bias); op(A)
+ * = A^T with A (K x M) when trans_a */
+static void gemm_part(int trans_a, int trans_b, size_t m0, size_t m1, size_t n0, size_t n1, size_t K,
                       const float *A, size_t lda, const float *B, size_t ldb,
                       const float *bias, float *C, size_t ldc)
 {
     if (m1 <= m0 || n1 <= n0) return;
     if (bias)
         for (size_t i = m0; i < m1; i++) memcpy(C + i * ldc + n0, bias + n0, (n1 - n0) * sizeof(float));
+    const float *Ap = trans_a ? A + m0 : A + m0 * lda;
     const float *Bp = trans_b ? B + n0 * ldb : B + n0;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)(m1 - m0),
-                (int)(n1 - n0), (int)K, 1.0f, A + m0 * lda, (int)lda, Bp, (int)ldb, bias ? 1.0f : 0.0f,
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                (int)(m1 - m0), (int)(n1 - n0), (int)K, 1.0f, Ap, (int)lda, Bp, (int)ldb, bias ? 1.0f : 0.0f,
                 C + m0 * ldc + n0, (int)ldc);
 }
 
@@ -58,7 +61,7 @@ void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const floa
     aft_blas_one_thread();
     size_t nt = (size_t)(threads > 0 ? threads : 1);
     if (nt <= 1 || omp_in_parallel()) {
-        gemm_part(trans_b, 0, M, 0, N, K, A, lda, B, ldb, bias, C, ldc);
+        gemm_part(0, trans_b, 0, M, 0, N, K, A, lda, B, ldb, bias, C, ldc);
         return;
     }
     /* split the rows when every thread gets at least two blocks of them,
@@ -66,7 +69,7 @@ void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const floa
     int by_rows = M >= 2 * PART_ALIGN * nt;
     size_t len = by_rows ? M : N;
     if (!by_rows && N < 2 * PART_ALIGN * nt) {
-        gemm_part(trans_b, 0, M, 0, N, K, A, lda, B, ldb, bias, C, ldc);
+        gemm_part(0, trans_b, 0, M, 0, N, K, A, lda, B, ldb, bias, C, ldc);
         return;
     }
     size_t step = (len + nt - 1) / nt;
@@ -74,7 +77,26 @@ void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const floa
     #pragma omp parallel for schedule(static, 1) num_threads((int)nt)
     for (size_t p = 0; p < nt; p++) {
         size_t a = p * step < len ? p * step : len, b = a + step < len ? a + step : len;
-        if (by_rows) gemm_part(trans_b, a, b, 0, N, K, A, lda, B, ldb, bias, C, ldc);
-        else gemm_part(trans_b, 0, M, a, b, K, A, lda, B, ldb, bias, C, ldc);
+        if (by_rows) gemm_part(0, trans_b, a, b, 0, N, K, A, lda, B, ldb, bias, C, ldc);
+        else gemm_part(0, trans_b, 0, M, a, b, K, A, lda, B, ldb, bias, C, ldc);
+    }
+}
+
+void aft_gemm_tn(int threads, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
+                 float *C, size_t ldc)
+{
+    aft_blas_one_thread();
+    size_t nt = (size_t)(threads > 0 ? threads : 1);
+    if (nt <= 1 || omp_in_parallel()) {
+        gemm_part(1, 0, 0, M, 0, N, K, A, lda, B, ldb, NULL, C, ldc);
+        return;
+    }
+    /* the rows of C (columns of A), whole register blocks to each thread */
+    size_t step = (M + nt - 1) / nt;
+    step = (step + PART_ALIGN - 1) / PART_ALIGN * PART_ALIGN;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)nt)
+    for (size_t p = 0; p < nt; p++) {
+        size_t a = p * step < M ? p * step : M, b = a + step < M ? a + step : M;
+        gemm_part(1, 0, a, b, 0, N, K, A, lda, B, ldb, NULL, C, ldc);
     }
 }

@@ -16,6 +16,10 @@
 void aft_blas_one_thread(void);
 void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
               const float *B, size_t ldb, const float *bias, float *C, size_t ldc);
+/* C (M x N) = A^T B, A (K x M), B (K x N): a weight's gradient summed over
+ * K rows; the rows of C split as aft_gemm's */
+void aft_gemm_tn(int threads, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
+                 float *C, size_t ldc);
 
 /* y (M x n, rows ldy apart) = x (M x k, rows ldx apart) W^T + bias, W
  * (n x k) like PyTorch's Linear, bias (n) or NULL. init packs W once when
