@@ -835,15 +835,7 @@ static int write_timing(run *r)
                             4.0 * BT * (double)in->n_layers *
                                 (2.0 * (double)in->d_model + 3.0 * (double)in->d_hidden + (double)in->d_ff));
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)aft_peak_rss());
-    if (cli_write_json(&out, "train", j)) {
-        aft_out_abort(&out);
-        return EXIT_DATA;
-    }
-    if (aft_out_commit(&out, &err) != AFT_OK) {
-        cli_error(NULL, "%s", err.msg);
-        return EXIT_DATA;
-    }
-    return 0;
+    return cli_out_close(&out, cli_write_json(&out, "train", j));
 }
 
 static void run_free(run *r)
