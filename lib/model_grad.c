@@ -411,75 +411,26 @@ static void col_sums(float *out, const float *a, size_t rows, size_t n, double *
     }
 }
 
-/* LayerNorm's backward pass for one row x (D) given dz, its weight w:
- * o (+)= rstd (dy - mean(dy) - xhat mean(dy xhat)), dy = dz w, and dz
- * xhat, dz added into sw, sb. Each row's sums run in LANES partial sums
- * added in order at the end: they vectorize, where one running sum waits
- * for each add, and the order is fixed. */
-enum { LANES = 8 };
-static void layernorm_back_row(float *o, int add, double *sw, double *sb, const float *g, const float *xr,
-                               const float *w, size_t D)
-{
-    double a[LANES] = {0}, b[LANES] = {0};
-    size_t j = 0, D8 = D / LANES * LANES;
-    for (; j < D8; j += LANES)
-        for (size_t u = 0; u < LANES; u++) a[u] += xr[j + u];
-    double mean = 0.0, var = 0.0, m1 = 0.0, m2 = 0.0;
-    for (size_t u = 0; u < LANES; u++) mean += a[u];
-    for (; j < D; j++) mean += xr[j];
-    mean /= (double)D;
-    for (j = 0; j < D8; j += LANES)
-        for (size_t u = 0; u < LANES; u++) {
-            double c = xr[j + u] - mean;
-            b[u] += c * c;
-        }
-    for (size_t u = 0; u < LANES; u++) var += b[u];
-    for (; j < D; j++) var += (xr[j] - mean) * (xr[j] - mean);
-    var /= (double)D;
-    const double rstd = 1.0 / sqrt(var + (double)AFT_LAYERNORM_EPS);
-    for (size_t u = 0; u < LANES; u++) a[u] = b[u] = 0.0;
-    for (j = 0; j < D8; j += LANES)
-        for (size_t u = 0; u < LANES; u++) {
-            double xh = (xr[j + u] - mean) * rstd, dy = (double)g[j + u] * w[j + u];
-            a[u] += dy;
-            b[u] += dy * xh;
-        }
-    for (size_t u = 0; u < LANES; u++) {
-        m1 += a[u];
-        m2 += b[u];
-    }
-    for (; j < D; j++) {
-        double xh = (xr[j] - mean) * rstd, dy = (double)g[j] * w[j];
-        m1 += dy;
-        m2 += dy * xh;
-    }
-    m1 /= (double)D;
-    m2 /= (double)D;
-    for (j = 0; j < D; j++) {
-        double xh = (xr[j] - mean) * rstd, v = rstd * ((double)g[j] * w[j] - m1 - xh * m2);
-        sw[j] += (double)g[j] * xh;
-        sb[j] += g[j];
-        o[j] = add ? (float)(o[j] + v) : (float)v;
-    }
-}
-
 /* LayerNorm's backward pass: dx (+)= d/dx of the norm of x (N, D) given dz,
- * its weight w; dw, db (D) written. add: dx += rather than =. */
+ * its weight w; dw, db (D) written. add: dx += rather than =. Each chunk of
+ * rows sums its share of dw and db in float (aft_layernorm_back), in part
+ * seen as floats; the chunks are added in order in double. */
 static void layernorm_back(float *dx, int add, float *dw, float *db, const float *dz, const float *x, const float *w,
                            size_t N, size_t D, double *part, int nt)
 {
+    float *pf = (float *)part;
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (size_t c = 0; c < SUM_CHUNKS; c++) {
-        double *sw = part + c * 2 * D, *sb = sw + D;
-        for (size_t j = 0; j < 2 * D; j++) sw[j] = 0.0;
-        for (size_t i = N * c / SUM_CHUNKS; i < N * (c + 1) / SUM_CHUNKS; i++)
-            layernorm_back_row(dx + i * D, add, sw, sb, dz + i * D, x + i * D, w, D);
+        float *sw = pf + c * 2 * D, *sb = sw + D;
+        size_t i0 = N * c / SUM_CHUNKS, i1 = N * (c + 1) / SUM_CHUNKS;
+        memset(sw, 0, 2 * D * sizeof *sw);
+        aft_layernorm_back(dx + i0 * D, add, sw, sb, dz + i0 * D, x + i0 * D, w, i1 - i0, D, AFT_LAYERNORM_EPS);
     }
     for (size_t j = 0; j < D; j++) {
         double sw = 0.0, sb = 0.0;
         for (size_t c = 0; c < SUM_CHUNKS; c++) {
-            sw += part[c * 2 * D + j];
-            sb += part[c * 2 * D + D + j];
+            sw += pf[c * 2 * D + j];
+            sb += pf[c * 2 * D + D + j];
         }
         if (dw) dw[j] = (float)sw;
         if (db) db[j] = (float)sb;

@@ -179,6 +179,14 @@ AFT_ENTRY_VOID(aft_layernorm, (float *y, const float *x, const float *w, const f
 AFT_ENTRY_VOID(aft_layernorm_ref,
                (float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps),
                (y, x, w, b, N, D, eps))
+AFT_ENTRY_VOID(aft_layernorm_back,
+               (float *dx, int add, float *sw, float *sb, const float *dz, const float *x, const float *w, size_t N,
+                size_t D, float eps),
+               (dx, add, sw, sb, dz, x, w, N, D, eps))
+AFT_ENTRY_VOID(aft_layernorm_back_ref,
+               (float *dx, int add, float *sw, float *sb, const float *dz, const float *x, const float *w, size_t N,
+                size_t D, float eps),
+               (dx, add, sw, sb, dz, x, w, N, D, eps))
 AFT_ENTRY(aft_status, aft_ffn_init,
           (aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, aft_precision precision, int threads,
            aft_error *err),

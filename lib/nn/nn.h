@@ -16,6 +16,13 @@
 // var the biased variance (as torch.nn.LayerNorm). y may be x.
 void aft_layernorm(float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps);
 void aft_layernorm_ref(float *y, const float *x, const float *w, const float *b, size_t N, size_t D, float eps);
+/* LayerNorm's backward pass over N rows x (D) given dz = d/d(its output),
+ * its weight w: dx = d/dx (add: dx += it); d/dw and d/db, dz xhat and dz,
+ * added into sw and sb (D each). The reference runs in double. */
+void aft_layernorm_back(float *dx, int add, float *sw, float *sb, const float *dz, const float *x, const float *w,
+                        size_t N, size_t D, float eps);
+void aft_layernorm_back_ref(float *dx, int add, float *sw, float *sb, const float *dz, const float *x,
+                            const float *w, size_t N, size_t D, float eps);
 
 /* ---- the feed-forward network (ffn.c) */
 

@@ -61,3 +61,78 @@ void aft_layernorm_ref(float *y, const float *x, const float *w, const float *b,
             y[r * D + i] = (float)(((double)xr[i] - mean) * inv * w[i] + (b ? (double)b[i] : 0.0));
     }
 }
+
+/* LayerNorm's backward pass for rows [0, N): dx (+)= rstd (dy - mean(dy) -
+ * xhat mean(dy xhat)) with dy = dz w, xhat and rstd as aft_layernorm forms
+ * them (the same lanes, so the same floats); dz xhat and dz added into sw
+ * and sb (D each), which the caller zeroes and sums in double across calls.
+ * The row sums run in AFT_VL lanes as the forward's do. */
+static inline float lane_total(aft_vf v)
+{
+    float s = 0.0f;
+    for (int l = 0; l < AFT_VL; l++) s += v[l];
+    return s;
+}
+
+static void layernorm_back_row(float *restrict dx, int add, float *restrict sw, float *restrict sb,
+                               const float *restrict dz, const float *restrict x, const float *restrict w, size_t D,
+                               float eps)
+{
+    const float mean = lane_sum(x, D, 0.0f, 0) / (float)D;
+    const float inv = 1.0f / sqrtf(lane_sum(x, D, mean, 1) / (float)D + eps);
+    aft_vf a = {0}, b = {0};
+    size_t i = 0;
+    for (; i + AFT_VL <= D; i += AFT_VL) {
+        aft_vf dy = aft_vld(dz + i) * aft_vld(w + i);
+        a += dy;
+        b += dy * ((aft_vld(x + i) - mean) * inv);
+    }
+    float m1 = lane_total(a), m2 = lane_total(b);
+    for (; i < D; i++) {
+        float dy = dz[i] * w[i];
+        m1 += dy;
+        m2 += dy * ((x[i] - mean) * inv);
+    }
+    m1 /= (float)D;
+    m2 /= (float)D;
+    for (i = 0; i < D; i++) {
+        float xh = (x[i] - mean) * inv, v = inv * (dz[i] * w[i] - m1 - xh * m2);
+        sw[i] += dz[i] * xh;
+        sb[i] += dz[i];
+        dx[i] = add ? dx[i] + v : v;
+    }
+}
+
+void aft_layernorm_back(float *dx, int add, float *sw, float *sb, const float *dz, const float *x, const float *w,
+                        size_t N, size_t D, float eps)
+{
+    for (size_t r = 0; r < N; r++)
+        layernorm_back_row(dx + r * D, add, sw, sb, dz + r * D, x + r * D, w, D, eps);
+}
+
+/* the same in double, each row's sums one after another: the reference the
+ * tests hold the lanes to */
+void aft_layernorm_back_ref(float *dx, int add, float *sw, float *sb, const float *dz, const float *x,
+                            const float *w, size_t N, size_t D, float eps)
+{
+    for (size_t r = 0; r < N; r++) {
+        const float *xr = x + r * D, *g = dz + r * D;
+        double mean = 0.0, var = 0.0, m1 = 0.0, m2 = 0.0;
+        for (size_t i = 0; i < D; i++) mean += xr[i];
+        mean /= (double)D;
+        for (size_t i = 0; i < D; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+        const double inv = 1.0 / sqrt(var / (double)D + (double)eps);
+        for (size_t i = 0; i < D; i++) {
+            m1 += (double)g[i] * w[i];
+            m2 += (double)g[i] * w[i] * ((xr[i] - mean) * inv);
+        }
+        m1 /= (double)D;
+        m2 /= (double)D;
+        for (size_t i = 0; i < D; i++) {
+            double xh = (xr[i] - mean) * inv, v = inv * ((double)g[i] * w[i] - m1 - xh * m2);
+            sw[i] += (float)(g[i] * xh);
+            sb[i] += g[i];
+            dx[r * D + i] = add ? (float)(dx[r * D + i] + v) : (float)v;
+        }
+    }
+}

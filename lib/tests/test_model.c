@@ -123,6 +123,34 @@ static void test_layernorm(void **state)
         }
 }
 
+/* LayerNorm's backward kernel against its double reference: dx (written and
+ * added), the weight's and the bias's sums, rows with a large mean */
+static void test_layernorm_back(void **state)
+{
+    (void)state;
+    rng r = {13};
+    const size_t Ds[] = {1, 7, 37, 128, 300};
+    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++)
+        for (int offset = 0; offset <= 20; offset += 20) {
+            size_t D = Ds[di], N = 9;
+            float *x = randf(&r, N * D, 3.0), *w = randf(&r, D, 1.5), *dz = randf(&r, N * D, 1.0);
+            for (size_t i = 0; i < N * D; i++) x[i] += (float)offset;
+            float *dx = randf(&r, N * D, 1.0), *dxr = xmalloc(N * D * sizeof *dxr);
+            float *s = calloc(4 * D, sizeof *s);
+            memcpy(dxr, dx, N * D * sizeof *dx);
+            for (int add = 1; add >= 0; add--) {
+                memset(s, 0, 4 * D * sizeof *s);
+                aft_layernorm_back(dx, add, s, s + D, dz, x, w, N, D, AFT_LAYERNORM_EPS);
+                aft_layernorm_back_ref(dxr, add, s + 2 * D, s + 3 * D, dz, x, w, N, D, AFT_LAYERNORM_EPS);
+                char what[64];
+                snprintf(what, sizeof what, "layernorm back D=%zu offset %d add %d", D, offset, add);
+                check_rel(what, dx, dxr, N * D, 2e-5);
+                check_rel(what, s, s + 2 * D, 2 * D, 2e-5);
+            }
+            free(x); free(w); free(dz); free(dx); free(dxr); free(s);
+        }
+}
+
 static void test_ffn(void **state)
 {
     (void)state;
@@ -1197,6 +1225,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_layernorm_back),
         cmocka_unit_test(test_ffn),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_16bit),
