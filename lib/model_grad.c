@@ -498,30 +498,19 @@ static aft_status scratch_temps(aft_model *m, size_t n, size_t rows, aft_error *
 }
 
 /* cross-entropy of the logits (N, V) against targets, summed over the
- * rows; dlogits in place, (softmax - one-hot) inv, when grad */
+ * rows; dlogits in place, (softmax - one-hot) inv, when grad. The rows are
+ * cut into nt parts, each aft_xent_rows's; the parts' sums are added in
+ * a fixed order. */
 static double cross_entropy(float *lg, const int32_t *targets, size_t N, size_t V, int grad, double inv, int nt)
 {
-    double total = 0.0;
-    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1) reduction(+ : total)
-    for (size_t i = 0; i < N; i++) {
-        float *r = lg + i * V;
-        if (targets[i] < 0) {
-            if (grad) memset(r, 0, V * sizeof(float));
-            continue;
-        }
-        /* subtract the row's max so exp cannot overflow */
-        double mx = r[0], s = 0.0;
-        for (size_t j = 1; j < V; j++) mx = r[j] > mx ? r[j] : mx;
-        for (size_t j = 0; j < V; j++) s += exp((double)r[j] - mx);
-        double lse = mx + log(s);
-        total += lse - r[targets[i]];
-        if (grad) {
-            for (size_t j = 0; j < V; j++) r[j] = (float)(exp((double)r[j] - lse) * inv);
-            r[targets[i]] -= (float)inv;
-        }
+    double part[GROUPS_MAX] = {0}, total = 0.0;
+    if (nt > GROUPS_MAX) nt = GROUPS_MAX;
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int p = 0; p < nt; p++) {
+        size_t i0 = N * (size_t)p / (size_t)nt, i1 = N * (size_t)(p + 1) / (size_t)nt;
+        part[p] = aft_xent_rows(lg + i0 * V, targets + i0, i1 - i0, V, grad, (float)inv);
     }
-    /* the sum above is per thread; its order differs with threads only in the
-     * last bits of a double */
+    for (int p = 0; p < nt; p++) total += part[p];
     return total;
 }
 

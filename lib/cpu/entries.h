@@ -187,6 +187,12 @@ AFT_ENTRY_VOID(aft_layernorm_back_ref,
                (float *dx, int add, float *sw, float *sb, const float *dz, const float *x, const float *w, size_t N,
                 size_t D, float eps),
                (dx, add, sw, sb, dz, x, w, N, D, eps))
+AFT_ENTRY(double, aft_xent_rows,
+          (float *lg, const int32_t *targets, size_t N, size_t V, int grad, float inv),
+          (lg, targets, N, V, grad, inv))
+AFT_ENTRY(double, aft_xent_rows_ref,
+          (float *lg, const int32_t *targets, size_t N, size_t V, int grad, float inv),
+          (lg, targets, N, V, grad, inv))
 AFT_ENTRY(aft_status, aft_ffn_init,
           (aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, aft_precision precision, int threads,
            aft_error *err),

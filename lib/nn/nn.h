@@ -24,6 +24,15 @@ void aft_layernorm_back(float *dx, int add, float *sw, float *sb, const float *d
 void aft_layernorm_back_ref(float *dx, int add, float *sw, float *sb, const float *dz, const float *x,
                             const float *w, size_t N, size_t D, float eps);
 
+/* ---- the cross-entropy (loss.c) */
+
+/* The cross-entropy of each row of logits lg (N, V) against its target,
+ * summed (a negative target: the row is ignored, 0); with grad, lg becomes
+ * d/d(logits) of that sum times inv: (softmax - one-hot) inv, 0 on ignored
+ * rows. The reference runs in double. */
+double aft_xent_rows(float *lg, const int32_t *targets, size_t N, size_t V, int grad, float inv);
+double aft_xent_rows_ref(float *lg, const int32_t *targets, size_t N, size_t V, int grad, float inv);
+
 /* ---- the feed-forward network (ffn.c) */
 
 typedef struct {

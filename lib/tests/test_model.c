@@ -151,6 +151,37 @@ static void test_layernorm_back(void **state)
         }
 }
 
+/* the cross-entropy kernel against its double reference: the summed loss
+ * and the logits' gradient, logits far from 0, an ignored row, sizes
+ * around the vector width */
+static void test_xent(void **state)
+{
+    (void)state;
+    rng r = {14};
+    const size_t Vs[] = {1, 5, 16, 113, 300};
+    for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++)
+        for (int offset = 0; offset <= 300; offset += 300) {
+            size_t V = Vs[vi], N = 7;
+            float *lg = randf(&r, N * V, 8.0), *lr = xmalloc(N * V * sizeof *lr);
+            for (size_t i = 0; i < N * V; i++) lg[i] += (float)offset;
+            int32_t t[7];
+            for (size_t i = 0; i < N; i++) t[i] = (int32_t)((i * 37 + 3) % V);
+            t[2] = -100;
+            memcpy(lr, lg, N * V * sizeof *lg);
+            double a = aft_xent_rows(lg, t, N, V, 0, 0.5f), b = aft_xent_rows_ref(lr, t, N, V, 0, 0.5f);
+            if (!(fabs(a - b) <= 1e-5 * fmax(1.0, fabs(b)))) fail_msg("xent V=%zu: %.9g vs %.9g", V, a, b);
+            a = aft_xent_rows(lg, t, N, V, 1, 0.5f);
+            b = aft_xent_rows_ref(lr, t, N, V, 1, 0.5f);
+            if (!(fabs(a - b) <= 1e-5 * fmax(1.0, fabs(b)))) fail_msg("xent grad V=%zu: %.9g vs %.9g", V, a, b);
+            char what[64];
+            snprintf(what, sizeof what, "xent grad V=%zu offset %d", V, offset);
+            check_rel(what, lg, lr, N * V, 1e-6);
+            for (size_t j = 0; j < V; j++)
+                if (lg[2 * V + j] != 0.0f) fail_msg("xent V=%zu: the ignored row's gradient is %g", V, lg[2 * V + j]);
+            free(lg); free(lr);
+        }
+}
+
 static void test_ffn(void **state)
 {
     (void)state;
@@ -1226,6 +1257,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_layernorm_back),
+        cmocka_unit_test(test_xent),
         cmocka_unit_test(test_ffn),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_16bit),
