@@ -77,6 +77,10 @@ void aft_layer_prep_free(aft_layer_prep *lp)
         aft_linear_free(&lp->qkv);
         aft_linear_free(&lp->o);
     }
+    if (lp->has_t) {
+        aft_linear_free(&lp->dh_t);
+        aft_linear_free(&lp->dx_t);
+    }
     free(lp->wcat);
     free(lp->bcat);
     memset(lp, 0, sizeof *lp);

@@ -58,5 +58,16 @@ aft_status aft_layer_forward_saved(float *y, float *saved, const float *x, const
 aft_status aft_layer_backward_saved(const aft_layer_grads *g, const float *saved, const float *dy, const float *x,
                                     const aft_params *p, const aft_config *cfg, size_t B, size_t T,
                                     aft_layer_ws *ws, aft_error *err);
+/* The same two on lp, made once by aft_layer_prep_init (with cfg's
+ * projections, precision and threads) and, for the backward, by
+ * aft_layer_prep_grad, whose packed weights it adds: for a caller that
+ * runs many calls on one set of weights. The same bits as the calls above;
+ * fast (not the reference) and at least one row. */
+aft_status aft_layer_prep_grad(aft_layer_prep *lp, aft_error *err);
+aft_status aft_layer_forward_saved_prep(float *y, float *saved, const float *x, const aft_layer_prep *lp,
+                                        const aft_config *cfg, size_t B, size_t T, aft_layer_ws *ws, aft_error *err);
+aft_status aft_layer_backward_saved_prep(const aft_layer_grads *g, const float *saved, const float *dy,
+                                         const float *x, const aft_layer_prep *lp, const aft_config *cfg, size_t B,
+                                         size_t T, aft_layer_ws *ws, aft_error *err);
 
 #endif /* AFT_LAYER_H */

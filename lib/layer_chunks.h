@@ -31,6 +31,11 @@ typedef struct {
     aft_kernel kernel;    /* who runs the projections */
     int threads;
     int bf16;             /* the projections in bf16 (aft_config.precision, with an engine) */
+    /* aft_layer_prep_grad: the backward's dH = dy Wo and dX = dQKV Wcat on
+     * aft's kernel, Wo and Wcat packed as its weights (from W^T), made once
+     * for the many backward calls of one set of weights */
+    aft_linear dh_t, dx_t;
+    int has_t;
 } aft_layer_prep;
 /* a projection of lp's kind (its kernel, or bf16): W (n x k) of wdt's
  * values (AFT_F32, AFT_F16, AFT_BF16: 16 bits kept as stored), bias (n) or

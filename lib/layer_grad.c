@@ -261,8 +261,9 @@ typedef struct {
     /* when aft's kernel runs the projections, it runs dH = dy Wo and dX =
      * dQKV Wcat too, with Wo and Wcat packed as its weights (W^T); it
      * reads the rows of dy and dQKV in place, where OpenBLAS packs them */
-    int own;
+    int own, borrowed;            /* borrowed: lin_dh, lin_dx are the prep's */
     aft_linear dh_lin, dx_lin;
+    const aft_linear *lin_dh, *lin_dx;
     /* 16-bit weights: Wo and Wcat widened for the products from W^T (the
      * forward's read the 16-bit panels) */
     float *wo, *wcat, *wmem;
@@ -353,7 +354,7 @@ static int plan_after(grad_mem *m, const aft_layer_grads *g, float *y, const flo
                    .ldb = D, .C = g->dx, .ldc = D};
         if (g->dx && m->own) {
             a.kind = PIECE_LINEAR;
-            a.lin = &m->dx_lin;
+            a.lin = m->lin_dx;
             a.in_place = 1;
         }
         ok &= plan_add(pl, &a, N, fine, any_b ? m->part : NULL, np);
@@ -378,17 +379,24 @@ static void grad_mem_free(grad_mem *m)
 {
     free(m->own_block);
     free(m->wmem);
-    if (m->own) {
+    if (m->own && !m->borrowed) {
         aft_linear_free(&m->dh_lin);
         aft_linear_free(&m->dx_lin);
     }
 }
 
-/* dh_lin and dx_lin, when aft's kernel runs the projections (else, or
- * short of memory for them, OpenBLAS runs these two products) */
+/* dh and dx, when aft's kernel runs the projections: the prep's when it
+ * made them, else packed here (else, or short of memory for them, OpenBLAS
+ * runs these two products) */
 static void own_init(grad_mem *m, const aft_layer_prep *lp)
 {
     const size_t D = lp->D, C = lp->C, W = lp->W;
+    if (lp->has_t) {
+        m->lin_dh = &lp->dh_t;
+        m->lin_dx = &lp->dx_t;
+        m->own = m->borrowed = 1;
+        return;
+    }
     /* (bf16 products: the GEMM pieces, in bf16) */
     if (!lp->qkv.pk || lp->bf16) return;
     if (aft_linear_init_t(&m->dh_lin, m->wo, C, C, D, AFT_KERNEL_OWN, 1, NULL) != AFT_OK) return;
@@ -396,7 +404,22 @@ static void own_init(grad_mem *m, const aft_layer_prep *lp)
         aft_linear_free(&m->dh_lin);
         return;
     }
+    m->lin_dh = &m->dh_lin;
+    m->lin_dx = &m->dx_lin;
     m->own = 1;
+}
+
+aft_status aft_layer_prep_grad(aft_layer_prep *lp, aft_error *err)
+{
+    if (lp->has_t || !lp->qkv.pk || lp->bf16 || aft_dtype_is16(lp->p->w_dtype)) return AFT_OK;
+    aft_status st = aft_linear_init_t(&lp->dh_t, lp->p->wo, lp->C, lp->C, lp->D, AFT_KERNEL_OWN, 1, err);
+    if (st) return st;
+    if ((st = aft_linear_init_t(&lp->dx_t, lp->wcat, lp->D, lp->D, lp->W, AFT_KERNEL_OWN, 1, err))) {
+        aft_linear_free(&lp->dh_t);
+        return st;
+    }
+    lp->has_t = 1;
+    return AFT_OK;
 }
 
 /* saved (aft_layer_forward_saved's, NULL: none): Q, K, V from it, not
@@ -432,7 +455,7 @@ static aft_status layer_fast_grad(const aft_layer_grads *g, float *y, const floa
     piece b = {.kind = PIECE_GEMM, .N = C, .K = D, .A = dy, .lda = D, .B = m.wo, .ldb = C, .C = m.dh, .ldc = C};
     if (m.own) {
         b.kind = PIECE_LINEAR;
-        b.lin = &m.dh_lin;
+        b.lin = m.lin_dh;
         b.in_place = 1;
     }
     double *bo_part = m.part + fine * W;
@@ -542,17 +565,21 @@ done:
 /* the backward's and the saved forward's start: the parameters' checks
  * and the stacked weights (lp, freed on failure), the operator settled
  * (sp), N = B T */
+static aft_status spec_setup(aft_opspec *sp, size_t *N, const aft_layer_prep *lp, const aft_config *cfg, size_t B,
+                             size_t T, aft_error *err)
+{
+    if (!aft_mul_ok(B, T, N) || *N > INT_MAX)
+        return aft_fail(err, AFT_ERR_ARG, "B * T = %zu * %zu exceeds the supported range", B, T);
+    return aft_spec_settle(sp, &lp->p->bias, cfg, B, T, lp->C, lp->KC, err);
+}
+
 static aft_status grad_setup(aft_layer_prep *lp, aft_opspec *sp, size_t *N, const aft_params *p,
                              const aft_config *cfg, size_t B, size_t T, aft_error *err)
 {
     aft_status st = aft_layer_prep_init(lp, p, cfg->projections, cfg->precision, aft_threads_or_all(cfg->threads),
                                         err);
     if (st) return st;
-    if (!aft_mul_ok(B, T, N) || *N > INT_MAX)
-        st = aft_fail(err, AFT_ERR_ARG, "B * T = %zu * %zu exceeds the supported range", B, T);
-    else
-        st = aft_spec_settle(sp, &p->bias, cfg, B, T, lp->C, lp->KC, err);
-    if (st) aft_layer_prep_free(lp);
+    if ((st = spec_setup(sp, N, lp, cfg, B, T, err))) aft_layer_prep_free(lp);
     return st;
 }
 
@@ -641,4 +668,34 @@ aft_status aft_layer_forward_saved(float *y, float *saved, const float *x, const
         st = layer_fast_forward_saved(y, saved, x, &lp, sp, B, T, ws, err);
     aft_layer_prep_free(&lp);
     return st;
+}
+
+/* ---- the same on a prep made once (aft_layer_prep_init, then
+ * aft_layer_prep_grad for the backward): the model's training step calls
+ * these for every group with one step's weights, which are stacked and
+ * packed once instead of at every call */
+
+aft_status aft_layer_forward_saved_prep(float *y, float *saved, const float *x, const aft_layer_prep *lp,
+                                        const aft_config *cfg, size_t B, size_t T, aft_layer_ws *ws, aft_error *err)
+{
+    if (!lp || !cfg || !y || !x || !saved || cfg->impl == AFT_IMPL_REFERENCE || B == 0 || T == 0)
+        return aft_fail(err, AFT_ERR_ARG, "the prepared forward needs y, x, saved, a prep and rows, fast");
+    aft_opspec sp;
+    size_t N;
+    aft_status st = spec_setup(&sp, &N, lp, cfg, B, T, err);
+    return st ? st : layer_fast_forward_saved(y, saved, x, lp, sp, B, T, ws, err);
+}
+
+aft_status aft_layer_backward_saved_prep(const aft_layer_grads *g, const float *saved, const float *dy,
+                                         const float *x, const aft_layer_prep *lp, const aft_config *cfg, size_t B,
+                                         size_t T, aft_layer_ws *ws, aft_error *err)
+{
+    if (!g || !lp || !cfg || !saved || !dy || !x || cfg->impl == AFT_IMPL_REFERENCE || B == 0 || T == 0)
+        return aft_fail(err, AFT_ERR_ARG, "the prepared backward needs saved, dy, x, a prep and rows, fast");
+    aft_opspec sp;
+    size_t N;
+    aft_status st = spec_setup(&sp, &N, lp, cfg, B, T, err);
+    if (st) return st;
+    sp.progress = aft_progress_plan(cfg->progress, N);
+    return layer_fast_grad(g, NULL, dy, x, saved, lp, sp, B, T, ws, err);
 }

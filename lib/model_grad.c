@@ -538,6 +538,8 @@ typedef struct {
     double inv;             /* 1 / the targets counted */
     float *const *grads;    /* the caller's; NULL: the loss alone */
     int inner;              /* threads inside a group */
+    aft_layer_prep *preps;  /* each AFT layer's weights stacked and packed
+                             * once a step (prep_layers), for every group */
 } step;
 
 typedef struct {
@@ -610,8 +612,8 @@ static aft_status group_forward(const step *s, group *q, aft_error *err)
         float *x = t->x[l] + r0 * D, *xm = t->xm[l] + r0 * D, *h = t->h[l] + r0 * F;
         aft_layernorm(w->z, x, L->ln1_w, L->ln1_b, n, D, AFT_LAYERNORM_EPS);
         aft_error e2;
-        aft_status st = aft_layer_forward_saved(w->y, t->saved[l] + q->saved, w->z, &L->attn.p, &cfg, q->nb, s->T,
-                                                &w->ws, &e2);
+        aft_status st = aft_layer_forward_saved_prep(w->y, t->saved[l] + q->saved, w->z, &s->preps[l], &cfg, q->nb,
+                                                     s->T, &w->ws, &e2);
         if (st) return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
         dropout(w->y, n * D, s->seed, 3 * l, s->p, r0 * D, nt);
         add_into(xm, x, w->y, n * D, nt);
@@ -686,8 +688,8 @@ static aft_status attn_backward(const step *s, const group *q, size_t l, aft_err
                           .wv = gl[P_VW], .bv = gl[P_VB], .wo = gl[P_OW], .bo = gl[P_OB]};
     lg.bias.dense = gl[P_POS];
     aft_error e2;
-    aft_status st = aft_layer_backward_saved(&lg, m->train->saved[l] + q->saved, dy, w->z, &L->attn.p, &cfg,
-                                             q->nb, s->T, &w->ws, &e2);
+    aft_status st = aft_layer_backward_saved_prep(&lg, m->train->saved[l] + q->saved, dy, w->z, &s->preps[l], &cfg,
+                                                  q->nb, s->T, &w->ws, &e2);
     if (st) return aft_fail(err, st, "layer %zu: %s", l, e2.msg);
     layernorm_back(w->dx, 1, gl[P_LN1W], gl[P_LN1B], w->dz, x, L->ln1_w, n, D, w->part, s->inner);
     return AFT_OK;
@@ -795,6 +797,31 @@ static void gather_grads(const step *s, const group *grp, size_t G, int nt)
     }
 }
 
+/* each AFT layer's prep for this step's weights (the backward's too with
+ * grads); freed by free_preps */
+static aft_status prep_layers(step *s, aft_error *err)
+{
+    const aft_model *m = s->m;
+    const size_t nl = m->info.n_layers;
+    if (!(s->preps = calloc(nl, sizeof *s->preps)))
+        return aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu layers' weights", nl);
+    for (size_t l = 0; l < nl; l++) {
+        const aft_config cfg = layer_cfg(&m->layers[l], s->inner);
+        aft_status st = aft_layer_prep_init(&s->preps[l], &m->layers[l].attn.p, cfg.projections, cfg.precision,
+                                            s->inner, err);
+        if (!st && s->grads) st = aft_layer_prep_grad(&s->preps[l], err);
+        if (st) return st;
+    }
+    return AFT_OK;
+}
+
+static void free_preps(step *s)
+{
+    for (size_t l = 0; s->preps && l < s->m->info.n_layers; l++) aft_layer_prep_free(&s->preps[l]);
+    free(s->preps);
+    s->preps = NULL;
+}
+
 /* the groups, each forward then backward, one a thread as they come free */
 static aft_status run_groups(const step *s, group *grp, size_t G, int outer, aft_error *err)
 {
@@ -868,6 +895,7 @@ aft_status aft_model_loss_grad(aft_model *m, const int32_t *tokens, const int32_
     float **ptr = calloc(G * t->np, sizeof *ptr);
     if (!grp || !ptr) st = aft_fail(err, AFT_ERR_NOMEM, "out of memory for %zu groups", G);
     if (!st) st = step_memory(&s, grp, G, B, N, outer, ptr, err);
+    if (!st) st = prep_layers(&s, err);
     if (!st) st = run_groups(&s, grp, G, outer, err);
     if (!st) {
         double total = 0.0;
@@ -875,6 +903,7 @@ aft_status aft_model_loss_grad(aft_model *m, const int32_t *tokens, const int32_
         *loss = (float)(total * s.inv);
         if (grads) gather_grads(&s, grp, G, nt);
     }
+    free_preps(&s);
     free(grp);
     free(ptr);
     return st;
