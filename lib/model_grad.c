@@ -540,6 +540,9 @@ typedef struct {
     int inner;              /* threads inside a group */
     aft_layer_prep *preps;  /* each AFT layer's weights stacked and packed
                              * once a step (prep_layers), for every group */
+    aft_linear *tl;         /* the backward's dX products from W^T on aft's
+                             * kernel, packed once a step: each layer's W1,
+                             * W2, then the generator's; NULL: OpenBLAS */
 } step;
 
 typedef struct {
@@ -595,6 +598,25 @@ static float *dropped(const step *s, const group *q, uint64_t site)
     return q->w->y;
 }
 
+/* y (n x N) = x (n x K) W^T + b, W (N x K): on aft's kernel where the
+ * model packed W in float32 (repack), else OpenBLAS; x's rows were just
+ * written (in this core's caches), so read in place */
+static void forward_product(const aft_linear *l, int nt, size_t n, size_t N, size_t K, const float *x,
+                            const void *w, const float *b, float *y)
+{
+    if (l->pk && aft_linear_dtype(l) == AFT_F32) aft_linear_apply_x(l, n, x, K, y, N, 1);
+    else aft_gemm(nt, 1, n, N, K, x, K, w, K, b, y, N);
+}
+
+/* dx (n x N) = dy (n x K) W, W (K x N): on the step's packed W^T i
+ * (s->tl), else OpenBLAS */
+static void back_product(const step *s, size_t i, size_t n, size_t N, size_t K, const float *dy, const void *w,
+                         float *dx)
+{
+    if (s->tl) aft_linear_apply_x(&s->tl[i], n, dy, K, dx, N, 1);
+    else aft_gemm(s->inner, 0, n, N, K, dy, K, w, N, NULL, dx, N);
+}
+
 /* the group's forward pass, keeping x, xm, h and the saved forward of each
  * layer, to its logits and its loss (dlogits in their place with grads) */
 static aft_status group_forward(const step *s, group *q, aft_error *err)
@@ -618,15 +640,15 @@ static aft_status group_forward(const step *s, group *q, aft_error *err)
         dropout(w->y, n * D, s->seed, 3 * l, s->p, r0 * D, nt);
         add_into(xm, x, w->y, n * D, nt);
         aft_layernorm(w->z, xm, L->ln2_w, L->ln2_b, n, D, AFT_LAYERNORM_EPS);
-        aft_gemm(nt, 1, n, F, D, w->z, D, L->ffp.w1, D, L->ffp.b1, h, F);
+        forward_product(&L->ffn.l1, nt, n, F, D, w->z, L->ffp.w1, L->ffp.b1, h);
         #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
         for (size_t i = 0; i < n * F; i++) h[i] = h[i] > 0.0f || isnan(h[i]) ? h[i] : 0.0f;
-        aft_gemm(nt, 1, n, D, F, hidden_dropped(s, q, h, l), F, L->ffp.w2, F, L->ffp.b2, w->y, D);
+        forward_product(&L->ffn.l2, nt, n, D, F, hidden_dropped(s, q, h, l), L->ffp.w2, L->ffp.b2, w->y);
         dropout(w->y, n * D, s->seed, 3 * l + 2, s->p, r0 * D, nt);
         add_into(t->x[l + 1] + r0 * D, xm, w->y, n * D, nt);
     }
     aft_layernorm(w->zf, t->x[nl] + r0 * D, m->norm_w, m->norm_b, n, D, AFT_LAYERNORM_EPS);
-    aft_gemm(nt, 1, n, V, D, w->zf, D, m->gen_w, D, m->gen_b, w->logits, V);
+    forward_product(&m->gen, nt, n, V, D, w->zf, m->gen_w, m->gen_b, w->logits);
     q->loss = cross_entropy(w->logits, s->targets + r0, n, V, s->grads != NULL, s->inv, nt);
     return AFT_OK;
 }
@@ -640,7 +662,7 @@ static void head_backward(const step *s, const group *q)
     float *const *g = q->g;
     if (g[th + P_GENW]) aft_gemm_tn(s->inner, V, D, n, w->logits, V, w->zf, D, g[th + P_GENW], D);
     if (g[th + P_GENB]) col_sums(g[th + P_GENB], w->logits, n, V, w->part, s->inner);
-    aft_gemm(s->inner, 0, n, D, V, w->logits, V, m->gen_w, D, NULL, w->dz, D);
+    back_product(s, 2 * nl, n, D, V, w->logits, m->gen_w, w->dz);
     layernorm_back(w->dx, 0, g[th + P_NORMW], g[th + P_NORMB], w->dz, m->train->x[nl] + q->r0 * D, m->norm_w, n, D,
                    w->part, s->inner);
 }
@@ -660,7 +682,7 @@ static void ffn_backward(const step *s, const group *q, size_t l)
     float *dy = dropped(s, q, 3 * l + 2);
     if (gl[P_W2]) aft_gemm_tn(nt, D, F, n, dy, D, hidden_dropped(s, q, h, l), F, gl[P_W2], F);
     if (gl[P_B2]) col_sums(gl[P_B2], dy, n, D, w->part, nt);
-    aft_gemm(nt, 0, n, F, D, dy, D, L->ffp.w2, F, NULL, w->dh, F);
+    back_product(s, 2 * l + 1, n, F, D, dy, L->ffp.w2, w->dh);
     dropout(w->dh, n * F, s->seed, 3 * l + 1, s->p, r0 * F, nt);
     float *dh = w->dh;
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
@@ -668,7 +690,7 @@ static void ffn_backward(const step *s, const group *q, size_t l)
     aft_layernorm(w->z, xm, L->ln2_w, L->ln2_b, n, D, AFT_LAYERNORM_EPS);
     if (gl[P_W1]) aft_gemm_tn(nt, F, D, n, dh, F, w->z, D, gl[P_W1], D);
     if (gl[P_B1]) col_sums(gl[P_B1], dh, n, F, w->part, nt);
-    aft_gemm(nt, 0, n, D, F, dh, F, L->ffp.w1, D, NULL, w->dz, D);
+    back_product(s, 2 * l, n, D, F, dh, L->ffp.w1, w->dz);
     layernorm_back(w->dx, 1, gl[P_LN2W], gl[P_LN2B], w->dz, xm, L->ln2_w, n, D, w->part, nt);
 }
 
@@ -797,6 +819,34 @@ static void gather_grads(const step *s, const group *grp, size_t G, int nt)
     }
 }
 
+/* s->tl, when aft's kernel runs the forward's products (the model packed
+ * its FFNs' W1 in float32) and gradients are wanted: each layer's W1 and
+ * W2, then the generator's, as W^T. Short of memory: OpenBLAS runs them. */
+static void prep_back_products(step *s)
+{
+    const aft_model *m = s->m;
+    const size_t nl = m->info.n_layers, D = m->info.d_model, F = m->info.d_ff, V = m->info.n_vocab;
+    if (!s->grads || nl == 0 || !m->layers[0].ffn.l1.pk || aft_linear_dtype(&m->layers[0].ffn.l1) != AFT_F32 ||
+        m->gen_dt != AFT_F32)
+        return;
+    aft_linear *tl = calloc(2 * nl + 1, sizeof *tl);
+    size_t made = 0;
+    int ok = tl != NULL;
+    for (size_t l = 0; ok && l < nl; l++) {
+        const aft_ffn_params *f = &m->layers[l].ffp;
+        ok = f->wdt == AFT_F32 &&
+             !aft_linear_init_t(&tl[made], f->w1, D, D, F, AFT_KERNEL_OWN, s->inner, NULL) && ++made &&
+             !aft_linear_init_t(&tl[made], f->w2, F, F, D, AFT_KERNEL_OWN, s->inner, NULL) && ++made;
+    }
+    ok = ok && !aft_linear_init_t(&tl[made], m->gen_w, D, D, V, AFT_KERNEL_OWN, s->inner, NULL) && ++made;
+    if (!ok) {
+        for (size_t i = 0; i < made; i++) aft_linear_free(&tl[i]);
+        free(tl);
+        return;
+    }
+    s->tl = tl;
+}
+
 /* each AFT layer's prep for this step's weights (the backward's too with
  * grads); freed by free_preps */
 static aft_status prep_layers(step *s, aft_error *err)
@@ -812,6 +862,7 @@ static aft_status prep_layers(step *s, aft_error *err)
         if (!st && s->grads) st = aft_layer_prep_grad(&s->preps[l], err);
         if (st) return st;
     }
+    prep_back_products(s);
     return AFT_OK;
 }
 
@@ -820,6 +871,9 @@ static void free_preps(step *s)
     for (size_t l = 0; s->preps && l < s->m->info.n_layers; l++) aft_layer_prep_free(&s->preps[l]);
     free(s->preps);
     s->preps = NULL;
+    for (size_t i = 0; s->tl && i < 2 * s->m->info.n_layers + 1; i++) aft_linear_free(&s->tl[i]);
+    free(s->tl);
+    s->tl = NULL;
 }
 
 /* the groups, each forward then backward, one a thread as they come free */
