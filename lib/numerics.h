@@ -117,6 +117,30 @@ typedef int32_t aft_vi __attribute__((vector_size(AFT_VEC_BYTES)));
 static inline aft_vf aft_vld(const float *p) { aft_vf x; memcpy(&x, p, sizeof x); return x; }
 static inline void aft_vst(float *p, aft_vf x) { memcpy(p, &x, sizeof x); }
 
+/* the sum of a vector's lanes, halving the width: a loop over the lanes is
+ * a chain of AFT_VL dependent scalar adds, which a row's reductions (a
+ * LayerNorm's, a softmax's) then wait on */
+static inline float aft_hsum(aft_vf v)
+{
+    /* halves by register shuffles: through memory, a 64-byte store read
+     * back as 32-byte halves misses store forwarding and stalls */
+    typedef float v4 __attribute__((vector_size(16)));
+#if AFT_VEC_BYTES >= 64
+    typedef float v8 __attribute__((vector_size(32)));
+    v8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#elif AFT_VEC_BYTES >= 32
+    aft_vf h = v;
+#endif
+#if AFT_VEC_BYTES >= 32
+    v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+#else
+    v4 q = v;
+#endif
+    q += __builtin_shufflevector(q, q, 2, 3, 0, 1);
+    return q[0] + q[1];
+}
+
 /* Hold a loaded vector in a register. Without this GCC folds the load into
  * every FMA that uses it as a memory operand, issuing more loads than
  * FMAs; on cores with one 512-bit load a cycle the loop is then bound by

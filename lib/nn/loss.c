@@ -29,8 +29,7 @@ static float row_expsum(const float *restrict r, size_t V, float mx)
         for (int l = 0; l < AFT_VL; l++) e[l] = aft_expf(r[j + l] - mx);
         acc += e;
     }
-    float s = 0.0f;
-    for (int l = 0; l < AFT_VL; l++) s += acc[l];
+    float s = aft_hsum(acc);
     for (; j < V; j++) s += aft_expf(r[j] - mx);
     return s;
 }

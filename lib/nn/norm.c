@@ -5,8 +5,10 @@
  * from it) rather than one pass of sum and sum of squares: the one-pass
  * variance cancels catastrophically when a row's mean is large against its
  * spread (labml's embeddings are scaled by sqrt(d_model)). The sums run in
- * AFT_VL lanes side by side, so they vectorise without -ffast-math; a row of
- * a few hundred floats loses nothing that matters to float sums there. */
+ * AFT_VL lanes side by side, so they vectorise without -ffast-math, and the
+ * lanes are added by halving (aft_hsum): a row of a few hundred floats
+ * loses nothing that matters to float sums there, and a row's sums wait on
+ * four adds where a loop over the lanes made them wait on sixteen. */
 #include "nn.h"
 #include "numerics.h"
 
@@ -21,8 +23,7 @@ static inline float lane_sum(const float *x, size_t n, float centre, int squares
         aft_vf v = aft_vld(x + i) - centre;
         acc += squares ? v * v : v;
     }
-    float s = 0.0f;
-    for (int l = 0; l < AFT_VL; l++) s += acc[l];
+    float s = aft_hsum(acc);
     for (; i < n; i++) {
         float v = x[i] - centre;
         s += squares ? v * v : v;
@@ -67,13 +68,6 @@ void aft_layernorm_ref(float *y, const float *x, const float *w, const float *b,
  * them (the same lanes, so the same floats); dz xhat and dz added into sw
  * and sb (D each), which the caller zeroes and sums in double across calls.
  * The row sums run in AFT_VL lanes as the forward's do. */
-static inline float lane_total(aft_vf v)
-{
-    float s = 0.0f;
-    for (int l = 0; l < AFT_VL; l++) s += v[l];
-    return s;
-}
-
 static void layernorm_back_row(float *restrict dx, int add, float *restrict sw, float *restrict sb,
                                const float *restrict dz, const float *restrict x, const float *restrict w, size_t D,
                                float eps)
@@ -87,7 +81,7 @@ static void layernorm_back_row(float *restrict dx, int add, float *restrict sw, 
         a += dy;
         b += dy * ((aft_vld(x + i) - mean) * inv);
     }
-    float m1 = lane_total(a), m2 = lane_total(b);
+    float m1 = aft_hsum(a), m2 = aft_hsum(b);
     for (; i < D; i++) {
         float dy = dz[i] * w[i];
         m1 += dy;
