@@ -69,7 +69,7 @@ LIB_SRC := $(wildcard lib/*.c $(LIB_ROOMS:%=lib/%/*.c))
 KERN_SRC := lib/cpu/table.c lib/layer_chunks.c lib/slice.c \
     $(addprefix lib/ops/,op.c full.c full_grad.c local_conv.c local_conv_grad.c simple.c simple_grad.c grid.c \
                          bias.c bias_grad.c sums.c) \
-    $(addprefix lib/nn/,linear.c gemm.c norm.c loss.c ffn.c bf16.c)
+    $(addprefix lib/nn/,linear.c gemm.c norm.c loss.c elem.c ffn.c bf16.c)
 BASE_SRC := $(filter-out $(KERN_SRC),$(LIB_SRC))
 # lib_objs(DIR): the objects of DIR/libaft.a
 lib_objs = $(BASE_SRC:lib/%.c=$(1)/lib/%.o) $(foreach l,$(LEVELS),$(KERN_SRC:lib/%.c=$(1)/lib/$(l)/%.o))

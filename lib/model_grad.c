@@ -394,19 +394,21 @@ static void dropout(float *a, size_t n, uint64_t seed, uint64_t site, float p, s
 
 /* ---------------------------------------------------------------- pieces */
 
-/* out (n) = column sums of a (rows, n), in fixed chunks added in order */
+/* out (n) = the sum of a's rows (rows x n): SUM_CHUNKS fixed chunks of rows
+ * summed in float (aft_col_sums) into part seen as floats, the chunks added
+ * in order in double */
 static void col_sums(float *out, const float *a, size_t rows, size_t n, double *part, int nt)
 {
+    float *pf = (float *)part;
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (size_t c = 0; c < SUM_CHUNKS; c++) {
-        double *s = part + c * n;
-        for (size_t j = 0; j < n; j++) s[j] = 0.0;
-        for (size_t i = rows * c / SUM_CHUNKS; i < rows * (c + 1) / SUM_CHUNKS; i++)
-            for (size_t j = 0; j < n; j++) s[j] += a[i * n + j];
+        size_t i0 = rows * c / SUM_CHUNKS, i1 = rows * (c + 1) / SUM_CHUNKS;
+        memset(pf + c * n, 0, n * sizeof *pf);
+        aft_col_sums(pf + c * n, a + i0 * n, i1 - i0, n);
     }
     for (size_t j = 0; j < n; j++) {
         double s = 0.0;
-        for (size_t c = 0; c < SUM_CHUNKS; c++) s += part[c * n + j];
+        for (size_t c = 0; c < SUM_CHUNKS; c++) s += pf[c * n + j];
         out[j] = (float)s;
     }
 }
@@ -437,11 +439,14 @@ static void layernorm_back(float *dx, int add, float *dw, float *db, const float
     }
 }
 
-/* out = x + y over n floats */
+/* out = x + y over n floats, in nt parts */
 static void add_into(float *out, const float *x, const float *y, size_t n, int nt)
 {
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (size_t i = 0; i < n; i++) out[i] = x[i] + y[i];
+    for (int p = 0; p < nt; p++) {
+        size_t i0 = n * (size_t)p / (size_t)nt, i1 = n * (size_t)(p + 1) / (size_t)nt;
+        aft_vadd(out + i0, x + i0, y + i0, i1 - i0);
+    }
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -641,8 +646,7 @@ static aft_status group_forward(const step *s, group *q, aft_error *err)
         add_into(xm, x, w->y, n * D, nt);
         aft_layernorm(w->z, xm, L->ln2_w, L->ln2_b, n, D, AFT_LAYERNORM_EPS);
         forward_product(&L->ffn.l1, nt, n, F, D, w->z, L->ffp.w1, L->ffp.b1, h);
-        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-        for (size_t i = 0; i < n * F; i++) h[i] = h[i] > 0.0f || isnan(h[i]) ? h[i] : 0.0f;
+        aft_relu(h, n * F);
         forward_product(&L->ffn.l2, nt, n, D, F, hidden_dropped(s, q, h, l), L->ffp.w2, L->ffp.b2, w->y);
         dropout(w->y, n * D, s->seed, 3 * l + 2, s->p, r0 * D, nt);
         add_into(t->x[l + 1] + r0 * D, xm, w->y, n * D, nt);
@@ -685,8 +689,7 @@ static void ffn_backward(const step *s, const group *q, size_t l)
     back_product(s, 2 * l + 1, n, F, D, dy, L->ffp.w2, w->dh);
     dropout(w->dh, n * F, s->seed, 3 * l + 1, s->p, r0 * F, nt);
     float *dh = w->dh;
-    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (size_t i = 0; i < n * F; i++) dh[i] = h[i] > 0.0f ? dh[i] : 0.0f;
+    aft_relu_back(dh, h, n * F);
     aft_layernorm(w->z, xm, L->ln2_w, L->ln2_b, n, D, AFT_LAYERNORM_EPS);
     if (gl[P_W1]) aft_gemm_tn(nt, F, D, n, dh, F, w->z, D, gl[P_W1], D);
     if (gl[P_B1]) col_sums(gl[P_B1], dh, n, F, w->part, nt);

@@ -193,6 +193,10 @@ AFT_ENTRY(double, aft_xent_rows,
 AFT_ENTRY(double, aft_xent_rows_ref,
           (float *lg, const int32_t *targets, size_t N, size_t V, int grad, float inv),
           (lg, targets, N, V, grad, inv))
+AFT_ENTRY_VOID(aft_vadd, (float *out, const float *x, const float *y, size_t n), (out, x, y, n))
+AFT_ENTRY_VOID(aft_relu, (float *h, size_t n), (h, n))
+AFT_ENTRY_VOID(aft_relu_back, (float *dh, const float *h, size_t n), (dh, h, n))
+AFT_ENTRY_VOID(aft_col_sums, (float *s, const float *a, size_t rows, size_t n), (s, a, rows, n))
 AFT_ENTRY(aft_status, aft_ffn_init,
           (aft_ffn *f, const aft_ffn_params *p, aft_kernel kernel, aft_precision precision, int threads,
            aft_error *err),

@@ -33,6 +33,17 @@ void aft_layernorm_back_ref(float *dx, int add, float *sw, float *sb, const floa
 double aft_xent_rows(float *lg, const int32_t *targets, size_t N, size_t V, int grad, float inv);
 double aft_xent_rows_ref(float *lg, const int32_t *targets, size_t N, size_t V, int grad, float inv);
 
+/* ---- passes over rows (elem.c), for the training step */
+
+/* out = x + y (n floats, not overlapping) */
+void aft_vadd(float *out, const float *x, const float *y, size_t n);
+/* h = max(h, 0) in place, a NaN kept (torch.relu) */
+void aft_relu(float *h, size_t n);
+/* dh = 0 where h <= 0 (ReLU's backward, h its output) */
+void aft_relu_back(float *dh, const float *h, size_t n);
+/* s (n) += the sum of a's rows (rows x n), in float */
+void aft_col_sums(float *s, const float *a, size_t rows, size_t n);
+
 /* ---- the feed-forward network (ffn.c) */
 
 typedef struct {

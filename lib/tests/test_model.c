@@ -182,6 +182,40 @@ static void test_xent(void **state)
         }
 }
 
+/* the training step's passes over rows, against plain loops: ReLU keeps a
+ * NaN and zeroes -0 and negatives, its mask, the sum, the column sums */
+static void test_elem(void **state)
+{
+    (void)state;
+    rng r = {15};
+    const size_t n = 77, rows = 5, cols = n / rows;
+    float *h = randf(&r, n, 2.0), *d = randf(&r, n, 1.0), *y = randf(&r, n, 1.0), *o = xmalloc(n * sizeof *o);
+    h[3] = NAN;
+    h[4] = -0.0f;
+    h[5] = 0.0f;
+    float *h0 = xmalloc(n * sizeof *h0), *d0 = xmalloc(n * sizeof *d0);
+    memcpy(h0, h, n * sizeof *h);
+    memcpy(d0, d, n * sizeof *d);
+    aft_relu(h, n);
+    aft_relu_back(d, h, n);
+    aft_vadd(o, h, y, n);
+    for (size_t i = 0; i < n; i++) {
+        float want = isnan(h0[i]) ? h0[i] : h0[i] > 0.0f ? h0[i] : 0.0f;
+        if (isnan(want) ? !isnan(h[i]) : (h[i] != want || signbit(h[i])))
+            fail_msg("relu(%g) = %g, not %g", h0[i], h[i], want);
+        if (d[i] != (h[i] > 0.0f ? d0[i] : 0.0f)) fail_msg("relu_back at %zu: %g", i, d[i]);
+        if (!isnan(h[i]) && o[i] != h[i] + y[i]) fail_msg("vadd at %zu: %g", i, o[i]);
+    }
+    float s[16] = {0};
+    double ref[16] = {0};
+    aft_col_sums(s, y, rows, cols);
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) ref[j] += y[i * cols + j];
+    for (size_t j = 0; j < cols; j++)
+        if (!(fabs(s[j] - ref[j]) <= 1e-6 * fmax(1.0, fabs(ref[j])))) fail_msg("col_sums %zu: %g vs %g", j, s[j], ref[j]);
+    free(h); free(d); free(y); free(o); free(h0); free(d0);
+}
+
 static void test_ffn(void **state)
 {
     (void)state;
@@ -1258,6 +1292,7 @@ int main(void)
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_layernorm_back),
         cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_elem),
         cmocka_unit_test(test_ffn),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_16bit),
