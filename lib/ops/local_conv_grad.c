@@ -515,6 +515,8 @@ static void row_sums2(float *restrict a0, float *restrict a1, float *restrict c0
             const float e1 = ea[j], e2 = eb[j - nf];
             for (int u = 0; u < NV; u++) {
                 aft_vf y0 = aft_vld(x0 + j * ld + c + u * AFT_VL), y1 = aft_vld(x1 + j * ld + c + u * AFT_VL);
+                AFT_IN_REG(y0);
+                AFT_IN_REG(y1);
                 sa0[u] += e1 * y0;
                 sa1[u] += e1 * y1;
                 sb0[u] += e2 * y0;
