@@ -316,6 +316,35 @@ static inline float hsum(aft_vf v)
     return (q0[0] + q0[2]) + (q0[1] + q0[3]);
 }
 
+#if AFT_VEC_BYTES == 64
+/* hsum of sixteen vectors at once, into one vector: lane 4k + l the sum of
+ * a[4l + k]. Each step adds the two halves of every part, as hsum does
+ * (512 bits to 256, to 128, then lanes 0 + 2 and 1 + 3, then those two),
+ * so each lane holds hsum's bits; packing two parts a vector, each step
+ * takes half the shuffles and adds of the step before, where sixteen
+ * hsums each took every step alone. */
+static inline aft_vf hsum16(const aft_vf a[16])
+{
+    typedef int32_t vi __attribute__((vector_size(64)));
+    const vi h256a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+             h256b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+             h128a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+             h128b = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
+             h64a = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+             h64b = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+             h32a = {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30},
+             h32b = {1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31};
+    aft_vf t[8], w[4], y[2];
+    for (int i = 0; i < 8; i++)   /* [a2i | a2i+1], 256 bits each */
+        t[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], h256a) + __builtin_shuffle(a[2 * i], a[2 * i + 1], h256b);
+    for (int i = 0; i < 4; i++)   /* 128 bits of a4i .. a4i+3 */
+        w[i] = __builtin_shuffle(t[2 * i], t[2 * i + 1], h128a) + __builtin_shuffle(t[2 * i], t[2 * i + 1], h128b);
+    for (int i = 0; i < 2; i++)   /* 128-bit part k: 2 lanes of a8i+k, 2 of a8i+4+k */
+        y[i] = __builtin_shuffle(w[2 * i], w[2 * i + 1], h64a) + __builtin_shuffle(w[2 * i], w[2 * i + 1], h64b);
+    return __builtin_shuffle(y[0], y[1], h32a) + __builtin_shuffle(y[0], y[1], h32b);
+}
+#endif
+
 // Row t's dw over its band, before the factor exp(w - r):
 //   d[j] = sum_c (ekv[j][c] g1[c] - ek[j][c] g2[c]),  j < nw, rows ld apart;
 // four band rows at once share the loads of g1, g2
@@ -386,9 +415,21 @@ static void dw_tile4(float *restrict d, size_t ld_d, const float *restrict ekv, 
             }
         }
         const aft_vf *sr[4] = {s0, s1, s2, s3};
+#if AFT_VEC_BYTES == 64
+        /* row r's four sums in lanes 4r .. 4r + 3 */
+        aft_vf a[16];
+        for (int r = 0; r < 4; r++)
+            for (int u = 0; u < 4; u++) a[4 * u + r] = sr[r][u];
+        float hs[16];
+        aft_vst(hs, hsum16(a));
+#endif
         for (int r = 0; r < 4; r++)
             for (int u = 0; u < 4; u++) {
+#if AFT_VEC_BYTES == 64
+                float x = hs[4 * r + u];
+#else
                 float x = hsum(sr[r][u]);
+#endif
                 for (size_t c = cv; c < cw; c++)
                     x += ekv[(j + u) * ld + c] * g1[r][c] - ek[(j + u) * ld + c] * g2[r][c];
                 d[r * ld_d + j + u] = x;
