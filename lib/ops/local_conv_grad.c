@@ -1257,9 +1257,9 @@ static void causal_slice(const gjob *jb, gscratch *sc, const aft_bias_grad *db, 
     outside_pass(&j2, sc, cur, i);
 }
 
-/* Slices a thread: more of them even out the threads' ends, but each adds
- * its halo, 2 (s - 1) rows of 2C floats, and its own copy of the private
- * bias gradient. */
+/* Slices a thread (with more than one thread): more of them even out the
+ * threads' ends, but each adds its halo, 2 (s - 1) rows of 2C floats, and
+ * its own copy of the private bias gradient. */
 enum { SLICES_PER_THREAD = 8 };
 
 size_t aft_band_grad_slices(size_t T, size_t s, size_t nt, size_t priv, size_t C)
@@ -1269,6 +1269,11 @@ size_t aft_band_grad_slices(size_t T, size_t s, size_t nt, size_t priv, size_t C
     size_t tc, rows = s > SIZE_MAX / 4 ? SIZE_MAX : 4 * s, ns = nt * SLICES_PER_THREAD;
     rows = rows > GB_ROWS ? rows : GB_ROWS;
     if (!aft_mul_ok(T, C, &tc)) tc = SIZE_MAX;
+    /* one thread: one slice. Slices beyond the threads even out their
+     * ends; for one thread they only add their pieces, halos and merges,
+     * which cost more than the slices' rows staying in the cache saved, at
+     * every T and C tried */
+    if (nt <= 1) return 1;
     while (ns > nt && (T / ns < rows || (priv && (ns - nt) > tc / priv))) ns--;
     return ns > 0 ? ns : 1;
 }

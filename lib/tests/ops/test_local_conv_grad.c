@@ -63,10 +63,10 @@ static void test_grad_conv(void **state)
     grad_finish(fails, cases);
 }
 
-/* the band backward's slices of the rows: at least one a thread, at most 8;
- * more than one a thread only while each is at least 64 and 4 s rows (the
- * halos within T C floats) and the private bias copies beyond the threads'
- * within T C floats */
+/* the band backward's slices of the rows: one for one thread; else at
+ * least one a thread, at most 8; more than one a thread only while each is
+ * at least 64 and 4 s rows (the halos within T C floats) and the private
+ * bias copies beyond the threads' within T C floats */
 static void test_band_grad_slices(void **state)
 {
     (void)state;
@@ -81,9 +81,11 @@ static void test_band_grad_slices(void **state)
                     size_t T = Ts[a], s = ss[b], nt = nts[c], priv = privs[e];
                     size_t ns = aft_band_grad_slices(T, s, nt, priv, C), rows = 4 * s > 64 ? 4 * s : 64;
                     int ok = ns >= nt && ns <= 8 * nt;
-                    if (ns > nt) ok = ok && T / ns >= rows && (double)(ns - nt) * (double)priv <= (double)T * C;
+                    if (nt == 1) ok = ns == 1;
+                    else if (ns > nt) ok = ok && T / ns >= rows && (double)(ns - nt) * (double)priv <= (double)T * C;
                     /* one slice fewer would not have been needed */
-                    if (ns < 8 * nt) ok = ok && (T / (ns + 1) < rows || (double)(ns + 1 - nt) * (double)priv > (double)T * C);
+                    if (nt > 1 && ns < 8 * nt)
+                        ok = ok && (T / (ns + 1) < rows || (double)(ns + 1 - nt) * (double)priv > (double)T * C);
                     if (!ok && bad++ < 5)
                         printf("  T %zu, s %zu, %zu threads, priv %zu: %zu slices\n", T, s, nt, priv, ns);
                 }
