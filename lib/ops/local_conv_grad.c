@@ -612,9 +612,22 @@ combine_row(float *restrict Zo, float *restrict RDo, float *restrict Yo, float *
     int any = 0;
     for (size_t c = 0; c < cw; c++) {
         /* the band's stabiliser mk + r, exact in double; Z a float at least
-         * as large as every part's */
-        double zb = (double)mk[c] + r;
-        float zf = (float)zb, Z = zf > pm[c] ? zf : pm[c];
+         * as large as every part's. Causal and tame: as the float sum zf
+         * and its rounding error d, exact (Knuth's two-sum: no overflow
+         * below TAME_BOUND), which zb - zf is too: the same values without
+         * the conversions to and from double */
+        double zb = 0.0;
+        float zf, d = 0.0f;
+        if (!right && tame) {
+            float rf = (float)r, bv;
+            zf = mk[c] + rf;
+            bv = zf - mk[c];
+            d = (mk[c] - (zf - bv)) + (rf - bv);
+        } else {
+            zb = (double)mk[c] + r;
+            zf = (float)zb;
+        }
+        float Z = zf > pm[c] ? zf : pm[c];
         if (right) Z = rm[c] > Z ? rm[c] : Z;
         /* pm, rm of -inf (nothing held) give exp(-inf) = 0 */
         float fb, fp;
@@ -625,7 +638,8 @@ combine_row(float *restrict Zo, float *restrict RDo, float *restrict Yo, float *
             /* two parts, one exponential: the larger's factor is 1 (the
              * band's, exp of zb's rounding error d, is 1 + d to within
              * d^2 / 2 < 1e-9), the other's exp(-|zf - pm|) */
-            float d = (float)(zb - (double)zf), x = pm[c] - zf, e = gexp(-fabsf(x), tame);
+            if (!tame) d = (float)(zb - (double)zf);
+            float x = pm[c] - zf, e = gexp(-fabsf(x), tame);
             int up = x > 0.0f;
             fb = (up ? e : 1.0f) * (1.0f + d);
             fp = up ? 1.0f : e;
