@@ -195,7 +195,7 @@ typedef struct {
     float *ce, *ce2;             /* dd's first two rows */
     float *h;                    /* (4 GB_CH): two key rows' sums over the block's rows */
     float *g1, *g2, *b0, *b1;    /* (GB_ROWS, GB_CH); g1 holds exp(zb - Z) / den first */
-    float *rd, *ys, *as;         /* 1 / den, Y' and a, (GB_ROWS, GB_CH) each */
+    float *ys, *as;              /* Y' and a of the exact entries, (GB_ROWS, GB_CH) each */
     double *lx;                  /* (GB_ROWS, GB_CH): L of the exact entries */
     float *lx_f;                 /* (lx's block, as floats) */
     float *rm, *r0, *r1;         /* the rows' right sums, (GB_ROWS, GB_CH) each */
@@ -221,10 +221,10 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
     const size_t G = R * GB_CH;   /* per-row arrays: rows GB_CH apart */
     /* lx (doubles) first: the block is aligned for them */
     const size_t sizes[] = {2 * G, nw * cw, nw * cw, 4 * (2 * s + 4), 4 * GB_CH, G, G, G, G, G, G, G, R * 2 * s, R * 2 * s,
-                            R * 2 * s, R, cw, C, C, C, C, C, C, nb * 3 * C, G, G, G};
+                            R * 2 * s, R, cw, C, C, C, C, C, C, nb * 3 * C, G, G};
     float **arrays[] = {&sc->lx_f, &sc->ek, &sc->ekv, &sc->dd, &sc->h, &sc->g1, &sc->g2, &sc->b0, &sc->b1, &sc->rm, &sc->r0,
                         &sc->r1, &sc->ew, &sc->wr, &sc->dw, &sc->r, &sc->mk, &sc->pm, &sc->p0, &sc->p1, &sc->qm,
-                        &sc->q0, &sc->q1, &sc->snap, &sc->rd, &sc->ys, &sc->as};
+                        &sc->q0, &sc->q1, &sc->snap, &sc->ys, &sc->as};
     _Static_assert(sizeof arrays / sizeof arrays[0] == sizeof sizes / sizeof sizes[0], "one size per array");
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
@@ -595,19 +595,44 @@ static void col_apply(float *restrict dv, float *restrict dk, const float *restr
     }
 }
 
+/* Per entry, from 1 / den (rd), Y' (y) and exp(zb - Z) / den (ratio): the
+ * output o, dq, a = dout sigmoid(q), G = a exp(zb - Z) / den (g1) and G Y'
+ * (g2), u1 = a / den, u2 = u1 Y' */
+typedef struct {
+    float o, dq, a, g1, g2, u1, u2;
+} gentry;
+
+static inline __attribute__((always_inline)) gentry grad_entry(float rd, float y, float ratio, float q, float dout)
+{
+    float sq, ds;
+    aft_sig_parts(q, &sq, &ds);
+    gentry e;
+    e.o = sq * y;
+    e.dq = dout * y * ds;
+    e.a = dout * sq;
+    e.g1 = ratio * e.a;
+    e.g2 = e.g1 * y;
+    e.u1 = e.a * rd;
+    e.u2 = e.u1 * y;
+    return e;
+}
+
 /* Row i's forward for cw channels, in units of exp(Z), Z the largest of the
  * three parts' stabilisers (band zb = mk + r, left pm, right rm; every
  * factor <= 1): 1 / den, Y' = num / den, and exp(zb - Z) / den (for G);
- * bad[c] where den fell below AFT_DEN_EXACT_BELOW or num overflowed (done
- * exactly after). Without `right` (causal) no right part; callers pass
- * constants for it and `tame`. (Its own function, restrict pointers and no
- * calls: one vector loop.) */
+ * then, in the same loop, grad_entry's values into the rows of Z, U1, U2,
+ * G (g1), G Y' (g2), the output (never NULL: a condition in the loop kept
+ * it from vectorising) and dq. bad[c] where
+ * den fell below AFT_DEN_EXACT_BELOW or num overflowed (done exactly
+ * after). Without `right` (causal) no right part; callers pass constants
+ * for it and `tame`. (Its own function, restrict pointers and no calls:
+ * one vector loop.) */
 static inline __attribute__((always_inline)) int
-combine_row(float *restrict Zo, float *restrict RDo, float *restrict Yo, float *restrict ratio,
-            unsigned char *restrict bad, const float *restrict mk, double r, const float *restrict b0,
-            const float *restrict b1, const float *restrict pm, const float *restrict p0, const float *restrict p1,
-            const float *restrict rm, const float *restrict r0, const float *restrict r1, size_t cw, int right,
-            int tame)
+combine_row(float *restrict Zo, float *restrict U1, float *restrict U2, float *restrict g1, float *restrict g2,
+            float *restrict out, float *restrict dq, unsigned char *restrict bad, const float *restrict mk, double r,
+            const float *restrict b0, const float *restrict b1, const float *restrict pm, const float *restrict p0,
+            const float *restrict p1, const float *restrict rm, const float *restrict r0, const float *restrict r1,
+            const float *restrict q, const float *restrict dout, size_t cw, int right, int tame)
 {
     int any = 0;
     for (size_t c = 0; c < cw; c++) {
@@ -652,36 +677,19 @@ combine_row(float *restrict Zo, float *restrict RDo, float *restrict Yo, float *
         }
         /* one division: den >= AFT_DEN_EXACT_BELOW here, or the entry is
          * done again exactly */
-        float rd = 1.0f / den;
+        float rd = 1.0f / den, y = num * rd;
         Zo[c] = Z;
-        RDo[c] = rd;
-        Yo[c] = num * rd;
-        ratio[c] = fb * rd;
         bad[c] = !(den >= AFT_DEN_EXACT_BELOW) | !(fabsf(num) <= 3.4e38f);
         any |= bad[c];
+        gentry e = grad_entry(rd, y, fb * rd, q[c], dout[c]);
+        out[c] = e.o;
+        dq[c] = e.dq;
+        g1[c] = e.g1;
+        g2[c] = e.g2;
+        U1[c] = e.u1;
+        U2[c] = e.u2;
     }
     return any;
-}
-
-/* then per entry: the outputs, dq, a = dout sigmoid(q), G = a exp(zb - Z)
- * / den and G Y' (g1 holds the ratio on entry), u1 = a / den, u2 = u1 Y'
- * (RD holds 1 / den) */
-static inline __attribute__((always_inline)) void
-grad_row(float *restrict out, float *restrict dq, float *restrict A, float *restrict g1, float *restrict g2,
-         float *restrict u1, float *restrict u2, const float *restrict RD, const float *restrict Y,
-         const float *restrict q, const float *restrict dout, size_t cw)
-{
-    for (size_t c = 0; c < cw; c++) {
-        float sq, ds;
-        aft_sig_parts(q[c], &sq, &ds);
-        if (out) out[c] = sq * Y[c];
-        dq[c] = dout[c] * Y[c] * ds;
-        A[c] = dout[c] * sq;
-        g1[c] *= A[c];
-        g2[c] = g1[c] * Y[c];
-        u1[c] = A[c] * RD[c];
-        u2[c] = u1[c] * Y[c];
-    }
 }
 
 /* row t's band of keys [lo, hi) */
@@ -866,7 +874,7 @@ static inline __attribute__((always_inline)) void rows_prefetch(const gjob *jb, 
 
 /* The block's rows [i0, i0 + nr) one by one, channels [c0, c0 + cw): the
  * left sum takes key t - s, then the forward's L (as Z and den) and Y',
- * exactly where den underflowed, and grad_row's per-entry factors.
+ * exactly where den underflowed, and grad_entry's per-entry factors.
  * causal and tame are constants (block_rows below). */
 static inline __attribute__((always_inline)) void
 block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, size_t cw, int causal, int tame)
@@ -882,7 +890,7 @@ block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, s
         float *b0 = sc->b0 + i * GB_CH, *b1 = sc->b1 + i * GB_CH;
         const double r = sc->r[i];
         float *Z = zrow(jb, sc, t) + c0, *U1 = Z + C, *U2 = Z + 2 * C;
-        float *RD = sc->rd + i * GB_CH, *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
+        float *Y = sc->ys + i * GB_CH, *A = sc->as + i * GB_CH;
         const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
         const size_t row = jb->b * T + t;
         float *dq = jb->io->dq + row * jb->io->lddq + c0;
@@ -890,7 +898,10 @@ block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, s
         float *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
         unsigned char *redo = sc->redo + i * GB_CH, *bad = sc->bad + i * GB_CH;
         const float *rm = sc->rm + i * GB_CH, *r0 = sc->r0 + i * GB_CH, *r1 = sc->r1 + i * GB_CH;
-        int any = combine_row(Z, RD, Y, g1, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, cw, !causal, tame);
+        /* no output wanted: it goes to A's row, written again below for
+         * the entries that read it */
+        int any = combine_row(Z, U1, U2, g1, g2, out ? out : A, dq, bad, mk, r, b0, b1, pm, p0, p1, rm, r0, r1, qr,
+                              dr, cw, !causal, tame);
         sc->rowredo[i] = 0;
         for (size_t c = 0; c < cw && any; c++) {
             redo[c] = 0;
@@ -901,14 +912,22 @@ block_rows_body(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, s
             double L;
             exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, Y + c);
             Z[c] = (float)L;
-            RD[c] = (float)exp((double)Z[c] - L);
+            float rd = (float)exp((double)Z[c] - L);
             sc->lx[i * GB_CH + c] = L;
             double x = (double)mk[c] + r - L;
             redo[c] = !(x <= GB_EXACT);
             sc->rowredo[i] |= redo[c];
-            g1[c] = redo[c] ? 0.0f : expd(x);
+            /* the entry's gradient factors again, from the exact values
+             * (a, for the exact gradient below, too) */
+            gentry e = grad_entry(rd, Y[c], redo[c] ? 0.0f : expd(x), qr[c], dr[c]);
+            if (out) out[c] = e.o;
+            dq[c] = e.dq;
+            A[c] = e.a;
+            g1[c] = e.g1;
+            g2[c] = e.g2;
+            U1[c] = e.u1;
+            U2[c] = e.u2;
         }
-        grad_row(out, dq, A, g1, g2, U1, U2, RD, Y, qr, dr, cw);
     }
 }
 
