@@ -66,7 +66,7 @@ static inline float expd(double x)
  * a vector where aft_expf takes 28. Other inputs (a NaN or an infinity)
  * take the full exponential, whose edges keep NaN and overflow as they
  * are. */
-#define TAME_BOUND 1e30f
+#define TAME_BOUND AFT_TAME_BOUND
 
 static inline __attribute__((always_inline)) float gexp(float x, int tame)
 {
@@ -1312,7 +1312,8 @@ size_t aft_band_grad_slices(size_t T, size_t s, size_t nt, size_t priv, size_t C
 }
 
 /* slice sl's halo zeroed (its rows of dv, dk are zeroed as the block pass
- * reaches them), whether its keys are tame, and the key sums of its left and right pieces: a left
+ * reaches them), whether its keys are tame (known already when op.c's scan
+ * for NaN found them so), and the key sums of its left and right pieces: a left
  * piece serves the slices after, a right one those before (the forward has
  * a right part only without causality) */
 static void key_pieces(const gjob *jb, size_t sl)
@@ -1320,7 +1321,7 @@ static void key_pieces(const gjob *jb, size_t sl)
     const aft_opspec *ws = jb->ws;
     const size_t T = jb->T, C = jb->C, s = jb->s, t0 = row0(jb, sl), t1 = row0(jb, sl + 1);
     memset(jb->halo + sl * 2 * jb->hrows * 2 * C, 0, halo_used(jb) * 2 * C * sizeof(float));
-    jb->ktame[sl] = (unsigned char)keys_tame(jb->k, ws->ldk, t0, t1, C);
+    jb->ktame[sl] = (unsigned char)(ws->keys_tame || keys_tame(jb->k, ws->ldk, t0, t1, C));
     jb->wtame[sl] = 1;
     atomic_store_explicit(&jb->stage[sl], STAGE_NONE, memory_order_relaxed);
     float *lp = jb->kp + 2 * sl * 4 * C, *rp = lp + 4 * C;

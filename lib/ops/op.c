@@ -171,6 +171,22 @@ static int keys_have_nan(const float *k, size_t n, size_t kc, size_t ld, int thr
     return bad != 0;
 }
 
+/* keys_have_nan, and *tame: whether every key is at most AFT_TAME_BOUND in
+ * size (the band backward's own check, made in this one pass over the
+ * keys); the keys are read a second time, for NaN, only when one is not */
+static int keys_scan(const float *k, size_t n, size_t kc, size_t ld, int threads, int *tame)
+{
+    unsigned big = 0;
+    int nt = n * kc >= ((size_t)1 << 16) ? threads : 1;
+    #pragma omp parallel for num_threads(nt) reduction(|:big) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const float *kr = k + i * ld;
+        for (size_t c = 0; c < kc; c++) big |= !(fabsf(kr[c]) <= AFT_TAME_BOUND);
+    }
+    *tame = big == 0;
+    return big && keys_have_nan(k, n, kc, ld, threads);
+}
+
 /* the keys, one per channel, with NaN as -inf: (n, C) contiguous */
 static float *keys_without_nan(const float *k, size_t n, size_t kc, size_t C, size_t ld)
 {
@@ -547,7 +563,8 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
         io.lddk = C;
     }
     aft_status st;
-    if (!reference && keys_have_nan(k, B * T, C, sp.ldk, sp.threads)) {
+    int tame = 0;
+    if (!reference && keys_scan(k, B * T, C, sp.ldk, sp.threads, &tame)) {
         /* the kernel on keys whose NaNs are -inf, then what they reach */
         float *kclean = keys_without_nan(k, B * T, C, C, sp.ldk);
         if (!kclean) {
@@ -560,6 +577,7 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
             if (st == AFT_OK) st = nan_keys_backward(&io, k, sp.ldk, &sp, B, err);
         }
     } else {
+        sp.keys_tame = tame;
         st = grad_kernel(&io, q, k, v, &sp, B, reference, err);
     }
     if (dkwide && st == AFT_OK && !fwd) {

@@ -40,6 +40,9 @@ typedef struct {
     size_t grid_h, grid_w;  /* a grid of grid_h x grid_w rows in raster order
                              * (T = grid_h * grid_w); 0, 0: a 1-D sequence.
                              * Only local's and conv's w depend on it. */
+    int keys_tame;          /* set by op.c's scan of the keys: every key is at
+                             * most AFT_TAME_BOUND in size (so finite), and a
+                             * kernel need not look again; 0: not known */
     aft_progress *progress; /* the caller's counter, advanced by rows as they
                              * finish: set by the entry point that took the
                              * rows on (aft_progress_plan), NULL from
@@ -48,6 +51,10 @@ typedef struct {
                              * others, the layer's chunked paths a chunk at a
                              * time */
 } aft_opspec;
+
+/* Keys and bias entries at most this in size are tame for the band
+ * backward (local_conv_grad.c): sums of a few such stay far from overflow */
+#define AFT_TAME_BOUND 1e30f
 
 /* Checks the arguments and settles cfg against bias and the sizes (the rules
  * of aft_config_settle; a learned bias must reach T: aft_bias_reach), into
