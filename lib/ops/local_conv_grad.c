@@ -416,12 +416,26 @@ static void dw_tile4(float *restrict d, size_t ld_d, const float *restrict ekv, 
         }
         const aft_vf *sr[4] = {s0, s1, s2, s3};
 #if AFT_VEC_BYTES == 64
-        /* row r's four sums in lanes 4r .. 4r + 3 */
+        /* row r's four sums in lanes 4r .. 4r + 3, stored from the
+         * register when no channels are left over (a vector stored and
+         * read back a lane at a time misses store forwarding) */
         aft_vf a[16];
         for (int r = 0; r < 4; r++)
             for (int u = 0; u < 4; u++) a[4 * u + r] = sr[r][u];
+        const aft_vf hv = hsum16(a);
+        if (cv == cw) {
+            const aft_v4 q0 = __builtin_shufflevector(hv, hv, 0, 1, 2, 3),
+                         q1 = __builtin_shufflevector(hv, hv, 4, 5, 6, 7),
+                         q2 = __builtin_shufflevector(hv, hv, 8, 9, 10, 11),
+                         q3 = __builtin_shufflevector(hv, hv, 12, 13, 14, 15);
+            memcpy(d + j, &q0, sizeof q0);
+            memcpy(d + ld_d + j, &q1, sizeof q1);
+            memcpy(d + 2 * ld_d + j, &q2, sizeof q2);
+            memcpy(d + 3 * ld_d + j, &q3, sizeof q3);
+            continue;
+        }
         float hs[16];
-        aft_vst(hs, hsum16(a));
+        aft_vst(hs, hv);
 #endif
         for (int r = 0; r < 4; r++)
             for (int u = 0; u < 4; u++) {
