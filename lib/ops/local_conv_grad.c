@@ -291,36 +291,13 @@ static float *grad_rows(const gjob *jb, size_t sl, size_t j, float **dk)
     return h;
 }
 
-/* the sum of a vector's lanes, halving the width (a loop over the lanes
- * is a chain of dependent scalar adds) */
 typedef float aft_v4 __attribute__((vector_size(16)));
-static inline float hsum(aft_vf v)
-{
-#if AFT_VEC_BYTES >= 64
-    typedef float v8 __attribute__((vector_size(32)));
-    v8 h0, h1;
-    memcpy(&h0, &v, sizeof h0);
-    memcpy(&h1, (const char *)&v + sizeof h0, sizeof h1);
-    h0 += h1;
-    aft_v4 q0, q1;
-    memcpy(&q0, &h0, sizeof q0);
-    memcpy(&q1, (const char *)&h0 + sizeof q0, sizeof q1);
-#elif AFT_VEC_BYTES >= 32
-    aft_v4 q0, q1;
-    memcpy(&q0, &v, sizeof q0);
-    memcpy(&q1, (const char *)&v + sizeof q0, sizeof q1);
-#else
-    aft_v4 q0 = v, q1 = {0};
-#endif
-    q0 += q1;
-    return (q0[0] + q0[2]) + (q0[1] + q0[3]);
-}
 
 #if AFT_VEC_BYTES == 64
 /* hsum of sixteen vectors at once, into one vector: lane 4k + l the sum of
- * a[4l + k]. Each step adds the two halves of every part, as hsum does
+ * a[4l + k]. Each step adds the two halves of every part, as aft_hsum does
  * (512 bits to 256, to 128, then lanes 0 + 2 and 1 + 3, then those two),
- * so each lane holds hsum's bits; packing two parts a vector, each step
+ * so each lane holds aft_hsum's bits; packing two parts a vector, each step
  * takes half the shuffles and adds of the step before, where sixteen
  * hsums each took every step alone. */
 static inline aft_vf hsum16(const aft_vf a[16])
@@ -364,7 +341,7 @@ static void dw_row(float *restrict d, const float *restrict ekv, const float *re
             }
         }
         for (int u = 0; u < 4; u++) {
-            float r = hsum(a1[u] - a2[u]);
+            float r = aft_hsum(a1[u] - a2[u]);
             for (size_t c = cv; c < cw; c++) r += ekv[(j + u) * ld + c] * g1[c] - ek[(j + u) * ld + c] * g2[c];
             d[j + u] = r;
         }
@@ -373,7 +350,7 @@ static void dw_row(float *restrict d, const float *restrict ekv, const float *re
         aft_vf acc = {0};
         for (size_t c = 0; c < cv; c += AFT_VL)
             acc += aft_vld(ekv + j * ld + c) * aft_vld(g1 + c) - aft_vld(ek + j * ld + c) * aft_vld(g2 + c);
-        float r = hsum(acc);
+        float r = aft_hsum(acc);
         for (size_t c = cv; c < cw; c++) r += ekv[j * ld + c] * g1[c] - ek[j * ld + c] * g2[c];
         d[j] = r;
     }
@@ -442,7 +419,7 @@ static void dw_tile4(float *restrict d, size_t ld_d, const float *restrict ekv, 
 #if AFT_VEC_BYTES == 64
                 float x = hs[4 * r + u];
 #else
-                float x = hsum(sr[r][u]);
+                float x = aft_hsum(sr[r][u]);
 #endif
                 for (size_t c = cv; c < cw; c++)
                     x += ekv[(j + u) * ld + c] * g1[r][c] - ek[(j + u) * ld + c] * g2[r][c];
@@ -460,7 +437,7 @@ static void dw_tile4(float *restrict d, size_t ld_d, const float *restrict ekv, 
             }
         }
         for (int r = 0; r < 4; r++) {
-            float x = hsum(sj[r]);
+            float x = aft_hsum(sj[r]);
             for (size_t c = cv; c < cw; c++) x += ekv[j * ld + c] * g1[r][c] - ek[j * ld + c] * g2[r][c];
             d[r * ld_d + j] = x;
         }
