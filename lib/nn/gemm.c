@@ -8,6 +8,11 @@
  * around them share threads, and a part's rows come out as the whole
  * product's would (OpenBLAS blocks the inner dimension the same way
  * whatever the row count), so the thread count does not change the bits.
+ *
+ * aft_gemm_tn (a weight's gradient, A^T B) runs on aft's own tile where
+ * the build has one (linear.c, aft_linear_gemm_tn): it reads A and B in
+ * place where OpenBLAS packs both, and ran the training step's weight
+ * gradients faster.
  */
 #include "linear.h"
 
@@ -85,6 +90,7 @@ void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const floa
 void aft_gemm_tn(int threads, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
                  float *C, size_t ldc)
 {
+    if (aft_linear_gemm_tn(threads, M, N, K, A, lda, B, ldb, C, ldc)) return;
     aft_blas_one_thread();
     size_t nt = (size_t)(threads > 0 ? threads : 1);
     if (nt <= 1 || omp_in_parallel()) {

@@ -308,10 +308,11 @@ aft_status aft_linear_view(aft_linear *v, const aft_linear *parent, size_t f0, s
 
 // c (LIN_MR x LIN_NR, rows ldc apart) = init (one row, each tile row; NULL:
 // c itself) + a (LIN_MR x kc: row i, input k at a[i * si + k * sk]) x bp
-// (kc x LIN_NR, packed). Callers pass constant strides: (1, LIN_MR) for a
-// packed block of rows, (lda, 1) for rows read in place.
+// (kc x LIN_NR, row k at k * sb: LIN_NR when packed). Callers pass
+// constant strides: (1, LIN_MR) for a packed block of rows, (lda, 1) for
+// rows read in place; aft_linear_gemm_tn reads a and bp in place.
 static inline __attribute__((always_inline)) void
-lin_tile_s(size_t kc, const float *restrict a, size_t si, size_t sk, const void *restrict bp,
+lin_tile_s(size_t kc, const float *restrict a, size_t si, size_t sk, const void *restrict bp, size_t sb,
            float *restrict c, size_t ldc, const float *restrict init, int wt)
 {
     aft_vf acc[LIN_MR][LIN_NV];
@@ -332,7 +333,7 @@ lin_tile_s(size_t kc, const float *restrict a, size_t si, size_t sk, const void 
     #pragma GCC unroll 4
     for (size_t k = 0; k < kc; k++) {
         aft_vf b[LIN_NV];
-        lin_wrow(bp, k * LIN_NR, wt, b);
+        lin_wrow(bp, k * sb, wt, b);
         #pragma GCC unroll 16
         for (int i = 0; i < LIN_MR; i++) {
             float ai = a[i * si + k * sk];
@@ -352,12 +353,12 @@ lin_tile_s(size_t kc, const float *restrict a, size_t si, size_t sk, const void 
     static void lin_tile_##SUF(size_t kc, const float *restrict ap, const void *restrict bp, float *restrict c,  \
                                size_t ldc, const float *restrict init)                                          \
     {                                                                                                            \
-        lin_tile_s(kc, ap, 1, LIN_MR, bp, c, ldc, init, WT);                                                     \
+        lin_tile_s(kc, ap, 1, LIN_MR, bp, LIN_NR, c, ldc, init, WT);                                                     \
     }                                                                                                            \
     static void lin_tile_rows_##SUF(size_t kc, const float *restrict a, size_t lda, const void *restrict bp,     \
                                     float *restrict c, size_t ldc, const float *restrict init)                  \
     {                                                                                                            \
-        lin_tile_s(kc, a, lda, 1, bp, c, ldc, init, WT);                                                         \
+        lin_tile_s(kc, a, lda, 1, bp, LIN_NR, c, ldc, init, WT);                                                         \
     }
 LIN_TILES(f32, W_F32)
 LIN_TILES(bf16, W_BF16)
@@ -612,3 +613,86 @@ void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ld
     }
     free(ap);
 }
+
+/* ---- C = A^T B (aft_gemm_tn, a weight's gradient) on the tile, A (K x
+ * M) and B (K x N) read in place: a tile's LIN_MR rows of C are LIN_MR
+ * adjacent floats of each row of A, and a panel's LIN_NR columns LIN_NR
+ * adjacent floats of each row of B, so neither is packed (OpenBLAS packs
+ * both, and packing B for aft's kernel cost as much as the kernel won).
+ * A part tile or part panel is copied, zero-padded, into scratch. */
+
+static void lin_tn_tile(size_t kc, const float *restrict a, size_t sk, const float *restrict b, size_t sb,
+                        float *restrict c, size_t ldc, const float *restrict init)
+{
+    lin_tile_s(kc, a, 1, sk, b, sb, c, ldc, init, W_F32);
+}
+
+/* rows [r0, r1) of C; ab: LIN_KC x LIN_MR floats, bb: LIN_KC x LIN_NR */
+static void lin_tn_rows(size_t r0, size_t r1, size_t N, size_t K, const float *A, size_t lda, const float *B,
+                        size_t ldb, float *C, size_t ldc, float *ab, float *bb)
+{
+    static const float zero[LIN_NR];
+    for (size_t p0 = 0; p0 < K; p0 += LIN_KC) {
+        size_t kc = K - p0 < LIN_KC ? K - p0 : LIN_KC;
+        const float *init = p0 == 0 ? zero : NULL;
+        for (size_t j = 0; j < N; j += LIN_NR) {
+            size_t nr = N - j < LIN_NR ? N - j : LIN_NR, sb = ldb;
+            const float *bp = B + p0 * ldb + j;
+            if (nr < LIN_NR) {
+                for (size_t q = 0; q < kc; q++) {
+                    memcpy(bb + q * LIN_NR, bp + q * ldb, nr * sizeof(float));
+                    memset(bb + q * LIN_NR + nr, 0, (LIN_NR - nr) * sizeof(float));
+                }
+                bp = bb;
+                sb = LIN_NR;
+            }
+            for (size_t ir = r0; ir < r1; ir += LIN_MR) {
+                size_t mr = r1 - ir < LIN_MR ? r1 - ir : LIN_MR, sk = lda;
+                const float *ap = A + p0 * lda + ir;
+                float *c = C + ir * ldc + j;
+                if (mr < LIN_MR) {   /* not past A's columns: its last row would overrun */
+                    for (size_t q = 0; q < kc; q++) {
+                        memcpy(ab + q * LIN_MR, ap + q * lda, mr * sizeof(float));
+                        memset(ab + q * LIN_MR + mr, 0, (LIN_MR - mr) * sizeof(float));
+                    }
+                    ap = ab;
+                    sk = LIN_MR;
+                }
+                if (mr == LIN_MR && nr == LIN_NR) {
+                    lin_tn_tile(kc, ap, sk, bp, sb, c, ldc, init);
+                    continue;
+                }
+                float t[LIN_MR * LIN_NR];   /* an edge tile, as lin_rows's */
+                if (!init) {
+                    memset(t, 0, sizeof t);
+                    for (size_t i = 0; i < mr; i++) memcpy(t + i * LIN_NR, c + i * ldc, nr * sizeof(float));
+                }
+                lin_tn_tile(kc, ap, sk, bp, sb, t, LIN_NR, init);
+                for (size_t i = 0; i < mr; i++) memcpy(c + i * ldc, t + i * LIN_NR, nr * sizeof(float));
+            }
+        }
+    }
+}
+
+int aft_linear_gemm_tn(int threads, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B,
+                       size_t ldb, float *C, size_t ldc)
+{
+    if (AFT_VEC_BYTES < 64 || M == 0 || N == 0 || K == 0) return 0;
+    size_t nt = omp_in_parallel() ? 1 : (size_t)(threads > 0 ? threads : 1);
+    size_t tiles = (M + LIN_MR - 1) / LIN_MR;
+    if (nt > tiles) nt = tiles;
+    const size_t per_thread = LIN_KC * (LIN_MR + LIN_NR);
+    float *scratch = aft_alloc_array(nt, per_thread * sizeof(float));
+    if (!scratch) return 0;   /* OpenBLAS then */
+    /* whole tiles to each thread: a row's sums do not depend on the split */
+    size_t per = (tiles + nt - 1) / nt * LIN_MR;
+    #pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1)
+    for (size_t p = 0; p < nt; p++) {
+        size_t r0 = p * per < M ? p * per : M, r1 = r0 + per < M ? r0 + per : M;
+        float *ab = scratch + p * per_thread;
+        if (r0 < r1) lin_tn_rows(r0, r1, N, K, A, lda, B, ldb, C, ldc, ab, ab + LIN_KC * LIN_MR);
+    }
+    free(scratch);
+    return 1;
+}
+

@@ -17,7 +17,8 @@ void aft_blas_one_thread(void);
 void aft_gemm(int threads, int trans_b, size_t M, size_t N, size_t K, const float *A, size_t lda,
               const float *B, size_t ldb, const float *bias, float *C, size_t ldc);
 /* C (M x N) = A^T B, A (K x M), B (K x N): a weight's gradient summed over
- * K rows; the rows of C split as aft_gemm's */
+ * K rows, on aft's tile where it has one (aft_linear_gemm_tn), else the
+ * rows of C split as aft_gemm's */
 void aft_gemm_tn(int threads, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
                  float *C, size_t ldc);
 
@@ -81,6 +82,10 @@ void aft_linear_apply(const aft_linear *l, size_t M, const float *x, size_t ldx,
 void aft_linear_apply_x(const aft_linear *l, size_t M, const float *x, size_t ldx, float *y, size_t ldy,
                         int x_cached);
 void aft_linear_free(aft_linear *l);
+/* aft_gemm_tn's product, C = A^T B, on aft's tile with A and B read in
+ * place: 1 when it ran it, else 0 and C untouched */
+int aft_linear_gemm_tn(int threads, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B,
+                       size_t ldb, float *C, size_t ldc);
 /* v = features [f0, f0 + n) of parent (rows f0.. of its W and bias), using
  * parent's packing where it can (f0 on a panel's edge; else v packs its
  * own): free v with aft_linear_free before parent. */

@@ -1,6 +1,7 @@
 /*
  * test_linear.c - the projections (lib/nn/linear.c): aft_linear with its own
- * kernel, with OpenBLAS and as the default picks, against double loops.
+ * kernel, with OpenBLAS and as the default picks, against double loops; and
+ * the products on aft's threads (lib/nn/gemm.c).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -313,11 +314,134 @@ static void test_linear_16(void **state)
     op_finish(fails, cases);
 }
 
+/* one product's checks (test_gemm): y against the double loops within
+ * (K + 2) eps sum |a b| (+ |bias|), the sentinel kept outside M x N of
+ * ldc's rows and past them, and (own) the bits of aft's kernel when it
+ * runs the product; 1 when something failed */
+typedef struct {
+    const char *what;
+    size_t M, N, K, ldc;
+    const double *ref, *mag;
+    const float *own;   /* the bits aft's kernel gives, or NULL */
+} gemm_case;
+
+static int gemm_check(const gemm_case *g, const float *y, float sentinel, int *reports)
+{
+    for (size_t i = 0; i < (g->M + 1) * g->ldc; i++) {
+        size_t m = i / g->ldc, n = i % g->ldc;
+        if (m >= g->M || n >= g->N) {
+            if (y[i] == sentinel) continue;
+            if ((*reports)++ < MAX_REPORTS) print_message("FAIL wrote outside C at m=%zu n=%zu: %s\n", m, n, g->what);
+            return 1;
+        }
+        double e = fabs((double)y[i] - g->ref[m * g->N + n]);
+        double tol = (double)(g->K + 2) * 0x1p-24 * g->mag[m * g->N + n] + 1e-30;
+        if (!(e <= tol)) {
+            if ((*reports)++ < MAX_REPORTS)
+                print_message("FAIL |err| %.3g > %.3g at m=%zu n=%zu: %s\n", e, tol, m, n, g->what);
+            return 1;
+        }
+        if (g->own && memcmp(&y[i], &g->own[i], sizeof *y) != 0) {
+            if ((*reports)++ < MAX_REPORTS)
+                print_message("FAIL not aft's kernel's bits at m=%zu n=%zu (%.9g, %.9g): %s\n", m, n, (double)y[i],
+                              (double)g->own[i], g->what);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* aft_gemm and aft_gemm_tn (gemm.c): against double loops, strides wider
+ * than the rows, with and without bias, 1-3 threads. aft_gemm_tn runs on
+ * aft's tile in a 16-float build, A and B read in place: there its bits,
+ * at every thread count, must be aft_linear's own kernel's on a transposed
+ * copy of A (the same sums in the same order), so a change of route or of
+ * the in-place reads shows. */
+static void test_gemm(void **state)
+{
+    (void)state;
+    const size_t Ms[] = {5, 96, 200};
+    const size_t Ns[] = {32, 113, 128, 256};
+    const size_t Ks[] = {1, 113, 257};
+    const float sentinel = -12345.0f;
+    const char *kern = aft_linear_kernel();
+    const int wide = kern && strcmp(kern, "aft 12x32") == 0;
+    int fails = 0, cases = 0, reports = 0;
+    rng r = {777};
+    for (size_t mi = 0; mi < N_OF(Ms); mi++)
+        for (size_t ni = 0; ni < N_OF(Ns); ni++)
+            for (size_t ki = 0; ki < N_OF(Ks); ki++)
+                for (int kind = 0; kind < 4; kind++) {   /* trans_b with bias, then not, B, A^T B */
+                    size_t M = Ms[mi], N = Ns[ni], K = Ks[ki], ldc = N + 2 * (kind % 2);
+                    int tb = kind < 2, tn = kind == 3, bias = kind == 0;
+                    size_t lda = tn ? M + 3 : K + 1, ldb = tb ? K + (ki == 1 ? 3 : 0) : N + 5;
+                    size_t arows = tn ? K : M, brows = tb ? N : K;
+                    float *a = randf(&r, arows * lda, 2.0), *b = randf(&r, brows * ldb, 1.0), *bs = randf(&r, N, 3.0);
+                    double *ref = xmalloc(M * N * sizeof *ref), *mag = xmalloc(M * N * sizeof *mag);
+                    for (size_t m = 0; m < M; m++)
+                        for (size_t n = 0; n < N; n++) {
+                            double sum = bias ? bs[n] : 0.0, abs_sum = fabs(sum);
+                            for (size_t i = 0; i < K; i++) {
+                                double p = (double)(tn ? a[i * lda + m] : a[m * lda + i]) *
+                                           (double)(tb ? b[n * ldb + i] : b[i * ldb + n]);
+                                sum += p;
+                                abs_sum += fabs(p);
+                            }
+                            ref[m * N + n] = sum;
+                            mag[m * N + n] = abs_sum;
+                        }
+                    size_t ny = (M + 1) * ldc;
+                    float *y = xmalloc(ny * sizeof *y), *y1 = xmalloc(ny * sizeof *y1), *own = NULL;
+                    if (wide && tn) {   /* aft's kernel on the same product */
+                        own = xmalloc(ny * sizeof *own);
+                        for (size_t i = 0; i < ny; i++) own[i] = sentinel;
+                        float *x = a;
+                        size_t ldx = lda;
+                        if (tn) {
+                            x = xmalloc(M * K * sizeof *x);
+                            for (size_t m = 0; m < M; m++)
+                                for (size_t i = 0; i < K; i++) x[m * K + i] = a[i * lda + m];
+                            ldx = K;
+                        }
+                        aft_linear l;
+                        aft_error err = {{0}};
+                        assert_int_equal(tb ? aft_linear_init(&l, b, bias ? bs : NULL, N, K, AFT_KERNEL_OWN, 1, &err)
+                                            : aft_linear_init_t(&l, b, ldb, N, K, AFT_KERNEL_OWN, 1, &err),
+                                         AFT_OK);
+                        aft_linear_apply_x(&l, M, x, ldx, own, ldc, 1);
+                        aft_linear_free(&l);
+                        if (x != a) free(x);
+                    }
+                    for (int th = 1; th <= 3; th++) {
+                        char what[160];
+                        snprintf(what, sizeof what, "%s M=%zu N=%zu K=%zu lda=%zu ldb=%zu ldc=%zu bias=%d threads=%d",
+                                 tn ? "gemm_tn" : tb ? "gemm B^T" : "gemm B", M, N, K, lda, ldb, ldc, bias, th);
+                        for (size_t i = 0; i < ny; i++) y[i] = sentinel;
+                        if (tn) aft_gemm_tn(th, M, N, K, a, lda, b, ldb, y, ldc);
+                        else aft_gemm(th, tb, M, N, K, a, lda, b, ldb, bias ? bs : NULL, y, ldc);
+                        gemm_case g = {what, M, N, K, ldc, ref, mag, own};
+                        int bad = gemm_check(&g, y, sentinel, &reports);
+                        /* (OpenBLAS's parts need not: its small-product
+                         * kernels sum in another order than its large) */
+                        if (!bad && th == 1) memcpy(y1, y, ny * sizeof *y);
+                        else if (!bad && own && memcmp(y1, y, ny * sizeof *y) != 0) {
+                            bad = 1;
+                            if (reports++ < MAX_REPORTS) print_message("FAIL not the bits of one thread: %s\n", what);
+                        }
+                        fails += bad;
+                        cases++;
+                    }
+                    free(a); free(b); free(bs); free(ref); free(mag); free(y); free(y1); free(own);
+                }
+    op_finish(fails, cases);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_linear_16),
+        cmocka_unit_test(test_gemm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
