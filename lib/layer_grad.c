@@ -106,10 +106,12 @@ static void piece_run(const piece *x)
     else if (x->kind == PIECE_GEMM && x->bf16)
         aft_gemm_bf16(1, x->trans_a, 0, m, x->N, x->K, x->trans_a ? x->A + x->m0 : x->A + x->m0 * x->lda, x->lda,
                       x->B, x->ldb, 0.0f, x->C + x->m0 * x->ldc, x->ldc);
+    else if (x->kind == PIECE_GEMM && x->trans_a)   /* a weight's gradient: aft's kernel where it runs it */
+        aft_gemm_tn(1, m, x->N, x->K, x->A + x->m0, x->lda, x->B, x->ldb, x->C + x->m0 * x->ldc, x->ldc);
     else if (x->kind == PIECE_GEMM)
-        cblas_sgemm(CblasRowMajor, x->trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)m, (int)x->N,
-                    (int)x->K, 1.0f, x->trans_a ? x->A + x->m0 : x->A + x->m0 * x->lda, (int)x->lda, x->B,
-                    (int)x->ldb, 0.0f, x->C + x->m0 * x->ldc, (int)x->ldc);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)x->N, (int)x->K, 1.0f,
+                    x->A + x->m0 * x->lda, (int)x->lda, x->B, (int)x->ldb, 0.0f, x->C + x->m0 * x->ldc,
+                    (int)x->ldc);
 }
 
 static void plan_run(const plan *pl, int threads)
