@@ -4,10 +4,14 @@
  * each product into parts, one single-threaded cblas_sgemm per OpenMP
  * thread. Two thread pools on one machine fight: a pool's idle workers spin
  * for a while after every product and take the cores from the other's
- * threads. With one pool nothing spins, the parts of a product and the work
- * around them share threads, and a part's rows come out as the whole
- * product's would (OpenBLAS blocks the inner dimension the same way
- * whatever the row count), so the thread count does not change the bits.
+ * threads. With one pool nothing spins, and the parts of a product and the
+ * work around them share threads. A part's entries mostly come out as the
+ * whole product's would, but not always: OpenBLAS's edge kernels sum some
+ * shapes in another order (a split by columns at M = 5, or K = 113 at
+ * M = 96, differ in the last bits), so the thread count can change the
+ * bits here. Where they must not change (the training step's gradients),
+ * the products run on aft's own tile, whose every entry sums its inputs in
+ * one order whatever the split.
  *
  * aft_gemm_tn (a weight's gradient, A^T B) runs on aft's own tile where
  * the build has one (linear.c, aft_linear_gemm_tn): it reads A and B in
