@@ -655,6 +655,9 @@ combine_row(float *restrict Zo, float *restrict U1, float *restrict U2, float *r
              * band's, exp of zb's rounding error d, is 1 + d to within
              * d^2 / 2 < 1e-9), the other's exp(-|zf - pm|) */
             if (!tame) d = (float)(zb - (double)zf);
+            /* no band (s = 0, mk = -inf): zf's rounding error is 0, where
+             * -inf - -inf would make it NaN, and every entry with it */
+            d = zf > -INFINITY ? d : 0.0f;
             float x = pm[c] - zf, e = gexp(-fabsf(x), tame);
             int up = x > 0.0f;
             fb = (up ? e : 1.0f) * (1.0f + d);
