@@ -302,23 +302,34 @@ typedef float aft_v4 __attribute__((vector_size(16)));
  * hsums each took every step alone. */
 static inline aft_vf hsum16(const aft_vf a[16])
 {
-    typedef int32_t vi __attribute__((vector_size(64)));
-    const vi h256a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-             h256b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
-             h128a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
-             h128b = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
-             h64a = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
-             h64b = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
-             h32a = {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30},
-             h32b = {1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31};
+    /* __builtin_shufflevector with constant lane numbers: GCC (12 on) and
+     * Clang both take it, where GCC's __builtin_shuffle is GCC's alone */
+#define H256A 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define H256B 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define H128A 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define H128B 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#define H64A 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define H64B 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define H32A 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30
+#define H32B 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31
+#define HALVES(x, y, A, B) (__builtin_shufflevector(x, y, A) + __builtin_shufflevector(x, y, B))
     aft_vf t[8], w[4], y[2];
     for (int i = 0; i < 8; i++)   /* [a2i | a2i+1], 256 bits each */
-        t[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], h256a) + __builtin_shuffle(a[2 * i], a[2 * i + 1], h256b);
+        t[i] = HALVES(a[2 * i], a[2 * i + 1], H256A, H256B);
     for (int i = 0; i < 4; i++)   /* 128 bits of a4i .. a4i+3 */
-        w[i] = __builtin_shuffle(t[2 * i], t[2 * i + 1], h128a) + __builtin_shuffle(t[2 * i], t[2 * i + 1], h128b);
+        w[i] = HALVES(t[2 * i], t[2 * i + 1], H128A, H128B);
     for (int i = 0; i < 2; i++)   /* 128-bit part k: 2 lanes of a8i+k, 2 of a8i+4+k */
-        y[i] = __builtin_shuffle(w[2 * i], w[2 * i + 1], h64a) + __builtin_shuffle(w[2 * i], w[2 * i + 1], h64b);
-    return __builtin_shuffle(y[0], y[1], h32a) + __builtin_shuffle(y[0], y[1], h32b);
+        y[i] = HALVES(w[2 * i], w[2 * i + 1], H64A, H64B);
+    return HALVES(y[0], y[1], H32A, H32B);
+#undef HALVES
+#undef H256A
+#undef H256B
+#undef H128A
+#undef H128B
+#undef H64A
+#undef H64B
+#undef H32A
+#undef H32B
 }
 #endif
 
