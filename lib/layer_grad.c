@@ -117,8 +117,10 @@ static void piece_run(const piece *x)
 static void plan_run(const plan *pl, int threads)
 {
     aft_blas_one_thread();
-    int nt = threads > 0 ? threads : 1;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1 && pl->n > 1)
+    /* threads itself, not a copy: a build without OpenMP (fuzz/) drops the
+     * pragma, and a copy only it read would be an unused variable */
+    if (threads < 1) threads = 1;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && pl->n > 1)
     for (size_t i = 0; i < pl->n; i++) {
         /* OpenBLAS's OpenMP build runs a product on omp_get_max_threads()
          * threads unless inside an active parallel region, and a region of
