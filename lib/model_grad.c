@@ -394,9 +394,21 @@ static void dropout(float *a, size_t n, uint64_t seed, uint64_t site, float p, s
 
 /* ---------------------------------------------------------------- pieces */
 
+/* out[k] (n) = the sum over the SUM_CHUNKS chunks c of the floats
+ * pf + (c nout + k) n, added in chunk order in double (out[k] NULL: not
+ * wanted) */
+static void add_chunks(float *const *out, size_t nout, const float *pf, size_t n)
+{
+    for (size_t k = 0; k < nout; k++)
+        for (size_t j = 0; out[k] && j < n; j++) {
+            double s = 0.0;
+            for (size_t c = 0; c < SUM_CHUNKS; c++) s += pf[(c * nout + k) * n + j];
+            out[k][j] = (float)s;
+        }
+}
+
 /* out (n) = the sum of a's rows (rows x n): SUM_CHUNKS fixed chunks of rows
- * summed in float (aft_col_sums) into part seen as floats, the chunks added
- * in order in double */
+ * summed in float (aft_col_sums) into part seen as floats, then added */
 static void col_sums(float *out, const float *a, size_t rows, size_t n, double *part, int nt)
 {
     float *pf = (float *)part;
@@ -406,17 +418,13 @@ static void col_sums(float *out, const float *a, size_t rows, size_t n, double *
         memset(pf + c * n, 0, n * sizeof *pf);
         aft_col_sums(pf + c * n, a + i0 * n, i1 - i0, n);
     }
-    for (size_t j = 0; j < n; j++) {
-        double s = 0.0;
-        for (size_t c = 0; c < SUM_CHUNKS; c++) s += pf[c * n + j];
-        out[j] = (float)s;
-    }
+    add_chunks(&out, 1, pf, n);
 }
 
 /* LayerNorm's backward pass: dx (+)= d/dx of the norm of x (N, D) given dz,
  * its weight w; dw, db (D) written. add: dx += rather than =. Each chunk of
  * rows sums its share of dw and db in float (aft_layernorm_back), in part
- * seen as floats; the chunks are added in order in double. */
+ * seen as floats; then added. */
 static void layernorm_back(float *dx, int add, float *dw, float *db, const float *dz, const float *x, const float *w,
                            size_t N, size_t D, double *part, int nt)
 {
@@ -428,15 +436,8 @@ static void layernorm_back(float *dx, int add, float *dw, float *db, const float
         memset(sw, 0, 2 * D * sizeof *sw);
         aft_layernorm_back(dx + i0 * D, add, sw, sb, dz + i0 * D, x + i0 * D, w, i1 - i0, D, AFT_LAYERNORM_EPS);
     }
-    for (size_t j = 0; j < D; j++) {
-        double sw = 0.0, sb = 0.0;
-        for (size_t c = 0; c < SUM_CHUNKS; c++) {
-            sw += pf[c * 2 * D + j];
-            sb += pf[c * 2 * D + D + j];
-        }
-        if (dw) dw[j] = (float)sw;
-        if (db) db[j] = (float)sb;
-    }
+    float *const out[2] = {dw, db};
+    add_chunks(out, 2, pf, D);
 }
 
 /* out = x + y over n floats, in nt parts */
@@ -504,18 +505,17 @@ static aft_status scratch_temps(aft_model *m, size_t n, size_t rows, aft_error *
 
 /* cross-entropy of the logits (N, V) against targets, summed over the
  * rows; dlogits in place, (softmax - one-hot) inv, when grad. The rows are
- * cut into nt parts, each aft_xent_rows's; the parts' sums are added in
- * a fixed order. */
+ * cut into SUM_CHUNKS fixed chunks, each aft_xent_rows's, added in order:
+ * the same bits for any number of threads. */
 static double cross_entropy(float *lg, const int32_t *targets, size_t N, size_t V, int grad, double inv, int nt)
 {
-    double part[GROUPS_MAX] = {0}, total = 0.0;
-    if (nt > GROUPS_MAX) nt = GROUPS_MAX;
+    double part[SUM_CHUNKS], total = 0.0;
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int p = 0; p < nt; p++) {
-        size_t i0 = N * (size_t)p / (size_t)nt, i1 = N * (size_t)(p + 1) / (size_t)nt;
-        part[p] = aft_xent_rows(lg + i0 * V, targets + i0, i1 - i0, V, grad, (float)inv);
+    for (size_t c = 0; c < SUM_CHUNKS; c++) {
+        size_t i0 = N * c / SUM_CHUNKS, i1 = N * (c + 1) / SUM_CHUNKS;
+        part[c] = aft_xent_rows(lg + i0 * V, targets + i0, i1 - i0, V, grad, (float)inv);
     }
-    for (int p = 0; p < nt; p++) total += part[p];
+    for (size_t c = 0; c < SUM_CHUNKS; c++) total += part[c];
     return total;
 }
 
