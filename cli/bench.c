@@ -192,7 +192,7 @@ static const cli_option options[] = {
     {"--grid", NULL, "H,W", "the layer on a grid of H x W tokens (T = H*W, instead of --seq-len): 2-D windows",
      set_grid, 0, NEEDS_VALUE, 0},
     {"--batch", NULL, "B", "batch size (default 1)", set_positive, FIELD(batch), NEEDS_VALUE, 0},
-    {"--threads", NULL, "N", "threads (default: all cores)", set_threads, 0, NEEDS_VALUE, 0},
+    {"--threads", NULL, "N", "threads (default: the cores aft may run on)", set_threads, 0, NEEDS_VALUE, 0},
     {"--repeat", NULL, "N", "timed runs per configuration (default 5; ms is the median)", set_repeat, 0,
      NEEDS_VALUE, 0},
     {"--impl", NULL, "fast|reference|both",

@@ -145,8 +145,10 @@ int main(int argc, char **argv)
     const struct cmd *c = lookup(name);
     if (!c) return cli_usage_error(NULL, "'%s' is not an aft command", name);
     cli_command_name = c->name;   /* every message from here on names it */
+    int rc = cli_shard_check(c->name, c->fn == cmd_run || c->fn == cmd_train);
+    if (rc) return rc;
     /* the kernels' level, then OpenBLAS's core, before any product */
-    int rc = cli_levels_choose();
+    rc = cli_levels_choose();
     if (rc) return rc;
     cli_blas_core();
     return c->fn(argc - 1, argv + 1);

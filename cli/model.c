@@ -373,7 +373,7 @@ static const cli_option options[] = {
      "--layout needs btd or tbd", 0},
     {"--window", NULL, "S", "local: the window (default: metadata 'window', else local_mask's band)",
      cli_model_set_window, FIELD(m), "--window needs a value", 0},
-    {"--threads", NULL, "N", "threads (default: all cores)", cli_model_set_threads, FIELD(m),
+    {"--threads", NULL, "N", "threads (default: the cores aft may run on)", cli_model_set_threads, FIELD(m),
      "--threads needs a value", 0},
     {"--impl", NULL, "fast|reference", "reference: the plain float64 kernels", set_impl, 0,
      "--impl needs fast or reference", 0},

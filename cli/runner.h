@@ -68,7 +68,7 @@ int runner_set_input(void *opts, const char *arg);
     {"--timing", NULL, "FILE", "write timings and the configuration as JSON (its keys: JSON OUTPUT in man aft)", \
      cli_set_string, FIELD(timing_path), "--timing needs a file", 0}, \
     {"--repeat", NULL, "N", "run the computation N times (timing: median and min)", runner_set_repeat, 0, NULL, 0}, \
-    {"--threads", NULL, "N", "threads (default: all cores)", runner_set_threads, 0, NULL, 0}, \
+    {"--threads", NULL, "N", "threads (default: the cores aft may run on)", runner_set_threads, 0, NULL, 0}, \
     {"--impl", NULL, "fast|reference", "reference: the plain float64 kernels", runner_set_impl, 0, NULL, 0}, \
     {"--precision", NULL, "f32|bf16", CLI_PRECISION_HELP, runner_set_precision, 0, "--precision needs f32 or bf16", 0}, \
     {"--max-memory", NULL, "SIZE", \

@@ -53,6 +53,39 @@ const char *cli_shard_launcher(void)
     return NULL;
 }
 
+/* a whole number from the environment, 0 when unset or not one */
+static long env_count(const char *name)
+{
+    const char *v = getenv(name);
+    char *end;
+    if (!v || !*v) return 0;
+    long n = strtol(v, &end, 10);
+    return *end == '\0' && n > 0 ? n : 0;
+}
+
+int cli_shard_check(const char *cmd, int shares)
+{
+    if (!cli_shard_launcher()) {
+        /* srun sets its step's task count in every task; without --mpi=pmix
+         * (or a site's MpiDefault) it gives them no PMIx or PMI, and each
+         * task would be a whole run of its own, all writing the same files */
+        long n = env_count("SLURM_STEP_NUM_TASKS");
+        if (n < 2) return 0;
+        const char *id = getenv("SLURM_PROCID");
+        if (!id || strcmp(id, "0") == 0)
+            cli_error(cmd, "srun started %ld tasks with no MPI between them (no PMIx or PMI in their "
+                           "environment), and each would run alone and write the same files: use srun --mpi=pmix", n);
+        return EXIT_USAGE;
+    }
+    long n = env_count("OMPI_COMM_WORLD_SIZE");
+    if (!n) n = env_count("SLURM_STEP_NUM_TASKS");
+    if (shares || n < 2) return 0;
+    if (cli_shard_rank0())
+        cli_error(cmd, "runs as one process: under mpirun or srun only aft run and aft train share their work "
+                       "between ranks (%ld were started)", n);
+    return cli_shard_refused(EXIT_USAGE);
+}
+
 #ifndef AFT_MPI
 
 int cli_shard_built_in(void)

@@ -10,6 +10,11 @@
  * (mpirun's OMPI_COMM_WORLD_SIZE, srun's PMIX_RANK or PMI_RANK), or NULL:
  * a plain run, which never initialises MPI. */
 const char *cli_shard_launcher(void);
+/* 0 when command cmd can run as launched, else an exit status, task 0
+ * having said why: srun's tasks without MPI between them (each would run
+ * alone, all writing the same files), or under a launcher of more than
+ * one process a command that does not share its work (shares 0) */
+int cli_shard_check(const char *cmd, int shares);
 /* 1 when this aft was built with Open MPI (aft --version says so) */
 int cli_shard_built_in(void);
 /* 1 unless the launcher says this process is a rank other than 0 (the

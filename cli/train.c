@@ -112,7 +112,7 @@ static const cli_option options[] = {
      cli_set_string, FIELD(log), NEEDS_VALUE, 0},
     {"--timing", NULL, "FILE", "write the run's timing and memory as JSON (\"-\": standard output)", cli_set_string,
      FIELD(timing), NEEDS_VALUE, 0},
-    {"--threads", NULL, "N", "threads on each rank (default: every core)", set_threads, 0, NEEDS_VALUE, 0},
+    {"--threads", NULL, "N", "threads on each rank (default: the cores it may run on)", set_threads, 0, NEEDS_VALUE, 0},
     {"--stop-at", NULL, "N", "save and stop after step N, as a signal would, but exit 0 (for tests of --resume)",
      set_size, FIELD(stop_at), NEEDS_VALUE, 1},
     {NULL, NULL, NULL, NULL, NULL, 0, NULL, 0},

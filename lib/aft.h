@@ -369,7 +369,7 @@ typedef struct {
     size_t heads;      /* conv: heads (channels split evenly); 0: the conv
                         * bias's rows */
     int causal;        /* sums run over t' <= t only */
-    int threads;       /* 0 = all cores */
+    int threads;       /* 0 = the cores the process may run on */
     aft_impl impl;
     aft_kernel projections;    /* the layer's projections (AUTO: aft's kernel
                                 * with AVX/AVX2/AVX-512, else OpenBLAS) */
@@ -876,7 +876,8 @@ typedef struct {
  * product it runs sets openblas_set_num_threads(1) (and, with OpenBLAS's
  * OpenMP build, puts OpenMP's default thread count back as it was). */
 void aft_blas_get_info(aft_blas_info *info, aft_kernel projections);
-/* the number of cores: what threads 0 means */
+/* the cores this process may run on (its affinity: taskset, a cpuset,
+ * srun's binding), else the machine's online cores: what threads 0 means */
 int aft_cores(void);
 
 /* monotonic clock in milliseconds */
@@ -1214,7 +1215,7 @@ aft_status aft_train_save(const char *path, const aft_st_file *src, aft_model *m
  *
  * Options: space-separated key=value pairs named as the CLI's options
  * without "--": variant=full|local|simple|conv window=S heads=H causal=0|1
- * layout=btd|tbd threads=N (0: all cores, the default) impl=fast|reference
+ * layout=btd|tbd threads=N (0: the cores it may run on, the default) impl=fast|reference
  * prefix=P grid=H,W precision=f32|bf16 (aft_config.precision). The layer
  * takes them all; the operator all but layout and prefix; the model
  * window, threads and precision. As aft run: window applies to

@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -16,6 +17,11 @@
 
 int aft_cores(void)
 {
+    /* the cores this process may run on: taskset, a container's cpuset or
+     * srun's binding of each task can leave it fewer than the machine's,
+     * and a thread a core it does not have would wait on the others */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
     long c = sysconf(_SC_NPROCESSORS_ONLN);
     return c > 0 ? (int)c : 1;
 }

@@ -673,6 +673,60 @@ static void test_refused(void **state)
     free(x);
 }
 
+/* srun's tasks with no MPI between them (srun without --mpi=pmix): every
+ * task refuses, task 0 alone says why, and nothing is written. srun is
+ * not needed: its variables are what aft reads */
+static void test_srun_without_mpi(void **state)
+{
+    (void)state;
+    char *x = make_input("s.npy", 1, 20, 8, 11), *y = harness_tmp("s_out.npy");
+    setenv("SLURM_STEP_NUM_TASKS", "2", 1);
+    for (int task = 0; task < 2; task++) {
+        setenv("SLURM_PROCID", task ? "1" : "0", 1);
+        harness_result r;
+        assert_int_equal(HARNESS_RUN(&r, "run", "--variant", "simple", x, "-o", y), 0);
+        assert_int_equal(r.exit_code, 2);
+        if (task == 0) {
+            assert_int_equal(aft_lines(r.err), 1);
+            assert_non_null(strstr(r.err, "srun --mpi=pmix"));
+        } else {
+            assert_int_equal(r.err_len, 0);
+        }
+        assert_false(harness_exists(y));
+        harness_result_free(&r);
+    }
+    /* one task: a plain run */
+    setenv("SLURM_STEP_NUM_TASKS", "1", 1);
+    setenv("SLURM_PROCID", "0", 1);
+    one_aft((const char *const[]){"run", "--variant", "simple", x, "-o", y, NULL});
+    assert_true(harness_exists(y));
+    unsetenv("SLURM_STEP_NUM_TASKS");
+    unsetenv("SLURM_PROCID");
+    free(x);
+    free(y);
+}
+
+/* a command that does not share its work, under mpirun with two ranks:
+ * refused, said once, where each rank would have run it whole */
+static void test_one_process_commands(void **state)
+{
+    (void)state;
+    skip_without_mpi();
+    char *x = make_input("o.npy", 1, 20, 8, 12);
+    const char *args[] = {"compare", x, x, NULL};
+    mpi_result r;
+    mpirun_aft(&r, 2, -1, 0, args);
+    assert_int_equal(r.status, 2);
+    assert_int_equal(aft_lines(r.err), 1);
+    assert_non_null(strstr(r.err, "aft compare: runs as one process"));
+    mpi_result_free(&r);
+    const char *one[] = {"compare", x, x, NULL};
+    mpirun_aft(&r, 1, -1, 0, one);
+    assert_int_equal(r.status, 0);
+    mpi_result_free(&r);
+    free(x);
+}
+
 static int setup(void **state)
 {
     harness_setup(state);
@@ -720,6 +774,8 @@ int main(void)
         cmocka_unit_test(test_rank_killed),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_weights_checked),
+        cmocka_unit_test(test_srun_without_mpi),
+        cmocka_unit_test(test_one_process_commands),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1068,6 +1069,36 @@ static void test_timing_json(void **state)
     assert_true(num_field(j, "compute_min_ms") <= num_field(j, "compute_ms"));
     cJSON_Delete(j);
     free(x); free(y); free(tj);
+}
+
+/* threads 0 is the cores the process may run on: one under an affinity of
+ * one core (taskset, a cpuset, srun's binding), where it was every core */
+static void test_threads_follow_affinity(void **state)
+{
+    (void)state;
+    char *x = tmp("af_x.npy"), *y = tmp("af_y.npy"), *tj = tmp("af.json");
+    free(write_x(x, 1, 5, 4, 52));
+    cpu_set_t all, one;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    run_opts(OPTS("--variant", "simple", "--timing", tj), x, y);
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+    cJSON *j = read_json(tj);
+    assert_int_equal(num_field(j, "threads"), 1);
+    cJSON_Delete(j);
+    run_opts(OPTS("--variant", "simple", "--timing", tj), x, y);
+    j = read_json(tj);
+    assert_int_equal(num_field(j, "threads"), CPU_COUNT(&all));
+    cJSON_Delete(j);
+    free(x);
+    free(y);
+    free(tj);
 }
 
 /* minor page faults of the children waited for so far */
@@ -2421,6 +2452,7 @@ int main(void)
         cmocka_unit_test(test_rank2_input),
         cmocka_unit_test(test_stdin_stdout),
         cmocka_unit_test(test_timing_json),
+        cmocka_unit_test(test_threads_follow_affinity),
         cmocka_unit_test(test_repeat_reuses_memory),
         cmocka_unit_test(test_seeded_init),
         cmocka_unit_test(test_bare_simple),

@@ -17,7 +17,7 @@ of any real dtype, order or strides are converted to C-contiguous float32
 ValueError (bad arguments or file contents), OSError (a file that cannot be
 read or written) or MemoryError, with aft's one-line message; a dtype that
 is not real numbers raises TypeError. The GIL is released while aft
-computes. threads= sets the threads of a call (default: all cores; Model:
+computes. threads= sets the threads of a call (default: the cores it may run on; Model:
 1). AFT_LIBRARY names the libaft.so to load; AFT_KERNELS chooses the kernel
 level, as for the CLI. aft.torch (PyTorch modules) is imported on its own.
 """

@@ -33,7 +33,7 @@ class Layer(_lib.Owned):
     heads: conv's heads (default: from the bias).
     prefix: prepended to every weight name ("encoder.layers.2.self_attn.").
     layout: "btd" (x is [B, T, D]) or "tbd" (labml's [T, B, D]).
-    threads: threads (default None: the library's, all cores).
+    threads: threads (default None: the library's, the cores it may run on).
     impl: "fast" (default) or "reference" (the float64 kernels).
     grid: (H, W): the T = H*W rows are a grid in raster order.
     precision: "f32" (default) or "bf16": the products with bf16 operands

@@ -20,7 +20,7 @@ class Model(_lib.Owned):
     Model(path, window=None, threads=1, precision=None)
 
     window: the layers' window S (default: the checkpoint's). threads:
-    threads for its calls (0: all cores). precision: "f32" (default) or
+    threads for its calls (0: the cores it may run on). precision: "f32" (default) or
     "bf16", as aft.Layer's. A checkpoint the CLI refuses is a
     ValueError with its message (OSError if it cannot be read).
 
