@@ -495,10 +495,12 @@ done:
 
 /* ---- the saved forward: the backward's first steps, run by the forward
  *
- * Q, K, V by the backward's own pieces, and with full's kernel the
- * operator's forward half as its backward runs it (its sums: a third of
- * that backward's products), kept in the caller's buffer: (N, W) of Q, K,
- * V, then (B, T, 2C) sums and their tag. The backward starts from them,
+ * Q, K, V by the backward's own pieces, and with the dense kernel or the
+ * causal band kernel the operator's forward half as its backward runs it
+ * (the dense kernel's sums: a third of that backward's products; the band
+ * kernel's 1 / den and Y' per entry: its band sums and left key sums),
+ * kept in the caller's buffer: (N, W) of Q, K, V, then (B, T, 2C) of them
+ * and their tag. The backward starts from them,
  * and its results are the bits it gives when it makes them itself. */
 
 /* the saved floats for B x T (N rows) with spec sp (0: the reference,

@@ -38,7 +38,16 @@
  * sums from the sums of the slices before (and after) it, and what its band
  * adds to keys of its neighbours' rows goes to a halo, added after a
  * barrier. Every sum over slices is taken in slice order, so the bits do
- * not depend on which thread took which slice. */
+ * not depend on which thread took which slice.
+ *
+ * With causality the forward may run the block pass's forward alone and
+ * keep each entry's 1 / den and Y' (io->sums, AFT_SUMS_WRITE: the layer's
+ * saved forward); the backward then takes them (AFT_SUMS_READ) instead of
+ * the band sums (a third of its products) and the left key sums, and
+ * needs of the latter only their maxima, for Z. Kept and made again, the
+ * values are the same bits. A run with an entry done exactly keeps
+ * nothing (it clears the tag): that entry's backward needs the left sums
+ * themselves. */
 #include "kernels.h"
 
 #include <omp.h>
@@ -179,6 +188,16 @@ typedef struct {
     float *rp;        /* the backward's row pieces: (2 ns, 3C) m, s1, s2, likewise */
     float *halo;      /* (ns, 2 hrows, 2C): dv | dk for rows of other slices */
     size_t hrows;     /* s - 1: halo rows each side */
+    /* the forward's saved half (causal only, io->sums): AFT_SUMS_WRITE runs
+     * the block pass's forward alone and keeps each entry's 1 / den and Y'
+     * (this batch's rows of [1 / den | Y'], 2C floats a row, at sums);
+     * AFT_SUMS_READ takes them instead of the band sums and the left key
+     * sums. Only a run whose every block was tame and whose every entry
+     * took the fast path keeps them (spoilt: the tag is cleared, and a
+     * backward makes them again) */
+    int mode;
+    float *sums;
+    atomic_int *spoilt;
 } gjob;
 
 /* slice i's first row */
@@ -869,6 +888,8 @@ static inline __attribute__((always_inline)) void rows_prefetch(const gjob *jb, 
         aft_lines_prefetch(jb->dout + u * C + c0, cw, 0);
         aft_lines_prefetch(jb->io->dq + row * jb->io->lddq + c0, cw, 1);
         for (int a = 0; a < 3; a++) aft_lines_prefetch(z + a * C + c0, cw, 1);
+        if (jb->mode == AFT_SUMS_READ)   /* the forward's 1 / den and Y', long out of the caches */
+            for (int a = 0; a < 2; a++) aft_lines_prefetch(jb->sums + u * 2 * C + a * C + c0, cw, 0);
     }
     if (t + GB_ROWS < sc->te) {
         size_t row = jb->b * T + t + GB_ROWS;
@@ -944,6 +965,148 @@ static void block_rows(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_
     } else {
         if (tame) block_rows_body(jb, sc, i0, nr, c0, cw, 0, 1);
         else block_rows_body(jb, sc, i0, nr, c0, cw, 0, 0);
+    }
+}
+
+/* ---- the saved forward half (gjob.mode): causal only */
+
+/* combine_row's forward alone, causal: each entry's 1 / den (rd) and Y'
+ * (y) and the output, as combine_row makes them (the same bits); bad[c]
+ * as there */
+static inline __attribute__((always_inline)) int
+combine_fwd(float *restrict rdo, float *restrict yo, float *restrict out, unsigned char *restrict bad,
+            const float *restrict mk, double r, const float *restrict b0, const float *restrict b1,
+            const float *restrict pm, const float *restrict p0, const float *restrict p1, const float *restrict q,
+            size_t cw, int tame)
+{
+    int any = 0;
+    for (size_t c = 0; c < cw; c++) {
+        double zb = 0.0;
+        float zf, d = 0.0f;
+        if (tame) {
+            float rf = (float)r, bv;
+            zf = mk[c] + rf;
+            bv = zf - mk[c];
+            d = (mk[c] - (zf - bv)) + (rf - bv);
+        } else {
+            zb = (double)mk[c] + r;
+            zf = (float)zb;
+            d = (float)(zb - (double)zf);
+        }
+        float x = pm[c] - zf, e = gexp(-fabsf(x), tame);
+        int up = x > 0.0f;
+        float fb = (up ? e : 1.0f) * (1.0f + d), fp = up ? 1.0f : e;
+        float den = b0[c] * fb + p0[c] * fp, num = b1[c] * fb + p1[c] * fp;
+        float rd = 1.0f / den, y = num * rd, sq, ds;
+        bad[c] = !(den >= AFT_DEN_EXACT_BELOW) | !(fabsf(num) <= 3.4e38f);
+        any |= bad[c];
+        aft_sig_parts(q[c], &sq, &ds);
+        out[c] = sq * y;
+        rdo[c] = rd;
+        yo[c] = y;
+    }
+    return any;
+}
+
+/* combine_row where the forward kept 1 / den (rd) and Y' (y): Z and the
+ * band's factor from the left sum's maximum pm alone, as combine_row
+ * makes them (the same bits), then grad_entry's values. Causal, no entry
+ * done exactly (a run with one keeps nothing). */
+static inline __attribute__((always_inline)) void
+combine_read(float *restrict Zo, float *restrict U1, float *restrict U2, float *restrict g1, float *restrict g2,
+             float *restrict out, float *restrict dq, const float *restrict mk, double r, const float *restrict pm,
+             const float *restrict rd, const float *restrict y, const float *restrict q, const float *restrict dout,
+             size_t cw, int tame)
+{
+    for (size_t c = 0; c < cw; c++) {
+        double zb;
+        float zf, d;
+        if (tame) {
+            float rf = (float)r, bv;
+            zf = mk[c] + rf;
+            bv = zf - mk[c];
+            d = (mk[c] - (zf - bv)) + (rf - bv);
+        } else {
+            zb = (double)mk[c] + r;
+            zf = (float)zb;
+            d = (float)(zb - (double)zf);
+        }
+        float x = pm[c] - zf, e = gexp(-fabsf(x), tame);
+        int up = x > 0.0f;
+        float fb = (up ? e : 1.0f) * (1.0f + d);
+        Zo[c] = zf > pm[c] ? zf : pm[c];
+        gentry g = grad_entry(rd[c], y[c], fb * rd[c], q[c], dout[c]);
+        out[c] = g.o;
+        dq[c] = g.dq;
+        g1[c] = g.g1;
+        g2[c] = g.g2;
+        U1[c] = g.u1;
+        U2[c] = g.u2;
+    }
+}
+
+/* The block's rows' forward alone (AFT_SUMS_WRITE): the left sum takes key
+ * t - s, then combine_fwd into the output and the kept sums; an entry
+ * done exactly gets its output as block_rows_body gives it and spoils
+ * the kept sums */
+static inline __attribute__((always_inline)) void block_rows_fwd_body(const gjob *jb, gscratch *sc, size_t i0,
+                                                                      size_t nr, size_t c0, size_t cw, int tame)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, C = jb->C, s = jb->s, ldk = ws->ldk, ldv = ws->ldv, ldq = ws->ldq;
+    float *pm = sc->pm + c0, *p0 = sc->p0 + c0, *p1 = sc->p1 + c0, *mk = sc->mk;
+    for (size_t i = 0; i < nr; i++) {
+        size_t t = i0 + i, lo, hi;
+        band_of(jb, t, &lo, &hi);
+        if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw, tame);
+        const float *qr = jb->q + t * ldq + c0;
+        float *out = jb->io->out + (jb->b * T + t) * C + c0, *rd = jb->sums + t * 2 * C + c0, *y = rd + C;
+        unsigned char *bad = sc->bad + i * GB_CH;
+        int any = combine_fwd(rd, y, out, bad, mk, sc->r[i], sc->b0 + i * GB_CH, sc->b1 + i * GB_CH, pm, p0, p1, qr,
+                              cw, tame);
+        for (size_t c = 0; c < cw && any; c++) {
+            if (!bad[c]) continue;
+            double L;
+            float Y, sq, ds;
+            exact_forward(jb, sc, i, t, lo, hi, c0, c, &L, &Y);
+            aft_sig_parts(qr[c], &sq, &ds);
+            out[c] = sq * Y;
+        }
+        if (any) atomic_store_explicit(jb->spoilt, 1, memory_order_relaxed);
+    }
+}
+
+static void block_rows_fwd(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, size_t cw, int tame)
+{
+    if (tame) block_rows_fwd_body(jb, sc, i0, nr, c0, cw, 1);
+    else block_rows_fwd_body(jb, sc, i0, nr, c0, cw, 0);
+}
+
+/* block_rows where the forward kept 1 / den and Y' (AFT_SUMS_READ): the
+ * left sum's maximum takes key t - s (the left sums themselves serve only
+ * the entries done exactly, and a run with one keeps nothing) */
+static void block_rows_read(const gjob *jb, gscratch *sc, size_t i0, size_t nr, size_t c0, size_t cw, int tame)
+{
+    const aft_opspec *ws = jb->ws;
+    const size_t T = jb->T, C = jb->C, s = jb->s, ldk = ws->ldk, ldq = ws->ldq;
+    float *pm = sc->pm + c0;
+    for (size_t i = 0; i < nr; i++) {
+        size_t t = i0 + i;
+        rows_prefetch(jb, sc, t, c0, cw);
+        if (t >= s) {
+            const float *kr = jb->k + (t - s) * ldk + c0;
+            for (size_t c = 0; c < cw; c++) pm[c] = kr[c] > pm[c] ? kr[c] : pm[c];
+        }
+        float *Z = zrow(jb, sc, t) + c0;
+        const float *qr = jb->q + t * ldq + c0, *dr = jb->dout + t * C + c0;
+        const float *rd = jb->sums + t * 2 * C + c0;
+        const size_t row = jb->b * T + t;
+        float *dq = jb->io->dq + row * jb->io->lddq + c0;
+        float *out = jb->io->out ? jb->io->out + row * C + c0 : sc->as + i * GB_CH;
+        float *g1 = sc->g1 + i * GB_CH, *g2 = sc->g2 + i * GB_CH;
+        if (tame) combine_read(Z, Z + C, Z + 2 * C, g1, g2, out, dq, sc->mk, sc->r[i], pm, rd, rd + C, qr, dr, cw, 1);
+        else combine_read(Z, Z + C, Z + 2 * C, g1, g2, out, dq, sc->mk, sc->r[i], pm, rd, rd + C, qr, dr, cw, 0);
+        sc->rowredo[i] = 0;
     }
 }
 
@@ -1037,6 +1200,23 @@ static void block_exact_grad(const gjob *jb, gscratch *sc, size_t sl, size_t i0,
     }
 }
 
+/* band_block's forward alone (AFT_SUMS_WRITE): the output, and each
+ * entry's 1 / den and Y' kept */
+static void band_block_fwd(const gjob *jb, gscratch *sc, size_t sl, size_t h, size_t i0, size_t i1)
+{
+    const size_t s = jb->s, ch = jb->ch, cwm = ch < GB_CH ? ch : GB_CH, nr = i1 - i0;
+    const size_t lob = s == 0 ? i0 : (i0 + 1 >= s ? i0 + 1 - s : 0);
+    const int tame = jb->keys_tame && block_weights(jb, sc, sl, h, i0, nr);
+    if (!tame) atomic_store_explicit(jb->spoilt, 1, memory_order_relaxed);
+    for (size_t c0 = h * ch; c0 < (h + 1) * ch; c0 += cwm) {
+        const size_t cw = (h + 1) * ch - c0 < cwm ? (h + 1) * ch - c0 : cwm;
+        for (size_t c = 0; c < cw; c++) sc->mk[c] = -INFINITY;
+        if (s > 0) block_factors(jb, sc, lob, i1, c0, cw, tame);
+        block_row_sums(jb, sc, i0, nr, lob, cw);
+        block_rows_fwd(jb, sc, i0, nr, c0, cw, tame);
+    }
+}
+
 /* One block of rows [i0, i1) of head h of slice sl: the forward's L and
  * Y' (and out), dq, and the band's part of dw, dv and dk. */
 static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, size_t sl, size_t h, size_t i0,
@@ -1067,9 +1247,14 @@ static void band_block(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
         if (s > 0) block_factors(jb, sc, lob, hib, c0, cw, tame);
         if (!causal) block_right(jb, sc, i0, i1, bi, c0, cw);
 
-        /* the forward: the rows' band sums, then row by row */
-        block_row_sums(jb, sc, i0, nr, lob, cw);
-        block_rows(jb, sc, i0, nr, c0, cw, tame);
+        /* the forward: the rows' band sums, then row by row (or what
+         * the forward kept of them) */
+        if (jb->mode == AFT_SUMS_READ) {
+            block_rows_read(jb, sc, i0, nr, c0, cw, tame);
+        } else {
+            block_row_sums(jb, sc, i0, nr, lob, cw);
+            block_rows(jb, sc, i0, nr, c0, cw, tame);
+        }
 
         /* dw[t, j] += exp(w - r) sum_c (exp(k - mk) v G - exp(k - mk) Y' G) */
         if (jb->want_dw) block_dw(jb, sc, i0, nr, lob, cw);
@@ -1123,7 +1308,10 @@ static void block_pass(const gjob *jb, gscratch *sc, const aft_bias_grad *db, si
     }
     for (size_t bi = 0; bi < nb; bi++) {
         size_t i0 = t0 + bi * GB_ROWS, i1 = i0 + GB_ROWS < t1 ? i0 + GB_ROWS : t1;
-        for (size_t h = 0; h < jb->H; h++) band_block(jb, sc, db, sl, h, i0, i1, bi);
+        for (size_t h = 0; h < jb->H; h++) {
+            if (jb->mode == AFT_SUMS_WRITE) band_block_fwd(jb, sc, sl, h, i0, i1);
+            else band_block(jb, sc, db, sl, h, i0, i1, bi);
+        }
     }
 }
 
@@ -1338,6 +1526,46 @@ static void key_pieces(const gjob *jb, size_t sl)
         (void)aft_sums_of_rows(jb->k, ws->ldk, jb->v, ws->ldv, ra, re, C, rp, rp + C, rp + 2 * C, rp + 3 * C);
 }
 
+/* Batch b's passes, inside the threads' parallel region (each loop ends
+ * at a barrier): P1 the halos and key pieces; P2 the block pass; P3 the
+ * backward's row pieces; P4 the rows outside each key's band, and the
+ * halos. The forward alone (AFT_SUMS_WRITE) is P1 and P2's forward. */
+static void batch_passes(const gjob *jb, gscratch *sc, aft_bias_grad *mine, rsum *cur, const float *q,
+                         const float *k, const float *v, size_t b)
+{
+    const aft_opspec *ws = jb->ws;
+    const aft_grad_io *io = jb->io;
+    const size_t T = jb->T, C = jb->C, ns = jb->ns;
+    gjob jbb = *jb;
+    jbb.b = b;
+    jbb.set = io->db_set && b == 0;   /* later sequences add */
+    jbb.q = q + b * T * ws->ldq;
+    jbb.k = k + b * T * ws->ldk;
+    jbb.v = v + b * T * ws->ldv;
+    jbb.dout = io->dout ? io->dout + b * T * C : NULL;
+    jbb.sums = jb->mode ? io->sums + b * T * 2 * C : NULL;
+    #pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < ns; i++) key_pieces(&jbb, i);
+    jbb.keys_tame = all_set(jb->ktame, ns);
+    if (jb->mode == AFT_SUMS_WRITE) {   /* the forward alone */
+        #pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < ns; i++) block_pass(&jbb, sc, &mine[i], i);
+        return;
+    }
+    if (jb->causal) {
+        #pragma omp for schedule(dynamic, 1)
+        for (size_t n = 0; n < ns; n++) causal_slice(&jbb, sc, &mine[ns - 1 - n], cur, ns - 1 - n);
+        return;
+    }
+    #pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < ns; i++) block_pass(&jbb, sc, &mine[i], i);
+    jbb.tame = jbb.keys_tame && all_set(jb->wtame, ns);
+    #pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < ns; i++) row_pieces(&jbb, sc, i);
+    #pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < ns; i++) outside_pass(&jbb, sc, cur, i);
+}
+
 aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *k, const float *v, size_t B,
                             const aft_opspec *ws, aft_error *err)
 {
@@ -1350,6 +1578,10 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                .s = ws->zero_bias ? 0 : aft_spec_band(ws, T),
                .causal = ws->causal, .want_dw = aft_bias_grad_wanted(ws, &io->db)};
     jb.hrows = jb.s ? jb.s - 1 : 0;
+    atomic_int spoilt = 0;
+    jb.spoilt = &spoilt;
+    jb.mode = io->sums && jb.causal ? io->sums_mode : AFT_SUMS_NONE;
+    if (jb.mode == AFT_SUMS_WRITE) jb.want_dw = 0;
     jb.ns = aft_band_grad_slices(T, jb.s, nt, aft_bias_grad_private_floats(ws, &io->db), C);
     const size_t ns = jb.ns;
     /* causal: Z, U1, U2 split (zrow) where the slices' first rows are at
@@ -1383,32 +1615,8 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
             }
             #pragma omp barrier
             for (size_t b = 0; b < B && !failed; b++) {
-                gjob jbb = jb;
-                jbb.b = b;
-                jbb.set = io->db_set && b == 0;   /* later sequences add */
-                jbb.q = q + b * T * ws->ldq;
-                jbb.k = k + b * T * ws->ldk;
-                jbb.v = v + b * T * ws->ldv;
-                jbb.dout = io->dout + b * T * C;
                 rsum cur = {rs, rs + C, rs + 2 * C};
-                /* P1: the halos and key pieces; P2: the block pass; P3:
-                 * the backward's row pieces; P4: the rows outside each
-                 * key's band, and the halos (each loop ends at a barrier) */
-                #pragma omp for schedule(dynamic, 1)
-                for (size_t i = 0; i < ns; i++) key_pieces(&jbb, i);
-                jbb.keys_tame = all_set(jb.ktame, ns);
-                if (jb.causal) {
-                    #pragma omp for schedule(dynamic, 1)
-                    for (size_t n = 0; n < ns; n++) causal_slice(&jbb, &sc, &mine[ns - 1 - n], &cur, ns - 1 - n);
-                    continue;
-                }
-                #pragma omp for schedule(dynamic, 1)
-                for (size_t i = 0; i < ns; i++) block_pass(&jbb, &sc, &mine[i], i);
-                jbb.tame = jbb.keys_tame && all_set(jb.wtame, ns);
-                #pragma omp for schedule(dynamic, 1)
-                for (size_t i = 0; i < ns; i++) row_pieces(&jbb, &sc, i);
-                #pragma omp for schedule(dynamic, 1)
-                for (size_t i = 0; i < ns; i++) outside_pass(&jbb, &sc, &cur, i);
+                batch_passes(&jb, &sc, mine, &cur, q, k, v, b);
             }
             free(rs);
             gscratch_free(&sc);
@@ -1423,5 +1631,11 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     free(mine); free(priv);
     free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo); free(jb.ktame); free(jb.stage);
     if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
+    if (jb.mode == AFT_SUMS_WRITE && atomic_load(&spoilt)) {
+        /* no thread count's tag: a backward makes the sums again (groups
+         * of sequences may clear it at once) */
+        float none = 0.0f;
+        __atomic_store(io->sums_tag, &none, __ATOMIC_RELAXED);
+    }
     return AFT_OK;
 }

@@ -517,7 +517,11 @@ static aft_status grad_kernel(const aft_grad_io *io, const float *q, const float
 int aft_op_grad_saves(const aft_opspec *sp_in, size_t B, int reference)
 {
     aft_opspec sp = *sp_in;   /* mask_needed settles a copy */
-    return !reference && (mask_needed(&sp, B) || sp.variant == AFT_FULL || aft_spec_on_grid(&sp));
+    /* the dense kernel's, and the band kernel's with causality and a band
+     * (the forward's 1 / den and Y', local_conv_grad.c; with w = 0
+     * everywhere its every entry is done exactly, which keeps nothing) */
+    return !reference &&
+           (mask_needed(&sp, B) || sp.variant == AFT_FULL || aft_spec_on_grid(&sp) || (sp.causal && !sp.zero_bias));
 }
 
 aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float *k, const float *v,
@@ -532,7 +536,7 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
     const int fwd = io_in->sums && io_in->sums_mode == AFT_SUMS_WRITE;
     if (fwd && (!io_in->out || !io_in->sums_tag || !aft_op_grad_saves(sp_in, B, reference)))
         return aft_fail(err, AFT_ERR_ARG, "the operator's forward half: %s",
-                        !io_in->out ? "missing (NULL) out" : "only full's kernel keeps its sums");
+                        !io_in->out ? "missing (NULL) out" : "only the dense and causal band kernels keep sums");
     if (fwd && (!q || !k || !v)) return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s", !q ? "q" : !k ? "k" : "v");
     if (!fwd && (!io_in->dq || !io_in->dk || !io_in->dv || !io_in->dout || !q || !k || !v))
         return aft_fail(err, AFT_ERR_ARG, "missing (NULL) %s",

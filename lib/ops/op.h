@@ -93,8 +93,9 @@ aft_status aft_op_grad_run(const aft_grad_io *io, const float *q, const float *k
 /* The bare operator's saved forward: aft_op_forward_saved gives out
  * (aft_op_backward's out: aft_op_forward's to rounding) and keeps in saved
  * (n floats, aft_op_saved_floats: 0 unless the backward runs the dense
- * kernel) the sums aft_op_backward_saved then takes instead of their
- * product: aft_op_backward's gradients bit for bit. */
+ * kernel or the causal band kernel with a band) the sums
+ * aft_op_backward_saved then takes instead of their product:
+ * aft_op_backward's gradients bit for bit. */
 aft_status aft_op_saved_floats(const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
                                size_t *n, aft_error *err);
 aft_status aft_op_forward_saved(float *out, float *saved, const float *q, const float *k, const float *v,
@@ -105,7 +106,8 @@ aft_status aft_op_backward_saved(float *dq, float *dk, float *dv, const aft_bias
                                  const aft_bias *bias, const aft_config *cfg, size_t B, size_t T, size_t C, size_t kc,
                                  aft_error *err);
 /* Does aft_op_grad_run take io's saved sums (AFT_SUMS_WRITE, _READ) for
- * sp on B sequences: the dense kernel, (B, T, 2C) floats of them? */
+ * sp on B sequences: the dense kernel and the causal band kernel, (B, T,
+ * 2C) floats of them? */
 int aft_op_grad_saves(const aft_opspec *sp, size_t B, int reference);
 
 /* The float64 backward pass (what the reference impl runs) on contiguous

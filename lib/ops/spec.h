@@ -98,10 +98,13 @@ typedef struct {
     float *out;
     aft_bias_grad db;
     int db_set;   /* the kernel sets db's entries (aft_bias_grad_sets): its first sequence only */
-    /* full's kernel (aft_op_grad_saves) can keep the sums of its forward
-     * half, [num | den] per row and head, (B, T, 2C), so that a backward
-     * later skips their product: AFT_SUMS_WRITE runs that half only (out
-     * and sums written; dq, dk, dv, dout and db unused), AFT_SUMS_READ takes
+    /* the dense kernel and the causal band kernel (aft_op_grad_saves) can
+     * keep what their forward half makes, (B, T, 2C): the dense kernel's
+     * sums [num | den] per row and head, the band kernel's [1 / den | Y']
+     * per row (kept only when every entry took its fast path; else it
+     * clears the tag), so that a backward later skips their product:
+     * AFT_SUMS_WRITE runs that half only (out and sums written; dq, dk,
+     * dv, dout and db unused), AFT_SUMS_READ takes
      * them. *sums_tag records the thread count they were made with (the
      * blocks of rows, hence their bits, follow it): a READ made with another
      * recomputes them, so its results never depend on the saved sums'

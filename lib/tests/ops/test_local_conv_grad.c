@@ -5,7 +5,8 @@
  * 3, T and T + 4 on every bias kind; conv with 1 to 5 heads, keys per
  * channel or per head, a bias row per head or one for all; how the rows are
  * cut into slices; the same bits in every run whatever order the threads
- * finish in; inputs beyond the sizes of its cheaper exponential.
+ * finish in; inputs beyond the sizes of its cheaper exponential; the
+ * backward from what the causal forward kept.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -173,6 +174,68 @@ static void test_grad_beyond_tame(void **state)
     grad_run_table(cs, N_OF(cs));
 }
 
+/* One causal run through the saved forward (aft_api_op_forward_saved, then
+ * _backward_saved) against the backward alone: the same bits of dq, dk,
+ * dv, the bias gradient and out. Returns the saved buffer's tag (its last
+ * float): the thread count of the blocks of rows when the forward kept its
+ * 1 / den and Y' (1 where groups of sequences ran a thread each), 0 when it
+ * kept nothing and the backward made them again. */
+static float saved_run(const char *opt, size_t T, size_t C, size_t window, float kscale, uint64_t seed)
+{
+    const size_t B = 2, n = B * T * C, nb = window ? T * T : 0;
+    rng r = {seed};
+    float *x = xmalloc((6 * n + 3 * nb) * sizeof(float));
+    float *q = x, *k = q + n, *v = k + n, *dy = v + n, *out = dy + n, *out2 = out + n, *bias = out2 + n;
+    float *db = bias + nb, *db2 = db + nb;
+    for (size_t i = 0; i < n; i++) {
+        q[i] = (float)rng_normal(&r);
+        k[i] = kscale * (float)rng_normal(&r);
+        v[i] = (float)rng_normal(&r);
+        dy[i] = (float)rng_normal(&r);
+    }
+    for (size_t i = 0; i < nb; i++) bias[i] = 0.5f * (float)rng_normal(&r);
+    float *g = xmalloc(6 * n * sizeof(float)), *g2 = g + 3 * n;
+    aft_error err = {{0}};
+    size_t ns;
+    const float *bp = nb ? bias : NULL;
+    const size_t br = nb ? T : 0;
+    assert_int_equal(aft_api_op_saved_size(B, T, C, C, bp, br, br, NULL, 0, opt, &ns, &err), AFT_OK);
+    assert_true(ns > B * T * 2 * C);   /* a header first (lib/api/saved.c), the tag last */
+    float *sv = xmalloc(ns * sizeof(float));
+    assert_int_equal(aft_api_op_backward(g, g + n, g + 2 * n, nb ? db : NULL, out, dy, q, k, v, B, T, C, C, bp, br,
+                                         br, NULL, 0, opt, &err), AFT_OK);
+    assert_int_equal(aft_api_op_forward_saved(out2, sv, ns, q, k, v, B, T, C, C, bp, br, br, NULL, 0, opt, &err),
+                     AFT_OK);
+    assert_memory_equal(out2, out, n * sizeof(float));
+    assert_int_equal(aft_api_op_backward_saved(g2, g2 + n, g2 + 2 * n, nb ? db2 : NULL, dy, q, k, v, sv, ns, B, T, C,
+                                               C, bp, br, br, NULL, 0, opt, &err), AFT_OK);
+    assert_memory_equal(g2, g, 3 * n * sizeof(float));
+    if (nb) assert_memory_equal(db2, db, nb * sizeof(float));
+    float tag = sv[ns - 1];
+    free(x), free(g), free(sv);
+    return tag;
+}
+
+/* The causal band backward from what its forward kept (AFT_SUMS_WRITE,
+ * _READ): the same bits as it makes them itself, on one thread and on
+ * several slices; keys in the hundreds put entries on the exact path, and
+ * then the forward keeps nothing (its tag cleared) */
+static void test_grad_saved_forward(void **state)
+{
+    (void)state;
+    assert_true(saved_run("variant=local window=9 causal=1 threads=1", 300, 20, 9, 1.0f, 91) != 0.0f);
+    assert_true(saved_run("variant=local window=9 causal=1 threads=2", 600, 20, 9, 1.0f, 92) != 0.0f);
+    assert_true(saved_run("variant=local window=32 causal=1 threads=1", 256, 128, 32, 1.0f, 93) != 0.0f);
+    /* w = 0 everywhere (causal simple): every entry done exactly, nothing kept */
+    size_t ns;
+    aft_error err = {{0}};
+    assert_int_equal(aft_api_op_saved_size(2, 300, 12, 12, NULL, 0, 0, NULL, 0, "variant=simple causal=1", &ns, &err),
+                     AFT_OK);
+    assert_true(ns < 2 * 300 * 12);
+    assert_true(saved_run("variant=local window=9 causal=1 threads=1", 300, 20, 9, 300.0f, 95) == 0.0f);
+    assert_true(saved_run("variant=local window=9 causal=1 threads=2", 600, 20, 9, 300.0f, 96) == 0.0f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +244,7 @@ int main(void)
         cmocka_unit_test(test_band_grad_slices),
         cmocka_unit_test(test_grad_same_bits_every_run),
         cmocka_unit_test(test_grad_beyond_tame),
+        cmocka_unit_test(test_grad_saved_forward),
     };
     /* TEST_GRAD_FILTER=pattern runs only the matching tests (while debugging) */
     const char *filter = getenv("TEST_GRAD_FILTER");
