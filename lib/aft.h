@@ -1296,8 +1296,9 @@ aft_status aft_api_layer_backward(aft_api_layer *l, float *dx, float *const *gra
  * backward would compute again: Q, K, V, and with the dense kernel (full,
  * or local and conv on a grid) the operator's sums, a third of its
  * backward's products, or with causality (labml's local) each entry's
- * normaliser and average, the band sums its backward would make again. aft_api_layer_backward_saved takes them: dx and
- * grads as aft_api_layer_backward's, and bit for bit its results for the
+ * normaliser and average, the band sums its backward would make again.
+ * aft_api_layer_backward_saved takes them: dx and grads as
+ * aft_api_layer_backward's, and bit for bit its results for the
  * same layer (or one made alike: the same arrays, options and threads), x
  * and dy. y is the backward's y (aft_api_layer_forward's to rounding).
  * saved is refused unless a forward_saved of this B and T filled it; the
@@ -1342,10 +1343,11 @@ aft_status aft_api_op_backward(float *dq, float *dk, float *dv, float *dbias, fl
 
 /* A training step without the product done twice: with the dense kernel
  * (full, masked runs, local and conv on a grid) and with causality the
- * backward computes the forward's sums again; aft_api_op_forward_saved keeps them in saved (a
- * caller's float32 buffer of exactly *n = aft_api_op_saved_size floats for
- * these arguments: a few floats where another kernel runs, which keeps
- * nothing) and aft_api_op_backward_saved takes them: aft_api_op_backward's
+ * backward computes the forward's sums again; aft_api_op_forward_saved
+ * keeps them in saved (a caller's float32 buffer of exactly
+ * *n = aft_api_op_saved_size floats for these arguments: a few floats
+ * where another kernel runs, which keeps nothing) and
+ * aft_api_op_backward_saved takes them: aft_api_op_backward's
  * results bit for bit for the same arguments. out is the backward's out
  * (aft_api_op_forward's to rounding). saved is refused unless a
  * forward_saved of this B and T filled it. */
