@@ -188,6 +188,12 @@ typedef struct {
     float *rp;        /* the backward's row pieces: (2 ns, 3C) m, s1, s2, likewise */
     float *halo;      /* (ns, 2 hrows, 2C): dv | dk for rows of other slices */
     size_t hrows;     /* s - 1: halo rows each side */
+    /* every row's band weights, when the call has several sequences (they
+     * depend on the bias alone, and each sequence's blocks made them
+     * again): per head and row, w and exp(w - r) (H, T, 2s) each, r and
+     * whether every w is tame (H, T); NULL: each block makes its own */
+    float *twr, *tew, *tr;
+    unsigned char *tok;
     /* the forward's saved half (causal only, io->sums): AFT_SUMS_WRITE runs
      * the block pass's forward alone and keeps each entry's 1 / den and Y'
      * (this batch's rows of [1 / den | Y'], 2C floats a row, at sums);
@@ -218,9 +224,11 @@ typedef struct {
     double *lx;                  /* (GB_ROWS, GB_CH): L of the exact entries */
     float *lx_f;                 /* (lx's block, as floats) */
     float *rm, *r0, *r1;         /* the rows' right sums, (GB_ROWS, GB_CH) each */
-    float *ew, *wr;              /* (GB_ROWS, 2s): exp(w - r) and w */
+    float *ew, *wr;              /* (GB_ROWS, 2s): exp(w - r) and w (the block's rows of gjob's
+                                  * table, or ew_own, wr_own) */
+    float *ew_own, *wr_own;
     float *dw;                   /* (GB_ROWS, 2s) */
-    float *r;                    /* (GB_ROWS) */
+    float *r, *r_own;            /* (GB_ROWS), likewise */
     float *mk;                   /* (cw) */
     float *pm, *p0, *p1;         /* the left running sums, (C) each */
     float *qm, *q0, *q1;         /* the right running sums, (C) each */
@@ -266,6 +274,9 @@ static int gscratch_alloc(gscratch *sc, const gjob *jb, size_t rows)
         p += sizes[i];
     }
     sc->lx = (double *)sc->lx_f;
+    sc->ew_own = sc->ew;
+    sc->wr_own = sc->wr;
+    sc->r_own = sc->r;
     sc->ce = sc->dd;
     sc->ce2 = sc->dd + 2 * s;
     return 1;
@@ -1110,30 +1121,72 @@ static void block_rows_read(const gjob *jb, gscratch *sc, size_t i0, size_t nr, 
     }
 }
 
-/* The block's rows' w over their bands, as w (sc->wr) and exp(w - r)
- * (sc->ew), r the row's maximum (sc->r). Returns whether every w is tame
- * (and clears slice sl's flag where one is not). */
-static int block_weights(const gjob *jb, gscratch *sc, size_t sl, size_t h, size_t i0, size_t nr)
+/* Row t's w over its band (head h), as w and e = exp(w - r), r the row's
+ * maximum (*r). Returns whether every w is tame. */
+static int row_weights(const gjob *jb, size_t h, size_t t, float *restrict w, float *restrict e, float *r)
 {
     const aft_opspec *ws = jb->ws;
+    size_t lo, hi;
+    band_of(jb, t, &lo, &hi);
+    aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
+    float m = ws->zero_bias ? 0.0f : aft_max_f32(w, hi - lo);
+    m = isfinite(m) ? m : 0.0f;
+    *r = m;
+    int ok = 1;
+    for (size_t j = 0; j < hi - lo; j++) {
+        e[j] = aft_expf(w[j] - m);
+        ok &= fabsf(w[j]) <= TAME_BOUND;
+    }
+    return ok;
+}
+
+/* The block's rows' w over their bands, as w (sc->wr) and exp(w - r)
+ * (sc->ew), r the row's maximum (sc->r): the rows of gjob's table where
+ * there is one, else made here. Returns whether every w is tame (and
+ * clears slice sl's flag where one is not). */
+static int block_weights(const gjob *jb, gscratch *sc, size_t sl, size_t h, size_t i0, size_t nr)
+{
     const size_t s = jb->s;
     int w_ok = 1;
-    for (size_t i = 0; i < nr && s == 0; i++) sc->r[i] = 0.0f;
-    for (size_t i = 0; i < nr && s > 0; i++) {
-        size_t t = i0 + i, lo, hi;
-        band_of(jb, t, &lo, &hi);
-        float *w = sc->wr + i * 2 * s, *e = sc->ew + i * 2 * s;
-        aft_w_row(ws, h, ws->t_off + t, ws->t_off + lo, ws->t_off + hi, w);
-        float r = ws->zero_bias ? 0.0f : aft_max_f32(w, hi - lo);
-        r = isfinite(r) ? r : 0.0f;
-        sc->r[i] = r;
-        for (size_t j = 0; j < hi - lo; j++) {
-            e[j] = aft_expf(w[j] - r);
-            w_ok &= fabsf(w[j]) <= TAME_BOUND;
-        }
+    if (jb->tew) {
+        size_t x = h * jb->T + i0;
+        sc->wr = jb->twr + x * 2 * s;
+        sc->ew = jb->tew + x * 2 * s;
+        sc->r = jb->tr + x;
+        w_ok = all_set(jb->tok + x, nr);
+    } else {
+        sc->wr = sc->wr_own;
+        sc->ew = sc->ew_own;
+        sc->r = sc->r_own;
+        for (size_t i = 0; i < nr && s == 0; i++) sc->r[i] = 0.0f;
+        for (size_t i = 0; i < nr && s > 0; i++)
+            w_ok &= row_weights(jb, h, i0 + i, sc->wr + i * 2 * s, sc->ew + i * 2 * s, &sc->r[i]);
     }
     if (!w_ok) jb->wtame[sl] = 0;
     return w_ok;
+}
+
+/* gjob's table of band weights for B sequences: NULL (each block makes
+ * its own) for one sequence, no band, or a table of more than
+ * WEIGHTS_MAX floats */
+enum { WEIGHTS_MAX = 1 << 20 };
+static void weights_table_alloc(gjob *jb, size_t B)
+{
+    const size_t n = jb->H * jb->T, s = jb->s;
+    jb->twr = jb->tew = jb->tr = NULL;
+    jb->tok = NULL;
+    if (B < 2 || s == 0 || n > WEIGHTS_MAX / (4 * s + 1)) return;
+    jb->twr = aft_alloc_array(n, (4 * s + 1) * sizeof(float));
+    jb->tok = malloc(n);
+    if (!jb->twr || !jb->tok) {   /* the blocks make their own */
+        free(jb->twr);
+        free(jb->tok);
+        jb->twr = NULL;
+        jb->tok = NULL;
+        return;
+    }
+    jb->tew = jb->twr + n * 2 * s;
+    jb->tr = jb->tew + n * 2 * s;
 }
 
 /* The rows of dv, dk a block reaches first, keys [lob, hib) (every row of
@@ -1600,6 +1653,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     /* each slice's private part of the bias gradient */
     aft_bias_grad *mine = calloc(ns, sizeof *mine);
     float **priv = calloc(ns, sizeof *priv);
+    weights_table_alloc(&jb, B);
     int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo || !jb.ktame || !jb.stage || !mine || !priv;
     for (size_t i = 0; i < ns && !failed; i++) failed = !aft_bias_grad_private(ws, &io->db, &mine[i], &priv[i]);
     if (!failed) {
@@ -1614,6 +1668,13 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
                 failed = 1;
             }
             #pragma omp barrier
+            if (jb.tew && !failed) {
+                const size_t s2 = 2 * jb.s;
+                #pragma omp for schedule(static)
+                for (size_t x = 0; x < H * T; x++)
+                    jb.tok[x] =
+                        (unsigned char)row_weights(&jb, x / T, x % T, jb.twr + x * s2, jb.tew + x * s2, &jb.tr[x]);
+            }
             for (size_t b = 0; b < B && !failed; b++) {
                 rsum cur = {rs, rs + C, rs + 2 * C};
                 batch_passes(&jb, &sc, mine, &cur, q, k, v, b);
@@ -1630,6 +1691,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     }
     free(mine); free(priv);
     free(jb.Z); free(jb.kp); free(jb.rp); free(jb.halo); free(jb.ktame); free(jb.stage);
+    free(jb.twr); free(jb.tok);
     if (failed) return aft_fail(err, AFT_ERR_NOMEM, "out of memory for the band backward pass (T = %zu, C = %zu)", T, C);
     if (jb.mode == AFT_SUMS_WRITE && atomic_load(&spoilt)) {
         /* no thread count's tag: a backward makes the sums again (groups
