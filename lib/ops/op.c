@@ -493,19 +493,32 @@ static aft_status grouped_grad(const aft_grad_io *io, const float *q, const floa
     return st;
 }
 
+/* Whether the backward runs B sequences in ng groups (op_groups): only
+ * when the copies of the bias gradient take at most B T C floats, within
+ * the O(T C) the backward pass may take beyond its arguments */
+static int grad_grouped(const aft_grad_io *io, const aft_opspec *sp, size_t B, size_t *ng)
+{
+    size_t per = aft_bias_grad_copy_floats(sp, &io->db), room;
+    *ng = op_groups(sp, B);
+    int fits = aft_mul_ok(B * sp->T, sp->C, &room) && (per == 0 || (*ng - 1) <= room / per);
+    return *ng > 1 && fits;
+}
+
+/* the saved sums' tag: the thread count of the blocks of rows, so of
+ * their bits; sums made on another are made again */
+static float sums_tag(const aft_grad_io *io, const aft_opspec *sp, size_t B)
+{
+    size_t ng;
+    return grad_grouped(io, sp, B, &ng) ? 1.0f : (float)sp->threads;
+}
+
 static aft_status grad_kernel(const aft_grad_io *io, const float *q, const float *k, const float *v, aft_opspec *sp,
                               size_t B, int reference, aft_error *err)
 {
     if (reference) return aft_op_reference_grad(io, q, k, v, B, sp, err);
     int dense_mask = mask_needed(sp, B);
-    /* grouped only when the copies of the bias gradient take at most B T C
-     * floats, within the O(T C) the backward pass may take beyond its
-     * arguments */
-    size_t ng = op_groups(sp, B), per = aft_bias_grad_copy_floats(sp, &io->db), room;
-    int fits = aft_mul_ok(B * sp->T, sp->C, &room) && (per == 0 || (ng - 1) <= room / per);
-    int grouped = ng > 1 && fits;
-    /* the saved sums' thread count: that of the blocks of rows, so of their
-     * bits; sums made on another are made again */
+    size_t ng;
+    int grouped = grad_grouped(io, sp, B, &ng);
     float tag = grouped ? 1.0f : (float)sp->threads;
     aft_grad_io iok = *io;
     if (iok.sums && iok.sums_mode == AFT_SUMS_WRITE) *iok.sums_tag = tag;
@@ -522,6 +535,18 @@ int aft_op_grad_saves(const aft_opspec *sp_in, size_t B, int reference)
      * everywhere its every entry is done exactly, which keeps nothing) */
     return !reference &&
            (mask_needed(&sp, B) || sp.variant == AFT_FULL || aft_spec_on_grid(&sp) || (sp.causal && !sp.zero_bias));
+}
+
+/* Does a backward (io, sp) take sums the band kernel's forward kept (the
+ * tag holds)? That forward kept them only where every key was tame
+ * (local_conv_grad.c), so the keys need no scan. */
+static int band_sums_kept(const aft_grad_io *io, const aft_opspec *sp_in, size_t B, int reference)
+{
+    aft_opspec sp = *sp_in;   /* mask_needed settles a copy */
+    if (reference || !io->sums || io->sums_mode != AFT_SUMS_READ || !io->sums_tag) return 0;
+    if (mask_needed(&sp, B) || sp.variant == AFT_FULL || aft_spec_on_grid(&sp) || !sp.causal || sp.zero_bias)
+        return 0;
+    return *io->sums_tag == sums_tag(io, &sp, B);
 }
 
 aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float *k, const float *v,
@@ -567,8 +592,8 @@ aft_status aft_op_grad_run(const aft_grad_io *io_in, const float *q, const float
         io.lddk = C;
     }
     aft_status st;
-    int tame = 0;
-    if (!reference && keys_scan(k, B * T, C, sp.ldk, sp.threads, &tame)) {
+    int tame = band_sums_kept(&io, &sp, B, reference);
+    if (!reference && !tame && keys_scan(k, B * T, C, sp.ldk, sp.threads, &tame)) {
         /* the kernel on keys whose NaNs are -inf, then what they reach */
         float *kclean = keys_without_nan(k, B * T, C, C, sp.ldk);
         if (!kclean) {
