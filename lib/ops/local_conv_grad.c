@@ -1069,6 +1069,21 @@ static inline __attribute__((always_inline)) void block_rows_fwd_body(const gjob
     for (size_t i = 0; i < nr; i++) {
         size_t t = i0 + i, lo, hi;
         band_of(jb, t, &lo, &hi);
+        /* as rows_prefetch: the rows read and written ahead (the kept
+         * sums' rows are new memory); and the next block's keys and
+         * values, which block_factors reads first: in the training step
+         * they come from memory, and it waited on them */
+        if (t + ROWS_AHEAD < sc->te) {
+            size_t u = t + ROWS_AHEAD;
+            aft_lines_prefetch(jb->q + u * ldq + c0, cw, 0);
+            aft_lines_prefetch(jb->io->out + (jb->b * T + u) * C + c0, cw, 1);
+            aft_lines_prefetch(jb->sums + u * 2 * C + c0, cw, 1);
+            aft_lines_prefetch(jb->sums + u * 2 * C + C + c0, cw, 1);
+        }
+        if (t + GB_ROWS < sc->te) {
+            aft_lines_prefetch(jb->k + (t + GB_ROWS) * ldk + c0, cw, 0);
+            aft_lines_prefetch(jb->v + (t + GB_ROWS) * ldv + c0, cw, 0);
+        }
         if (t >= s) key_add(pm, p0, p1, jb->k + (t - s) * ldk + c0, jb->v + (t - s) * ldv + c0, cw, tame);
         const float *qr = jb->q + t * ldq + c0;
         float *out = jb->io->out + (jb->b * T + t) * C + c0, *rd = jb->sums + t * 2 * C + c0, *y = rd + C;
