@@ -1656,8 +1656,12 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
      * most a quarter of T and the threads' scratch at most half of it, so
      * the two take less than the whole array */
     jb.zsplit = jb.causal && ns >= 2 * nt && T / ns >= 4 * jb.s;
-    jb.Z = jb.zsplit ? aft_alloc_array(ns * (jb.s ? jb.s : 1), 3 * C * sizeof(float))
-                     : aft_alloc_array(T, 3 * C * sizeof(float));
+    /* the forward alone keeps no Z, U1, U2 */
+    const int fwd = jb.mode == AFT_SUMS_WRITE;
+    jb.zsplit &= !fwd;
+    jb.Z = fwd ? NULL
+               : jb.zsplit ? aft_alloc_array(ns * (jb.s ? jb.s : 1), 3 * C * sizeof(float))
+                           : aft_alloc_array(T, 3 * C * sizeof(float));
     jb.kp = aft_alloc_array(2 * ns, 4 * C * sizeof(float));
     jb.rp = aft_alloc_array(2 * ns, 3 * C * sizeof(float));
     jb.halo = aft_alloc_array(ns * 2 * (jb.hrows ? jb.hrows : 1), 2 * C * sizeof(float));
@@ -1669,7 +1673,7 @@ aft_status aft_op_band_grad(const aft_grad_io *io, const float *q, const float *
     aft_bias_grad *mine = calloc(ns, sizeof *mine);
     float **priv = calloc(ns, sizeof *priv);
     weights_table_alloc(&jb, B);
-    int failed = !jb.Z || !jb.kp || !jb.rp || !jb.halo || !jb.ktame || !jb.stage || !mine || !priv;
+    int failed = (!jb.Z && !fwd) || !jb.kp || !jb.rp || !jb.halo || !jb.ktame || !jb.stage || !mine || !priv;
     for (size_t i = 0; i < ns && !failed; i++) failed = !aft_bias_grad_private(ws, &io->db, &mine[i], &priv[i]);
     if (!failed) {
         #pragma omp parallel num_threads((int)nt)
