@@ -196,20 +196,19 @@ static int both_key_sums(both_job *bj, const float *x, size_t b, aft_layer_times
     const size_t T = bj->T, D = bj->p->d_model, C = bj->p->d_hidden, chunk = bj->chunk, nch = bj->nch;
     const size_t npt = bj->npt;
     float *kv = bj->kv, *pre = bj->pre, *suf = bj->suf;
-    const int nt = bj->nt;
     double t0 = aft_now_ms();
     /* the stacked weights hold Q, K, V in that order: K and V are the
      * rows from C on; a chunk at a time, so that each row comes from a
      * product of the same shape whatever the thread count (OpenBLAS
      * takes other paths for small products) */
-    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    #pragma omp parallel for num_threads(bj->nt) schedule(dynamic, 1)
     for (size_t j = 0; j < nch; j++) {
         size_t R0 = j * chunk, len = T - R0 < chunk ? T - R0 : chunk;
         aft_linear_apply(&bj->lkv, len, x + (b * T + R0) * D, D, kv + R0 * 2 * C, 2 * C);
     }
     double t1 = aft_now_ms();
     int bad = 0;
-    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(|:bad)
+    #pragma omp parallel for num_threads(bj->nt) schedule(dynamic, 1) reduction(|:bad)
     for (size_t i = 0; i < npt - 1; i++) {
         float *r = suf + i * 4 * C, *scr = bj->bm + (size_t)omp_get_thread_num() * C;
         bad |= aft_sums_of_rows(kv, 2 * C, kv + C, 2 * C, bj->pt[i], bj->pt[i + 1], C, r, r + C, r + 2 * C, scr);

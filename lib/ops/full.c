@@ -431,8 +431,8 @@ static void dense_block_fused(const dense_job *jb, size_t i0, size_t i1, dense_s
  * is not finite */
 static void key_maxima(float *mk, const float *k, const aft_opspec *ws, size_t chunk, size_t nchunk)
 {
-    const size_t T = ws->T, C = ws->C, ldk = ws->ldk, nt = (size_t)ws->threads;
-    #pragma omp parallel for schedule(static) num_threads((int)nt)
+    const size_t T = ws->T, C = ws->C, ldk = ws->ldk;
+    #pragma omp parallel for schedule(static) num_threads(ws->threads)
     for (size_t jc = 0; jc < nchunk; jc++) {
         size_t j0 = jc * chunk, j1 = j0 + chunk < T ? j0 + chunk : T;
         float *m = mk + jc * C;
@@ -451,9 +451,8 @@ static int pack_rhs(float *rhs, const float *mk, const float *k, const float *v,
                     size_t chunk, int fused, size_t npan)
 {
     const size_t T = ws->T, C = ws->C, C2 = 2 * C, ldk = ws->ldk, ldv = ws->ldv, ch = C / H, Np = npan * FNR;
-    const size_t nt = (size_t)ws->threads;
     int no_row = 0;
-    #pragma omp parallel num_threads((int)nt)
+    #pragma omp parallel num_threads(ws->threads)
     {
         /* fused: each row's 2C values, then FNR of them to each panel */
         float *row = fused ? aft_alloc_array(Np, sizeof(float)) : NULL;

@@ -467,10 +467,10 @@ static int grad_blocks(const fjob *jb)
 {
     const aft_opspec *ws = jb->ws;
     const aft_grad_io *io = jb->io;
-    const size_t T = jb->T, C2 = 2 * jb->C, nt = jb->nt;
+    const size_t T = jb->T, C2 = 2 * jb->C;
     const size_t nblk = (T + jb->rows - 1) / jb->rows, ntask = jb->H * nblk;
     int failed = 0;
-    #pragma omp parallel num_threads((int)nt)
+    #pragma omp parallel num_threads((int)jb->nt)
     {
         /* OpenBLAS's OpenMP build runs a product on omp_get_max_threads()
          * threads unless inside an active parallel region, and a region of

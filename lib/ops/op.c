@@ -162,8 +162,7 @@ static inline float key_at(const float *k, size_t ld, size_t kc, size_t C, size_
 static int keys_have_nan(const float *k, size_t n, size_t kc, size_t ld, int threads)
 {
     unsigned bad = 0;
-    int nt = n * kc >= ((size_t)1 << 16) ? threads : 1;
-    #pragma omp parallel for num_threads(nt) reduction(|:bad) schedule(static)
+    #pragma omp parallel for num_threads(n * kc >= ((size_t)1 << 16) ? threads : 1) reduction(|:bad) schedule(static)
     for (size_t i = 0; i < n; i++) {
         const float *kr = k + i * ld;
         for (size_t c = 0; c < kc; c++) bad |= kr[c] != kr[c];
@@ -177,8 +176,7 @@ static int keys_have_nan(const float *k, size_t n, size_t kc, size_t ld, int thr
 static int keys_scan(const float *k, size_t n, size_t kc, size_t ld, int threads, int *tame)
 {
     unsigned big = 0;
-    int nt = n * kc >= ((size_t)1 << 16) ? threads : 1;
-    #pragma omp parallel for num_threads(nt) reduction(|:big) schedule(static)
+    #pragma omp parallel for num_threads(n * kc >= ((size_t)1 << 16) ? threads : 1) reduction(|:big) schedule(static)
     for (size_t i = 0; i < n; i++) {
         const float *kr = k + i * ld;
         for (size_t c = 0; c < kc; c++) big |= !(fabsf(kr[c]) <= AFT_TAME_BOUND);
