@@ -649,6 +649,36 @@ static inline __attribute__((always_inline)) gentry grad_entry(float rd, float y
     return e;
 }
 
+/* Causal, two parts (the band and the left sum): the band's stabiliser
+ * mk + r as a float, *zf, and the factors of the band's sums (returned) and
+ * of the left sum's (*fp) in units of exp(max(*zf, pm)). The larger part's
+ * factor is 1 (the band's, exp of zf's rounding error d, is 1 + d to
+ * within d^2 / 2 < 1e-9), the other's exp(-|zf - pm|). Tame: zf and d by
+ * Knuth's two-sum, exact (no overflow below TAME_BOUND), the same values
+ * as through double without the conversions. */
+static inline __attribute__((always_inline)) float causal_factors(float mk, double r, float pm, int tame, float *zf,
+                                                                  float *fp)
+{
+    float d;
+    if (tame) {
+        float rf = (float)r, bv;
+        *zf = mk + rf;
+        bv = *zf - mk;
+        d = (mk - (*zf - bv)) + (rf - bv);
+    } else {
+        double zb = (double)mk + r;
+        *zf = (float)zb;
+        d = (float)(zb - (double)*zf);
+    }
+    /* no band (s = 0, mk = -inf): zf's rounding error is 0, where -inf -
+     * -inf would make it NaN, and every entry with it */
+    d = *zf > -INFINITY ? d : 0.0f;
+    float x = pm - *zf, e = gexp(-fabsf(x), tame);
+    int up = x > 0.0f;
+    *fp = up ? 1.0f : e;
+    return (up ? e : 1.0f) * (1.0f + d);
+}
+
 /* Row i's forward for cw channels, in units of exp(Z), Z the largest of the
  * three parts' stabilisers (band zb = mk + r, left pm, right rm; every
  * factor <= 1): 1 / den, Y' = num / den, and exp(zb - Z) / den (for G);
@@ -668,41 +698,20 @@ combine_row(float *restrict Zo, float *restrict U1, float *restrict U2, float *r
 {
     int any = 0;
     for (size_t c = 0; c < cw; c++) {
-        /* the band's stabiliser mk + r, exact in double; Z a float at least
-         * as large as every part's. Causal and tame: as the float sum zf
-         * and its rounding error d, exact (Knuth's two-sum: no overflow
-         * below TAME_BOUND), which zb - zf is too: the same values without
-         * the conversions to and from double */
-        double zb = 0.0;
-        float zf, d = 0.0f;
-        if (!right && tame) {
-            float rf = (float)r, bv;
-            zf = mk[c] + rf;
-            bv = zf - mk[c];
-            d = (mk[c] - (zf - bv)) + (rf - bv);
-        } else {
-            zb = (double)mk[c] + r;
-            zf = (float)zb;
-        }
-        float Z = zf > pm[c] ? zf : pm[c];
-        if (right) Z = rm[c] > Z ? rm[c] : Z;
-        /* pm, rm of -inf (nothing held) give exp(-inf) = 0 */
-        float fb, fp;
+        /* the band's stabiliser mk + r, exact in double (both sides) or
+         * as causal_factors makes it; Z a float at least as large as every
+         * part's. pm, rm of -inf (nothing held) give exp(-inf) = 0 */
+        float zf, fb, fp, Z;
         if (right) {
+            double zb = (double)mk[c] + r;
+            zf = (float)zb;
+            Z = zf > pm[c] ? zf : pm[c];
+            Z = rm[c] > Z ? rm[c] : Z;
             fb = gexp((float)(zb - (double)Z), tame);
             fp = gexp(pm[c] - Z, tame);
         } else {
-            /* two parts, one exponential: the larger's factor is 1 (the
-             * band's, exp of zb's rounding error d, is 1 + d to within
-             * d^2 / 2 < 1e-9), the other's exp(-|zf - pm|) */
-            if (!tame) d = (float)(zb - (double)zf);
-            /* no band (s = 0, mk = -inf): zf's rounding error is 0, where
-             * -inf - -inf would make it NaN, and every entry with it */
-            d = zf > -INFINITY ? d : 0.0f;
-            float x = pm[c] - zf, e = gexp(-fabsf(x), tame);
-            int up = x > 0.0f;
-            fb = (up ? e : 1.0f) * (1.0f + d);
-            fp = up ? 1.0f : e;
+            fb = causal_factors(mk[c], r, pm[c], tame, &zf, &fp);
+            Z = zf > pm[c] ? zf : pm[c];
         }
         float den = b0[c] * fb + p0[c] * fp, num = b1[c] * fb + p1[c] * fp;
         if (right) {
@@ -992,21 +1001,7 @@ combine_fwd(float *restrict rdo, float *restrict yo, float *restrict out, unsign
 {
     int any = 0;
     for (size_t c = 0; c < cw; c++) {
-        double zb = 0.0;
-        float zf, d = 0.0f;
-        if (tame) {
-            float rf = (float)r, bv;
-            zf = mk[c] + rf;
-            bv = zf - mk[c];
-            d = (mk[c] - (zf - bv)) + (rf - bv);
-        } else {
-            zb = (double)mk[c] + r;
-            zf = (float)zb;
-            d = (float)(zb - (double)zf);
-        }
-        float x = pm[c] - zf, e = gexp(-fabsf(x), tame);
-        int up = x > 0.0f;
-        float fb = (up ? e : 1.0f) * (1.0f + d), fp = up ? 1.0f : e;
+        float zf, fp, fb = causal_factors(mk[c], r, pm[c], tame, &zf, &fp);
         float den = b0[c] * fb + p0[c] * fp, num = b1[c] * fb + p1[c] * fp;
         float rd = 1.0f / den, y = num * rd, sq, ds;
         bad[c] = !(den >= AFT_DEN_EXACT_BELOW) | !(fabsf(num) <= 3.4e38f);
@@ -1030,21 +1025,8 @@ combine_read(float *restrict Zo, float *restrict U1, float *restrict U2, float *
              size_t cw, int tame)
 {
     for (size_t c = 0; c < cw; c++) {
-        double zb;
-        float zf, d;
-        if (tame) {
-            float rf = (float)r, bv;
-            zf = mk[c] + rf;
-            bv = zf - mk[c];
-            d = (mk[c] - (zf - bv)) + (rf - bv);
-        } else {
-            zb = (double)mk[c] + r;
-            zf = (float)zb;
-            d = (float)(zb - (double)zf);
-        }
-        float x = pm[c] - zf, e = gexp(-fabsf(x), tame);
-        int up = x > 0.0f;
-        float fb = (up ? e : 1.0f) * (1.0f + d);
+        float zf, fp, fb = causal_factors(mk[c], r, pm[c], tame, &zf, &fp);
+        (void)fp;
         Zo[c] = zf > pm[c] ? zf : pm[c];
         gentry g = grad_entry(rd[c], y[c], fb * rd[c], q[c], dout[c]);
         out[c] = g.o;
