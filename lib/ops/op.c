@@ -525,14 +525,20 @@ static aft_status grad_kernel(const aft_grad_io *io, const float *q, const float
     return fast_grad(&iok, q, k, v, sp, 0, B, dense_mask, err);
 }
 
+/* whether the backward of B sequences runs the dense kernel (full, a
+ * mask, a grid); sp a copy, which mask_needed settles */
+static int dense_grad(aft_opspec *sp, size_t B)
+{
+    return mask_needed(sp, B) || sp->variant == AFT_FULL || aft_spec_on_grid(sp);
+}
+
 int aft_op_grad_saves(const aft_opspec *sp_in, size_t B, int reference)
 {
-    aft_opspec sp = *sp_in;   /* mask_needed settles a copy */
+    aft_opspec sp = *sp_in;
     /* the dense kernel's, and the band kernel's with causality and a band
      * (the forward's 1 / den and Y', local_conv_grad.c; with w = 0
      * everywhere its every entry is done exactly, which keeps nothing) */
-    return !reference &&
-           (mask_needed(&sp, B) || sp.variant == AFT_FULL || aft_spec_on_grid(&sp) || (sp.causal && !sp.zero_bias));
+    return !reference && (dense_grad(&sp, B) || (sp.causal && !sp.zero_bias));
 }
 
 /* Does a backward (io, sp) take sums the band kernel's forward kept (the
@@ -540,10 +546,9 @@ int aft_op_grad_saves(const aft_opspec *sp_in, size_t B, int reference)
  * (local_conv_grad.c), so the keys need no scan. */
 static int band_sums_kept(const aft_grad_io *io, const aft_opspec *sp_in, size_t B, int reference)
 {
-    aft_opspec sp = *sp_in;   /* mask_needed settles a copy */
+    aft_opspec sp = *sp_in;
     if (reference || !io->sums || io->sums_mode != AFT_SUMS_READ || !io->sums_tag) return 0;
-    if (mask_needed(&sp, B) || sp.variant == AFT_FULL || aft_spec_on_grid(&sp) || !sp.causal || sp.zero_bias)
-        return 0;
+    if (dense_grad(&sp, B) || !sp.causal || sp.zero_bias) return 0;
     return *io->sums_tag == sums_tag(io, &sp, B);
 }
 
